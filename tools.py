@@ -1,0 +1,255 @@
+"""Tools, as the policy sees them: JSON schemas derived from Python functions, and tool calls parsed from text.
+
+Two halves of one contract with the model:
+
+1. Out: `function_schema(fn)` turns a tool's Python signature and Google-style docstring into the OpenAI
+   function schema that chat templates (Qwen3's included) render into the system prompt. The schema is never
+   written by hand, so the tool the model is told about is always the tool that runs.
+2. In: `parse_tool_calls(text)` finds the Qwen3/Hermes calls in a sampled turn,
+
+       <tool_call>
+       {"name": "get_order_details", "arguments": {"order_id": "#W2378156"}}
+       </tool_call>
+
+   and says exactly what is wrong with each malformed one. Turning those verdicts into an observation for the
+   agent, or into the end of the episode, is rollout.py's job (configurable there).
+
+It also holds the three generic tools every domain offers: `think`, `calculate`, `transfer_to_human_agents`
+(tau2 ships the last two in retail and airline; MUA-RL tracks how often all three are called).
+
+Departures: none from the paper. `think` is not a tau2 tool; it changes nothing and returns a fixed string.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import re
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Callable, Literal, get_args, get_origin, get_type_hints
+
+# ---------------------------------------------------------------------------------------------------------------
+# 1. Schemas from signatures
+
+
+def parse_docstring(doc: str | None) -> tuple[str, dict[str, str]]:
+    """Google-style docstring -> (description, {argument: description}).
+
+    The description is everything before the first section header (Args:, Returns:, Raises:, ...); under
+    "Args:" each `name: text` line starts an argument and more-indented lines continue it.
+    """
+    lines = inspect.cleandoc(doc or "").splitlines()
+    desc, args, section, current = [], {}, None, None
+    for line in lines:
+        stripped = line.strip()
+        header = re.fullmatch(r"(Args|Arguments|Parameters|Attributes|Returns|Raises|Yields|Example|Examples|Note):", stripped)
+        if header:
+            section, current = header.group(1), None
+            continue
+        if section is None:
+            desc.append(line)
+        elif section in ("Args", "Arguments", "Parameters", "Attributes"):
+            m = re.match(r"^\s{0,4}(\w+)\s*(\([^)]*\))?:\s*(.*)$", line)
+            if m and not line.startswith(" " * 8):
+                current = m.group(1)
+                args[current] = m.group(3).strip()
+            elif current and stripped:
+                args[current] = (args[current] + " " + stripped).strip()
+    return "\n".join(desc).strip(), args
+
+
+def type_schema(tp: Any) -> dict:
+    """JSON schema of a Python type hint: str, int, float, bool, list[X], dict, Literal[...], TypedDicts."""
+    origin, args = get_origin(tp), get_args(tp)
+    if tp is str:
+        return {"type": "string"}
+    if tp is bool:  # before int: bool is a subclass of int
+        return {"type": "boolean"}
+    if tp is int:
+        return {"type": "integer"}
+    if tp is float:
+        return {"type": "number"}
+    if tp is Any:
+        return {}
+    if origin is Literal:
+        return {"type": "string" if all(isinstance(a, str) for a in args) else "number", "enum": list(args)}
+    if origin in (list, tuple, typing.List):
+        return {"type": "array", "items": type_schema(args[0]) if args else {}}
+    if origin in (typing.Union, types.UnionType):  # Optional[X] is Union[X, None]
+        rest = [a for a in args if a is not type(None)]
+        return type_schema(rest[0]) if len(rest) == 1 else {"anyOf": [type_schema(a) for a in rest]}
+    if tp is dict or origin is dict:
+        return {"type": "object"}
+    if typing.is_typeddict(tp):
+        hints = get_type_hints(tp)
+        _, field_docs = parse_docstring(tp.__doc__)
+        props = {}
+        for k, v in hints.items():
+            props[k] = type_schema(v)
+            if k in field_docs:
+                props[k]["description"] = field_docs[k]
+        return {"type": "object", "properties": props, "required": [k for k in hints if k in tp.__required_keys__]}
+    raise TypeError(f"no JSON schema for type {tp!r}")
+
+
+def function_schema(fn: Callable, skip_first: bool = True) -> dict:
+    """OpenAI function schema of a tool. Domain tools take the database first (`db`), which the model never sees."""
+    sig = inspect.signature(fn)
+    hints = get_type_hints(fn)
+    desc, arg_docs = parse_docstring(fn.__doc__)
+    params = list(sig.parameters.values())[1 if skip_first else 0 :]
+    props, required = {}, []
+    for p in params:
+        s = type_schema(hints.get(p.name, Any))
+        if p.name in arg_docs:
+            s["description"] = arg_docs[p.name]
+        props[p.name] = s
+        if p.default is inspect.Parameter.empty:
+            required.append(p.name)
+    return {
+        "type": "function",
+        "function": {
+            "name": fn.__name__,
+            "description": desc,
+            "parameters": {"type": "object", "properties": props, "required": required},
+        },
+    }
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 2. Generic tools (the first argument is the database, unused here, so they sit beside domain tools)
+
+
+def think(db: Any, thought: str) -> str:
+    """Use this tool to think. It does not obtain new information or change the database; it only records the thought.
+
+    Args:
+        thought: A thought to think about.
+    """
+    return "Your thought has been noted."
+
+
+def calculate(db: Any, expression: str) -> str:
+    """Calculate the result of a mathematical expression.
+
+    Args:
+        expression: The mathematical expression to calculate, such as '2 + 2'. The expression can contain numbers, operators (+, -, *, /), parentheses, and spaces.
+
+    Returns:
+        The result of the expression, rounded to 2 decimal places.
+    """
+    # tau2's exact behaviour: a character whitelist, then eval without builtins, then round(float(x), 2) as text.
+    # The whitelist is what makes eval safe here: no names, no attribute access, no calls are expressible.
+    if not isinstance(expression, str) or not all(ch in "0123456789+-*/(). " for ch in expression):
+        raise ValueError("Invalid characters in expression")
+    return str(round(float(eval(expression, {"__builtins__": None}, {})), 2))
+
+
+def transfer_to_human_agents(db: Any, summary: str) -> str:
+    """Transfer the user to a human agent, with a summary of the user's issue.
+
+    Only transfer if
+     - the user explicitly asks for a human agent
+     - given the policy and the available tools, you cannot solve the user's issue.
+
+    Args:
+        summary: A summary of the user's issue.
+    """
+    return "Transfer successful"
+
+
+GENERIC_TOOLS = [think, calculate, transfer_to_human_agents]
+TRANSFER_TOOL = "transfer_to_human_agents"
+
+# ---------------------------------------------------------------------------------------------------------------
+# 3. Parsing calls out of a sampled turn
+
+CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
+
+
+@dataclass
+class ParsedTurn:
+    content: str  # the text outside <tool_call> blocks, stripped
+    calls: list[dict] = field(default_factory=list)  # well-formed calls, in order: {"name", "arguments"}
+    errors: list[str] = field(default_factory=list)  # one message per malformed block, in order
+
+    @property
+    def malformed(self) -> bool:
+        return bool(self.errors)
+
+
+def _parse_one(body: str, known: set[str] | None) -> tuple[dict | None, str | None]:
+    try:
+        obj = json.loads(body)
+    except json.JSONDecodeError as e:
+        return None, f"the tool call is not valid JSON ({e.msg} at position {e.pos})"
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+        return None, 'a tool call must be a JSON object with a string "name" and an object "arguments"'
+    args = obj.get("arguments", {})
+    if isinstance(args, str):  # some models put the arguments in a JSON string; accept it when it parses
+        try:
+            args = json.loads(args)
+        except json.JSONDecodeError:
+            return None, f'the "arguments" of {obj["name"]} are a string that is not JSON'
+    if not isinstance(args, dict):
+        return None, f'the "arguments" of {obj["name"]} must be a JSON object'
+    if known is not None and obj["name"] not in known:
+        return None, f"unknown tool {obj['name']!r}; available: {', '.join(sorted(known))}"
+    return {"name": obj["name"], "arguments": args}, None
+
+
+def parse_tool_calls(text: str, known_tools: set[str] | None = None) -> ParsedTurn:
+    """Split a sampled assistant turn into its text and its tool calls.
+
+    Every <tool_call>...</tool_call> block is parsed on its own; a block with bad JSON, a missing name, arguments
+    that are not an object, or (when `known_tools` is given) an unknown tool name yields an error message instead
+    of a call. An opening tag with no closing tag is an error too (the turn was cut off mid-call).
+    """
+    calls, errors, content, pos = [], [], [], 0
+    while True:
+        i = text.find(CALL_OPEN, pos)
+        if i < 0:
+            content.append(text[pos:])
+            break
+        content.append(text[pos:i])
+        j = text.find(CALL_CLOSE, i)
+        if j < 0:
+            errors.append("a <tool_call> block was opened but never closed")
+            break
+        call, err = _parse_one(text[i + len(CALL_OPEN) : j].strip(), known_tools)
+        if call is not None:
+            calls.append(call)
+        else:
+            errors.append(err)
+        pos = j + len(CALL_CLOSE)
+    return ParsedTurn("".join(content).strip(), calls, errors)
+
+
+def check_arguments(fn: Callable, arguments: dict) -> str | None:
+    """A clear message if `arguments` cannot bind to the tool's signature (missing or unexpected names), else None.
+
+    Types are not checked here on purpose: tau2 passes arguments through unchanged, and its tools' reactions to a
+    wrong type (a numeric zip code that never matches, a float amount stored as int) are part of what we copy.
+    """
+    params = list(inspect.signature(fn).parameters)[1:]
+    missing = [p for p in params if p not in arguments and inspect.signature(fn).parameters[p].default is inspect.Parameter.empty]
+    extra = [a for a in arguments if a not in params]
+    if missing or extra:
+        parts = []
+        if missing:
+            parts.append("missing " + ", ".join(missing))
+        if extra:
+            parts.append("unexpected " + ", ".join(extra))
+        return f"Error: bad arguments for {fn.__name__}: " + "; ".join(parts)
+    return None
+
+
+if __name__ == "__main__":
+    print(json.dumps(function_schema(calculate), indent=2))
+    turn = 'Let me check.\n<tool_call>\n{"name": "calculate", "arguments": {"expression": "2 * (3 + 4)"}}\n</tool_call>'
+    parsed = parse_tool_calls(turn, {"calculate"})
+    print(parsed)
+    print("result:", calculate(None, **parsed.calls[0]["arguments"]))
+    print(parse_tool_calls('<tool_call>{"name": "calculate", "arguments": {"expression": }</tool_call>'))
