@@ -1,0 +1,390 @@
+"""The simulated user: the customer on the other side of every MUA-RL rollout.
+
+MUA-RL's central idea (Zhao et al. 2025, section "Method") is to put a *user* inside the RL loop: while the policy
+learns to call tools, a frozen LLM plays a customer who knows the task's hidden instructions and reveals them
+only as the conversation asks for them. The reward still comes from the database, but the agent now has to
+earn the information it needs by asking. This file is that customer:
+
+    LLMUser        a customer played by any OpenAI-compatible chat endpoint (a hosted model, or a local
+                   `python -m vllm.entrypoints.openai.api_server`), with its own retry loop
+    ScriptedUser   a deterministic customer for synthetic tasks (delegates to domains/synthetic.py), so the whole
+                   pipeline runs with no LLM at all
+    is_terminal    which end-of-conversation marker a user message carries: ###STOP###, ###TRANSFER###,
+                   ###OUT-OF-SCOPE### (tau2-bench's markers)
+    make_user      build either from command-line arguments or environment variables
+
+Two views of one conversation
+-----------------------------
+rollout.py keeps the *agent's* conversation: its own turns are "assistant", the customer's are "user". The
+simulator needs the mirror image: to the customer model, *its* turns are "assistant" and the agent's are
+"user". So every request is rebuilt from the agent-side text with the roles swapped, under a system prompt
+that carries the hidden instructions. Tool calls and tool results never reach the customer: a real customer
+cannot see the company's systems, and letting the simulator read them would leak database facts into its
+answers. rollout.py passes text only; `user_view` also strips any tool markup that slipped into that text.
+
+The first message is fixed per task
+-----------------------------------
+The paper starts all G rollouts of a task from the same opening message, so the group's reward differences
+come from the agent, not from a different first request. `first_message(task)` asks the model once (seeded
+with the greeting below), caches the answer by task id, and holds a per-task lock so that 8 rollouts asking at
+once still cost one API call.
+
+Failures abort, they do not score zero
+--------------------------------------
+If the simulator's API fails for good, the episode says nothing about the policy: rollout.py drops it
+(UserError) instead of training on reward 0. Before giving up we retry transient errors (connection errors,
+timeouts, 429, 5xx) and garbage replies (no choices, empty or non-string content) with exponential backoff.
+
+Departures from the paper / tau2-bench
+--------------------------------------
+1. The system prompt is written for this project (same rules as tau2's simulation guidelines, own wording);
+   the paper used GPT-4o-2024-11-20 at temperature 0 with the MUA-RL authors' prompt.
+2. The opening is generated from a fixed agent greeting (GREETING) rather than from tau2's exact first turn.
+3. A reply wrapped in `<think>...</think>` (a reasoning model served without a reasoning parser) has that
+   block removed; tau2 does not do this.
+4. Consecutive messages of the same role are merged into one, so the request always alternates user/assistant
+   (some chat templates refuse anything else).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import random
+import re
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from urllib.parse import urlparse
+
+STOP, TRANSFER, OUT_OF_SCOPE = "###STOP###", "###TRANSFER###", "###OUT-OF-SCOPE###"
+MARKERS = (STOP, TRANSFER, OUT_OF_SCOPE)
+
+# What the simulated customer "hears" before its first message: the agent's greeting. The rollout's agent does
+# not actually say this (its conversation begins with the customer's message), but a chat model answers better
+# when it has something to answer, and the same greeting for every task keeps the opening reproducible.
+GREETING = "Hi! How can I help you today?"
+
+
+class UserError(Exception):
+    """The user simulator failed for good (retries exhausted or a non-retryable API error): abort the episode."""
+
+
+def is_terminal(text: str | None) -> str | None:
+    """The end marker a user message carries (the earliest, if it somehow carries several), or None."""
+    if not isinstance(text, str):
+        return None
+    found = [(text.find(m), m) for m in MARKERS if m in text]
+    return min(found)[1] if found else None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The customer's prompt and its view of the conversation
+
+
+def system_prompt(instructions: str) -> str:
+    """The simulator's system prompt: who it is, what it wants (the hidden instructions), and the house rules."""
+    return f"""You are playing a customer who has contacted a company's customer service. The other side of this \
+chat is the company's support agent. You are the customer, never the agent: you cannot see or use the company's \
+systems, and you only know what your situation below tells you.
+
+Your situation (private; the agent cannot see it):
+<situation>
+{instructions.strip()}
+</situation>
+
+How to write:
+- Write exactly one message: your next turn in the chat, nothing else. Keep it short and natural, like a \
+real person typing to support.
+- Begin with why you are getting in touch; after that, give details only when the agent asks for them, a \
+little at a time.
+- Use only facts from your situation. If the agent asks for something your situation does not mention, say \
+you don't know or don't have it. Never make up names, numbers, ids, addresses, dates or preferences.
+- Say things in your own words; do not copy sentences from your situation.
+- Stay in character. Only agree to an action if it is what your situation asks for.
+
+How to end the chat (write the marker at the end of your message):
+- {STOP} once everything you came for is done, or once it is clear it cannot be done.
+- {TRANSFER} if the agent hands you over to a human agent.
+- {OUT_OF_SCOPE} if the chat reaches a point your situation gives you no information to handle, so you \
+cannot go on."""
+
+
+# Tool-call markup, tool results and reasoning that might sit inside an agent's text: never shown to the customer.
+_HIDDEN = re.compile(r"<(tool_call|tool_response|think)>.*?(</\1>|$)", re.S)
+# A leading reasoning block in the simulator's own reply (a thinking model served without a reasoning parser).
+_LEADING_THINK = re.compile(r"^\s*<think>.*?</think>", re.S)
+
+
+def user_view(instructions: str, history: list[dict]) -> list[dict]:
+    """Agent-side text conversation -> the simulator's API messages (system prompt + roles swapped).
+
+    history: [{"role": "user" | "assistant", "content": str}, ...] as the agent saw it (user = customer).
+    Returns [{"role": "system"}, {"role": "user", GREETING}, {"role": "assistant", <customer's 1st msg>},
+             {"role": "user", <agent's reply>}, ...]: the customer model speaks as "assistant".
+    """
+    swap = {"user": "assistant", "assistant": "user"}
+    msgs: list[dict] = []
+    for m in history:
+        role, content = m.get("role"), m.get("content")
+        if role not in swap or not isinstance(content, str):
+            continue  # system prompts, tool messages and tool-call-only turns are the agent's business
+        if role == "assistant":
+            content = _HIDDEN.sub("", content)
+        content = content.strip()
+        if not content:
+            continue
+        if msgs and msgs[-1]["role"] == swap[role]:  # two agent texts in a row (e.g. around a tool call)
+            msgs[-1]["content"] += "\n\n" + content
+        else:
+            msgs.append({"role": swap[role], "content": content})
+    if not msgs or msgs[0]["role"] != "user":  # the customer's opening answered the greeting; say the greeting
+        msgs.insert(0, {"role": "user", "content": GREETING})
+    return [{"role": "system", "content": system_prompt(instructions)}] + msgs
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# LLMUser: a customer over an OpenAI-compatible endpoint
+
+
+class _Garbage(Exception):
+    """The server answered 200 but the answer holds no usable message (retried like a 5xx)."""
+
+
+def _content_of(resp) -> str:
+    # The openai client returns the raw body text (a str) when the server does not send JSON, so every step here
+    # uses getattr: anything that is not "choices[0].message.content is a non-empty string" is garbage.
+    choices = getattr(resp, "choices", None)
+    if not choices:
+        raise _Garbage(f"no choices in the response ({type(resp).__name__})")
+    content = getattr(getattr(choices[0], "message", None), "content", None)
+    if not isinstance(content, str):
+        raise _Garbage(f"message content is {type(content).__name__}, not a string")
+    content = _LEADING_THINK.sub("", content).strip()
+    if not content:
+        raise _Garbage("empty message content")
+    return content  # a reply cut by max_tokens (finish_reason "length") is still a usable customer message
+
+
+class LLMUser:
+    """A simulated customer played by a chat model behind any OpenAI-compatible /v1/chat/completions."""
+
+    def __init__(self, model, base_url=None, api_key=None, temperature=0.0, seed=None, timeout=60.0,
+                 max_retries=4, backoff=1.0, max_workers=16, max_tokens=512, client=None):
+        import openai  # imported here so ScriptedUser runs without the package
+
+        self._openai = openai
+        self.model, self.base_url = model, base_url
+        self.temperature, self.seed, self.max_tokens = temperature, seed, max_tokens
+        self.max_retries, self.backoff, self.max_workers = max_retries, backoff, max_workers
+        # max_retries=0: the client must not retry on its own, or our attempt counts and backoff would be a lie.
+        self.client = client or openai.OpenAI(base_url=base_url, api_key=api_key, timeout=timeout, max_retries=0)
+        self._first: dict[str, str] = {}  # task id -> the cached opening message
+        self._locks: dict[str, threading.Lock] = {}  # task id -> lock held while that opening is generated
+        self._guard = threading.Lock()  # protects the two dicts and the counters below
+        self.stats = {"calls": 0, "retries": 0, "failures": 0}  # for the training log: API health at a glance
+
+    def _count(self, key: str) -> None:
+        with self._guard:
+            self.stats[key] += 1
+
+    def complete(self, messages: list[dict]) -> str:
+        """One chat completion with retries; returns the reply text or raises UserError."""
+        kwargs = dict(model=self.model, messages=messages, temperature=self.temperature, max_tokens=self.max_tokens)
+        if self.seed is not None:
+            kwargs["seed"] = self.seed
+        oa, last = self._openai, None
+        for attempt in range(self.max_retries + 1):
+            if attempt:  # exponential backoff; the jitter keeps 16 threads from retrying in lockstep
+                self._count("retries")
+                time.sleep(self.backoff * 2 ** (attempt - 1) * (1 + 0.25 * random.random()))
+            self._count("calls")
+            try:
+                return _content_of(self.client.chat.completions.create(**kwargs))
+            except _Garbage as e:
+                last = f"garbage reply: {e}"
+            except oa.APIStatusError as e:
+                if e.status_code in (408, 429) or e.status_code >= 500:
+                    last = f"HTTP {e.status_code}: {e}"
+                else:  # 400/401/403/404/...: the request itself is wrong; asking again cannot help
+                    self._count("failures")
+                    raise UserError(f"user simulator {self.model!r} at {self.base_url}: HTTP {e.status_code} "
+                                    f"(not retried): {e}") from e
+            except oa.APIConnectionError as e:  # includes APITimeoutError
+                last = f"{type(e).__name__}: {e}"
+            except (oa.APIResponseValidationError, json.JSONDecodeError) as e:  # a body that is not valid JSON
+                last = f"garbage reply: {type(e).__name__}: {e}"
+        self._count("failures")
+        raise UserError(f"user simulator {self.model!r} at {self.base_url} failed after "
+                        f"{self.max_retries + 1} attempts; last error: {last}")
+
+    def first_message(self, task) -> str:
+        """The customer's opening for this task: generated once, then shared by every rollout of the task."""
+        with self._guard:
+            if task.id in self._first:
+                return self._first[task.id]
+            lock = self._locks.setdefault(task.id, threading.Lock())
+        with lock:  # concurrent callers for one task queue here; the first one generates, the rest read the cache
+            if task.id not in self._first:
+                # Not cached on failure: a later call (e.g. next epoch) tries again instead of failing forever.
+                self._first[task.id] = self.complete(user_view(task.instructions, []))
+            return self._first[task.id]
+
+    def reply(self, task, history: list[dict]) -> str:
+        """The customer's next message, given the agent-side text conversation (the agent spoke last)."""
+        messages = user_view(task.instructions, history)
+        if messages[-1]["role"] != "user":  # i.e. the agent has not said anything since the customer's last turn
+            raise ValueError("reply() needs a history whose last text message is the agent's")
+        return self.complete(messages)
+
+    def replies(self, requests: list[tuple]) -> list:
+        """reply() for many (task, history) pairs at once; order kept; a failure comes back as a UserError."""
+        return _fan_out(self.reply, requests, self.max_workers)
+
+
+def _fan_out(fn, requests: list[tuple], max_workers: int) -> list:
+    # The API is the bottleneck (network + a large model), not Python, so threads give real concurrency here.
+    def one(req):
+        try:
+            return fn(*req)
+        except UserError as e:
+            return e
+        except Exception as e:  # "never raises": a bug in one request must not take down the whole batch
+            return UserError(f"{type(e).__name__}: {e}")
+
+    if not requests:
+        return []
+    with ThreadPoolExecutor(max_workers=max(1, min(max_workers, len(requests)))) as pool:
+        return list(pool.map(one, requests))  # map yields in submission order
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# ScriptedUser: synthetic tasks, no LLM
+
+
+class ScriptedUser:
+    """Plays a synthetic task's structured spec deterministically (see domains/synthetic.py)."""
+
+    def first_message(self, task) -> str:
+        from domains.synthetic import scripted_first_message  # lazy: only synthetic runs need it
+
+        return scripted_first_message(_spec(task))
+
+    def reply(self, task, history: list[dict]) -> str:
+        from domains.synthetic import scripted_reply
+
+        return scripted_reply(_spec(task), history)
+
+    def replies(self, requests: list[tuple]) -> list:
+        return _fan_out(self.reply, requests, 1)  # pure Python and fast: threads would only add overhead
+
+
+def _spec(task):
+    if task.spec is None:
+        raise ValueError(f"task {task.id!r} has no scripted user spec; use the LLM user for it")
+    return task.spec
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Factory
+
+
+def _is_loopback(url: str | None) -> bool:
+    host = urlparse(url).hostname if url else None
+    if host is None:
+        return False
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def make_user(kind: str, **kw):
+    """"llm" -> LLMUser (model/base_url/api_key from kw, else MUARL_USER_MODEL / OPENAI_BASE_URL / OPENAI_API_KEY);
+    "scripted" -> ScriptedUser (LLM settings in kw are ignored, so callers can pass one set of arguments)."""
+    if kind == "scripted":
+        return ScriptedUser()
+    if kind != "llm":
+        raise ValueError(f"unknown user kind {kind!r}: expected 'llm' or 'scripted'")
+    model = kw.pop("model", None) or os.environ.get("MUARL_USER_MODEL")
+    base_url = kw.pop("base_url", None) or os.environ.get("OPENAI_BASE_URL")
+    api_key = kw.pop("api_key", None) or os.environ.get("OPENAI_API_KEY")
+    if not model:
+        raise ValueError("the LLM user needs a model: pass --user-model / model=... or set MUARL_USER_MODEL")
+    if not api_key:
+        if not _is_loopback(base_url):
+            raise ValueError(f"the LLM user needs an API key for {base_url or 'the default OpenAI endpoint'}: "
+                             "set OPENAI_API_KEY (a key-less local server must be on 127.0.0.1/localhost)")
+        api_key = "EMPTY"  # a local vLLM server accepts any key, but the client insists on having one
+    return LLMUser(model, base_url=base_url, api_key=api_key, **kw)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Demo: `python user_sim.py` plays a short exchange against OpenAI (if OPENAI_API_KEY is set) or against a tiny
+# fake OpenAI-compatible server started in this process, then shows what the simulator was actually sent.
+
+
+def _fake_openai_server(answer):
+    """Start a stdlib HTTP server speaking /v1/chat/completions; answer(request_json) -> reply text."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            out = json.dumps({"id": "demo", "object": "chat.completion", "created": 0, "model": body["model"],
+                              "choices": [{"index": 0, "finish_reason": "stop",
+                                           "message": {"role": "assistant", "content": answer(body)}}]}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(out)))
+            self.end_headers()
+            self.wfile.write(out)
+
+        def log_message(self, *args):  # keep the demo's output to the conversation
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}/v1"
+
+
+if __name__ == "__main__":
+    from types import SimpleNamespace
+
+    task = SimpleNamespace(id="demo/0", spec=None, instructions=(
+        "Reason for call:\nYour order #W1234567 arrived and you want to return the desk lamp in it, "
+        "refunded to the gift card you paid with.\n\nKnown info:\nYou are Ana Lopez, zip code 10001.\n\n"
+        "Unknown info:\nYou do not remember your email address."))
+    agent_turns = ["Sure, I can help with that. Could you tell me your name and zip code?",
+                   "Thanks Ana. I see order #W1234567 with a desk lamp. Refund to the original gift card, correct?",
+                   "Done: the return is requested and the refund will go to your gift card."]
+    if os.environ.get("OPENAI_API_KEY"):
+        user, server = make_user("llm", model=os.environ.get("MUARL_USER_MODEL", "gpt-4o-mini")), None
+    else:  # the fake customer answers by turn number: what a real model would say, without the model
+        canned = ["Hi, I'd like to return something from a recent order.",
+                  "Sure, it's Ana Lopez, and my zip code is 10001.",
+                  "Yes, please, back to the gift card.",
+                  "Great, that's all I needed. Thanks! " + STOP]
+        sent = []
+        server, url = _fake_openai_server(lambda b: sent.append(b) or canned[sum(m["role"] == "assistant"
+                                                                                 for m in b["messages"])])
+        user = make_user("llm", model="fake-customer", base_url=url)
+    history = [{"role": "user", "content": user.first_message(task)}]
+    print(f"[user ] {history[-1]['content']}")
+    for said in agent_turns:
+        history.append({"role": "assistant", "content": said})
+        print(f"[agent] {said}")
+        history.append({"role": "user", "content": user.reply(task, history)})
+        print(f"[user ] {history[-1]['content']}")
+        if is_terminal(history[-1]["content"]):
+            print(f"-> conversation ends: {is_terminal(history[-1]['content'])}")
+            break
+    print("\nThe last request, as the simulator saw it (roles swapped):")
+    for m in user_view(task.instructions, history[:-1])[1:]:
+        print(f"  {m['role']:>9}: {m['content']}")
+    print(f"\nAPI stats: {user.stats}; the first message is cached: {user.first_message(task) == history[0]['content']}")
+    if server is not None:
+        server.shutdown()
