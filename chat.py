@@ -1,0 +1,140 @@
+"""Chat rendering as token ids, built incrementally: the token stream a rollout grows and SFT trains on.
+
+The most common bug in agent RL is a gap between the tokens the policy sampled and the tokens it is trained on:
+re-tokenising a conversation's text, or re-rendering it with a chat template that rewrites earlier turns
+(Qwen3's drops old reasoning blocks), gives the trainer a sequence the sampler never produced. So we never
+re-render a conversation. A stream starts as the rendered prompt and only ever grows:
+
+    prompt      system (policy + tool schemas) + first user message + generation prompt       mask 0
+    agent turn  exactly the tokens the engine sampled, ending with the end-of-turn token      mask 1
+    delta       what the template puts between that turn and the next agent turn: a tool
+                result or user message, then the generation prompt again                       mask 0
+
+The delta is rendered by the model's own chat template against a fixed two-message stub, so a template's
+local rules (role headers, <tool_response> wrapping, the empty <think> block of non-thinking mode) are
+followed exactly without ever touching the real history. The stub trick needs the template to render a
+message independently of the messages before it except for its immediate neighbour; tests/test_chat.py checks
+that for the tiny template the grown stream equals one full render (append-only), and says where Qwen3's does not.
+
+`assistant_ids` is the SFT side: the tokens the model *would* sample for a given assistant message, mask 1.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+STUB = [{"role": "user", "content": "."}, {"role": "assistant", "content": "."}]
+
+
+def end_of_turn_id(tokenizer) -> int:
+    """The token that ends an assistant turn: Qwen-style <|im_end|> when the vocabulary has it, else EOS."""
+    tid = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    if isinstance(tid, int) and tid != tokenizer.unk_token_id and tid is not None:
+        return tid
+    if tokenizer.eos_token_id is None:
+        raise ValueError("tokenizer has neither <|im_end|> nor an eos token: cannot tell where a turn ends")
+    return tokenizer.eos_token_id
+
+
+def render(tokenizer, messages: list[dict], tools: list[dict] | None = None, add_generation_prompt: bool = False) -> str:
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError("the tokenizer has no chat template; muarl needs one to render conversations")
+    return tokenizer.apply_chat_template(
+        messages, tools=tools, tokenize=False, add_generation_prompt=add_generation_prompt, enable_thinking=False
+    )
+
+
+def encode(tokenizer, text: str) -> list[int]:
+    # add_special_tokens=False: the template text already carries every special token it needs (no BOS added).
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+def prompt_ids(tokenizer, system: str, tools: list[dict], first_user: str) -> list[int]:
+    """Tokens of the prompt: system (policy + tool schemas) + first user message + generation prompt. Mask 0."""
+    msgs = [{"role": "system", "content": system}, {"role": "user", "content": first_user}]
+    return encode(tokenizer, render(tokenizer, msgs, tools, add_generation_prompt=True))
+
+
+def _after_turn_suffix(tokenizer) -> str:
+    # What the template writes after an assistant's end-of-turn token (Qwen: "\n"). The agent stops sampling
+    # at the end-of-turn token, so this suffix belongs to the next delta, not to the agent's turn.
+    eot = tokenizer.convert_ids_to_tokens(end_of_turn_id(tokenizer))
+    base = render(tokenizer, STUB)
+    return base.rsplit(eot, 1)[1] if eot in base else ""
+
+
+def delta_ids(tokenizer, new_messages: list[dict]) -> list[int]:
+    """Tokens that follow an agent turn's end-of-turn token when `new_messages` (tool results and/or a user message)
+    arrive, up to and including the next generation prompt. Rendered by the model's template, mask 0."""
+    base = render(tokenizer, STUB)
+    full = render(tokenizer, STUB + new_messages, add_generation_prompt=True)
+    if not full.startswith(base):
+        raise ValueError("chat template is not append-only around a new message; cannot render a delta")
+    return encode(tokenizer, _after_turn_suffix(tokenizer) + full[len(base) :])
+
+
+def tool_call_json(name: str, arguments: Any) -> str:
+    return json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False)
+
+
+def assistant_ids(tokenizer, message: dict) -> list[int]:
+    """The tokens a model would sample for `message` after the generation prompt, ending with end-of-turn. Mask 1.
+
+    Rendered by the template (so a tool call is laid out exactly as the model was shown in the system prompt),
+    then cut between the generation prompt and the end-of-turn token.
+    """
+    eot_id = end_of_turn_id(tokenizer)
+    eot = tokenizer.convert_ids_to_tokens(eot_id)
+    gen_prompt = render(tokenizer, STUB[:1], add_generation_prompt=True)[len(render(tokenizer, STUB[:1])) :]
+    full = render(tokenizer, STUB[:1] + [message])
+    body = full[len(render(tokenizer, STUB[:1])) :]
+    # strip the role header (and the empty think block that non-thinking mode puts in the generation prompt)
+    for prefix in (gen_prompt, gen_prompt.split("<think>")[0]):
+        if prefix and body.startswith(prefix):
+            body = body[len(prefix) :]
+            break
+    body = body.rsplit(eot, 1)[0]
+    return encode(tokenizer, body) + [eot_id]
+
+
+def conversation_ids(tokenizer, system: str, tools: list[dict], messages: list[dict]) -> tuple[list[int], list[int]]:
+    """A whole conversation (first message from the user) as (ids, mask), grown exactly as a rollout grows it.
+
+    Used by SFT so the cold start trains the very tokens RL will train: assistant turns mask 1, all else 0.
+    """
+    assert messages and messages[0]["role"] == "user", "a conversation starts with the user's message"
+    ids = prompt_ids(tokenizer, system, tools, messages[0]["content"])
+    mask = [0] * len(ids)
+    pending: list[dict] = []
+    for m in messages[1:]:
+        if m["role"] == "assistant":
+            if pending:
+                d = delta_ids(tokenizer, pending)
+                ids += d
+                mask += [0] * len(d)
+                pending = []
+            a = assistant_ids(tokenizer, m)
+            ids += a
+            mask += [1] * len(a)
+        else:
+            pending.append(m)
+    return ids, mask
+
+
+if __name__ == "__main__":
+    import tempfile
+
+    from models import build_tiny
+
+    d = tempfile.mkdtemp()
+    _, tok = build_tiny(d)
+    msgs = [
+        {"role": "user", "content": "Cancel order #W1, please."},
+        {"role": "assistant", "content": "Checking.", "tool_calls": [{"type": "function", "function": {"name": "get_order_details", "arguments": {"order_id": "#W1"}}}]},
+        {"role": "tool", "name": "get_order_details", "content": '{"order_id": "#W1", "status": "pending"}'},
+        {"role": "assistant", "content": "Done."},
+    ]
+    ids, mask = conversation_ids(tok, "You are a helpful agent.", [], msgs)
+    for i, m in zip(ids, mask):
+        print(m, repr(tok.decode([i])))
