@@ -364,8 +364,8 @@ def test_against_vllm_server(tmp_path):
     models = pytest.importorskip("models", reason="models.py (build_tiny) is not in the repo yet")
     if not hasattr(models, "build_tiny"):
         pytest.skip("models.build_tiny is not available")
-    model_dir = models.build_tiny(tmp_path / "tiny")
-    model_dir = str(model_dir or tmp_path / "tiny")
+    models.build_tiny(tmp_path / "tiny")  # random Qwen3-shaped model + tokenizer + chat template, saved there
+    model_dir = str(tmp_path / "tiny")
     port = _free_port()
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
     proc = subprocess.Popen(
@@ -388,6 +388,7 @@ def test_against_vllm_server(tmp_path):
         # A random tiny model says nonsense, but it is a real string from a real server, and it is cached.
         assert isinstance(first, str) and first and user.first_message(TASK) == first
         out = user.replies([(TASK, HISTORY), (TASK, HISTORY[:2])])
+        print("tiny vLLM user said:", repr(first), out)  # visible with -s
         assert all(isinstance(o, str) and o for o in out), out
         # greedy + same seed: the same request twice gives the same reply
         assert user.reply(TASK, HISTORY) == out[0]
