@@ -600,6 +600,7 @@ if __name__ == "__main__":
     for a in task.actions:
         out = env.call(a["name"], dict(a["arguments"]))
         tag = "WRITE " if a["name"] in WRITE_TOOLS else ""
-        print(f"{tag}{a['name']}({json.dumps(a['arguments'])})\n  -> {_short(out)}")
+        arrow = "-> ERROR" if env.calls[-1].error else "->"  # some gold calls fail on purpose in tau2's data
+        print(f"{tag}{a['name']}({json.dumps(a['arguments'])})\n  {arrow} {_short(out)}")
     reward, info = world.score(task, env)
     print(f"\nreward = {reward}\ninfo = {json.dumps(info, indent=2)}")
