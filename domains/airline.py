@@ -67,7 +67,9 @@ AIRPORTS = [
 # ---------------------------------------------------------------------------------------------------------------
 # Normalising db.json into tau2's model_dump() shape (checked by the base hash in tests/test_parity_airline.py)
 
-FLIGHT_FIELDS = ["flight_number", "origin", "destination", "scheduled_departure_time_est", "scheduled_arrival_time_est", "dates"]
+FLIGHT_FIELDS = [
+    "flight_number", "origin", "destination", "scheduled_departure_time_est", "scheduled_arrival_time_est", "dates",
+]  # fmt: skip
 SEGMENT_FIELDS = ["flight_number", "origin", "destination", "date", "price"]  # a reservation's flight
 
 
@@ -281,8 +283,7 @@ def _charge_for_update(db: Store, user: dict, payment_id, total: int) -> dict | 
 
 
 def get_user_details(db: Store, user_id: str) -> dict:
-    """Look up a user's profile: name, address, email, date of birth, payment methods, saved passengers,
-    membership level and reservation ids.
+    """Look up a user's profile: name, address, email, birth date, payments, passengers, membership, reservations.
 
     Args:
         user_id: The user's id, such as 'sara_doe_496'.
@@ -326,8 +327,7 @@ def search_direct_flight(db: Store, origin: str, destination: str, date: str) ->
 
 
 def search_onestop_flight(db: Store, origin: str, destination: str, date: str) -> list:
-    """Find itineraries with one connection between two airports on a date: a list of [first leg, second leg]
-    pairs, each leg with its date, seats and prices.
+    """Find one-stop itineraries between two airports on a date, as [first leg, second leg] pairs with prices.
 
     Args:
         origin: The three-letter code of the departure airport, such as 'JFK'.
@@ -372,8 +372,8 @@ def book_reservation(
 ) -> dict:
     """Book a new reservation for a user and charge it; returns the reservation.
 
-    The price is each flight's current price in the cabin times the number of passengers, plus 30 per
-    passenger with insurance, plus 50 per non-free bag. The payment amounts must add up to it exactly.
+    Price: each flight's current price in the cabin, times the number of passengers.
+    Plus 30 per passenger with insurance, plus 50 per non-free bag; the payment amounts must add up to it.
 
     Args:
         user_id: The id of the user who books, such as 'sara_doe_496'.
@@ -434,15 +434,15 @@ def book_reservation(
         raise ValueError(f"Payment amount does not add up, total price is {total}, but paid {paid}")
 
     for p in payments:
-        source = user["payment_methods"][p["payment_id"]]["source"] if p["payment_id"] in user["payment_methods"] else None
-        if source is None:
+        method = user["payment_methods"].get(p["payment_id"])
+        if method is None:
             # tau2 quirk: a certificate listed twice was popped by the first entry; the second pop raises
             # KeyError *after* the earlier deductions, which stay written (tau2 mutates its models in place).
             db.put("users", user["user_id"], user)
             raise KeyError(p["payment_id"])
-        if source == "gift_card":
-            user["payment_methods"][p["payment_id"]]["amount"] -= p["amount"]
-        elif source == "certificate":
+        if method["source"] == "gift_card":
+            method["amount"] -= p["amount"]
+        elif method["source"] == "certificate":
             del user["payment_methods"][p["payment_id"]]  # a certificate is spent whole, whatever was used
 
     for number, flight in touched.items():
@@ -586,11 +586,11 @@ def send_certificate(db: Store, user_id: str, amount: float) -> str:
 # ---------------------------------------------------------------------------------------------------------------
 # The world
 
-TOOLS = [
-    book_reservation, calculate, cancel_reservation, get_reservation_details, get_user_details,
-    list_all_airports, search_direct_flight, search_onestop_flight, send_certificate, transfer_to_human_agents,
-    update_reservation_baggages, update_reservation_flights, update_reservation_passengers, get_flight_status,
-    think,
+TOOLS = [  # tau2's 14 tools, then think
+    book_reservation, calculate, cancel_reservation, get_flight_status, get_reservation_details,
+    get_user_details, list_all_airports, search_direct_flight, search_onestop_flight, send_certificate,
+    transfer_to_human_agents, update_reservation_baggages, update_reservation_flights,
+    update_reservation_passengers, think,
 ]  # fmt: skip
 WRITE_TOOLS = {
     "book_reservation", "cancel_reservation", "update_reservation_flights", "update_reservation_baggages",
