@@ -52,7 +52,7 @@ from domains.base import Task, World, content_key
 # scripted user recognises the expert's questions by the same keywords it uses for any agent.
 
 STOP, YES = "###STOP###", "yes"
-MAX_USER_TURNS = 10  # user messages (the first included) after which the scripted user always stops
+MAX_USER_TURNS = 10  # at most this many user messages (the first included); the last one is ###STOP###
 
 ASK_ID = "Sure. To verify your identity, please give me your email, or your first name, last name and zip code."
 ASK_REASON = "What is the reason for cancelling: 'no longer needed' or 'ordered by mistake'?"
@@ -406,8 +406,8 @@ def scripted_reply(spec: dict, history: list[dict]) -> str:
     """
     mine = [m["content"] for m in history if m["role"] == "user"]
     agent = [(m.get("content") or "").strip() for m in history if m["role"] == "assistant"]
-    if len(mine) >= spec["max_user_turns"] or not agent:
-        return STOP
+    if len(mine) + 1 >= spec["max_user_turns"] or not agent:
+        return STOP  # this reply would be the last one the bound allows
     t = agent[-1].lower()
     if agent.count(agent[-1]) >= 3:
         return STOP  # the agent repeats itself: a conversation in circles
