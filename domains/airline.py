@@ -619,7 +619,8 @@ def replay_task(world: World, task: Task, width: int = 160) -> float:
     print(f"task {task.id} ({task.split}): {len(task.actions)} gold actions\n{task.instructions[:400]}\n")
     for a in task.actions:
         out = env.call(a["name"], json.loads(json.dumps(a["arguments"])))
-        print(f"-> {a['name']}({json.dumps(a['arguments'])[:width]})")
+        mark = "!!" if env.calls[-1].error else "->"  # some gold actions fail on purpose, as in tau2
+        print(f"{mark} {a['name']}({json.dumps(a['arguments'])[:width]})")
         print(f"   {out[:width]}{' ...' if len(out) > width else ''}")
     reward, info = world.score(task, env)
     print(f"\nreward {reward}  {info}")
