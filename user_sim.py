@@ -43,7 +43,7 @@ Departures from the paper / tau2-bench
 3. A reply wrapped in `<think>...</think>` (a reasoning model served without a reasoning parser) has that
    block removed; tau2 does not do this.
 4. Consecutive messages of the same role are merged into one, so the request always alternates user/assistant
-   (some chat templates refuse anything else).
+   (some chat templates refuse anything else); an agent turn with no text becomes NO_REPLY for the same reason.
 """
 
 from __future__ import annotations
@@ -65,6 +65,8 @@ MARKERS = (STOP, TRANSFER, OUT_OF_SCOPE)
 # not actually say this (its conversation begins with the customer's message), but a chat model answers better
 # when it has something to answer, and the same greeting for every task keeps the opening reproducible.
 GREETING = "Hi! How can I help you today?"
+# What the customer "hears" when the agent ends a turn without saying anything (see user_view).
+NO_REPLY = "(the agent sent an empty message)"
 
 
 class UserError(Exception):
@@ -141,6 +143,11 @@ def user_view(instructions: str, history: list[dict]) -> list[dict]:
             msgs.append({"role": swap[role], "content": content})
     if not msgs or msgs[0]["role"] != "user":  # the customer's opening answered the greeting; say the greeting
         msgs.insert(0, {"role": "user", "content": GREETING})
+    if msgs[-1]["role"] == "assistant":
+        # The agent's last turn had no text (only a tool call, or nothing at all) and rollout.py handed control
+        # to the customer anyway. Say so rather than refuse: a real customer would nudge the agent, and
+        # aborting here would hide exactly the degenerate turns RL should learn to avoid.
+        msgs.append({"role": "user", "content": NO_REPLY})
     return [{"role": "system", "content": system_prompt(instructions)}] + msgs
 
 
@@ -232,11 +239,8 @@ class LLMUser:
             return self._first[task.id]
 
     def reply(self, task, history: list[dict]) -> str:
-        """The customer's next message, given the agent-side text conversation (the agent spoke last)."""
-        messages = user_view(task.instructions, history)
-        if messages[-1]["role"] != "user":  # i.e. the agent has not said anything since the customer's last turn
-            raise ValueError("reply() needs a history whose last text message is the agent's")
-        return self.complete(messages)
+        """The customer's next message, given the agent-side text conversation so far."""
+        return self.complete(user_view(task.instructions, history))
 
     def replies(self, requests: list[tuple]) -> list:
         """reply() for many (task, history) pairs at once; order kept; a failure comes back as a UserError."""

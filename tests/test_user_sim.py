@@ -161,10 +161,12 @@ def test_role_swap_as_received_by_server(server):
     assert "SECRET-TOOL-RESULT" not in json.dumps(body) and "find_user_id" not in json.dumps(body)
 
 
-def test_reply_needs_agent_last(server):
-    with pytest.raises(ValueError, match="agent"):
-        new_user(server).reply(TASK, HISTORY[:3])
-    assert server.requests == []
+def test_agent_said_nothing(server):
+    # The agent's last turn was a bare tool call (or empty): the customer is told so, as an agent-side message.
+    new_user(server).reply(TASK, HISTORY[:3] + [{"role": "assistant", "content": "<tool_call>{}</tool_call>"}])
+    msgs = server.requests[0]["messages"]
+    assert msgs[-2] == {"role": "assistant", "content": "Ana Lopez, 10001."}
+    assert msgs[-1] == {"role": "user", "content": user_sim.NO_REPLY}
 
 
 def test_first_message_once_for_concurrent_group(server):
@@ -285,10 +287,11 @@ def test_replies_concurrent_and_ordered(server):
 
 
 def test_replies_never_raise(server):
-    # Request 1 gets a permanent 400, request 2 is a caller bug (user spoke last); the rest still succeed.
+    # Request 1 gets a permanent 400, request 2 is a caller bug (a task without instructions); the rest succeed.
     server.default = lambda body: ("status", 400) if "bad" in body["messages"][-1]["content"] else ("ok", "fine")
     agent = lambda text: [{"role": "user", "content": "hi"}, {"role": "assistant", "content": text}]
-    reqs = [(TASK, agent("q0")), (TASK, agent("bad")), (TASK, HISTORY[:1]), (TASK, agent("q3"))]
+    broken = SimpleNamespace(id="broken")
+    reqs = [(TASK, agent("q0")), (TASK, agent("bad")), (broken, agent("q2")), (TASK, agent("q3"))]
     out = new_user(server).replies(reqs)
     assert out[0] == "fine" and out[3] == "fine"
     assert isinstance(out[1], UserError) and isinstance(out[2], UserError)
