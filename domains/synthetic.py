@@ -27,6 +27,20 @@ Kinds: cancel, modify_address, modify_items, modify_payment, return, exchange, u
 info (order status / amount paid / tracking number: the answer is a required output), refuse (a request the
 policy forbids: wrong status, another user's order, an order whose items were already modified).
 
+The spec (a plain dict, JSON-able; everything the customer knows)
+    kind, goal ("act" | "answer" | "refuse"), request (what the customer asks: a write kind, or "status" /
+    "paid" / "tracking"), user {user_id, first_name, last_name, zip, email}, offers ("email" | "name_zip": the
+    identification given when either is asked), knows_email, order_id, order_known (False: the customer names a
+    product, order_hint, and the agent must search the user's orders), items [{name, item_id, product_id,
+    new_item_id, change}], reason / address / payment {id, desc}: facts said only when asked, answer (info
+    tasks), action (the write the customer wants, forbidden ones included), confirm (what a confirmation must
+    mention to get "yes"), max_user_turns (the customer's bound).
+
+What the reward can and cannot see. The database decides, as in MUA-RL: a forbidden request that the tool
+itself rejects (cancelling a delivered order) leaves the database unchanged whatever the agent does, so only
+refusals the tools do NOT enforce test the agent (another user's order; changing the address or payment of an
+order whose items were modified). Info tasks need `check_outputs=True` to score the answer.
+
 Departures from the paper
 -------------------------
 1. MUA-RL's cold-start data came from an LLM pipeline in other domains; ours is rule-generated in the retail
@@ -227,7 +241,7 @@ def _plan(rng: random.Random, shop: _Shop, kind: str, users: list[str]) -> dict 
         if not items:
             return None
         chosen = rng.sample(items, rng.randint(1, min(2, len(items))))
-        spec["items"] = [{"name": i["name"], "item_id": i["item_id"]} for i in chosen]
+        spec["items"] = [{"name": i["name"], "item_id": i["item_id"], "product_id": i["product_id"]} for i in chosen]
         orig = order["payment_history"][0]["payment_method_id"]
         gift = [p for p, d in pays.items() if d == "my gift card" and p != orig]
         p = rng.choice(gift) if gift and rng.random() < 0.4 else orig
@@ -296,7 +310,7 @@ def _plan_refusal(rng, shop, spec, user, orders, users) -> dict | None:
         if not items:
             return None
         i = rng.choice(items)
-        spec["items"] = [{"name": i["name"], "item_id": i["item_id"]}]
+        spec["items"] = [{"name": i["name"], "item_id": i["item_id"], "product_id": i["product_id"]}]
         p = order["payment_history"][0]["payment_method_id"]
         spec["payment"] = {"id": p, "desc": "the original payment method"}
         args.update(item_ids=[i["item_id"]], payment_method_id=p)
@@ -322,13 +336,9 @@ def _add_confirm_check(spec: dict, shop: _Shop) -> None:
         order = shop.orders[spec["order_id"]]
         wrong |= {i["item_id"] for i in order["items"]}
         for i in spec["items"]:
-            wrong |= set(shop.products[order_items_pid(order, i["item_id"])]["variants"])
+            wrong |= set(shop.products[i["product_id"]]["variants"])
     wrong -= {x for group in must for x in group}
     spec["confirm"] = {"verbs": VERBS[spec["request"]], "must": must, "wrong": sorted(wrong)}
-
-
-def order_items_pid(order: dict, item_id: str) -> str:
-    return next(i["product_id"] for i in order["items"] if i["item_id"] == item_id)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -540,7 +550,7 @@ def _expert_script(spec: dict, shop: _Shop) -> list[tuple]:
         steps += [("call", "get_order_details", {"order_id": o}) for o in todo]
     if goal != "act":
         return steps + [("say", _final_word(spec, shop))]
-    for pid in dict.fromkeys(i["product_id"] for i in spec["items"] if "product_id" in i):
+    for pid in dict.fromkeys(i["product_id"] for i in spec["items"] if "new_item_id" in i):  # variants to pick from
         steps.append(("call", "get_product_details", {"product_id": pid}))
     ask = {"cancel": ASK_REASON, "modify_address": ASK_ADDRESS, "user_address": ASK_ADDRESS, "return": ASK_REFUND,
            "exchange": ASK_DIFF, "modify_items": ASK_DIFF}.get(req)
@@ -856,7 +866,7 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser(description="Generate a synthetic task and show its spec, instructions and expert.")
     ap.add_argument("--world", default="synthetic", choices=["synthetic", "retail"])
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--kind", default=None, choices=KINDS)
+    ap.add_argument("--kind", default="exchange", choices=KINDS)
     ap.add_argument("--stats", action="store_true", help="print statistics of 200 generated tasks instead")
     args = ap.parse_args()
     if args.world == "retail":

@@ -74,7 +74,8 @@ def check_expert_shape(world, tasks):
                     said = [x for x in ex[:i] if x["role"] == "user"]
                     assert said[-1]["content"] == S.YES
                     asked = [x for x in ex[:i] if x["role"] == "assistant" and x["content"]][-1]["content"]
-                    assert "(yes/no)" in asked and t.spec["order_id"] in asked if t.spec["order_id"] else True
+                    assert "(yes/no)" in asked  # ...to a confirmation that listed the action
+                    assert all(str(v) in asked for k, v in f["arguments"].items() if k in ("order_id", "payment_method_id"))
         assert calls[0]["name"].startswith("find_user_id_by")  # authentication comes first
         assert [{"name": c["name"], "arguments": c["arguments"]} for c in calls] == t.actions
         assert sum(c["name"] in world.write_tools for c in calls) == (t.spec["goal"] == "act")
