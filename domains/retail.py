@@ -39,7 +39,7 @@ from domains.tau2_data import find_data, load_tasks
 from tools import calculate, think, transfer_to_human_agents
 
 # Bump when the normaliser changes what a template holds: the template cache key includes it.
-NORMALISER_VERSION = "retail-1"
+NORMALISER_VERSION = "retail-2"
 
 # ---------------------------------------------------------------------------------------------------------------
 # Normalising db.json into tau2's record shape
@@ -111,7 +111,10 @@ def _order(o: dict) -> dict:
         "fulfillments": [{"tracking_id": f["tracking_id"], "item_ids": f["item_ids"]} for f in o["fulfillments"]],
         "payment_history": [_payment(p["transaction_type"], p["amount"], p["payment_method_id"]) for p in o["payment_history"]],
     }
-    rec.update({k: o.get(k) for k in ORDER_EXTRA_FIELDS})  # kept as loaded (tau2 never re-validates them)
+    rec.update({k: o.get(k) for k in ORDER_EXTRA_FIELDS})  # null unless db.json already has them
+    if rec["exchange_price_difference"] is not None:  # validated (int -> float) when tau2 loads db.json...
+        rec["exchange_price_difference"] = float(rec["exchange_price_difference"])
+    # ...but not when a tool assigns it later: an empty exchange stores the int 0 (see the exchange tool).
     return rec
 
 
