@@ -521,7 +521,7 @@ def _done(spec: dict) -> str:
     }[spec["request"]]
 
 
-def _final_word(spec: dict, shop: _Shop) -> str:
+def _final_word(spec: dict) -> str:
     oid = spec["order_id"]
     if spec["goal"] == "answer":
         return {"status": f"Order {oid} is {spec['answer']}.", "paid": f"You paid {spec['answer']} for order {oid}.",
@@ -549,7 +549,7 @@ def _expert_script(spec: dict, shop: _Shop) -> list[tuple]:
             todo = orders[: orders.index(spec["order_id"]) + 1]
         steps += [("call", "get_order_details", {"order_id": o}) for o in todo]
     if goal != "act":
-        return steps + [("say", _final_word(spec, shop))]
+        return steps + [("say", _final_word(spec))]
     for pid in dict.fromkeys(i["product_id"] for i in spec["items"] if "new_item_id" in i):  # variants to pick from
         steps.append(("call", "get_product_details", {"product_id": pid}))
     ask = {"cancel": ASK_REASON, "modify_address": ASK_ADDRESS, "user_address": ASK_ADDRESS, "return": ASK_REFUND,
