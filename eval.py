@@ -291,3 +291,43 @@ def main(argv=None):
 
 if __name__ == "__main__":
     main()
+
+
+class ExpertEngine:
+    """An engine that plays each synthetic task's scripted expert, token for token, through the real rollout.
+
+    It reads the prompt it is given (decoded), finds the task by its first user message and counts the agent
+    turns so far, then returns the tokens of the expert's next assistant message (chat.assistant_ids) with
+    log-prob 0. A check of the token pipeline end to end: with the scripted user, every episode must score 1.
+    """
+
+    def __init__(self, tokenizer, tasks):
+        import chat
+
+        self.tok = tokenizer
+        self.header = "<|im_start|>assistant"
+        self.script = {}
+        for t in tasks:
+            turns = [m for m in t.expert[1:] if m["role"] == "assistant"]
+            self.script[t.expert[0]["content"]] = [chat.assistant_ids(tokenizer, m) for m in turns]
+
+    def generate(self, prompts, max_new_tokens, temperature=1.0, top_p=1.0, stop_token_ids=None, seed=None):
+        from engine import Sample
+
+        out = []
+        for p in prompts:
+            text = self.tok.decode(p, skip_special_tokens=False)
+            key = next((k for k in self.script if k in text), None)
+            k = text.count(self.header) - 1  # agent turns already taken
+            ids = self.script[key][k] if key is not None and k < len(self.script[key]) else self.tok.encode("Goodbye.") + [stop_token_ids[0]]
+            out.append(Sample(token_ids=ids, logprobs=[0.0] * len(ids), finish_reason="stop"))
+        return out
+
+    def update_weights(self, named_tensors):
+        pass
+
+    def sleep(self):
+        pass
+
+    def wake_up(self):
+        pass

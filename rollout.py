@@ -145,7 +145,10 @@ def _agent_step(ep: Episode, token_ids: list[int], logprobs: list[float], eot: i
         if cfg.malformed == "end":
             ep.stop("malformed_call")
             return []
-        return [{"role": "tool", "name": "error", "content": "Error: " + "; ".join(parsed.errors)}]
+        obs = [{"role": "tool", "name": "error", "content": "Error: " + "; ".join(parsed.errors)}]
+        ep.messages += obs
+        ep.turns += 1  # an observation, like a tool execution: counted, so a model stuck on bad calls hits the cap
+        return obs
     if not calls:  # a message to the user
         ep.state = USER
         return []
