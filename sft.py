@@ -44,7 +44,7 @@ def render_examples(tokenizer, conversations: list[dict], worlds: dict) -> list[
         system = conv.get("system") or (world.policy if world else "")
         if msgs and msgs[0]["role"] == "system":
             system = msgs.pop(0)["content"]
-        tools = conv.get("tools") or (world.tool_schemas() if world else [])
+        tools = conv["tools"] if conv.get("tools") is not None else (world.tool_schemas() if world else [])
         out.append(chat.conversation_ids(tokenizer, system, tools, msgs))
     return out
 
