@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -33,6 +34,7 @@ import random
 import shutil
 import sys
 import time
+import types
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -209,7 +211,7 @@ def dist_setup() -> tuple[int, int]:
 def shard(model, activation_checkpointing: bool, bf16: bool):
     """FSDP2: shard every decoder layer, then the root. Parameters stay fp32 shards (so AdamW's state is fp32);
     with bf16, each layer computes in bf16 and gradients are reduced in fp32."""
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
     layers = model.get_decoder().layers
@@ -218,6 +220,19 @@ def shard(model, activation_checkpointing: bool, bf16: bool):
             layer.gradient_checkpointing = True
         fully_shard(layer, mp_policy=mp)
     fully_shard(model, mp_policy=mp)
+    # Each rank's loss is already its share of the step's token mean (divided by the global N_tok), so the
+    # gradients must be summed over ranks, not averaged (FSDP's default divides by the world size). A plain
+    # SUM reduction: gloo (CPU) has no pre-multiplied sum, the op FSDP would otherwise use for a custom factor.
+    for m in [*layers, model]:
+        m.set_gradient_divide_factor(1.0)
+        m.set_force_sum_reduction_for_comms(True)
+    # grpo.token_logprobs runs the decoder body and lm_head one after the other and never model.forward, so the
+    # root's hooks (gather embeddings/norm/lm_head before, reduce their gradients after) would not fire. As a
+    # registered forward method of the root, token_logprobs gets the hooks forward would have had.
+    from grpo import token_logprobs
+
+    model.token_logprobs = types.MethodType(token_logprobs, model)
+    register_fsdp_forward_method(model, "token_logprobs")
     return model
 
 
@@ -267,6 +282,9 @@ def update(policy, reference, episodes, advantages, opt, cfg: Config, world_size
     """
     from grpo import grpo_loss, pack_sequences, token_logprobs
 
+    def logprobs_of(model):  # an FSDP-sharded model carries its own hooked token_logprobs (see shard)
+        return getattr(model, "token_logprobs", None) or functools.partial(token_logprobs, model)
+
     seqs, masks = [e.ids for e in episodes], [e.mask for e in episodes]
     rows = pack_sequences(seqs, masks, cfg.micro_batch_tokens, adv=advantages, sample_logp=[e.logprobs for e in episodes])
     n_tok = all_sum(float(sum(sum(m) for m in masks)), world_size)  # N_tok of the whole step
@@ -278,8 +296,8 @@ def update(policy, reference, episodes, advantages, opt, cfg: Config, world_size
         ref_logp = None
         if cfg.kl_coef > 0 and reference is not None:
             with torch.no_grad():
-                ref_logp = token_logprobs(reference, ids, position_ids=pos, chunk_size=cfg.logprob_chunk)  # (1, L)
-        logp, ent = token_logprobs(policy, ids, position_ids=pos, chunk_size=cfg.logprob_chunk, return_entropy=True)
+                ref_logp = logprobs_of(reference)(ids, position_ids=pos, chunk_size=cfg.logprob_chunk)  # (1, L)
+        logp, ent = logprobs_of(policy)(ids, position_ids=pos, chunk_size=cfg.logprob_chunk, return_entropy=True)
         old_logp = logp.detach()  # one update per batch: the sampling policy is this policy (departure 1)
         loss, st = grpo_loss(logp, old_logp, ref_logp, row["adv"], mask, cfg.clip_low, cfg.clip_high,
                              cfg.kl_coef, num_tokens=max(n_tok, 1.0), entropy=ent)
