@@ -482,6 +482,10 @@ def main(argv: list[str] | None = None) -> dict:
     device = f"cuda:{torch.cuda.current_device()}" if on_gpu else "cpu"
     dtype = ("bfloat16" if on_gpu else "float32") if cfg.dtype == "auto" else cfg.dtype
     engine_kind = ("vllm" if on_gpu else "hf") if cfg.engine == "auto" else cfg.engine
+    if engine_kind == "vllm" and cfg.model != "tiny":  # a model vLLM cannot run: say so now, not after SFT
+        from engine import check_vllm_model
+
+        check_vllm_model(cfg.model, on_cpu=not on_gpu)
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     random.seed(cfg.seed + rank)
@@ -507,8 +511,10 @@ def main(argv: list[str] | None = None) -> dict:
     start, state = (load_checkpoint(out, policy, opt, sampler, world_size) if cfg.resume else (0, {}))
     results = state.get("results", {})
 
+    engine = None  # the rollout engine, built after the cold start; evaluations before it use the policy itself
+
     def run_eval(name: str):
-        eng = make_engine("hf", model=policy, tokenizer=tok) if engine_kind == "hf" else engine
+        eng = engine if engine is not None else make_engine("hf", model=policy, tokenizer=tok)
         m, _ = evaluate(eval_tasks, worlds, eng, tok, user, rollout_cfg(cfg, greedy=True), log=episodes_log)
         results[name] = m
         log({"phase": "eval", "name": name, **m})
@@ -536,7 +542,12 @@ def main(argv: list[str] | None = None) -> dict:
     # the frozen reference: the policy as RL starts (after the cold start), as in the paper
     reference = None
     if cfg.kl_coef > 0:
-        reference = load_reference(str(out / "cold-start")) if (out / "cold-start").exists() else load_reference(model=policy)
+        if (out / "cold-start").exists():
+            reference = load_reference(str(out / "cold-start"))
+        elif state:  # resumed without a cold start: the policy has moved on, the starting weights are on disk
+            reference = load_reference(model_path, dtype=policy.dtype)
+        else:
+            reference = load_reference(model=policy)
         reference.to(device)
     if world_size > 1:
         bf16 = dtype == "bfloat16"
@@ -544,6 +555,8 @@ def main(argv: list[str] | None = None) -> dict:
         if reference is not None:
             reference = shard(reference, False, bf16)
         opt = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        if state:  # resumed: the optimizer state loaded above belonged to the unsharded parameters
+            load_checkpoint(out, policy, opt, sampler, world_size)
     elif cfg.activation_checkpointing:
         policy.gradient_checkpointing_enable()
 
