@@ -17,7 +17,8 @@ top-p nucleus and renormalised. Greedy (temperature 0) reports the log-prob unde
 With the paper's settings (temperature 1, top-p 1) that is simply the model's log-prob, so GRPO's first
 ratio is exactly 1 up to the numerics of two different forward passes.
 
-Symbols: B = prompts in a batch, T = prompt length (after left padding), V = vocabulary size.
+Symbols: B = prompts in a batch, P = length of the prefix all prompts share, S = longest rest of a prompt
+(the others are left-padded to it), V = vocabulary size.
 
 Departures from the paper's setup (verl + vLLM):
 1. On a CPU the default engine is our transformers loop: for a ~4M-parameter model vLLM's per-step overhead
@@ -74,6 +75,16 @@ def sample_step(logits: torch.Tensor, temperature: float, top_p: float, gen: tor
     return tok, logp.gather(-1, tok[:, None])[:, 0]
 
 
+def common_prefix_len(seqs: list[list[int]]) -> int:
+    """Length of the longest prefix all sequences share."""
+    n = min(len(s) for s in seqs)
+    for i in range(n):
+        t = seqs[0][i]
+        if any(s[i] != t for s in seqs):
+            return i
+    return n
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # 2. The transformers engine: a hand-written decode loop over a KV cache
 
@@ -84,8 +95,11 @@ class HFEngine:
     Why not `model.generate`? We need, for every sampled token, the log-prob under the exact distribution it
     was drawn from, and we want rows that finished to stop costing compute. A 30-line loop does both:
 
-      prefill   left-pad the prompts to (B, T); attention_mask marks real tokens, and position_ids count
-                only real tokens, so a padded row computes exactly what it would alone
+      prefix    the tokens every prompt starts with (the system prompt: policy + tool schemas, the same for
+                every episode of a domain) are run once, for one row, and that KV cache is copied to B rows
+      prefill   the rest of each prompt, left-padded to (B, S) after the shared prefix; attention_mask marks
+                real tokens and position_ids count only real tokens, so a padded row computes exactly what
+                it would alone
       decode    one token per row per step; the KV cache grows by one column
       finish    a row that sampled a stop token (kept, with its log-prob) or used its budget leaves the batch:
                 its cache rows are dropped, so late steps run on the unfinished rows only
@@ -94,39 +108,59 @@ class HFEngine:
     and `update_weights` is a no-op (it checks); give it a separate copy to mimic a separate rollout engine.
     """
 
-    def __init__(self, model, tokenizer=None, stop_token_ids: list[int] | None = None):
+    def __init__(self, model, tokenizer=None, stop_token_ids: list[int] | None = None, min_shared_prefix: int = 16):
         self.model = model
+        self.min_shared_prefix = min_shared_prefix  # shorter common prefixes are not worth a separate forward
         self.stop_token_ids = stop_token_ids if stop_token_ids is not None else default_stop_ids(tokenizer, model)
         pad = getattr(tokenizer, "pad_token_id", None)
         self.pad_id = pad if pad is not None else 0  # any id works: padded positions are masked out
 
-    @torch.no_grad()
     def generate(self, prompts: list[list[int]], max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0,
                  stop_token_ids: list[int] | None = None, seed: int | None = None) -> list[Sample]:
+        if any(len(p) == 0 for p in prompts):
+            raise ValueError("HFEngine.generate: every prompt needs at least one token")
+        stop = set(self.stop_token_ids if stop_token_ids is None else stop_token_ids)
+        gen = torch.Generator(self.model.device).manual_seed(seed) if seed is not None else None
+        was_training = self.model.training
+        self.model.eval()  # no dropout while sampling; restored after, since the trainer may share this model
+        try:
+            return self._sample(prompts, max_new_tokens, temperature, top_p, stop, gen)
+        finally:
+            self.model.train(was_training)
+
+    @torch.no_grad()
+    def _sample(self, prompts, max_new_tokens, temperature, top_p, stop, gen) -> list[Sample]:
         from transformers import DynamicCache
 
-        if not prompts:
-            return []
-        stop = set(self.stop_token_ids if stop_token_ids is None else stop_token_ids)
+        samples = [Sample() for _ in prompts]
+        if not prompts or max_new_tokens <= 0:
+            return samples
         dev = self.model.device
-        gen = torch.Generator(dev).manual_seed(seed) if seed is not None else None
-        was_training = self.model.training
-        self.model.eval()  # no dropout while sampling (restored below: the trainer may share this model)
-
-        B, T = len(prompts), max(len(p) for p in prompts)
-        ids = torch.full((B, T), self.pad_id, dtype=torch.long, device=dev)  # (B, T)
-        mask = torch.zeros((B, T), dtype=torch.long, device=dev)  # (B, T) 1 = real token
-        for i, p in enumerate(prompts):
-            ids[i, T - len(p):] = torch.tensor(p, dtype=torch.long)
-            mask[i, T - len(p):] = 1
-        pos = (mask.cumsum(-1) - 1).clamp(min=0)  # (B, T) position of each real token within its own prompt
+        B = len(prompts)
+        # 1. shared prefix, once. Every row keeps at least one token of its own, whose logits start decoding.
+        P = common_prefix_len(prompts) if B > 1 else 0
+        P = min(P, min(len(p) for p in prompts) - 1)
+        P = P if P >= self.min_shared_prefix else 0
         cache = DynamicCache(config=self.model.config)
+        if P:
+            prefix = torch.tensor([prompts[0][:P]], device=dev)  # (1, P)
+            self.model(input_ids=prefix, past_key_values=cache, use_cache=True, logits_to_keep=1)
+            cache.batch_repeat_interleave(B)  # (1, ...) -> (B, ...): every row shares the prefix's keys/values
+        # 2. the rest of every prompt, left-padded to S tokens: [prefix | pad ... pad | own tokens]
+        S = max(len(p) for p in prompts) - P
+        ids = torch.full((B, S), self.pad_id, dtype=torch.long, device=dev)  # (B, S)
+        own = torch.zeros((B, S), dtype=torch.long, device=dev)  # (B, S) 1 = real token
+        for i, p in enumerate(prompts):
+            n = len(p) - P
+            ids[i, S - n:] = torch.tensor(p[P:], dtype=torch.long)
+            own[i, S - n:] = 1
+        pos = P + (own.cumsum(-1) - 1).clamp(min=0)  # (B, S) position of each real token within its own prompt
+        mask = torch.cat([own.new_ones(B, P), own], dim=1)  # (B, P + S) 1 = a token this row attends to
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache,
                          use_cache=True, logits_to_keep=1)  # only the last position's logits: (B, 1, V)
         logits = out.logits[:, -1]  # (B, V)
         next_pos = mask.sum(-1)  # (B,) position of the token about to be sampled
         rows = list(range(B))  # rows[j] = which prompt the j-th row of the live batch belongs to
-        samples = [Sample() for _ in prompts]
 
         for step in range(max_new_tokens):
             tok, lp = sample_step(logits, temperature, top_p, gen)  # (b,), (b,)
@@ -146,13 +180,11 @@ class HFEngine:
                 cache.batch_select_indices(idx)
                 tok, mask, next_pos = tok[idx], mask[idx], next_pos[idx]
                 rows = [rows[j] for j in keep]
-            mask = torch.cat([mask, mask.new_ones(len(rows), 1)], dim=1)  # (b, T + step + 1)
+            mask = torch.cat([mask, mask.new_ones(len(rows), 1)], dim=1)  # (b, P + S + step + 1)
             out = self.model(input_ids=tok[:, None], attention_mask=mask, position_ids=next_pos[:, None],
                              past_key_values=cache, use_cache=True)  # (b, 1, V)
             logits = out.logits[:, -1]  # (b, V)
             next_pos = next_pos + 1
-
-        self.model.train(was_training)
         return samples
 
     @torch.no_grad()

@@ -1,13 +1,16 @@
 """Time HFEngine against VLLMEngine on the tiny model: B prompts x N new tokens, one process, same weights.
 
-    python bench/bench_engine.py                 # B in {8, 32}, N = 64, 3 timed repeats after one warm-up
-    python bench/bench_engine.py --batches 8 --new 32 --repeats 5
+    python bench/bench_engine.py                 # B in {8, 32}, N = 64, 5 rounds after one warm-up
+    python bench/bench_engine.py --batches 8 --new 32 --rounds 3 --no-prefix-caching
 
 Every sample runs to exactly N tokens (no stop ids), so both engines do the same work. Prompts are chat-rendered
 (system + the generic tools block + a user message, ~550 tokens), like a rollout's first turn; the ~520-token
-system part is the same in every prompt, which vLLM's prefix cache exploits (--no-prefix-caching to compare).
-HF is timed before vLLM starts (vLLM binds threads when it starts), then again after, to show any effect.
-The last line is the ratio vLLM time / HF time per batch size (> 1: the transformers loop is faster).
+system part is the same in every prompt, which vLLM's prefix cache exploits (--no-prefix-caching to compare;
+HFEngine has no prefix cache). Each round uses fresh user messages, so only that shared part can be cached.
+
+Both engines are started first, then timed in alternation (HF, vLLM, HF, vLLM, ...) so that load from other
+processes on the machine hits both alike. Reported: the minimum and the median over rounds. The last line is
+the ratio vLLM time / HF time (< 1: vLLM is faster).
 """
 
 from __future__ import annotations
@@ -37,59 +40,55 @@ def prompts_for(tok, n: int, round_: int) -> list[list[int]]:
     return out
 
 
-def time_engine(engine, tok, b: int, new: int, repeats: int) -> float:
-    # Each call gets fresh user messages: the shared system prefix may be cached (vLLM's prefix cache does that
-    # in a real rollout too), the rest of every prompt is new work.
-    engine.generate(prompts_for(tok, b, -1), new, temperature=1.0, stop_token_ids=[], seed=0)  # warm-up
-    times = []
-    for r in range(repeats):
-        prompts = prompts_for(tok, b, r)
-        t0 = time.perf_counter()
-        out = engine.generate(prompts, new, temperature=1.0, stop_token_ids=[], seed=r)
-        times.append(time.perf_counter() - t0)
-        assert all(len(s.token_ids) == new for s in out)
-    return statistics.median(times)
+def timed(engine, prompts, new: int, seed: int) -> float:
+    t0 = time.perf_counter()
+    out = engine.generate(prompts, new, temperature=1.0, stop_token_ids=[], seed=seed)
+    dt = time.perf_counter() - t0
+    assert all(len(s.token_ids) == new for s in out)
+    return dt
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batches", type=int, nargs="+", default=[8, 32], help="numbers of prompts per generate call")
     ap.add_argument("--new", type=int, default=64, help="new tokens per prompt")
-    ap.add_argument("--repeats", type=int, default=3, help="timed repeats (median reported)")
+    ap.add_argument("--rounds", type=int, default=5, help="timed rounds per engine and batch size")
     ap.add_argument("--threads", type=int, default=0, help="torch threads for HFEngine (0: torch's default)")
-    ap.add_argument("--no-prefix-caching", action="store_true", help="turn vLLM's prefix cache off (HF has none)")
+    ap.add_argument("--no-prefix-caching", action="store_true", help="turn vLLM's prefix cache off")
     args = ap.parse_args()
 
     import torch
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
-
     from engine import HFEngine, VLLMEngine
     from models import build_tiny, n_params
 
+    if args.threads:
+        torch.set_num_threads(args.threads)
     d = tempfile.mkdtemp(prefix="muarl-bench-")
     model, tok = build_tiny(d)
     print(f"tiny model: {n_params(model):,} params, V={len(tok)}; torch threads {torch.get_num_threads()}")
-    hf = HFEngine(model, tok)
+    t0 = time.perf_counter()
+    engines = {"hf": HFEngine(model, tok),
+               "vllm": VLLMEngine(d, max_model_len=2048, enable_prefix_caching=not args.no_prefix_caching)}
+    print(f"VLLMEngine start: {time.perf_counter() - t0:.1f} s; torch threads now {torch.get_num_threads()}")
+
+    times = {(k, b): [] for k in engines for b in args.batches}
     for b in args.batches:
         ps = prompts_for(tok, b, 0)
-        print(f"  B={b}: prompt lengths {min(map(len, ps))}-{max(map(len, ps))} tokens")
-
-    res: dict[str, dict[int, float]] = {"hf": {}, "vllm": {}, "hf_after": {}}
-    for b in args.batches:
-        res["hf"][b] = time_engine(hf, tok, b, args.new, args.repeats)
-        print(f"HFEngine    B={b:3d} x {args.new} tokens: {res['hf'][b]:7.3f} s")
-    t0 = time.perf_counter()
-    vl = VLLMEngine(d, max_model_len=2048, enable_prefix_caching=not args.no_prefix_caching)
-    print(f"VLLMEngine start: {time.perf_counter() - t0:.1f} s")
-    for b in args.batches:
-        res["vllm"][b] = time_engine(vl, tok, b, args.new, args.repeats)
-        print(f"VLLMEngine  B={b:3d} x {args.new} tokens: {res['vllm'][b]:7.3f} s")
-    for b in args.batches:
-        res["hf_after"][b] = time_engine(hf, tok, b, args.new, args.repeats)
-        print(f"HFEngine (after vLLM started) B={b:3d}: {res['hf_after'][b]:7.3f} s  (torch threads {torch.get_num_threads()})")
-    print("ratio vLLM/HF: " + ", ".join(f"B={b}: {res['vllm'][b] / res['hf'][b]:.2f}" for b in args.batches))
+        print(f"B={b}: prompt lengths {min(map(len, ps))}-{max(map(len, ps))} tokens")
+        for eng in engines.values():
+            timed(eng, prompts_for(tok, b, -1), args.new, seed=0)  # warm-up (vLLM's first calls are slow)
+        for r in range(args.rounds):
+            ps = prompts_for(tok, b, r)
+            for k, eng in engines.items():
+                times[k, b].append(timed(eng, ps, args.new, seed=r))
+        for k in engines:
+            ts = times[k, b]
+            print(f"  {k:5s} B={b:3d} x {args.new} tokens: min {min(ts):6.2f} s   median {statistics.median(ts):6.2f} s"
+                  f"   ({', '.join(f'{t:.2f}' for t in ts)})")
+    print("ratio vLLM/HF (min, median): " + "; ".join(
+        f"B={b}: {min(times['vllm', b]) / min(times['hf', b]):.2f}, "
+        f"{statistics.median(times['vllm', b]) / statistics.median(times['hf', b]):.2f}" for b in args.batches))
 
 
 if __name__ == "__main__":

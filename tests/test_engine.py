@@ -6,7 +6,7 @@ import random
 import pytest
 import torch
 
-from engine import HFEngine, Sample, check_vllm_model, make_engine, sample_step
+from engine import HFEngine, Sample, check_vllm_model, common_prefix_len, make_engine, sample_step
 from models import build_tiny
 
 
@@ -50,6 +50,30 @@ def test_batched_greedy_equals_unbatched(tiny):
         assert b.token_ids == alone.token_ids
         assert b.logprobs == pytest.approx(alone.logprobs, abs=1e-4)
         assert len(b.token_ids) == 16 and b.finish_reason == "length"
+
+
+def test_shared_prefix_is_computed_once_and_changes_nothing(tiny):
+    _, model, tok = tiny
+    from tools import GENERIC_TOOLS, function_schema
+
+    tools = [function_schema(fn) for fn in GENERIC_TOOLS]
+
+    def chat(user):
+        msgs = [{"role": "system", "content": "Policy."}, {"role": "user", "content": user}]
+        return tok.encode(tok.apply_chat_template(msgs, tools=tools, tokenize=False, add_generation_prompt=True))
+
+    a, b = chat("Cancel my order."), chat("Where is my parcel? It was due on Monday.")
+    prompts = [a, b, a, a[:-3]]  # two identical rows, and a row that is a prefix of the others
+    assert common_prefix_len(prompts) > 100  # the system turn with the tools block is shared
+    shared = HFEngine(model, tok).generate(prompts, 12, temperature=0.0, stop_token_ids=[])
+    unshared = HFEngine(model, tok, min_shared_prefix=10**9).generate(prompts, 12, temperature=0.0, stop_token_ids=[])
+    for x, y, p in zip(shared, unshared, prompts):
+        alone = HFEngine(model, tok).generate([p], 12, temperature=0.0, stop_token_ids=[])[0]
+        assert x.token_ids == y.token_ids == alone.token_ids
+        assert x.logprobs == pytest.approx(alone.logprobs, abs=1e-4)
+    sampled = HFEngine(model, tok).generate(prompts, 8, temperature=1.0, stop_token_ids=[], seed=3)
+    for p, s in zip(prompts, sampled):
+        assert torch.allclose(torch.tensor(s.logprobs), forward_logprobs(model, p, s.token_ids, 1.0), atol=1e-4)
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0, 0.7])
