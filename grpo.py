@@ -102,6 +102,9 @@ def pack_sequences(seqs: list[list[int]], masks: list[list[int]], max_tokens: in
     its tokens) or a per-token list (e.g. sampling log-probs). Each row dict holds tensors of shape (1, L):
     input_ids, position_ids, mask, seq_id and every extra. An episode longer than max_tokens gets a row of
     its own (it cannot be split: its later tokens attend to all earlier ones).
+    Choosing max_tokens: with sdpa/eager attention a row of L tokens costs L^2 attention scores, most of them
+    masked away between episodes, so keep rows near the length of a long-ish episode rather than huge
+    (bench/bench_packing.py measures it); flash-attention's varlen kernels do not have this cost.
     """
     for k, (s, m) in enumerate(zip(seqs, masks)):
         if len(s) != len(m):
@@ -175,6 +178,8 @@ def token_logprobs(model, input_ids, attention_mask=None, position_ids=None, chu
     """
     body, head = model.get_decoder(), model.get_output_embeddings()
     B, T = input_ids.shape
+    if T < 2:
+        raise ValueError("need at least 2 tokens per row: the first one has no predecessor to score it")
     hidden = body(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                   use_cache=False).last_hidden_state  # (B, T, H); use_cache=False matters, see section 2
     h = hidden[:, :-1].reshape(B * (T - 1), -1)  # (B*(T-1), H): state at t predicts token t+1
@@ -275,4 +280,4 @@ if __name__ == "__main__":
     ratio = torch.exp(logp - old_logp).detach()  # (G, T)
     print("ratio on trained tokens (nan = not trained)\n", ratio.masked_fill(mask == 0, float("nan")))
     print("loss", round(loss.item(), 5), "stats", {k: round(v, 4) for k, v in stats.items()})
-    print("d loss / d logp (zero where masked or clipped)\n", logp.grad)
+    print("d loss / d logp: 0 where masked; where clipped only the small KL part is left\n", logp.grad)
