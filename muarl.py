@@ -617,8 +617,10 @@ def main(argv: list[str] | None = None) -> dict:
         if cfg.save_every and (done % cfg.save_every == 0 or done == cfg.steps):
             save_checkpoint(out, done, policy, opt, sampler, {"results": results}, world_size, rank)
 
-    if rank == 0 and eval_tasks and cfg.steps > start:
-        run_eval(f"GRPO ({cfg.steps} steps)")
+    if eval_tasks and cfg.steps > start:
+        if rank == 0:
+            run_eval(f"GRPO ({cfg.steps} steps)")
+        # every rank: under FSDP, gathering the full weights for the checkpoint is a collective
         save_checkpoint(out, cfg.steps, policy, opt, sampler, {"results": results}, world_size, rank)
     if rank == 0:
         if world_size == 1:
