@@ -346,8 +346,15 @@ def save_checkpoint(out: Path, step: int, policy, opt, sampler: TaskSampler, ext
     torch.save(optim, tmp / "optim.pt")
     rng = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
     torch.save({"step": step, "sampler": sampler.state(), "rng": rng, **extra}, tmp / "state.pt")
-    shutil.rmtree(final, ignore_errors=True)
-    os.replace(tmp, final)
+    if (out / "latest.json").exists() and json.loads((out / "latest.json").read_text())["path"] == final.name:
+        # the same step again (the end of a run adds its final evaluation) and latest.json already points here:
+        # never remove this folder; swap its files one at a time, each atomically (old and new hold the same step)
+        for f in tmp.iterdir():
+            os.replace(f, final / f.name)
+        tmp.rmdir()
+    else:
+        shutil.rmtree(final, ignore_errors=True)  # a leftover of a run killed before latest.json pointed to it
+        os.replace(tmp, final)
     latest = out / "latest.json"
     (out / "latest.json.tmp").write_text(json.dumps({"step": step, "path": final.name}))
     os.replace(out / "latest.json.tmp", latest)
