@@ -354,6 +354,68 @@ def test_sigkill_then_resume(tmp_path, tiny_init):
     assert {s["step"] for s in grpo_records(out)} == {0, 1, 2, 3}  # a step in flight may be logged twice
 
 
+class _Crash(BaseException):
+    """Stands for SIGKILL: raised in place of one file-system operation of save_checkpoint."""
+
+
+@pytest.mark.parametrize("resave", [False, True], ids=["next-step", "same-step-again"])
+def test_checkpoint_interrupted_at_any_file_operation_leaves_a_loadable_latest(tmp_path, monkeypatch, resave):
+    """Kill save_checkpoint before its 1st, 2nd, ... file operation: latest.json must always name a complete
+    checkpoint, holding either the previous save or the new one. `same-step-again` is the end of a run, which
+    saves its last step a second time to add the final evaluation."""
+    real = {"save": torch.save, "replace": os.replace, "rmtree": shutil.rmtree, "write_text": Path.write_text,
+            "mkdir": Path.mkdir, "rmdir": Path.rmdir}
+    budget = {"left": None}
+
+    def crashing(name):
+        def op(*a, **k):
+            if budget["left"] is not None:
+                if budget["left"] == 0:
+                    raise _Crash(name)
+                budget["left"] -= 1
+            return real[name](*a, **k)
+        return op
+
+    monkeypatch.setattr(torch, "save", crashing("save"))
+    monkeypatch.setattr(os, "replace", crashing("replace"))
+    monkeypatch.setattr(shutil, "rmtree", crashing("rmtree"))
+    for name in ("write_text", "mkdir", "rmdir"):
+        monkeypatch.setattr(Path, name, crashing(name))
+
+    def model_at(step):  # weights that say which step they belong to
+        m = torch.nn.Linear(3, 2)
+        with torch.no_grad():
+            for p in m.parameters():
+                p.fill_(float(step))
+        return m
+
+    sampler = muarl.TaskSampler(list(range(10)), seed=0)
+    for k in range(40):
+        out = tmp_path / f"crash-{k}"
+        m1 = model_at(1)
+        muarl.save_checkpoint(out, 1, m1, torch.optim.AdamW(m1.parameters()), sampler, {"results": {}}, 1, 0)
+        step = 1 if resave else 2
+        m2 = model_at(step)
+        budget["left"] = k
+        try:
+            muarl.save_checkpoint(out, step, m2, torch.optim.AdamW(m2.parameters()), sampler,
+                                  {"results": {"final": 1}}, 1, 0)
+            finished = True
+        except _Crash:
+            finished = False
+        budget["left"] = None
+        loaded = model_at(0)
+        got, state = muarl.load_checkpoint(out, loaded, torch.optim.AdamW(loaded.parameters()), sampler, 1)
+        assert got in (1, step) and state["step"] == got, k
+        assert torch.equal(loaded.weight, torch.full((2, 3), float(got))), k
+        if finished:
+            assert got == step and state["results"] == {"final": 1}
+            assert k >= 5  # the save really was interrupted at every earlier operation
+            break
+    else:
+        raise AssertionError("save_checkpoint never finished")
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # 6. The step's gradient does not depend on how it is split, over micro-batches or over FSDP ranks
 
