@@ -215,9 +215,9 @@ def shard(model, activation_checkpointing: bool, bf16: bool):
 
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
     layers = model.get_decoder().layers
+    if activation_checkpointing:  # sets each layer's flag *and* its checkpoint function (the flag alone crashes)
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     for layer in layers:
-        if activation_checkpointing:
-            layer.gradient_checkpointing = True
         fully_shard(layer, mp_policy=mp)
     fully_shard(model, mp_policy=mp)
     # Each rank's loss is already its share of the step's token mean (divided by the global N_tok), so the
