@@ -453,22 +453,24 @@ FSDP_WORKER = textwrap.dedent("""
     from test_muarl import _fsdp_case
     rank, world_size = muarl.dist_setup()
     assert world_size == 2
-    for opt in ("sgd", "adamw"):
-        out = _fsdp_case(opt, world_size, rank)
+    for case in ("sgd", "adamw", "sgd+ckpt"):
+        out = _fsdp_case(case, world_size, rank)
         if rank == 0:
-            torch.save(out, os.path.join({out!r}, opt + ".pt"))
+            torch.save(out, os.path.join({out!r}, case + ".pt"))
     torch.distributed.destroy_process_group()
 """)
 
 
-def _fsdp_case(opt: str, world_size: int, rank: int = 0) -> dict:
-    """One update() of the tiny model on the fixed episodes, with a KL reference (sharded too under FSDP)."""
+def _fsdp_case(case: str, world_size: int, rank: int = 0) -> dict:
+    """One update() of the tiny model on the fixed episodes, with a KL reference (sharded too under FSDP).
+    case: the optimizer ("sgd" or "adamw"), "+ckpt" = activation checkpointing on the FSDP side."""
     from models import freeze
 
+    opt, ckpt = case.split("+")[0], case.endswith("+ckpt")
     eps, adv = synthetic_episodes()
     model, reference = tiny_qwen3(seed=0), freeze(tiny_qwen3(seed=7))
     if world_size > 1:
-        model, reference = muarl.shard(model, False, False), muarl.shard(reference, False, False)
+        model, reference = muarl.shard(model, ckpt, False), muarl.shard(reference, False, False)
         half = len(eps) // world_size
         eps, adv = eps[rank * half : (rank + 1) * half], adv[rank * half : (rank + 1) * half]
     stats = _update_once(model, eps, adv, micro_batch_tokens=96, opt=opt, reference=reference,
@@ -494,8 +496,8 @@ def test_fsdp2_two_ranks_match_one_process(tmp_path):
     logs = [p.communicate(timeout=300)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], "\n".join(logs)[-4000:]
 
-    for opt in ("sgd", "adamw"):
-        single, fsdp = _fsdp_case(opt, world_size=1), torch.load(tmp_path / f"{opt}.pt", weights_only=False)
+    for opt in ("sgd", "adamw", "sgd+ckpt"):
+        single, fsdp = _fsdp_case(opt.split("+")[0], world_size=1), torch.load(tmp_path / f"{opt}.pt", weights_only=False)
         # the step's loss: each rank's share of the global token mean, summed over ranks
         assert fsdp["stats"]["loss"] == pytest.approx(single["stats"]["loss"], rel=1e-5, abs=1e-7)
         assert fsdp["stats"]["grad_norm"] == pytest.approx(single["stats"]["grad_norm"], rel=1e-5)
