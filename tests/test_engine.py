@@ -13,7 +13,8 @@ from models import build_tiny
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     d = tmp_path_factory.mktemp("tiny-engine")
-    model, tok = build_tiny(d, seed=0)
+    # smaller than the default tiny model (tests run often), still head_dim 64 and grouped-query attention
+    model, tok = build_tiny(d, seed=0, hidden=128, layers=2, heads=2, kv_heads=1, intermediate=256)
     return d, model, tok
 
 
@@ -65,11 +66,13 @@ def test_shared_prefix_is_computed_once_and_changes_nothing(tiny):
     a, b = chat("Cancel my order."), chat("Where is my parcel? It was due on Monday.")
     prompts = [a, b, a, a[:-3]]  # two identical rows, and a row that is a prefix of the others
     assert common_prefix_len(prompts) > 100  # the system turn with the tools block is shared
-    shared = HFEngine(model, tok).generate(prompts, 12, temperature=0.0, stop_token_ids=[])
-    unshared = HFEngine(model, tok, min_shared_prefix=10**9).generate(prompts, 12, temperature=0.0, stop_token_ids=[])
-    for x, y, p in zip(shared, unshared, prompts):
-        alone = HFEngine(model, tok).generate([p], 12, temperature=0.0, stop_token_ids=[])[0]
-        assert x.token_ids == y.token_ids == alone.token_ids
+    shared = HFEngine(model, tok).generate(prompts, 8, temperature=0.0, stop_token_ids=[])
+    unshared = HFEngine(model, tok, min_shared_prefix=10**9).generate(prompts, 8, temperature=0.0, stop_token_ids=[])
+    assert [s.token_ids for s in shared] == [s.token_ids for s in unshared]
+    assert shared[0].token_ids == shared[2].token_ids
+    for x, p in zip(shared[1:], prompts[1:]):
+        alone = HFEngine(model, tok).generate([p], 8, temperature=0.0, stop_token_ids=[])[0]
+        assert x.token_ids == alone.token_ids
         assert x.logprobs == pytest.approx(alone.logprobs, abs=1e-4)
     sampled = HFEngine(model, tok).generate(prompts, 8, temperature=1.0, stop_token_ids=[], seed=3)
     for p, s in zip(prompts, sampled):
