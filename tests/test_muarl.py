@@ -7,9 +7,11 @@ GRPO step costs a second or two. What each part pins:
   smoke           `python muarl.py --model tiny` with a tiny budget: logs, checkpoints, the results table
   resume          N steps straight == k steps, then --resume to N: the same weights and the same per-step rewards
   non-finite      a NaN loss skips the step (weights untouched, `skipped: true` logged) and the run goes on
-  SIGKILL         a run killed mid-step leaves latest.json on a complete checkpoint, and resumes to the end
+  SIGKILL         a run killed mid-step leaves latest.json on a complete checkpoint, and resumes to the end;
+                  save_checkpoint stopped before any one of its file operations does the same
   micro-batches   the step's gradient does not depend on micro_batch_tokens (many packed rows == one row)
   FSDP2           two gloo processes, each holding half the episodes, reach the same loss and weights as one
+                  (SGD, AdamW, and with activation checkpointing); `-m slow`, like the SIGKILL run
 
 Torch runs single-threaded here (OMP_NUM_THREADS=1 for subprocesses, torch.set_num_threads(1) in-process): on a
 2-core machine shared with other processes, two OpenMP threads per process are many times slower, not faster.
