@@ -38,6 +38,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 
 
 @dataclass
@@ -92,6 +94,33 @@ def common_prefix_len(seqs: list[list[int]]) -> int:
 # 2. The transformers engine: a hand-written decode loop over a KV cache
 
 
+class GrowInPlaceLayer(DynamicLayer):
+    """transformers' DynamicLayer appends each step's keys/values with torch.cat, copying the whole cache every
+    step (a third of a CPU decode step here). This layer writes into spare room reserved up front instead, and
+    exposes the filled part as a view, so everything else in transformers sees an ordinary DynamicLayer.
+    When rows are dropped (`batch_select_indices` makes a new, compact tensor) the next update re-reserves."""
+
+    def __init__(self, reserve: int):
+        super().__init__()
+        self.reserve = reserve  # extra positions to allocate: the decode budget
+        self._k = self._v = None  # (B, H, capacity, D) buffers; self.keys / self.values are views into them
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        n, k = self.get_seq_length(), key_states.shape[-2]
+        fresh = self._k is None or self.keys.data_ptr() != self._k.data_ptr() or self.keys.shape[0] != self._k.shape[0]
+        if fresh or n + k > self._k.shape[-2]:
+            B, H, _, D = key_states.shape
+            self._k = key_states.new_empty(B, H, n + k + self.reserve, D)  # (B, H, capacity, D)
+            self._v = value_states.new_empty(B, H, n + k + self.reserve, value_states.shape[-1])
+            if n:  # carry over what is cached so far (once, not every step)
+                self._k[:, :, :n], self._v[:, :, :n] = self.keys, self.values
+        self._k[:, :, n : n + k], self._v[:, :, n : n + k] = key_states, value_states
+        self.keys, self.values = self._k[:, :, : n + k], self._v[:, :, : n + k]  # (B, H, n + k, D) views
+        return self.keys, self.values
+
+
 class HFEngine:
     """Batched sampling with a transformers causal LM.
 
@@ -103,7 +132,7 @@ class HFEngine:
       prefill   the rest of each prompt, left-padded to (B, S) after the shared prefix; attention_mask marks
                 real tokens and position_ids count only real tokens, so a padded row computes exactly what
                 it would alone
-      decode    one token per row per step; the KV cache grows by one column
+      decode    one token per row per step; the KV cache grows by one column (in place: GrowInPlaceLayer)
       finish    a row that sampled a stop token (kept, with its log-prob) or used its budget leaves the batch:
                 its cache rows are dropped, so late steps run on the unfinished rows only
 
@@ -133,8 +162,6 @@ class HFEngine:
 
     @torch.no_grad()
     def _sample(self, prompts, max_new_tokens, temperature, top_p, stop, gen) -> list[Sample]:
-        from transformers import DynamicCache
-
         samples = [Sample() for _ in prompts]
         if not prompts or max_new_tokens <= 0:
             return samples
@@ -145,6 +172,7 @@ class HFEngine:
         P = min(P, min(len(p) for p in prompts) - 1)
         P = P if P >= self.min_shared_prefix else 0
         cache = DynamicCache(config=self.model.config)
+        cache.layers = [GrowInPlaceLayer(max_new_tokens) if type(l) is DynamicLayer else l for l in cache.layers]
         if P:
             prefix = torch.tensor([prompts[0][:P]], device=dev)  # (1, P)
             self.model(input_ids=prefix, past_key_values=cache, use_cache=True, logits_to_keep=1)

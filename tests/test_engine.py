@@ -141,6 +141,8 @@ def test_stop_token_included_and_finish_reason(tiny):
         else:
             assert s.token_ids == f.token_ids and s.finish_reason == "length"
     assert stopped[0].finish_reason == "stop" and len(stopped[0].token_ids) <= 6
+    for p, s in zip(prompts, stopped):  # rows that kept going after others left the batch are still exact
+        assert torch.allclose(torch.tensor(s.logprobs), forward_logprobs(model, p, s.token_ids, 0.0), atol=1e-4)
     # default stop set: <|im_end|> (the tokenizer's eos)
     assert eng.stop_token_ids == [tok.convert_tokens_to_ids("<|im_end|>")]
 
