@@ -156,7 +156,7 @@ def _chunk_logprobs(head, h, targets, temperature: float, want_entropy: bool):
     """log p(target) for n tokens from their hidden states h (n, H); optionally the entropy (detached)."""
     logits = head(h).float()  # (n, V): float32 even for a bf16 model, log_softmax needs the range
     if temperature != 1.0:
-        logits = logits / temperature  # (n, V): sampling divided by T, so must scoring
+        logits = logits / temperature  # (n, V): the sampler divided by it, so scoring must too
     logp_all = torch.log_softmax(logits, dim=-1)  # (n, V)
     logp = logp_all.gather(-1, targets[:, None]).squeeze(-1)  # (n,)
     if not want_entropy:
