@@ -11,6 +11,9 @@ HFEngine has no prefix cache). Each round uses fresh user messages, so only that
 Both engines are started first, then timed in alternation (HF, vLLM, HF, vLLM, ...) so that load from other
 processes on the machine hits both alike. Reported: the minimum and the median over rounds. The last line is
 the ratio vLLM time / HF time (< 1: vLLM is faster).
+
+On a 2-core machine that other processes also load, `--threads 1` gives steady numbers; torch's default of one
+thread per core then slows both engines several-fold and makes the timings swing from round to round.
 """
 
 from __future__ import annotations
