@@ -60,7 +60,7 @@ from tools import check_arguments
 
 
 def cache_dir() -> Path:
-    d = Path(os.environ.get("MUARL_CACHE", Path.home() / ".cache" / "muarl"))
+    d = Path(os.environ.get("MUARL_CACHE") or Path.home() / ".cache" / "muarl")
     d.mkdir(parents=True, exist_ok=True)
     return d
 

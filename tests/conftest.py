@@ -18,5 +18,6 @@ def _private_cache(tmp_path_factory):
     # Templates are built into a per-session cache so tests never depend on (or pollute) ~/.cache/muarl.
     import os
 
-    os.environ.setdefault("MUARL_CACHE", str(tmp_path_factory.mktemp("muarl-cache")))
+    if not os.environ.get("MUARL_CACHE"):
+        os.environ["MUARL_CACHE"] = str(tmp_path_factory.mktemp("muarl-cache"))
     yield
