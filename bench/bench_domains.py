@@ -76,11 +76,11 @@ def load_avg() -> str:
 # The reference path: parse the JSON file, deep-copy it
 
 
-def db_json_path(domain: str, tmp: Path) -> Path:
+def db_json_path(domain: str, tmp: Path, data_dir: str | None = None) -> Path:
     """A real file holding the domain's db.json (copied out of the wheel if that is where the data is)."""
     from domains.tau2_data import find_data
 
-    src = find_data(domain)
+    src = find_data(domain, data_dir)
     if src.folder is not None:
         return src.folder / "db.json"
     path = tmp / f"{domain}-db.json"  # the reference reads a file from disk, so give it one
@@ -195,6 +195,7 @@ def main() -> int:
     ap.add_argument("--score-reps", type=int, default=3, help="passes over all tasks for the scoring times")
     ap.add_argument("--ref-score-reps", type=int, default=10, help="repetitions of the reference scoring bound")
     ap.add_argument("--tasks", type=int, default=0, help="score only the first N tasks per domain (0: all)")
+    ap.add_argument("--data-dir", default=None, help="tau2 data folder (default: $TAU2_DATA_DIR, ../shared, wheel)")
     ap.add_argument("--quick", action="store_true", help="a few seconds: reps 5, 5 per rep, 1 pass over 10 tasks")
     args = ap.parse_args()
     if args.quick:
@@ -208,8 +209,8 @@ def main() -> int:
         for domain in args.domains:
             try:
                 t0 = time.perf_counter()
-                world = load_world(domain)
-                path = db_json_path(domain, Path(tmp))
+                world = load_world(domain, args.data_dir)
+                path = db_json_path(domain, Path(tmp), args.data_dir)
             except FileNotFoundError as e:
                 print(f"cannot run: tau2 data for '{domain}' is missing.\n{e}", file=sys.stderr)
                 return 2

@@ -100,11 +100,28 @@ def tiny_model_dir(world, args) -> Path:
 # One measured run of each variant
 
 
-def summary(episodes, seconds: float) -> dict:
+class CountingEngine:
+    """Passes generate() through and counts the calls and the prompt tokens handed to the engine.
+
+    The prompt tokens are the context each call must (re)read: HFEngine prefills all of them every turn (it
+    shares only the prefix common to one call's prompts), vLLM's prefix cache skips the part it has seen."""
+
+    def __init__(self, inner):
+        self.inner, self.calls, self.prompt_tokens = inner, 0, 0
+
+    def generate(self, prompts, **kw):
+        self.calls += 1
+        self.prompt_tokens += sum(len(p) for p in prompts)
+        return self.inner.generate(prompts, **kw)
+
+
+def summary(episodes, seconds: float, engine: CountingEngine) -> dict:
     return {
         "seconds": seconds,
         "episodes": len(episodes),
         "eps_per_s": len(episodes) / seconds,
+        "engine_calls": engine.calls,
+        "prompt_tokens": engine.prompt_tokens,
         "agent_turns": sum(e.agent_turns for e in episodes),
         "sampled_tokens": sum(sum(e.mask) for e in episodes),  # mask 1 = sampled by the engine
         "context_tokens": sum(len(e.ids) for e in episodes),
@@ -117,9 +134,10 @@ def summary(episodes, seconds: float) -> dict:
 def run_batched(tasks, group, worlds, engine, tok, user, cfg):
     from rollout import rollout
 
+    engine = CountingEngine(engine)
     t0 = time.perf_counter()
     eps = rollout(tasks, group, worlds, engine, tok, user, cfg)
-    return summary(eps, time.perf_counter() - t0)
+    return summary(eps, time.perf_counter() - t0, engine)
 
 
 def run_sequential(tasks, group, worlds, engine, tok, user, cfg):
@@ -128,11 +146,11 @@ def run_sequential(tasks, group, worlds, engine, tok, user, cfg):
     from rollout import rollout
 
     pairs = [t for t in tasks for _ in range(group)]  # the same (task, copy) pairs as the batched call
-    eps = []
+    eps, engine = [], CountingEngine(engine)
     t0 = time.perf_counter()
     for k, task in enumerate(pairs):
         eps += rollout([task], 1, worlds, engine, tok, user, replace(cfg, seed=cfg.seed + 101 * (k + 1)))
-    return summary(eps, time.perf_counter() - t0)
+    return summary(eps, time.perf_counter() - t0, engine)
 
 
 def bench_engine(name, engine, tasks, group, worlds, tok, user, cfg, reps) -> dict[str, list[dict]]:
@@ -149,10 +167,11 @@ def bench_engine(name, engine, tasks, group, worlds, tok, user, cfg, reps) -> di
             fn = run_batched if variant == "batched" else run_sequential
             s = fn(tasks, group, worlds, engine, tok, user, rcfg)
             res[variant].append(s)
-            print(f"[{name}] rep {r} {variant:10s} {s['seconds']:7.1f} s  {s['eps_per_s']:6.3f} episodes/s  "
-                  f"{s['agent_turns']:4d} agent turns  {s['sampled_tokens']:6d} sampled / {s['context_tokens']:6d} "
-                  f"context tokens  generate {s['generate_s']:6.1f} s  reward {s['reward']:.2f}  stops {s['stops']}  "
-                  f"load {os.getloadavg()[0]:.2f}", flush=True)
+            print(f"[{name}] rep {r} {variant:10s} {s['episodes']} episodes in {s['seconds']:6.1f} s = "
+                  f"{s['eps_per_s']:6.3f}/s  {s['engine_calls']:3d} engine calls  {s['agent_turns']:4d} agent turns  "
+                  f"tokens: {s['sampled_tokens']:5d} sampled, {s['context_tokens']:6d} final context, "
+                  f"{s['prompt_tokens']:7d} prompt (re)read  generate {s['generate_s']:5.1f} s  "
+                  f"reward {s['reward']:.2f}  stops {s['stops']}  load {os.getloadavg()[0]:.2f}", flush=True)
     return res
 
 
@@ -184,6 +203,20 @@ def make(kind: str, model_dir: Path, args):
 
 # ---------------------------------------------------------------------------------------------------------------
 # Main
+
+
+def git_state() -> str:
+    """The commit measured, and whether the files that decide the result differ from it (others edit them)."""
+    import subprocess
+
+    repo = Path(__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=repo, capture_output=True, text=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "engine.py", "rollout.py", "chat.py"], cwd=repo,
+                               capture_output=True, text=True).stdout.split()[1::2]
+    except OSError:
+        return "unknown commit"
+    return f"commit {head or '?'}" + (f" with local changes to {', '.join(dirty)}" if dirty else "")
 
 
 def main() -> int:
@@ -221,7 +254,7 @@ def main() -> int:
     from user_sim import ScriptedUser
 
     print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())} (2 cores; other jobs may run)")
-    print(f"torch threads: {torch.get_num_threads()} (requested {args.threads})")
+    print(f"torch threads: {torch.get_num_threads()} (requested {args.threads}); code at {git_state()}")
     world = load_world("synthetic")
     worlds = {world.name: world}
     tasks = world.tasks("test")[: args.tasks]
