@@ -95,7 +95,7 @@ def server():
 
 
 def new_user(server, **kw):
-    kw = {"timeout": 2.0, "max_retries": 2, "backoff": 0.01, **kw}
+    kw = {"timeout": 10.0, "max_retries": 2, "backoff": 0.01, **kw}
     return LLMUser("fake-model", base_url=server.url, api_key="EMPTY", **kw)
 
 
