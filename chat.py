@@ -122,6 +122,19 @@ def conversation_ids(tokenizer, system: str, tools: list[dict], messages: list[d
     return ids, mask
 
 
+def show_mask(tokenizer, ids: list[int], mask: list[int]) -> str:
+    """An episode as text with the trained spans (mask 1) in [[...]]: what the loss sees, for logs and eyes."""
+    out, i = [], 0
+    while i < len(ids):
+        j = i
+        while j < len(ids) and mask[j] == mask[i]:
+            j += 1
+        text = tokenizer.decode(ids[i:j], skip_special_tokens=False)
+        out.append(f"[[{text}]]" if mask[i] else text)
+        i = j
+    return "".join(out)
+
+
 if __name__ == "__main__":
     import tempfile
 

@@ -616,6 +616,13 @@ def main(argv: list[str] | None = None) -> dict:
         if upd.get("skipped"):
             print(f"[step {step}] update skipped: {upd.get('reason', 'non-finite loss or gradient')}", flush=True)
         log(rec)
+        if rank == 0 and step % 10 == 0 and episodes:  # every so often, one whole episode with its mask
+            import chat
+
+            with open(out / "samples.txt", "a") as f:
+                e = episodes[0]
+                f.write(f"=== step {step}  task {e.task.id}  reward {e.reward}  stop {e.stop_reason}  "
+                        f"(trained tokens in [[...]])\n{chat.show_mask(tok, e.ids, e.mask)}\n\n")
         bar.set_postfix(reward=f"{st['reward']:.3f}", kl=f"{upd.get('kl', 0):.4f}", turns=f"{st['turns']:.1f}")
         # 8. evaluate and checkpoint
         done = step + 1
