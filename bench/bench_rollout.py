@@ -29,7 +29,16 @@ Variants are interleaved over `--reps` repetitions (order alternating) and media
 jobs share this 2-core machine; torch runs on `--threads` threads (1: a second thread only helps when a core is
 idle, and slows everything down several-fold when another process wants it), and the load average is printed.
 
-    python bench/bench_rollout.py                    # both engines, 32 episodes, 3 repetitions (tens of minutes)
+Where the time goes (what batching can and cannot save)
+-------------------------------------------------------
+Batching saves the per-call and per-step overheads that a small model pays on every token: one decode step
+for 32 rows instead of 32 steps. It cannot save work that grows with the rows: the prompt tokens every turn
+re-reads (HFEngine prefills each episode's whole context at each turn; the "prompt (re)read" count is printed,
+about 20 per sampled token here), and, on a CPU, attention over a padded (B, context) cache. And a round lasts
+as long as its longest turn, so rows that finished early wait for the straggler. The printed engine calls,
+prompt tokens and sampled tokens let a reader see which of these dominates on their machine.
+
+    python bench/bench_rollout.py                    # both engines, 32 episodes, 3 repetitions (~10-20 minutes)
     python bench/bench_rollout.py --engine hf --quick   # about a minute: random init, 8 short episodes
 
 Goal (issue 3): batched at least 5x the episodes per second of one-at-a-time, for both engines. The ratio
@@ -280,10 +289,13 @@ def main() -> int:
         for v in ("batched", "sequential"):
             print(f"[{kind}] median {v:10s} {med[v]['seconds']:7.1f} s  {med[v]['eps_per_s']:6.3f} episodes/s  "
                   f"{tps[v]:7.1f} sampled tokens/s  (sampled tokens per run, median {med[v]['sampled_tokens']:.0f})")
+        # the same ratio within each repetition (the two variants ran back to back, under similar load)
+        paired = [b["eps_per_s"] / s["eps_per_s"] for b, s in zip(res["batched"], res["sequential"])]
         ratios.append(f"ratio {kind}: batched / sequential episodes per second = "
                       f"{med['batched']['eps_per_s'] / med['sequential']['eps_per_s']:.2f}x (goal >= 5x); "
+                      f"per repetition {', '.join(f'{x:.2f}' for x in paired)} (median {statistics.median(paired):.2f}x); "
                       f"sampled tokens per second {tps['batched'] / tps['sequential']:.2f}x; "
-                      f"{args.reps} reps, threads {args.threads}")
+                      f"{args.reps} reps, torch threads {args.threads}")
         del engine
     print(f"load average at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     for line in ratios:
