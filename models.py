@@ -161,17 +161,22 @@ def default_corpus(seed: int = 0, n_snippets: int = 400) -> list[str]:
 # 3. Tokenizer and model
 
 
-def train_tokenizer(texts: list[str], vocab_size: int):
+def train_tokenizer(texts: list[str], vocab_size: int, split_digits: bool = False):
     """Byte-level BPE trained on `texts`, wrapped as a transformers tokenizer with Qwen3's markers and template.
 
     Byte-level means every string round-trips (no unknown token). The special tokens get the first ids; the tag
     tokens are added after training, so none of them is ever split by the BPE.
+    split_digits: every digit is its own token (as in Qwen's tokenizer), so an id the model has never seen is
+    copied digit by digit instead of as BPE chunks that only the training ids were merged into.
     """
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    if split_digits:
+        tok.pre_tokenizer = pre_tokenizers.Sequence(
+            [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)])
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size - len(TAG_TOKENS),  # leave room for the tags added below
@@ -205,6 +210,7 @@ def build_tiny(
     head_dim: int = 64,
     intermediate: int = 768,
     max_positions: int = 8192,
+    split_digits: bool = False,
 ):
     """Train a tokenizer on `texts` (default: `default_corpus`), build a random Qwen3 model, save both to out_dir.
 
@@ -216,7 +222,7 @@ def build_tiny(
 
     out_dir = Path(out_dir)
     texts = default_corpus(seed) if texts is None else list(texts) + [TOOLS_INTRO, TOOLS_OUTRO]
-    tokenizer = train_tokenizer(texts, vocab_size)
+    tokenizer = train_tokenizer(texts, vocab_size, split_digits=split_digits)
     config = Qwen3Config(
         vocab_size=len(tokenizer),
         hidden_size=hidden,
