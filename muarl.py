@@ -61,6 +61,8 @@ class Config:
     synthetic_seed: int = F(0, "seed of the synthetic world and its tasks")
     synthetic_train: int = F(500, "synthetic world: training tasks to generate")
     synthetic_test: int = F(200, "synthetic world: held-out tasks to generate (disjoint users)")
+    synthetic_users: int = F(40, "synthetic world: users in the shop (more users: ids must be copied, not memorised)")
+    synthetic_test_users: int = F(10, "synthetic world: of those, users kept for the held-out tasks")
     eval_tasks: int = F(200, "held-out tasks per evaluation (test split), 0 = all")
     # simulated user
     user: str = F("scripted", "scripted (synthetic tasks only) | llm (any OpenAI-compatible endpoint)")
@@ -85,6 +87,7 @@ class Config:
     max_context: int = F(32768, "tokens per conversation")
     micro_batch_tokens: int = F(16384, "tokens per packed micro-batch row (memory knob; the step is unchanged)")
     logprob_chunk: int = F(1024, "tokens per chunk of the memory-bounded log-softmax")
+    malformed: str = F("end", "a malformed tool call: end the episode (paper) | observe (the parse error comes back)")
     tools_in_prompt: bool = F(True, "render tool schemas into the system prompt (the tiny preset turns it off)")
     train_check_outputs: bool = F(False, "also demand the required outputs in the training reward (paper: DB only)")
     # cold start (SFT)
@@ -101,6 +104,7 @@ class Config:
     activation_checkpointing: bool = F(False, "recompute decoder layers in backward (saves memory)")
     tiny_hidden: int = F(256, "tiny model: hidden size")
     tiny_layers: int = F(4, "tiny model: decoder layers")
+    tiny_split_digits: bool = F(False, "tiny model: the tokenizer makes every digit its own token")
     threads: int = F(0, "torch CPU threads (0 = torch's default; 1 is fastest on a busy 2-core machine)")
 
 
@@ -150,6 +154,8 @@ def validate(cfg: Config, world_size: int = 1) -> None:
         raise ConfigError(f"--user must be scripted or llm, got {cfg.user!r}")
     if cfg.user == "scripted" and cfg.domains != "synthetic":
         raise ConfigError("the scripted user only plays synthetic tasks; use --user llm for retail/airline")
+    if cfg.malformed not in ("end", "observe"):
+        raise ConfigError(f"--malformed must be end or observe, got {cfg.malformed!r}")
     if cfg.engine not in ("auto", "hf", "vllm"):
         raise ConfigError(f"--engine must be auto, hf or vllm, got {cfg.engine!r}")
     for name in ("lr", "max_new_tokens", "max_context", "micro_batch_tokens", "max_turns"):
@@ -397,7 +403,8 @@ def load_worlds(cfg: Config) -> dict:
     worlds = {}
     for d in cfg.domains.split(","):
         if d == "synthetic":
-            worlds[d] = load_world(d, seed=cfg.synthetic_seed, n_train=cfg.synthetic_train, n_test=cfg.synthetic_test)
+            worlds[d] = load_world(d, seed=cfg.synthetic_seed, n_train=cfg.synthetic_train, n_test=cfg.synthetic_test,
+                                   n_users=cfg.synthetic_users, n_test_users=cfg.synthetic_test_users)
         else:
             worlds[d] = load_world(d, data_dir=cfg.data_dir or None)
     return worlds
@@ -423,7 +430,8 @@ def build_or_load_model(cfg: Config, worlds: dict, out: Path, device: str, dtype
         for w in worlds.values():
             texts.append(w.policy)
             texts += [json.dumps(t.expert) for t in w.tasks("train")[:400] if t.expert]
-        build_tiny(path, seed=cfg.seed, texts=texts, hidden=cfg.tiny_hidden, layers=cfg.tiny_layers)
+        build_tiny(path, seed=cfg.seed, texts=texts, hidden=cfg.tiny_hidden, layers=cfg.tiny_layers,
+                   split_digits=cfg.tiny_split_digits)
     model, tok = load_policy(str(path), dtype="float32", device=device)
     return model, tok, str(path)
 
@@ -433,7 +441,7 @@ def rollout_cfg(cfg: Config, greedy: bool = False, seed: int | None = None):
 
     return RolloutConfig(max_turns=cfg.max_turns, max_context=cfg.max_context, max_new_tokens=cfg.max_new_tokens,
                          temperature=0.0 if greedy else cfg.temperature, tools_in_prompt=cfg.tools_in_prompt,
-                         check_outputs=greedy or cfg.train_check_outputs, seed=seed)
+                         check_outputs=greedy or cfg.train_check_outputs, malformed=cfg.malformed, seed=seed)
 
 
 class Logger:
