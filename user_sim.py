@@ -317,7 +317,7 @@ def make_user(kind: str, **kw):
     base_url = kw.pop("base_url", None) or os.environ.get("OPENAI_BASE_URL")
     api_key = kw.pop("api_key", None) or os.environ.get("OPENAI_API_KEY")
     if not model:
-        raise ValueError("the LLM user needs a model: pass --user-model / model=... or set MUARL_USER_MODEL")
+        raise ValueError("the LLM user needs a model: pass --user_model / model=... or set MUARL_USER_MODEL")
     if not api_key:
         if not _is_loopback(base_url):
             raise ValueError(f"the LLM user needs an API key for {base_url or 'the default OpenAI endpoint'}: "
