@@ -301,3 +301,24 @@ class TrajectoryLog:
             for e in episodes:
                 f.write(json.dumps({**extra, **e.to_json(self.with_tokens)}) + "\n")
             f.flush()
+
+
+if __name__ == "__main__":
+    # Two synthetic tasks x G = 2, the scripted expert as the "policy" (eval.ExpertEngine replays its tokens) and
+    # the scripted user: every episode should score 1. Then one episode, with its trained tokens in [[...]].
+    import tempfile
+
+    from domains import load_world
+    from eval import ExpertEngine
+    from models import build_tiny
+    from user_sim import ScriptedUser
+
+    world = load_world("synthetic", seed=0, n_train=20, n_test=10)
+    tasks = world.tasks("test")[:2]
+    _, tok = build_tiny(tempfile.mkdtemp(), texts=[world.policy] + [json.dumps(t.expert) for t in tasks])
+    cfg = RolloutConfig(check_outputs=True, tools_in_prompt=False)
+    eps = rollout(tasks, 2, {"synthetic": world}, ExpertEngine(tok, tasks), tok, ScriptedUser(), cfg)
+    for e in eps:
+        print(f"{e.task.id}: reward {e.reward}  stop {e.stop_reason}  turns {e.turns}  calls {e.tool_calls}  "
+              f"tokens {len(e.ids)} (trained {sum(e.mask)})")
+    print("\n" + chat.show_mask(tok, eps[0].ids, eps[0].mask))
