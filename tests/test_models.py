@@ -168,3 +168,12 @@ def test_tokenizer_without_template_is_a_clear_error(tiny, tmp_path):
     (tmp_path / "chat_template.jinja").unlink(missing_ok=True)
     with pytest.raises(ValueError, match="no chat template"):
         load_tokenizer(str(tmp_path))
+
+
+def test_split_digits_tokenizer(tmp_path):
+    # --tiny_split_digits: every digit its own token, so ids like "#W1234" tokenize the same way wherever they occur
+    _, tok = build_tiny(tmp_path, texts=["order #W1234 zip 78701 user lena_diaz_42"] * 20, split_digits=True,
+                        hidden=64, layers=1, heads=1, kv_heads=1, intermediate=64)
+    pieces = [tok.decode([i]) for i in tok.encode("#W90817 and 78701", add_special_tokens=False)]
+    digits = [p for p in pieces if any(c.isdigit() for c in p)]
+    assert digits and all(len(p.strip()) == 1 for p in digits), pieces
