@@ -233,9 +233,9 @@ def check_arguments(fn: Callable, arguments: dict) -> str | None:
     Types are not checked here on purpose: tau2 passes arguments through unchanged, and its tools' reactions to a
     wrong type (a numeric zip code that never matches, a float amount stored as int) are part of what we copy.
     """
-    params = list(inspect.signature(fn).parameters)[1:]
-    missing = [p for p in params if p not in arguments and inspect.signature(fn).parameters[p].default is inspect.Parameter.empty]
-    extra = [a for a in arguments if a not in params]
+    params = list(inspect.signature(fn).parameters.values())[1:]
+    missing = [p.name for p in params if p.name not in arguments and p.default is inspect.Parameter.empty]
+    extra = [a for a in arguments if a not in {p.name for p in params}]
     if missing or extra:
         parts = []
         if missing:

@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import inspect
 import json
 import os
 import sqlite3
@@ -300,9 +299,12 @@ class World:
         raise KeyError(f"no task {task_id!r} in world {self.name!r}")
 
     def tool_schemas(self) -> list[dict]:
-        from tools import function_schema  # tools.py derives schemas from signatures + docstrings
+        """The tools' JSON schemas, derived once (tools.function_schema) and reused by every rollout."""
+        if not hasattr(self, "_schemas"):
+            from tools import function_schema  # tools.py derives schemas from signatures + docstrings
 
-        return [function_schema(fn) for fn in self.tools.values()]
+            self._schemas = [function_schema(fn) for fn in self.tools.values()]
+        return self._schemas
 
     # --- reward ---------------------------------------------------------------------------------------------
 
@@ -372,10 +374,3 @@ class World:
         }
         return float(ok), info
 
-
-def tool_names(fns: list[Callable]) -> list[str]:
-    return [fn.__name__ for fn in fns]
-
-
-def signature_args(fn: Callable) -> list[str]:
-    return list(inspect.signature(fn).parameters)[1:]
