@@ -21,6 +21,7 @@ that for the tiny template the grown stream equals one full render (append-only)
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any
 
@@ -56,22 +57,34 @@ def prompt_ids(tokenizer, system: str, tools: list[dict], first_user: str) -> li
     return encode(tokenizer, render(tokenizer, msgs, tools, add_generation_prompt=True))
 
 
+@functools.lru_cache(maxsize=8)
+def _stub_renders(tokenizer) -> dict[str, str]:
+    # The template's renders of the fixed stub, computed once per tokenizer: every turn of every episode needs them.
+    eot = tokenizer.convert_ids_to_tokens(end_of_turn_id(tokenizer))
+    base = render(tokenizer, STUB)
+    user_only = render(tokenizer, STUB[:1])
+    return {
+        "base": base,  # user + assistant, no generation prompt
+        "suffix": base.rsplit(eot, 1)[1] if eot in base else "",  # what follows an assistant's end-of-turn token
+        "user_only": user_only,
+        "gen_prompt": render(tokenizer, STUB[:1], add_generation_prompt=True)[len(user_only) :],
+    }
+
+
 def _after_turn_suffix(tokenizer) -> str:
     # What the template writes after an assistant's end-of-turn token (Qwen: "\n"). The agent stops sampling
     # at the end-of-turn token, so this suffix belongs to the next delta, not to the agent's turn.
-    eot = tokenizer.convert_ids_to_tokens(end_of_turn_id(tokenizer))
-    base = render(tokenizer, STUB)
-    return base.rsplit(eot, 1)[1] if eot in base else ""
+    return _stub_renders(tokenizer)["suffix"]
 
 
 def delta_ids(tokenizer, new_messages: list[dict]) -> list[int]:
     """Tokens that follow an agent turn's end-of-turn token when `new_messages` (tool results and/or a user message)
     arrive, up to and including the next generation prompt. Rendered by the model's template, mask 0."""
-    base = render(tokenizer, STUB)
+    stub = _stub_renders(tokenizer)
     full = render(tokenizer, STUB + new_messages, add_generation_prompt=True)
-    if not full.startswith(base):
+    if not full.startswith(stub["base"]):
         raise ValueError("chat template is not append-only around a new message; cannot render a delta")
-    return encode(tokenizer, _after_turn_suffix(tokenizer) + full[len(base) :])
+    return encode(tokenizer, stub["suffix"] + full[len(stub["base"]) :])
 
 
 def tool_call_json(name: str, arguments: Any) -> str:
@@ -86,9 +99,9 @@ def assistant_ids(tokenizer, message: dict) -> list[int]:
     """
     eot_id = end_of_turn_id(tokenizer)
     eot = tokenizer.convert_ids_to_tokens(eot_id)
-    gen_prompt = render(tokenizer, STUB[:1], add_generation_prompt=True)[len(render(tokenizer, STUB[:1])) :]
-    full = render(tokenizer, STUB[:1] + [message])
-    body = full[len(render(tokenizer, STUB[:1])) :]
+    stub = _stub_renders(tokenizer)
+    gen_prompt = stub["gen_prompt"]
+    body = render(tokenizer, STUB[:1] + [message])[len(stub["user_only"]) :]
     # strip the role header (and the empty think block that non-thinking mode puts in the generation prompt)
     for prefix in (gen_prompt, gen_prompt.split("<think>")[0]):
         if prefix and body.startswith(prefix):
