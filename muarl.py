@@ -65,6 +65,7 @@ class Config:
     synthetic_test: int = F(200, "synthetic world: held-out tasks to generate (disjoint users)")
     synthetic_users: int = F(40, "synthetic world: users in the shop (more users: ids must be copied, not memorised)")
     synthetic_test_users: int = F(10, "synthetic world: of those, users kept for the held-out tasks")
+    care_noise: float = F(0.5, "shop world: how often its cold-start annotator ignores the customer's answer")
     eval_tasks: int = F(200, "held-out tasks per evaluation (test split), 0 = all")
     # simulated user
     user: str = F("scripted", "scripted (synthetic tasks only) | llm (any OpenAI-compatible endpoint)")
@@ -107,6 +108,8 @@ class Config:
     tiny_hidden: int = F(256, "tiny model: hidden size")
     tiny_layers: int = F(4, "tiny model: decoder layers")
     tiny_split_digits: bool = F(False, "tiny model: the tokenizer makes every digit its own token")
+    tiny_vocab: int = F(4096, "tiny model: BPE vocabulary size (at most)")
+    tiny_intermediate: int = F(768, "tiny model: MLP width")
     threads: int = F(0, "torch CPU threads (0 = torch's default; 1 is fastest on a busy 2-core machine)")
 
 
@@ -149,18 +152,21 @@ def validate(cfg: Config, world_size: int = 1) -> None:
         raise ConfigError(f"group_size must be >= 2 (GRPO compares rollouts within a group), got {cfg.group_size}")
     if cfg.tasks_per_step < 1 or cfg.tasks_per_step % world_size:
         raise ConfigError(f"tasks_per_step={cfg.tasks_per_step} must be a positive multiple of the {world_size} ranks")
-    bad = [d for d in cfg.domains.split(",") if d not in ("retail", "airline", "synthetic")]
+    bad = [d for d in cfg.domains.split(",") if d not in ("retail", "airline", "synthetic", "shop")]
     if bad:
-        raise ConfigError(f"unknown domain(s) {bad}: choose from retail, airline, synthetic")
+        raise ConfigError(f"unknown domain(s) {bad}: choose from retail, airline, synthetic, shop")
     if cfg.user not in ("scripted", "llm"):
         raise ConfigError(f"--user must be scripted or llm, got {cfg.user!r}")
     if cfg.tasks not in ("train", "synthetic"):
         raise ConfigError(f"--tasks must be train or synthetic, got {cfg.tasks!r}")
     if cfg.tasks == "synthetic" and any(d not in ("retail", "synthetic") for d in cfg.domains.split(",")):
         raise ConfigError("--tasks synthetic: the task generator covers retail (and the synthetic world) only")
-    if cfg.user == "scripted" and cfg.domains != "synthetic" and cfg.tasks != "synthetic":
-        raise ConfigError("the scripted user only plays synthetic tasks; use --user llm for retail/airline "
-                          "(or --tasks synthetic)")
+    generated = all(d in ("synthetic", "shop") for d in cfg.domains.split(","))
+    if cfg.user == "scripted" and not generated and cfg.tasks != "synthetic":
+        raise ConfigError("the scripted user only plays generated tasks (synthetic, shop); use --user llm for "
+                          "retail/airline (or --tasks synthetic)")
+    if not 0 <= cfg.care_noise <= 1:
+        raise ConfigError(f"--care_noise must be in [0, 1], got {cfg.care_noise}")
     if cfg.malformed not in ("end", "observe"):
         raise ConfigError(f"--malformed must be end or observe, got {cfg.malformed!r}")
     if cfg.engine not in ("auto", "hf", "vllm"):
@@ -434,6 +440,10 @@ def load_worlds(cfg: Config) -> dict:
         if d == "synthetic":
             worlds[d] = load_world(d, seed=cfg.synthetic_seed, n_train=cfg.synthetic_train, n_test=cfg.synthetic_test,
                                    n_users=cfg.synthetic_users, n_test_users=cfg.synthetic_test_users)
+        elif d == "shop":  # one held-out order per test task, 400 more orders for the training tasks
+            n_test_orders = max(200, cfg.synthetic_test)
+            worlds[d] = load_world(d, seed=cfg.synthetic_seed, n_train=cfg.synthetic_train, n_test=cfg.synthetic_test,
+                                   n_orders=n_test_orders + 400, n_test_orders=n_test_orders, care_noise=cfg.care_noise)
         else:
             worlds[d] = load_world(d, data_dir=cfg.data_dir or None)
     return worlds
@@ -460,7 +470,7 @@ def build_or_load_model(cfg: Config, worlds: dict, out: Path, device: str, dtype
             texts.append(w.policy)
             texts += [json.dumps(t.expert) for t in w.tasks("train")[:400] if t.expert]
         build_tiny(path, seed=cfg.seed, texts=texts, hidden=cfg.tiny_hidden, layers=cfg.tiny_layers,
-                   split_digits=cfg.tiny_split_digits)
+                   split_digits=cfg.tiny_split_digits, vocab_size=cfg.tiny_vocab, intermediate=cfg.tiny_intermediate)
     model, tok = load_policy(str(path), dtype="float32", device=device)
     return model, tok, str(path)
 

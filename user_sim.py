@@ -268,26 +268,30 @@ def _fan_out(fn, requests: list[tuple], max_workers: int) -> list:
 
 
 class ScriptedUser:
-    """Plays a synthetic task's structured spec deterministically (see domains/synthetic.py)."""
+    """Plays a generated task's structured spec deterministically (domains/synthetic.py, or domains/shop.py when
+    the spec says world "shop")."""
 
     def first_message(self, task) -> str:
-        from domains.synthetic import scripted_first_message  # lazy: only synthetic runs need it
-
-        return scripted_first_message(_spec(task))
+        return _script(task).scripted_first_message(task.spec)
 
     def reply(self, task, history: list[dict]) -> str:
-        from domains.synthetic import scripted_reply
-
-        return scripted_reply(_spec(task), history)
+        return _script(task).scripted_reply(task.spec, history)
 
     def replies(self, requests: list[tuple]) -> list:
         return _fan_out(self.reply, requests, 1)  # pure Python and fast: threads would only add overhead
 
 
-def _spec(task):
+def _script(task):
+    """The module whose scripted customer plays this task (imported lazily: only scripted runs need it)."""
     if task.spec is None:
         raise ValueError(f"task {task.id!r} has no scripted user spec; use the LLM user for it")
-    return task.spec
+    if task.spec.get("world") == "shop":
+        from domains import shop
+
+        return shop
+    from domains import synthetic
+
+    return synthetic
 
 
 # ---------------------------------------------------------------------------------------------------------------
