@@ -112,16 +112,32 @@ def tiny_model_dir(world, args) -> Path:
 class CountingEngine:
     """Passes generate() through and counts the calls and the prompt tokens handed to the engine.
 
-    The prompt tokens are the context each call must (re)read: HFEngine prefills all of them every turn (it
-    shares only the prefix common to one call's prompts), vLLM's prefix cache skips the part it has seen."""
+    The prompt tokens are the context each call is handed; how much of it the engine really runs depends on its
+    cache: HFEngine reuses the keys/values it kept from earlier calls (its `stats` say how many tokens were
+    reused and how many prefilled), vLLM's prefix cache skips the blocks it has seen."""
 
     def __init__(self, inner):
         self.inner, self.calls, self.prompt_tokens = inner, 0, 0
+        self.stats0 = dict(getattr(inner, "stats", {}))  # HFEngine's counters before the run
 
     def generate(self, prompts, **kw):
         self.calls += 1
         self.prompt_tokens += sum(len(p) for p in prompts)
         return self.inner.generate(prompts, **kw)
+
+    def engine_stats(self) -> dict:
+        """HFEngine's per-phase counters over this run (empty for vLLM)."""
+        now = getattr(self.inner, "stats", {})
+        return {k: now[k] - self.stats0.get(k, 0) for k in now}
+
+
+def fresh_cache(engine) -> None:
+    """Start a run with nothing cached, as a rollout after a weight update does (each variant pays its own
+    first prefills; without this the second variant would find the first one's prompts in the cache)."""
+    if hasattr(engine, "reset_cache"):
+        engine.reset_cache()  # HFEngine
+    elif hasattr(engine, "llm"):
+        engine.llm.reset_prefix_cache()  # VLLMEngine
 
 
 def summary(episodes, seconds: float, engine: CountingEngine) -> dict:
@@ -137,12 +153,14 @@ def summary(episodes, seconds: float, engine: CountingEngine) -> dict:
         "generate_s": sum(e.timings["generate"] for e in episodes),  # the engine's share of the wall time
         "stops": dict(Counter(e.stop_reason for e in episodes)),
         "reward": sum(e.reward for e in episodes) / len(episodes),
+        "engine": engine.engine_stats(),
     }
 
 
 def run_batched(tasks, group, worlds, engine, tok, user, cfg):
     from rollout import rollout
 
+    fresh_cache(engine)
     engine = CountingEngine(engine)
     t0 = time.perf_counter()
     eps = rollout(tasks, group, worlds, engine, tok, user, cfg)
@@ -155,11 +173,20 @@ def run_sequential(tasks, group, worlds, engine, tok, user, cfg):
     from rollout import rollout
 
     pairs = [t for t in tasks for _ in range(group)]  # the same (task, copy) pairs as the batched call
+    fresh_cache(engine)
     eps, engine = [], CountingEngine(engine)
     t0 = time.perf_counter()
     for k, task in enumerate(pairs):
         eps += rollout([task], 1, worlds, engine, tok, user, replace(cfg, seed=cfg.seed + 101 * (k + 1)))
     return summary(eps, time.perf_counter() - t0, engine)
+
+
+def phases(st: dict) -> str:
+    """HFEngine's counters as one line: where the prompt tokens came from, and where the seconds went."""
+    return (f"prompt tokens {st.get('prompt_tokens', 0)}: {st.get('reused_tokens', 0)} reused from earlier calls, "
+            f"{st.get('prefill_tokens', 0)} prefilled; {st.get('decode_steps', 0)} decode steps for "
+            f"{st.get('decode_row_steps', 0)} row-steps; seconds: prefill {st.get('prefill_s', 0):.1f}, "
+            f"decode {st.get('decode_s', 0):.1f}, cache bookkeeping {st.get('store_s', 0):.1f}")
 
 
 def bench_engine(name, engine, tasks, group, worlds, tok, user, cfg, reps) -> dict[str, list[dict]]:
@@ -179,8 +206,10 @@ def bench_engine(name, engine, tasks, group, worlds, tok, user, cfg, reps) -> di
             print(f"[{name}] rep {r} {variant:10s} {s['episodes']} episodes in {s['seconds']:6.1f} s = "
                   f"{s['eps_per_s']:6.3f}/s  {s['engine_calls']:3d} engine calls  {s['agent_turns']:4d} agent turns  "
                   f"tokens: {s['sampled_tokens']:5d} sampled, {s['context_tokens']:6d} final context, "
-                  f"{s['prompt_tokens']:7d} prompt (re)read  generate {s['generate_s']:5.1f} s  "
+                  f"{s['prompt_tokens']:7d} prompt  generate {s['generate_s']:5.1f} s  "
                   f"reward {s['reward']:.2f}  stops {s['stops']}  load {os.getloadavg()[0]:.2f}", flush=True)
+            if s["engine"]:
+                print(f"[{name}]       {variant:10s} engine phases: {phases(s['engine'])}", flush=True)
     return res
 
 

@@ -6,7 +6,10 @@ import random
 import pytest
 import torch
 
-from engine import HFEngine, Sample, check_vllm_model, common_prefix_len, make_engine, sample_step
+import numpy as np
+
+from engine import (CachedSeq, HFEngine, KVStore, Sample, check_vllm_model, common_prefix_len, make_engine,
+                    sample_step, weights_version)
 from models import build_tiny
 
 
@@ -152,11 +155,17 @@ def test_seeded_sampling_is_reproducible(tiny):
     eng = HFEngine(model, tok)
     prompts = make_prompts(tok)
     a = eng.generate(prompts, 16, temperature=1.0, seed=123)
-    b = eng.generate(prompts, 16, temperature=1.0, seed=123)
+    b = eng.generate(prompts, 16, temperature=1.0, seed=123)  # now most of each prompt comes from the store
     c = eng.generate(prompts, 16, temperature=1.0, seed=124)
     assert [s.token_ids for s in a] == [s.token_ids for s in b]
-    assert [s.logprobs for s in a] == [s.logprobs for s in b]
+    for x, y in zip(a, b):  # cached keys/values were computed in another forward: equal up to float rounding
+        assert x.logprobs == pytest.approx(y.logprobs, abs=1e-5)
     assert [s.token_ids for s in a] != [s.token_ids for s in c]
+    eng.reset_cache()  # the same state as for `a`: bit for bit the same numbers
+    assert [s.logprobs for s in eng.generate(prompts, 16, temperature=1.0, seed=123)] == [s.logprobs for s in a]
+    # one uniform per prompt per step, in prompt order: a prompt's draw does not depend on its batch neighbours
+    alone = HFEngine(model, tok, cache_gib=0).generate(prompts[:2], 16, temperature=1.0, seed=123)
+    assert [s.token_ids for s in alone] == [s.token_ids for s in a[:2]]
 
 
 def test_update_weights(tiny):
@@ -181,6 +190,157 @@ def test_update_weights(tiny):
     assert shared.generate(prompts, 12, temperature=0.0, stop_token_ids=[])[0].token_ids == want[0].token_ids
     with pytest.raises(KeyError):
         engine.update_weights([("no.such.weight", torch.zeros(1))])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# HFEngine's store: keys/values kept across calls, as a multi-turn rollout uses them
+
+
+def conversation_turns(eng, tok, prompts, turns=3, temperature=0.0, seed=None):
+    """Play `turns` rounds like rollout.py: generate, then each prompt becomes prompt + sampled + a delta. The
+    deltas differ in length (1 to 150 tokens, so the prefill runs in several groups of similar length); row 1
+    keeps only part of its sample (rollout.py cuts a turn to its own budget: only a prefix of the stored
+    sequence matches); row 3 starts a new conversation at turn 2 (nothing cached for it).
+    Returns (samples, prompts, reused tokens) per turn."""
+    rng = random.Random(7)
+    out = []
+    for t in range(turns):
+        reused = eng.stats["reused_tokens"]
+        samples = eng.generate(prompts, 12, temperature=temperature, stop_token_ids=[5, 9], seed=seed)
+        out.append((samples, prompts, eng.stats["reused_tokens"] - reused))
+        deltas = [[rng.randrange(3, len(tok)) for _ in range(n)] for n in (1, 9, 150, 70)]
+        prompts = [p + s.token_ids + d for p, s, d in zip(prompts, samples, deltas)]
+        prompts[1] = prompts[1][: len(prompts[1]) - len(deltas[1]) - len(samples[1].token_ids) // 2] + deltas[1]
+        if t == 0:
+            prompts[3] = [rng.randrange(3, len(tok)) for _ in range(33)]
+    return out
+
+
+def test_cached_turns_equal_a_full_prefill(tiny):
+    _, model, tok = tiny
+    cached, uncached = HFEngine(model, tok), HFEngine(model, tok, cache_gib=0)
+    mode = model.training
+    a = conversation_turns(cached, tok, make_prompts(tok))
+    b = conversation_turns(uncached, tok, make_prompts(tok))
+    for (turn_a, prompts, _), (turn_b, _, _) in zip(a, b):
+        for p, x, y in zip(prompts, turn_a, turn_b):
+            assert x.token_ids == y.token_ids and x.finish_reason == y.finish_reason
+            assert x.logprobs == pytest.approx(y.logprobs, abs=1e-4)
+            # and both equal one unpadded forward pass over the whole sequence
+            assert torch.allclose(torch.tensor(x.logprobs), forward_logprobs(model, p, x.token_ids, 0.0), atol=1e-4)
+    # What was reused, exactly: for each prompt, its longest common prefix with any sequence an earlier call
+    # produced (prompt + sampled tokens but the last), keeping at least one token to run.
+    done = []  # sequences whose keys/values were computed
+    for samples, prompts, reused in a:
+        want = sum(min(max([common_prefix_len([p, q]) for q in done] + [0]), len(p) - 1) for p in prompts)
+        assert reused == want
+        done += [p + s.token_ids[:-1] for p, s in zip(prompts, samples)]
+    assert sum(r for _, _, r in a[1:]) > 400 and uncached.stats["reused_tokens"] == 0
+    # Each turn's entry replaces the one it extends: rows 0, 2 and 3 hold one entry each, plus row 3's first
+    # conversation. Row 1's next prompt cut its sample, so its older entries are not prefixes of the newer ones
+    # (their tails still answer lookups) and stay until the LRU evicts them: 3 + 1 + 3 = 7.
+    assert len(cached.store.seqs) == 7 and len(uncached.store.seqs) == 0
+    assert model.config._attn_implementation == "sdpa" and model.training == mode  # restored after each call
+
+
+def test_cached_turns_sample_the_same_tokens(tiny):
+    _, model, tok = tiny
+    a = conversation_turns(HFEngine(model, tok), tok, make_prompts(tok), temperature=1.0, seed=11)
+    b = conversation_turns(HFEngine(model, tok, cache_gib=0), tok, make_prompts(tok), temperature=1.0, seed=11)
+    assert [[s.token_ids for s in t] for t, _, _ in a] == [[s.token_ids for s in t] for t, _, _ in b]
+    assert sum(r for _, _, r in a) > 400
+
+
+def test_weight_changes_empty_the_store(tiny):
+    _, model, tok = tiny
+    prompts = make_prompts(tok)
+    # (1) a separate copy synced with update_weights
+    trainer = copy.deepcopy(model)
+    eng = HFEngine(copy.deepcopy(model), tok)
+    eng.generate(prompts, 8, temperature=0.0, stop_token_ids=[])
+    assert len(eng.store.seqs) > 0
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in trainer.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    eng.update_weights(trainer.state_dict().items())
+    assert len(eng.store.seqs) == 0
+    want = HFEngine(trainer, tok, cache_gib=0).generate(prompts, 8, temperature=0.0, stop_token_ids=[])
+    got = eng.generate(prompts, 8, temperature=0.0, stop_token_ids=[])
+    assert [s.token_ids for s in got] == [s.token_ids for s in want]
+    # (2) the trainer's own model, changed in place between calls: an optimizer step bumps the parameters'
+    # versions, and the next call starts from an empty store
+    shared = copy.deepcopy(model)
+    eng = HFEngine(shared, tok)
+    before = eng.generate(prompts, 8, temperature=0.0, stop_token_ids=[])
+    v0 = weights_version(shared)
+    opt = torch.optim.AdamW(shared.parameters(), lr=1e-2)
+    shared(torch.tensor([prompts[0]]), labels=torch.tensor([prompts[0]])).loss.backward()
+    opt.step()
+    assert weights_version(shared) != v0
+    reused = eng.stats["reused_tokens"]
+    after = eng.generate(prompts, 8, temperature=0.0, stop_token_ids=[])
+    assert eng.stats["reused_tokens"] == reused  # nothing reused: the store was emptied
+    want = HFEngine(shared, tok, cache_gib=0).generate(prompts, 8, temperature=0.0, stop_token_ids=[])
+    assert [s.token_ids for s in after] == [s.token_ids for s in want] != [s.token_ids for s in before]
+    # (3) a write through .data is invisible to torch's version counter: reset_cache() is the way out
+    with torch.no_grad():
+        next(shared.parameters()).data.mul_(1.0)
+    assert weights_version(shared) == weights_version(shared)
+    eng.sleep()  # what the trainer calls after a rollout: frees the store
+    assert len(eng.store.seqs) == 0 and eng.store.nbytes == 0
+
+
+def kv(tokens, width=1):
+    """A CachedSeq with dummy keys/values: 2 layers x (1 head, n tokens, `width` dims) of float32."""
+    n = len(tokens)
+    t = [torch.zeros(1, n, width) for _ in range(2)]
+    return CachedSeq(np.array(tokens, dtype=np.int64), t, [x.clone() for x in t])
+
+
+def test_kvstore_prefix_lookup_supersession_and_lru():
+    store = KVStore(max_bytes=10**6)
+    a, b = kv([1, 2, 3, 4]), kv([1, 2, 7])
+    store.put(a)
+    store.put(b)
+    assert store.longest_prefix(np.array([1, 2, 3, 9])) == (a, 3)  # longest common prefix, not whole entries
+    assert store.longest_prefix(np.array([1, 2, 7, 7, 7]))[1] == 3
+    assert store.longest_prefix(np.array([5, 1, 2])) == (None, 0)
+    c = kv([1, 2, 3, 4, 5, 6])
+    store.put(c, parent=a)  # c extends a: a can never answer better than c, so it goes
+    assert list(store.seqs.values()) == [b, c]
+    store.put(kv([1, 2, 7, 8]), parent=c)  # not an extension of c: c stays
+    assert len(store.seqs) == 3
+    store.put(kv([1, 2, 7, 8]))  # the same tokens again: one entry
+    assert len(store.seqs) == 3 and store.nbytes == sum(s.nbytes for s in store.seqs.values())
+    # LRU under a byte budget: a lookup refreshes an entry, the least recently used goes first
+    small = KVStore(max_bytes=3 * kv([0] * 10).nbytes)
+    seqs = [kv([i] * 10) for i in range(3)]
+    for s in seqs:
+        small.put(s)
+    small.longest_prefix(np.array([0] * 10))  # touch seqs[0]
+    small.put(kv([3] * 10))
+    assert set(small.seqs) == {seqs[0].key, seqs[2].key, kv([3] * 10).key}
+    assert small.nbytes <= small.max_bytes
+    small.put(kv([4] * 40))  # bigger than the whole budget: not kept
+    assert kv([4] * 40).key not in small.seqs
+
+
+def test_store_stays_within_its_budget(tiny):
+    _, model, tok = tiny
+    per_token = 2 * 2 * 1 * 64 * 4  # K and V x 2 layers x 1 key/value head x head size 64 x float32
+    prompts = make_prompts(tok, n=8, seed=3)
+    budget = 200 * per_token
+    free, tight = HFEngine(model, tok), HFEngine(model, tok, cache_gib=budget / 2**30)
+    out = conversation_turns(tight, tok, prompts, turns=2)
+    ref = conversation_turns(free, tok, prompts, turns=2)
+    assert free.store.nbytes > 2 * budget  # what the turns produce: more than twice the budget ...
+    assert 0 < tight.store.nbytes <= budget  # ... of which the tight store keeps what fits
+    assert len(tight.store.seqs) < len(free.store.seqs)
+    assert all(s.keys[0].shape == (1, len(s.tokens), 64) for s in tight.store.seqs.values())
+    assert tight.store.nbytes == sum(s.nbytes for s in tight.store.seqs.values()) == len(
+        np.concatenate([s.tokens for s in tight.store.seqs.values()])) * per_token
+    assert [[s.token_ids for s in t] for t, _, _ in out] == [[s.token_ids for s in t] for t, _, _ in ref]
 
 
 def test_factory_errors(tiny, tmp_path):
