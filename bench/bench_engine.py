@@ -5,8 +5,9 @@
 
 Every sample runs to exactly N tokens (no stop ids), so both engines do the same work. Prompts are chat-rendered
 (system + the generic tools block + a user message, ~550 tokens), like a rollout's first turn; the ~520-token
-system part is the same in every prompt, which vLLM's prefix cache exploits (--no-prefix-caching to compare;
-HFEngine has no prefix cache). Each round uses fresh user messages, so only that shared part can be cached.
+system part is the same in every prompt, which both engines exploit: vLLM's prefix cache, and HFEngine's shared
+prefix (computed once per call) and its store of earlier calls' keys/values (--no-prefix-caching turns both
+caches off). Each round uses fresh user messages, so only that shared part can be cached.
 
 Both engines are started first, then timed in alternation (HF, vLLM, HF, vLLM, ...) so that load from other
 processes on the machine hits both alike. Reported: the minimum and the median over rounds. The last line is
@@ -57,7 +58,8 @@ def main() -> None:
     ap.add_argument("--new", type=int, default=64, help="new tokens per prompt")
     ap.add_argument("--rounds", type=int, default=5, help="timed rounds per engine and batch size")
     ap.add_argument("--threads", type=int, default=0, help="torch threads for HFEngine (0: torch's default)")
-    ap.add_argument("--no-prefix-caching", action="store_true", help="turn vLLM's prefix cache off")
+    ap.add_argument("--no-prefix-caching", action="store_true",
+                    help="turn vLLM's prefix cache and HFEngine's store of earlier calls off")
     args = ap.parse_args()
 
     import torch
@@ -71,7 +73,7 @@ def main() -> None:
     model, tok = build_tiny(d)
     print(f"tiny model: {n_params(model):,} params, V={len(tok)}; torch threads {torch.get_num_threads()}")
     t0 = time.perf_counter()
-    engines = {"hf": HFEngine(model, tok),
+    engines = {"hf": HFEngine(model, tok, cache_gib=0 if args.no_prefix_caching else 2.0),
                "vllm": VLLMEngine(d, max_model_len=2048, enable_prefix_caching=not args.no_prefix_caching)}
     print(f"VLLMEngine start: {time.perf_counter() - t0:.1f} s; torch threads now {torch.get_num_threads()}")
 

@@ -22,8 +22,9 @@ still mostly wrong, so two caps shape the work, identically for both variants:
 
 Both variants play the same tasks, with the same caps, sampling at temperature 1 from fixed seeds (the batched
 call uses `seed`; the sequential call k uses `seed + 101 (k + 1)`, so the two copies of a task differ, as the G
-rows of a batched call do). The sampled tokens themselves cannot be identical: a batched call draws the random
-numbers of all rows from one generator. So each variant reports what it actually did (episodes, agent turns,
+rows of a batched call do). The sampled tokens themselves cannot be identical: an episode's random stream
+depends on the call's seed and on its row in the call (which changes as other episodes finish). So each
+variant reports what it actually did (episodes, agent turns,
 sampled tokens, context tokens, stop reasons) and the ratio is given both per episode and per sampled token.
 Variants are interleaved over `--reps` repetitions (order alternating) and medians are reported, because other
 jobs share this 2-core machine; torch runs on `--threads` threads (1: a second thread only helps when a core is
@@ -32,11 +33,14 @@ idle, and slows everything down several-fold when another process wants it), and
 Where the time goes (what batching can and cannot save)
 -------------------------------------------------------
 Batching saves the per-call and per-step overheads that a small model pays on every token: one decode step
-for 32 rows instead of 32 steps. It cannot save work that grows with the rows: the prompt tokens every turn
-re-reads (HFEngine prefills each episode's whole context at each turn; the "prompt (re)read" count is printed,
-about 20 per sampled token here), and, on a CPU, attention over a padded (B, context) cache. And a round lasts
-as long as its longest turn, so rows that finished early wait for the straggler. The printed engine calls,
-prompt tokens and sampled tokens let a reader see which of these dominates on their machine.
+for 32 rows instead of 32 steps. It cannot save work that grows with the rows: reading each row's cached
+keys/values at every decode step (on a CPU, decoding is bound by memory bandwidth), the matrix products per
+token, and the prefill of what each turn appends. Both engines keep earlier turns' keys/values, so a turn
+prefills only its delta (tool result or user message); every run starts with an empty cache (`fresh_cache`),
+as a rollout after a weight update does. And a round lasts as long as its longest turn, so rows that
+finished early wait for the straggler. For HFEngine a second line per run splits the engine's work: prompt
+tokens reused from earlier calls vs prefilled, decode steps vs row-steps, and seconds in prefill, decode and
+cache bookkeeping (lookup, layout, saving finished rows).
 
     python bench/bench_rollout.py                    # both engines, 32 episodes, 3 repetitions (~10-20 minutes)
     python bench/bench_rollout.py --engine hf --quick   # about a minute: random init, 8 short episodes
