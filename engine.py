@@ -309,7 +309,7 @@ class HFEngine:
         # Prompt i samples with its own generator: what it draws does not depend on the other prompts of the
         # batch, on their order, or on what was cached. Seed (seed, i) -> seed * 2^20 + i, so the calls of a
         # rollout (seeds s, s + 1, ...) never replay each other's streams on other rows.
-        seeds = [seed * 2**20 + i for i in range(len(prompts))] if seed is not None else \
+        seeds = [(seed * 2**20 + i) % 2**63 for i in range(len(prompts))] if seed is not None else \
             torch.randint(2**62, (len(prompts),)).tolist()  # unseeded: fresh seeds from torch's global RNG
         uniforms = torch.stack([torch.rand(max(max_new_tokens, 0), dtype=torch.float64,
                                            generator=torch.Generator().manual_seed(s)) for s in seeds]) \
@@ -344,7 +344,7 @@ class HFEngine:
         if P < self.min_shared_prefix or len(short) < 2:
             return hits
         prefix = prompts[0][:P]
-        hit = self._lookup(prefix)  # the prefix itself may be partly stored (the system prompt, from a last call)
+        hit = self._lookup(prefix)  # the prefix itself may be partly stored (the system prompt, from an earlier call)
         cache, mask, _ = self._prefill([prefix], [hit], reserve=0)
         seq = self._cut(cache, mask, 0, prefix)
         self.store.put(seq, parent=hit[0])
