@@ -38,6 +38,7 @@ Departures from the paper's setup (verl + vLLM):
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from collections import Counter, OrderedDict
@@ -442,10 +443,11 @@ class HFEngine:
         self.stats["prompt_tokens"] += sum(len(p) for p in prompts)
         hits = self._share_prefix(prompts, hits)
         # 3. prefill the rest of every prompt. Batch rows are ordered by rest length, longest first, and rows whose
-        # rests are within 2x of each other (or all under 64 tokens) run as one group.
+        # rests are within a factor sqrt(2) of each other (or all under ~45 tokens) run as one group: at most ~1.4x
+        # padding, for a few more forwards (a forward's fixed cost is about that of 30-50 tokens here).
         rest = [len(p) - m for p, (_, m) in zip(prompts, hits)]
         rows = sorted(range(len(prompts)), key=lambda i: -rest[i])  # rows[j] = the prompt batch row j samples for
-        size = [max(rest[i], 32).bit_length() for i in rows]  # rests in [2^(k-1), 2^k) share a size
+        size = [int(2 * math.log2(max(rest[i], 32))) for i in rows]  # rests within a factor sqrt(2) share a size
         groups = [(j, j + size.count(z)) for j, z in enumerate(size) if j == 0 or size[j - 1] != z]
         cache, mask, logits = self._prefill([prompts[i] for i in rows], [hits[i] for i in rows], max_new_tokens, groups)
         next_pos = mask.sum(-1)  # (B,) position of the token about to be sampled
