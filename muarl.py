@@ -65,7 +65,7 @@ class Config:
     synthetic_test: int = F(200, "synthetic world: held-out tasks to generate (disjoint users)")
     synthetic_users: int = F(40, "synthetic world: users in the shop (more users: ids must be copied, not memorised)")
     synthetic_test_users: int = F(10, "synthetic world: of those, users kept for the held-out tasks")
-    care_noise: float = F(0.5, "shop world: how often its cold-start annotator ignores the customer's answer")
+    lazy_rate: float = F(0.6, "shop world: how often its cold-start annotator writes the default choice, not the customer's")
     eval_tasks: int = F(200, "held-out tasks per evaluation (test split), 0 = all")
     # simulated user
     user: str = F("scripted", "scripted (synthetic tasks only) | llm (any OpenAI-compatible endpoint)")
@@ -85,6 +85,7 @@ class Config:
     clip_high: float = F(0.2, "PPO clip above 1")
     scale_by_std: bool = F(True, "divide advantages by the group's std (GRPO); false = Dr.GRPO-style")
     temperature: float = F(1.0, "sampling temperature in training (evaluation is greedy)")
+    top_p: float = F(1.0, "nucleus sampling in training: keep the smallest set of tokens with this much mass (1 = off)")
     max_turns: int = F(30, "turn cap: tool executions + user replies")
     max_new_tokens: int = F(1024, "new tokens per agent turn")
     max_context: int = F(32768, "tokens per conversation")
@@ -115,8 +116,10 @@ class Config:
 
 # The CPU preset of `--model tiny`: applied to every field the command line did not set.
 TINY = dict(
-    tasks_per_step=8, steps=30, lr=2e-5, kl_coef=0.0, max_turns=20, max_new_tokens=96, max_context=4096,
-    micro_batch_tokens=1024, tools_in_prompt=False, train_check_outputs=True, sft_epochs=3.0, sft_lr=2e-3, sft_batch=16, eval_every=10,
+    domains="shop", synthetic_train=1000, synthetic_test=200, tiny_hidden=128, tiny_layers=2, tiny_intermediate=512,
+    tiny_vocab=512, tiny_split_digits=True, sft_epochs=4.0, sft_lr=2e-3, sft_batch=16,
+    tasks_per_step=8, steps=60, lr=2e-4, kl_coef=0.0, max_turns=10, max_new_tokens=64, max_context=1024,
+    micro_batch_tokens=2048, tools_in_prompt=False, train_check_outputs=True, eval_every=20, threads=1,
 )
 
 
@@ -165,8 +168,8 @@ def validate(cfg: Config, world_size: int = 1) -> None:
     if cfg.user == "scripted" and not generated and cfg.tasks != "synthetic":
         raise ConfigError("the scripted user only plays generated tasks (synthetic, shop); use --user llm for "
                           "retail/airline (or --tasks synthetic)")
-    if not 0 <= cfg.care_noise <= 1:
-        raise ConfigError(f"--care_noise must be in [0, 1], got {cfg.care_noise}")
+    if not 0 <= cfg.lazy_rate <= 1:
+        raise ConfigError(f"--lazy_rate must be in [0, 1], got {cfg.lazy_rate}")
     if cfg.malformed not in ("end", "observe"):
         raise ConfigError(f"--malformed must be end or observe, got {cfg.malformed!r}")
     if cfg.engine not in ("auto", "hf", "vllm"):
@@ -174,6 +177,8 @@ def validate(cfg: Config, world_size: int = 1) -> None:
     for name in ("lr", "max_new_tokens", "max_context", "micro_batch_tokens", "max_turns"):
         if getattr(cfg, name) <= 0:
             raise ConfigError(f"--{name} must be positive")
+    if not 0 < cfg.top_p <= 1 or cfg.temperature < 0:
+        raise ConfigError(f"--top_p must be in (0, 1] and --temperature >= 0, got {cfg.top_p}, {cfg.temperature}")
     if not 0 <= cfg.clip_low < 1 or cfg.clip_high < 0:
         raise ConfigError("clip_low must be in [0, 1) and clip_high >= 0")
     if cfg.max_new_tokens >= cfg.max_context:
@@ -443,7 +448,7 @@ def load_worlds(cfg: Config) -> dict:
         elif d == "shop":  # one held-out order per test task, 400 more orders for the training tasks
             n_test_orders = max(200, cfg.synthetic_test)
             worlds[d] = load_world(d, seed=cfg.synthetic_seed, n_train=cfg.synthetic_train, n_test=cfg.synthetic_test,
-                                   n_orders=n_test_orders + 400, n_test_orders=n_test_orders, care_noise=cfg.care_noise)
+                                   n_orders=n_test_orders + 400, n_test_orders=n_test_orders, lazy_rate=cfg.lazy_rate)
         else:
             worlds[d] = load_world(d, data_dir=cfg.data_dir or None)
     return worlds
@@ -479,7 +484,7 @@ def rollout_cfg(cfg: Config, greedy: bool = False, seed: int | None = None):
     from rollout import RolloutConfig
 
     return RolloutConfig(max_turns=cfg.max_turns, max_context=cfg.max_context, max_new_tokens=cfg.max_new_tokens,
-                         temperature=0.0 if greedy else cfg.temperature, tools_in_prompt=cfg.tools_in_prompt,
+                         temperature=0.0 if greedy else cfg.temperature, top_p=cfg.top_p, tools_in_prompt=cfg.tools_in_prompt,
                          check_outputs=greedy or cfg.train_check_outputs, malformed=cfg.malformed, seed=seed)
 
 

@@ -10,7 +10,7 @@ the part RL is about, and drops the bulk:
     agent   : -> get_order_details({"order_id": "#W372"})
     tool    : {"order_id": "#W372", "item": "lamp", "status": "pending"}
     agent   : Why do you cancel: 'no longer needed' or 'ordered by mistake'?
-    customer: I ordered it by mistake.
+    customer: It was ordered by mistake.
     agent   : -> cancel_pending_order({"order_id": "#W372", "reason": "ordered by mistake"})
     tool    : {"order_id": "#W372", "item": "lamp", "status": "cancelled", ...}
     agent   : Done: order #W372 is cancelled.
@@ -23,16 +23,21 @@ tools do NOT, so only an agent that reads the status and declines keeps the data
 The reward is the database, as everywhere in this project: a cancellation with the wrong reason, a refund to
 the wrong place, or a forbidden write scores 0.
 
-The careless annotator (why RL has something to learn here)
------------------------------------------------------------
-MUA-RL's claim is that RL improves on its cold-start data: the SFT trajectories teach the format, RL against
-the real reward teaches what the data got wrong. The shop makes that visible on purpose. Its cold-start
-conversations (Task.expert) are written by an annotator who asks the customer's reason / refund choice, then,
-with probability `care_noise` (default 0.5), ignores the answer and writes a random one. SFT faithfully learns
-that carelessness (the argument becomes a coin flip); only the database reward says which argument is right.
-Gold actions (what the reward checks) always follow the customer. `care_noise=0` gives a perfect annotator.
+The lazy annotator (why RL has something to learn here)
+-------------------------------------------------------
+MUA-RL's claim is that RL improves on its cold-start data: the SFT trajectories teach the format and the flow,
+RL against the real reward teaches what the data got wrong. The shop makes that visible on purpose. Its
+cold-start conversations (Task.expert of the training tasks) come from a lazy annotator: it asks for the
+customer's reason / refund choice, and when the customer wants the non-default one ('ordered by mistake',
+'gift card') it still writes the default ('no longer needed', 'original payment') with probability
+`lazy_rate` (0.6). SFT learns exactly that: after "To a gift card, please." the model writes 'gift card' only
+~40 % of the time, so greedy decoding gets every such task wrong. The right behaviour is in the data, outvoted;
+sampling finds it often enough for GRPO's groups to disagree, and only the database reward says which is right.
+Gold actions (what the reward checks) always follow the customer; held-out tasks are written without laziness.
+(Measured while designing this: an annotator that *guesses* at random leaves SFT with no trace of the right
+dependency, and 40 GRPO steps did not build one; one that is right 3 times in 4 leaves greedy SFT at 97 %.)
 
-    build_world(seed, n_orders, n_test_orders, n_train, n_test, care_noise)   -> World (tasks split train/test)
+    build_world(seed, n_orders, n_test_orders, n_train, n_test, lazy_rate)    -> World (tasks split train/test)
     scripted_first_message(spec) / scripted_reply(spec, history)               the customer (user_sim.ScriptedUser)
 
 Held-out tasks use orders no training task mentions, so their ids must be copied from the conversation, not
@@ -50,8 +55,10 @@ from domains.base import Store, Task, World, content_key
 
 SHOP_VERSION = "1"
 STOP = "###STOP###"
-REASONS = {"no longer needed": "I no longer need it.", "ordered by mistake": "I ordered it by mistake."}
-REFUNDS = {"original payment": "To my original payment, please.", "gift card": "To a gift card, please."}
+# What the customer answers: each answer contains the argument's words, so following the customer is a copy
+REASONS = {"no longer needed": "It is no longer needed.", "ordered by mistake": "It was ordered by mistake."}
+REFUNDS = {"original payment": "To the original payment, please.", "gift card": "To a gift card, please."}
+DEFAULT = {"reason": "no longer needed", "refund_to": "original payment"}  # what the lazy annotator writes
 ITEMS = ["lamp", "mug", "desk", "chair", "kettle", "scarf", "watch", "towel", "pillow", "clock", "vase", "fan"]
 
 POLICY = """You are a shop agent. First look up the order. Only pending orders can be cancelled and only \
@@ -153,7 +160,7 @@ def _call(name: str, args: dict) -> dict:
     return {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": name, "arguments": args}}]}
 
 
-def make_task(world: World, order: dict, request: str, rng: random.Random, care_noise: float, task_id: str) -> Task:
+def make_task(world: World, order: dict, request: str, rng: random.Random, lazy_rate: float, task_id: str) -> Task:
     """One task on `order`; its expert conversation is played against the real tools and the scripted customer."""
     oid, status = order["order_id"], order["status"]
     allowed = (request, status) in (("cancel", "pending"), ("return", "delivered"))
@@ -177,7 +184,8 @@ def make_task(world: World, order: dict, request: str, rng: random.Random, care_
     actions = []
     if allowed:
         say(ASK_REASON if request == "cancel" else ASK_REFUND)
-        written = spec[arg_name] if rng.random() >= care_noise else rng.choice(sorted(choices))  # the annotator
+        lazy = spec[arg_name] != DEFAULT[arg_name] and rng.random() < lazy_rate
+        written = DEFAULT[arg_name] if lazy else spec[arg_name]  # what the annotator writes
         write = ("cancel_pending_order" if request == "cancel" else "return_delivered_order")
         call(write, {"order_id": oid, arg_name: written})
         actions = [{"name": write, "arguments": {"order_id": oid, arg_name: spec[arg_name]}}]
@@ -191,37 +199,37 @@ def make_task(world: World, order: dict, request: str, rng: random.Random, care_
     return Task(task_id, "shop", "train", instructions, actions, [], spec, msgs)
 
 
-def build_db(seed: int, n_orders: int) -> dict:
+def build_db(seed: int, n_orders: int, status_weights=(5, 5, 1)) -> dict:
     rng = random.Random(seed)
     ids = rng.sample(range(100, 1000), n_orders)  # '#W' + 3 digits: short, every order distinct
     status = ["pending", "delivered", "processed"]
-    return {"orders": {f"#W{i}": {"order_id": f"#W{i}", "item": rng.choice(ITEMS), "status": rng.choices(status, [4, 4, 1])[0]}
+    return {"orders": {f"#W{i}": {"order_id": f"#W{i}", "item": rng.choice(ITEMS), "status": rng.choices(status, status_weights)[0]}
                        for i in ids}}
 
 
 def build_world(seed: int = 0, n_orders: int = 600, n_test_orders: int = 200, n_train: int = 1000, n_test: int = 200,
-                care_noise: float = 0.5) -> World:
+                lazy_rate: float = 0.6, status_weights=(5, 5, 1)) -> World:
     """The shop with tasks: test tasks use n_test_orders held-out orders (one task each), train tasks the rest."""
-    if not 0 <= care_noise <= 1:
-        raise ValueError(f"care_noise must be in [0, 1], got {care_noise}")
+    if not 0 <= lazy_rate <= 1:
+        raise ValueError(f"lazy_rate must be in [0, 1], got {lazy_rate}")
     if n_test > n_test_orders or n_test_orders >= n_orders:
         raise ValueError("need n_test <= n_test_orders < n_orders")
-    db = build_db(seed, n_orders)
+    db = build_db(seed, n_orders, status_weights)
     key = content_key(json.dumps(db, sort_keys=True), SHOP_VERSION)
     base = World("shop", db, key, TOOLS, WRITE_TOOLS, POLICY)
     orders = list(db["orders"].values())
     rng = random.Random(seed + 1)
     test_orders, train_orders = orders[:n_test_orders], orders[n_test_orders:]
-    # a request the order allows two times in three: most tasks need the customer's choice
+    # mostly a request the order allows (~85 % of tasks need the customer's choice, ~15 % are refusals)
     request = lambda o: ({"pending": "cancel", "delivered": "return"}.get(o["status"], "cancel")  # noqa: E731
-                         if rng.random() < 2 / 3 else rng.choice(["cancel", "return"]))
+                         if rng.random() < 0.9 else rng.choice(["cancel", "return"]))
     tasks = []
     for i, o in enumerate(test_orders[:n_test]):
-        tasks.append(make_task(base, o, request(o), rng, 0.0, f"shop/test-{i}"))  # held-out tasks: gold is what counts
+        tasks.append(make_task(base, o, request(o), rng, 0.0, f"shop/test-{i}"))  # held-out: written with care
         tasks[-1].split = "test"
     for i in range(n_train):
         o = rng.choice(train_orders)
-        tasks.append(make_task(base, o, request(o), rng, care_noise, f"shop/train-{i}"))
+        tasks.append(make_task(base, o, request(o), rng, lazy_rate, f"shop/train-{i}"))
     return World("shop", db, key, TOOLS, WRITE_TOOLS, POLICY, tasks)
 
 
@@ -241,7 +249,7 @@ if __name__ == "__main__":
         scores.append(world.score(t, env)[0])
         env.close()
     print(f"kinds: {dict(Counter(t.spec['kind'] for t in train))}")
-    print(f"annotator's conversations that score 1: {sum(scores):.0f} / {len(scores)} (care_noise 0.5)\n")
+    print(f"annotator's conversations that score 1: {sum(scores):.0f} / {len(scores)} (lazy_rate 0.6)\n")
     for t in train[: args.n]:
         print(f"== {t.id} ({t.spec['kind']}): {t.instructions}")
         for m in t.expert:

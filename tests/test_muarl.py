@@ -171,7 +171,7 @@ BAD_CONFIGS = {
     # name: (extra argv, a phrase the one line must contain)
     "group_size_1": (["--group_size", "1"], "group_size must be >= 2"),
     "unknown_domain": (["--domains", "synthetic,shoes"], "unknown domain(s) ['shoes']"),
-    "scripted_retail": (["--user", "scripted", "--domains", "retail"], "the scripted user only plays synthetic"),
+    "scripted_retail": (["--user", "scripted", "--domains", "retail"], "the scripted user only plays generated tasks"),
     "llm_no_key": (["--user", "llm", "--user_model", "some-model", "--user_base_url", "https://api.example.com/v1"],
                    "needs an API key"),
     "no_chat_template": (["--model", "{no_template}"], "has no chat template"),

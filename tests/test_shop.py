@@ -10,7 +10,7 @@ from user_sim import ScriptedUser
 
 @pytest.fixture(scope="module")
 def world():
-    return shop.build_world(seed=0, n_orders=300, n_test_orders=100, n_train=400, n_test=100, care_noise=0.5)
+    return shop.build_world(seed=0, n_orders=300, n_test_orders=100, n_train=400, n_test=100, lazy_rate=0.6)
 
 
 def _calls(task):
@@ -42,18 +42,24 @@ def test_gold_scores_one_and_missing_write_scores_zero(world):
 
 
 def test_held_out_experts_are_perfect(world):
-    # test tasks are written with care_noise 0: their conversations are exactly the gold
+    # test tasks are written with lazy_rate 0: their conversations are exactly the gold
     for t in world.tasks("test"):
         assert _score_actions(world, t, _calls(t)) == 1.0, t.id
         assert t.expert[-1]["content"] == shop.STOP
 
 
-def test_careless_annotator_rate(world):
-    # With noise 0.5 the annotator guesses half the time and guesses wrong half of that: ~1/4 of decision tasks.
+def test_lazy_annotator(world):
+    # Customers who want the default choice always get it; the others get the default 60 % of the time.
     decisions = [t for t in world.tasks("train") if t.spec["kind"] != "refuse"]
-    wrong = sum(_score_actions(world, t, _calls(t)) == 0.0 for t in decisions)
-    assert 0.15 < wrong / len(decisions) < 0.35, (wrong, len(decisions))
-    careful = shop.build_world(seed=0, n_orders=300, n_test_orders=100, n_train=200, n_test=50, care_noise=0.0)
+    arg = lambda t: "reason" if t.spec["request"] == "cancel" else "refund_to"  # noqa: E731
+    default = [t for t in decisions if t.spec[arg(t)] == shop.DEFAULT[arg(t)]]
+    other = [t for t in decisions if t.spec[arg(t)] != shop.DEFAULT[arg(t)]]
+    assert all(_score_actions(world, t, _calls(t)) == 1.0 for t in default)
+    lazy = [t for t in other if _score_actions(world, t, _calls(t)) == 0.0]
+    assert 0.45 < len(lazy) / len(other) < 0.75, (len(lazy), len(other))
+    for t in lazy:  # a lazy conversation wrote the default, nothing else
+        assert _calls(t)[-1]["arguments"][arg(t)] == shop.DEFAULT[arg(t)]
+    careful = shop.build_world(seed=0, n_orders=300, n_test_orders=100, n_train=200, n_test=50, lazy_rate=0.0)
     assert all(_score_actions(careful, t, _calls(t)) == 1.0 for t in careful.tasks())
 
 
@@ -93,7 +99,7 @@ def test_scripted_customer():
     first = shop.scripted_first_message(spec)
     assert first == "Hi, I want to cancel my order #W123."
     hist = [{"role": "user", "content": first}, {"role": "assistant", "content": shop.ASK_REASON}]
-    assert shop.scripted_reply(spec, hist) == "I ordered it by mistake."
+    assert shop.scripted_reply(spec, hist) == "It was ordered by mistake."
     assert shop.scripted_reply(spec, hist[:1] + [{"role": "assistant", "content": "Done: order #W123 is cancelled."}]) == shop.STOP
     assert shop.scripted_reply(spec, hist[:1] + [{"role": "assistant", "content": "Sorry, I cannot."}]) == shop.STOP
     # an agent that rambles gets the request again, and the customer gives up at its turn bound
@@ -111,8 +117,8 @@ def test_scripted_user_dispatches_to_the_shop(world):
 def test_load_world_and_bad_noise():
     w = load_world("shop", seed=1, n_orders=260, n_test_orders=60, n_train=50, n_test=20)
     assert len(w.tasks("train")) == 50 and len(w.tasks("test")) == 20
-    with pytest.raises(ValueError, match="care_noise"):
-        shop.build_world(care_noise=1.5)
+    with pytest.raises(ValueError, match="lazy_rate"):
+        shop.build_world(lazy_rate=1.5)
 
 
 def test_deterministic():
