@@ -659,3 +659,14 @@ if __name__ == "__main__":
         for s in eng.generate(prompts, max_new_tokens=12, temperature=1.0, seed=0):
             print(f"[{name}] {s.finish_reason:6s} {s.token_ids} {[round(x, 2) for x in s.logprobs]}")
             print(f"        {tok.decode(s.token_ids)!r}")
+    # A second turn, as rollout.py makes it: each prompt grows by what was sampled and a delta. HFEngine runs
+    # only the new tokens; the rest comes from its store.
+    hf = engines["hf"]
+    first = hf.generate(prompts, max_new_tokens=12, temperature=1.0, seed=0)
+    delta = tok.encode("<|im_end|>\n<|im_start|>user\nYes, go ahead.<|im_end|>\n<|im_start|>assistant\n")
+    before = dict(hf.stats)
+    hf.generate([p + s.token_ids + delta for p, s in zip(prompts, first)], max_new_tokens=12, seed=1)
+    print(f"[hf] turn 2: {hf.stats['prompt_tokens'] - before['prompt_tokens']} prompt tokens, "
+          f"{hf.stats['reused_tokens'] - before['reused_tokens']} reused from turn 1, "
+          f"{hf.stats['prefill_tokens'] - before['prefill_tokens']} run; store: {len(hf.store.seqs)} sequences, "
+          f"{hf.store.nbytes / 2**20:.1f} MiB")
