@@ -79,12 +79,18 @@ def _after_turn_suffix(tokenizer) -> str:
 
 def delta_ids(tokenizer, new_messages: list[dict]) -> list[int]:
     """Tokens that follow an agent turn's end-of-turn token when `new_messages` (tool results and/or a user message)
-    arrive, up to and including the next generation prompt. Rendered by the model's template, mask 0."""
+    arrive, up to and including the next generation prompt. Rendered by the model's template, mask 0.
+
+    The delta is what follows the stub's last end-of-turn token, not what follows the stub's whole render: a
+    template may redraw the stub's assistant turn once a message follows it (Qwen3 drops its empty think block),
+    but what comes after an end-of-turn token does not depend on how the turn before it was drawn."""
     stub = _stub_renders(tokenizer)
-    full = render(tokenizer, STUB + new_messages, add_generation_prompt=True)
-    if not full.startswith(stub["base"]):
-        raise ValueError("chat template is not append-only around a new message; cannot render a delta")
-    return encode(tokenizer, stub["suffix"] + full[len(stub["base"]) :])
+    eot = tokenizer.convert_ids_to_tokens(end_of_turn_id(tokenizer))
+    n = stub["base"].count(eot)  # the stub's turns (user, assistant) each end with one
+    parts = render(tokenizer, STUB + new_messages, add_generation_prompt=True).split(eot, n)
+    if n == 0 or len(parts) <= n:
+        raise ValueError("chat template does not end the stub's turns with the end-of-turn token; cannot render a delta")
+    return encode(tokenizer, parts[n])
 
 
 def tool_call_json(name: str, arguments: Any) -> str:

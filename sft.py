@@ -102,6 +102,7 @@ def train(
     seed: int = 0,
     log=None,
     show_progress: bool = True,
+    desc: str = "cold start (SFT)",
 ) -> list[float]:
     """Fine-tune `model` in place on (ids, mask) examples; return the loss of every step."""
     rng = random.Random(seed)
@@ -111,7 +112,7 @@ def train(
     model.train()
     order: list[int] = []
     losses = []
-    bar = tqdm(range(total), desc="cold start (SFT)", disable=not show_progress)
+    bar = tqdm(range(total), desc=desc, disable=not show_progress)
     for step in bar:
         if len(order) < batch_size:  # a fresh shuffled pass over the data
             perm = list(range(len(examples)))

@@ -48,6 +48,7 @@ Departures from the paper / tau2-bench
 
 from __future__ import annotations
 
+import importlib
 import ipaddress
 import json
 import os
@@ -285,13 +286,7 @@ def _script(task):
     """The module whose scripted customer plays this task (imported lazily: only scripted runs need it)."""
     if task.spec is None:
         raise ValueError(f"task {task.id!r} has no scripted user spec; use the LLM user for it")
-    if task.spec.get("world") == "shop":
-        from domains import shop
-
-        return shop
-    from domains import synthetic
-
-    return synthetic
+    return importlib.import_module("domains.shop" if task.spec.get("world") == "shop" else "domains.synthetic")
 
 
 # ---------------------------------------------------------------------------------------------------------------

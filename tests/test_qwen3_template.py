@@ -35,8 +35,6 @@ EMPTY_THINK = "<think>\n\n</think>\n\n"
 # chat.delta_ids cuts the delta after the stub's whole render, which Qwen3 re-renders once a message follows
 # (its assistant turn loses the think block): it raises "not append-only". The fix is described in the
 # helper's report (cut after the stub's end-of-turn tokens instead); strict, so the marker must go with it.
-NEEDS_DELTA_FIX = pytest.mark.xfail(strict=True, raises=ValueError,
-                                    reason="chat.delta_ids requires an append-only template (fix pending)")
 
 
 @pytest.fixture(scope="module")
@@ -162,7 +160,6 @@ def test_assistant_turns_are_what_the_model_samples(tok):
         assert ids[-1] == chat.end_of_turn_id(tok) and "think>" not in tok.decode(ids, skip_special_tokens=False)
 
 
-@NEEDS_DELTA_FIX
 def test_stream_equals_full_render_with_the_dropped_think_blocks(tok):
     ids, mask = chat.conversation_ids(tok, SYSTEM, TOOLS, MESSAGES)  # grown exactly as rollout.py grows it
     stream = tok.decode(ids, skip_special_tokens=False)
@@ -188,7 +185,6 @@ def test_stream_equals_full_render_with_the_dropped_think_blocks(tok):
         history.append(m)
 
 
-@NEEDS_DELTA_FIX
 def test_generation_prompt_and_empty_think_block_are_masked_out(tok):
     ids, mask = chat.conversation_ids(tok, SYSTEM, TOOLS, MESSAGES)
     think = {tok.convert_tokens_to_ids("<think>"), tok.convert_tokens_to_ids("</think>")}
@@ -203,7 +199,6 @@ def test_generation_prompt_and_empty_think_block_are_masked_out(tok):
     assert sum(i in think for i in ids) == 2 * len(turns)  # one empty block per generation prompt, none trained
 
 
-@NEEDS_DELTA_FIX
 def test_two_tool_results_form_one_user_turn(tok):
     delta = tok.decode(chat.delta_ids(tok, MESSAGES[4:6]), skip_special_tokens=False)
     assert delta == ("\n<|im_start|>user\n<tool_response>\n\n</tool_response>\n<tool_response>\n392.0\n"
@@ -214,7 +209,6 @@ def test_two_tool_results_form_one_user_turn(tok):
 # A rollout with this template: the scripted expert through the real token pipeline
 
 
-@NEEDS_DELTA_FIX
 def test_expert_rollout_with_qwen3_template(world, tok):
     tasks = world.tasks("test")[:3]
     eps = rollout(tasks, 2, {"synthetic": world}, ExpertEngine(tok, tasks), tok, ScriptedUser(),
