@@ -234,7 +234,7 @@ def main(argv=None):
     p.add_argument("--agent_model", default="", help="model name at the endpoint (agent=openai)")
     p.add_argument("--agent_base_url", default="")
     p.add_argument("--agent_api_key", default="")
-    p.add_argument("--domain", default="synthetic", help="comma-separated: retail, airline, synthetic")
+    p.add_argument("--domain", default="shop", help="comma-separated: retail, airline, synthetic, shop")
     p.add_argument("--split", default="test")
     p.add_argument("--tasks", type=int, default=0, help="first N tasks of the split (0 = all)")
     p.add_argument("--trials", type=int, default=1, help="k: runs per task (pass^1 ... pass^k)")
@@ -248,7 +248,7 @@ def main(argv=None):
     p.add_argument("--max_context", type=int, default=32768)
     p.add_argument("--tools_in_prompt", type=int, default=1)
     p.add_argument("--data_dir", default="")
-    p.add_argument("--synthetic_seed", type=int, default=0)
+    p.add_argument("--synthetic_seed", type=int, default=0, help="seed of the synthetic / shop world (as in muarl.py)")
     p.add_argument("--out", default="runs/eval/transcripts.jsonl")
     a = p.parse_args(argv)
 
@@ -257,7 +257,9 @@ def main(argv=None):
 
     worlds = {}
     for d in a.domain.split(","):
-        kw = {"seed": a.synthetic_seed} if d == "synthetic" else {"data_dir": a.data_dir or None}
+        kw = {"data_dir": a.data_dir or None}
+        if d in ("synthetic", "shop"):  # generated worlds: the held-out tasks are a function of the seed
+            kw = {"seed": a.synthetic_seed, **({"n_train": 0} if d == "shop" else {})}
         worlds[d] = load_world(d, **kw)
     tasks = [t for w in worlds.values() for t in w.tasks(a.split)]
     tasks = tasks[: a.tasks] if a.tasks else tasks

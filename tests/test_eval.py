@@ -1,0 +1,63 @@
+"""eval.py: pass^k as tau-bench defines it, the summary table, and the command line on the shop and tau2 worlds."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import TAU2, needs_tau2
+from eval import main, pass_hat_k
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_pass_hat_k_is_taubench_formula():
+    # task a: 3 of 4 trials right, task b: 1 of 4. pass^k = mean over tasks of C(c, k) / C(n, k).
+    s = {"a": [True, True, True, False], "b": [False, True, False, False]}
+    assert pass_hat_k(s, 1) == pytest.approx((3 / 4 + 1 / 4) / 2)
+    assert pass_hat_k(s, 2) == pytest.approx((3 / 6 + 0) / 2)
+    assert pass_hat_k(s, 3) == pytest.approx((1 / 4 + 0) / 2)
+    assert pass_hat_k(s, 4) == 0.0
+    assert pass_hat_k({"a": [True, True]}, 2) == 1.0
+    assert math.isnan(pass_hat_k({"a": [True]}, 2))  # no task has k trials: undefined, not 0
+
+
+def test_oracle_on_the_shop_scores_one(tmp_path, capsys):
+    out = tmp_path / "t.jsonl"
+    m = main(["--agent", "oracle", "--domain", "shop", "--tasks", "40", "--out", str(out)])
+    assert m["pass^1"] == 1.0 and m["episodes"] == 40 and m["aborted"] == 0
+    printed = capsys.readouterr().out
+    assert "| oracle (gold actions) | 100.0 |" in printed
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 40 and all(r["reward"] == 1.0 for r in rows)
+
+
+def test_local_tiny_model_on_the_shop_prints_a_table(tmp_path):
+    # The whole CLI path for a local model: load, engine, scripted user, k trials, table, transcripts.
+    from domains import load_world
+    from models import build_tiny
+
+    world = load_world("shop", seed=0, n_train=0)
+    model_dir = tmp_path / "tiny"
+    build_tiny(model_dir, texts=[world.policy] + [json.dumps(t.expert) for t in world.tasks("test")[:20]],
+               hidden=64, layers=1, heads=1, kv_heads=1, intermediate=128, vocab_size=400)
+    r = subprocess.run([sys.executable, "eval.py", "--model", str(model_dir), "--domain", "shop", "--tasks", "6",
+                        "--trials", "2", "--max_turns", "6", "--max_new_tokens", "16", "--max_context", "1024",
+                        "--tools_in_prompt", "0", "--out", str(tmp_path / "t.jsonl")],
+                       cwd=REPO, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "6 tasks x 2 trials on shop/test" in r.stdout
+    header = next(line for line in r.stdout.splitlines() if line.startswith("| model"))
+    assert "pass^1" in header and "pass^2" in header
+    assert len((tmp_path / "t.jsonl").read_text().splitlines()) == 12
+
+
+@needs_tau2
+def test_oracle_on_the_tau2_test_split(tmp_path):
+    m = main(["--agent", "oracle", "--domain", "retail,airline", "--split", "test", "--data_dir", str(TAU2 / "data"),
+              "--out", str(tmp_path / "t.jsonl")])
+    assert m["pass^1"] == 1.0 and m["episodes"] == 60
