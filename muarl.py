@@ -117,7 +117,7 @@ class Config:
 # The CPU preset of `--model tiny`: applied to every field the command line did not set.
 TINY = dict(
     domains="shop", synthetic_train=1000, synthetic_test=200, tiny_hidden=128, tiny_layers=2, tiny_intermediate=512,
-    tiny_vocab=512, tiny_split_digits=True, sft_epochs=4.0, sft_lr=2e-3, sft_batch=8,
+    tiny_vocab=512, tiny_split_digits=True, sft_epochs=4.0, sft_lr=4e-3, sft_batch=8,
     tasks_per_step=8, steps=30, lr=1e-4, kl_coef=0.0, temperature=1.0, top_p=0.9, max_turns=10, max_new_tokens=64,
     max_context=1024, micro_batch_tokens=2048, tools_in_prompt=False, train_check_outputs=True, eval_every=10, threads=1,
 )
