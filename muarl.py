@@ -31,6 +31,7 @@ import json
 import math
 import os
 import random
+import re
 import shutil
 import sys
 import time
@@ -110,6 +111,9 @@ class Config:
     tiny_layers: int = F(4, "tiny model: decoder layers")
     tiny_split_digits: bool = F(False, "tiny model: the tokenizer makes every digit its own token")
     tiny_vocab: int = F(4096, "tiny model: BPE vocabulary size (at most)")
+    copy_warmup: int = F(0, "tiny model: steps (16 drills each) of copy drills before the cold start, standing in "
+                         "for pre-training (sft.copy_examples)")
+    copy_lr: float = F(3e-3, "tiny model: learning rate of the copy drills (cosine)")
     tiny_intermediate: int = F(768, "tiny model: MLP width")
     threads: int = F(0, "torch CPU threads (0 = torch's default; 1 is fastest on a busy 2-core machine)")
 
@@ -117,7 +121,7 @@ class Config:
 # The CPU preset of `--model tiny`: applied to every field the command line did not set.
 TINY = dict(
     domains="shop", synthetic_train=1000, synthetic_test=200, tiny_hidden=128, tiny_layers=2, tiny_intermediate=512,
-    tiny_vocab=512, tiny_split_digits=True, sft_epochs=4.0, sft_lr=4e-3, sft_batch=8,
+    tiny_vocab=512, tiny_split_digits=True, copy_warmup=2000, sft_epochs=4.0, sft_lr=2e-3, sft_batch=8,
     tasks_per_step=8, steps=30, lr=1e-4, kl_coef=0.0, temperature=1.0, top_p=0.9, max_turns=10, max_new_tokens=64,
     max_context=1024, micro_batch_tokens=2048, tools_in_prompt=False, train_check_outputs=True, eval_every=10, threads=1,
 )
@@ -174,6 +178,8 @@ def validate(cfg: Config, world_size: int = 1) -> None:
         raise ConfigError(f"--malformed must be end or observe, got {cfg.malformed!r}")
     if cfg.engine not in ("auto", "hf", "vllm"):
         raise ConfigError(f"--engine must be auto, hf or vllm, got {cfg.engine!r}")
+    if cfg.copy_warmup < 0:
+        raise ConfigError("--copy_warmup must be >= 0")
     for name in ("lr", "max_new_tokens", "max_context", "micro_batch_tokens", "max_turns"):
         if getattr(cfg, name) <= 0:
             raise ConfigError(f"--{name} must be positive")
@@ -586,6 +592,13 @@ def main(argv: list[str] | None = None) -> dict:
             convs = sft.load_jsonl(cfg.sft_data) if cfg.sft_data else sft.expert_conversations(train_tasks)
             if not convs:
                 raise ConfigError("cold start needs conversations: synthetic tasks or --sft_data")
+            if cfg.model == "tiny" and cfg.copy_warmup > 0:  # a random model cannot copy yet: drills first
+                words = sorted({w for t in train_tasks[:400] for msg in t.expert or []
+                                for w in re.findall(r"[a-z]+", msg.get("content") or "")})
+                drills = sft.copy_examples(tok, 16 * cfg.copy_warmup, seed=cfg.seed, words=words)
+                sft.train(policy, drills, epochs=1, batch_size=16, lr=cfg.copy_lr, warmup=20, seed=cfg.seed,
+                          micro_batch_tokens=cfg.micro_batch_tokens, chunk_size=cfg.logprob_chunk,
+                          log=lambda r: log({**r, "phase": "copy_warmup"}), desc="copy drills")
             tools = None if cfg.tools_in_prompt else []
             examples = sft.render_examples(tok, [dict(c, tools=tools) if tools == [] else c for c in convs], worlds)
             sft.train(policy, examples, epochs=cfg.sft_epochs, batch_size=cfg.sft_batch, lr=cfg.sft_lr,

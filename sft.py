@@ -61,6 +61,28 @@ def load_jsonl(path: str | Path) -> list[dict]:
     return rows
 
 
+def copy_examples(tokenizer, n: int, seed: int = 0, words: list[str] | None = None, max_items: int = 8):
+    """n (ids, mask) drills of copying from context: "#W123 lamp #W904 ... || #W123 lamp #W904 ...".
+
+    A pre-trained model arrives at the cold start able to copy a string it has just read (an order id, a
+    customer's words); a randomly initialised tiny model cannot, and whether it learns to from ~1,000
+    conversations in a few hundred steps depends on the seed (docs/demo_notes.md). A few minutes of these
+    drills stand in for pre-training: the loss is on the second half only (mask 1), so the only way to lower it
+    is to look back and copy (an induction head). Items: '#W' + 3 digits, or a word from `words`.
+    """
+    rng = random.Random(seed)
+    words = words or ["order", "cancel", "return", "gift", "card", "payment", "mistake", "needed", "lamp", "mug"]
+    out = []
+    for _ in range(n):
+        k = rng.randint(2, max_items)
+        items = [f"#W{rng.randint(100, 999)}" if rng.random() < 0.6 else rng.choice(words) for _ in range(k)]
+        text = " ".join(items)
+        first = tokenizer.encode(text + " ||", add_special_tokens=False)
+        second = tokenizer.encode(" " + text, add_special_tokens=False)
+        out.append((first + second, [0] * len(first) + [1] * len(second)))
+    return out
+
+
 def expert_conversations(tasks) -> list[dict]:
     """The scripted expert conversation of each synthetic task, in the JSONL shape above."""
     return [{"messages": t.expert, "domain": t.domain} for t in tasks if t.expert]
