@@ -41,6 +41,7 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS
 
 # A tiny GRPO run: 2 tasks x 2 rollouts per step, short turns, one held-out task, no cold start.
 TINY = ["--model", "tiny", "--tiny_hidden", "64", "--tiny_layers", "2", "--threads", "1", "--tasks_per_step", "2",
+        "--copy_warmup", "0",
         "--group_size", "2", "--max_new_tokens", "24", "--max_turns", "6", "--eval_tasks", "1", "--sft_epochs", "0"]
 GRPO_KEYS = {"reward", "kl", "clip_frac", "entropy", "grad_norm", "turns", "tool_mix", "stop_reasons", "tokens_per_s",
              "rollout_s", "update_s", "sync_s", "loss", "skipped", "all_correct_groups", "all_wrong_groups",
@@ -170,6 +171,8 @@ NO_KEY_ENV = {k: v for k, v in ENV.items() if k not in ("OPENAI_API_KEY", "OPENA
 BAD_CONFIGS = {
     # name: (extra argv, a phrase the one line must contain)
     "group_size_1": (["--group_size", "1"], "group_size must be >= 2"),
+    "lazy_rate": (["--lazy_rate", "1.5"], "--lazy_rate must be in [0, 1]"),
+    "top_p": (["--top_p", "0"], "--top_p must be in (0, 1]"),
     "unknown_domain": (["--domains", "synthetic,shoes"], "unknown domain(s) ['shoes']"),
     "scripted_retail": (["--user", "scripted", "--domains", "retail"], "the scripted user only plays generated tasks"),
     "llm_no_key": (["--user", "llm", "--user_model", "some-model", "--user_base_url", "https://api.example.com/v1"],
@@ -220,14 +223,15 @@ def test_smoke_cli(tmp_path):
     r = run_cli(["--model", "tiny", "--out_dir", str(out), "--steps", "2", "--tasks_per_step", "2", "--group_size", "2",
                  "--sft_epochs", "0.02", "--sft_batch", "4", "--eval_tasks", "2", "--max_new_tokens", "24",
                  "--max_turns", "6", "--tiny_hidden", "64", "--tiny_layers", "2", "--threads", "1",
-                 "--save_every", "1"])
+                 "--save_every", "1", "--copy_warmup", "3"])
     seconds = time.perf_counter() - t0
     assert r.returncode == 0, r.stderr[-3000:]
     assert "Traceback" not in r.stderr
     print(f"smoke run: {seconds:.1f} s")
     # log: SFT steps, evaluations, and one grpo record per step with every documented key
     recs = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
-    assert {r_["phase"] for r_ in recs} == {"sft", "eval", "grpo"}
+    assert {r_["phase"] for r_ in recs} == {"copy_warmup", "sft", "eval", "grpo"}
+    assert sum(r_["phase"] == "copy_warmup" for r_ in recs) == 3  # the drills, then the cold start
     steps = grpo_records(out)
     assert [s["step"] for s in steps] == [0, 1]
     for s in steps:

@@ -57,3 +57,17 @@ def test_bad_jsonl_line_is_reported(tmp_path):
     p.write_text('{"messages": []}\n{not json\n')
     with pytest.raises(ValueError, match="convs.jsonl:2: not JSON"):
         sft.load_jsonl(p)
+
+
+def test_copy_drills_train_exactly_the_repeat():
+    import tempfile
+
+    _, tok = build_tiny(tempfile.mkdtemp(), texts=["order #W123 lamp gift card"] * 10, hidden=32, layers=1, heads=1,
+                        kv_heads=1, intermediate=64, vocab_size=300, split_digits=True)
+    drills = sft.copy_examples(tok, 50, seed=3, words=["lamp", "gift"])
+    assert len(drills) == 50 and drills == sft.copy_examples(tok, 50, seed=3, words=["lamp", "gift"])
+    for ids, mask in drills:
+        assert len(ids) == len(mask) and mask == sorted(mask)  # zeros, then ones: the loss is on the repeat only
+        first = tok.decode([i for i, m in zip(ids, mask) if not m])
+        second = tok.decode([i for i, m in zip(ids, mask) if m])
+        assert first.endswith(" ||") and second.strip() == first[: -len(" ||")].strip()
