@@ -17,8 +17,9 @@ Departures from the paper (see also the README):
 1. One update per batch, as the authors ran it: the policy that sampled is the policy we update, so
    old_logp = logp.detach() (ratio == 1, the clip never fires) instead of a second forward pass. The engine's
    sampling log-probs are compared with the trainer's as a diagnostic (`logp_gap`).
-2. `--model tiny` switches to a CPU preset (TINY below): a model built from scratch, short turns, a larger
-   learning rate, the tool schemas learned from SFT data instead of read from the prompt.
+2. `--model tiny` switches to a CPU preset (TINY below): the shop world (domains/shop.py), a model built from
+   scratch that first gets copy drills (a stand-in for pre-training), short turns, a larger learning rate,
+   top-p 0.9 in training, the tool schemas learned from SFT data instead of read from the prompt.
 3. Groups with an aborted episode (the user simulator failed) are dropped from the step, not scored 0.
 """
 
