@@ -64,7 +64,9 @@ def _stub_renders(tokenizer) -> dict[str, str]:
     base = render(tokenizer, STUB)
     user_only = render(tokenizer, STUB[:1])
     return {
+        "eot": eot,
         "base": base,  # user + assistant, no generation prompt
+        "turns": base.count(eot),  # the stub's turns that end with the end-of-turn token (user, assistant)
         "suffix": base.rsplit(eot, 1)[1] if eot in base else "",  # what follows an assistant's end-of-turn token
         "user_only": user_only,
         "gen_prompt": render(tokenizer, STUB[:1], add_generation_prompt=True)[len(user_only) :],
@@ -85,9 +87,8 @@ def delta_ids(tokenizer, new_messages: list[dict]) -> list[int]:
     template may redraw the stub's assistant turn once a message follows it (Qwen3 drops its empty think block),
     but what comes after an end-of-turn token does not depend on how the turn before it was drawn."""
     stub = _stub_renders(tokenizer)
-    eot = tokenizer.convert_ids_to_tokens(end_of_turn_id(tokenizer))
-    n = stub["base"].count(eot)  # the stub's turns (user, assistant) each end with one
-    parts = render(tokenizer, STUB + new_messages, add_generation_prompt=True).split(eot, n)
+    n = stub["turns"]
+    parts = render(tokenizer, STUB + new_messages, add_generation_prompt=True).split(stub["eot"], n)
     if n == 0 or len(parts) <= n:
         raise ValueError("chat template does not end the stub's turns with the end-of-turn token; cannot render a delta")
     return encode(tokenizer, parts[n])

@@ -258,8 +258,10 @@ def main(argv=None):
     worlds = {}
     for d in a.domain.split(","):
         kw = {"data_dir": a.data_dir or None}
-        if d in ("synthetic", "shop"):  # generated worlds: the held-out tasks are a function of the seed
-            kw = {"seed": a.synthetic_seed, **({"n_train": 0} if d == "shop" else {})}
+        if d == "synthetic":  # generated worlds: the held-out tasks are a function of the seed
+            kw = {"seed": a.synthetic_seed}
+        elif d == "shop":  # (no training tasks needed to evaluate)
+            kw = {"seed": a.synthetic_seed, "n_train": 0}
         worlds[d] = load_world(d, **kw)
     tasks = [t for w in worlds.values() for t in w.tasks(a.split)]
     tasks = tasks[: a.tasks] if a.tasks else tasks

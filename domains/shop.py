@@ -83,6 +83,14 @@ def _order(db: Store, order_id: str) -> dict:
     return order
 
 
+def _update(db: Store, order_id: str, **fields) -> dict:
+    """The one write both write tools make: set `fields` on the order, store it, return it."""
+    o = _order(db, order_id)
+    o.update(fields)
+    db.put("orders", order_id, o)
+    return o
+
+
 def get_order_details(db: Store, order_id: str) -> dict:
     """Get an order's item and status.
 
@@ -102,10 +110,7 @@ def cancel_pending_order(db: Store, order_id: str, reason: str) -> dict:
     """
     if reason not in REASONS:
         raise ValueError("reason must be 'no longer needed' or 'ordered by mistake'")
-    o = _order(db, order_id)
-    o.update(status="cancelled", reason=reason)
-    db.put("orders", order_id, o)
-    return o
+    return _update(db, order_id, status="cancelled", reason=reason)
 
 
 def return_delivered_order(db: Store, order_id: str, refund_to: str) -> dict:
@@ -117,10 +122,7 @@ def return_delivered_order(db: Store, order_id: str, refund_to: str) -> dict:
     """
     if refund_to not in REFUNDS:
         raise ValueError("refund_to must be 'original payment' or 'gift card'")
-    o = _order(db, order_id)
-    o.update(status="returned", refund_to=refund_to)
-    db.put("orders", order_id, o)
-    return o
+    return _update(db, order_id, status="returned", refund_to=refund_to)
 
 
 TOOLS = [get_order_details, cancel_pending_order, return_delivered_order]
