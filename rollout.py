@@ -29,6 +29,7 @@ Departures from the paper:
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -64,6 +65,7 @@ class Episode:
     reward: float = 0.0
     info: dict = field(default_factory=dict)
     timings: dict = field(default_factory=lambda: {"generate": 0.0, "tools": 0.0, "user": 0.0})
+    seed: int | None = None  # this episode's sampling seed: cfg.seed + its index in the rollout (None: unseeded)
 
     @property
     def aborted(self) -> bool:
@@ -90,6 +92,7 @@ class Episode:
         d = {
             "task_id": self.task.id,
             "group": self.group,
+            "seed": self.seed,
             "reward": self.reward,
             "info": self.info,
             "stop_reason": self.stop_reason,
@@ -117,7 +120,16 @@ class RolloutConfig:
     malformed: str = "end"  # "end" the episode on a malformed call, or "observe" it as an error message
     check_outputs: bool = False  # add tau2's required-output check to the reward (MUA-RL trains without it)
     tools_in_prompt: bool = True  # render the tool schemas into the system prompt (off: learned from SFT data)
-    seed: int | None = None
+    seed: int | None = None  # episode k of a rollout samples with seed + k (see turn_seed)
+
+
+def turn_seed(episode_seed: int, turn: int) -> int:
+    """The engine seed of one agent turn: a hash of (episode seed, turn), so every turn of every episode draws
+    from its own random stream. What an episode samples depends on its seed alone, not on which other episodes
+    share the batch: episode k of rollout(tasks, G, cfg) samples the tokens that rollout([its task], 1, cfg with
+    seed cfg.seed + k) samples (up to float rounding of batched matmuls; bench/bench_rollout.py relies on it)."""
+    digest = hashlib.blake2b(f"{episode_seed}/{turn}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1  # 63 bits: a valid torch / vLLM seed
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -203,7 +215,8 @@ def rollout(
         world = worlds[task.domain]
         schemas = world.tool_schemas() if cfg.tools_in_prompt else []
         for _ in range(group_size):
-            ep = Episode(task=task, group=gi, env=world.new_env())
+            ep = Episode(task=task, group=gi, env=world.new_env(),
+                         seed=None if cfg.seed is None else cfg.seed + len(episodes))
             ep.messages.append({"role": "system", "content": world.policy})
             if isinstance(first, UserError):
                 ep.stop("user_error")
@@ -228,7 +241,7 @@ def rollout(
                 temperature=cfg.temperature,
                 top_p=cfg.top_p,
                 stop_token_ids=[eot],
-                seed=None if cfg.seed is None else cfg.seed + rnd,
+                seed=None if cfg.seed is None else [turn_seed(e.seed, e.agent_turns) for e in live],
             )
             dt = (time.perf_counter() - t0) / len(live)
             for e, s, b in zip(live, samples, budget):

@@ -77,8 +77,8 @@ def tiny_model_dir(world, args) -> Path:
     from domains.base import cache_dir, content_key
     from models import build_tiny
 
-    settings = {k: getattr(args, k) for k in ("hidden", "layers", "heads", "kv_heads", "intermediate", "sft_convs",
-                                              "sft_epochs", "sft_batch", "sft_lr", "seed")}
+    settings = {k: getattr(args, k) for k in ("hidden", "layers", "heads", "kv_heads", "intermediate", "vocab",
+                                              "split_digits", "sft_convs", "sft_epochs", "sft_batch", "sft_lr", "seed")}
     key = content_key(json.dumps(settings, sort_keys=True), world.template_path.name, "bench-rollout-v1")
     final = cache_dir() / f"bench-rollout-tiny-{key[:12]}"
     if (final / "config.json").is_file():
@@ -89,7 +89,8 @@ def tiny_model_dir(world, args) -> Path:
     texts = [world.policy] + [json.dumps(t.expert) for t in train[:400]]  # the tokenizer learns the domain's text
     torch.manual_seed(args.seed)
     model, tok = build_tiny(tmp, seed=args.seed, texts=texts, hidden=args.hidden, layers=args.layers,
-                            heads=args.heads, kv_heads=args.kv_heads, intermediate=args.intermediate)
+                            heads=args.heads, kv_heads=args.kv_heads, intermediate=args.intermediate,
+                            vocab_size=args.vocab, split_digits=args.split_digits)
     if args.sft_convs > 0:
         t0 = time.perf_counter()
         convs = [dict(c, tools=[]) for c in sft.expert_conversations(train[: args.sft_convs])]  # no schemas in prompt
@@ -158,6 +159,7 @@ def summary(episodes, seconds: float, engine: CountingEngine) -> dict:
         "stops": dict(Counter(e.stop_reason for e in episodes)),
         "reward": sum(e.reward for e in episodes) / len(episodes),
         "engine": engine.engine_stats(),
+        "streams": [e.ids for e in episodes],  # to check that both variants sampled the same tokens
     }
 
 
@@ -180,8 +182,8 @@ def run_sequential(tasks, group, worlds, engine, tok, user, cfg):
     fresh_cache(engine)
     eps, engine = [], CountingEngine(engine)
     t0 = time.perf_counter()
-    for k, task in enumerate(pairs):
-        eps += rollout([task], 1, worlds, engine, tok, user, replace(cfg, seed=cfg.seed + 101 * (k + 1)))
+    for k, task in enumerate(pairs):  # pair k alone, with the seed episode k has in the batched call
+        eps += rollout([task], 1, worlds, engine, tok, user, replace(cfg, seed=cfg.seed + k))
     return summary(eps, time.perf_counter() - t0, engine)
 
 
@@ -214,6 +216,12 @@ def bench_engine(name, engine, tasks, group, worlds, tok, user, cfg, reps) -> di
                   f"reward {s['reward']:.2f}  stops {s['stops']}  load {os.getloadavg()[0]:.2f}", flush=True)
             if s["engine"]:
                 print(f"[{name}]       {variant:10s} engine phases: {phases(s['engine'])}", flush=True)
+        a, b = res["batched"][-1]["streams"], res["sequential"][-1]["streams"]
+        same = sum(x == y for x, y in zip(a, b))
+        res["same"] = res.get("same", []) + [same]
+        print(f"[{name}] rep {r} same work: {same}/{len(a)} episodes have identical token streams in both variants"
+              + ("" if same == len(a) else " (the rest diverged where float rounding of a batched matmul flipped a "
+                                            "draw, then played on)"), flush=True)
     return res
 
 
@@ -272,11 +280,16 @@ def main() -> int:
     ap.add_argument("--max-context", type=int, default=4096, help="token cap per episode")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1 is fastest on a busy 2-core machine)")
-    ap.add_argument("--hidden", type=int, default=256, help="tiny model: hidden size (build_tiny's default)")
-    ap.add_argument("--layers", type=int, default=4)
+    # the model: by default the CPU demo's (muarl.py --model tiny); build_tiny's larger default is
+    # --hidden 256 --layers 4 --intermediate 768 --vocab 4096 --no-split-digits
+    ap.add_argument("--hidden", type=int, default=128, help="tiny model: hidden size")
+    ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--heads", type=int, default=4)
     ap.add_argument("--kv-heads", type=int, default=2)
-    ap.add_argument("--intermediate", type=int, default=768)
+    ap.add_argument("--intermediate", type=int, default=512)
+    ap.add_argument("--vocab", type=int, default=512, help="BPE vocabulary size (at most)")
+    ap.add_argument("--split-digits", action=argparse.BooleanOptionalAction, default=True,
+                    help="every digit its own token")
     ap.add_argument("--sft-convs", type=int, default=96, help="expert conversations for the cold start (0: no SFT)")
     ap.add_argument("--sft-epochs", type=float, default=2.0)
     ap.add_argument("--sft-batch", type=int, default=8)
@@ -316,6 +329,7 @@ def main() -> int:
         engine, tok = made
         print(f"[{kind}] torch threads {torch.get_num_threads()}")
         res = bench_engine(kind, engine, tasks, args.group, worlds, tok, ScriptedUser(), cfg, args.reps)
+        same = res.pop("same")  # per repetition: episodes whose tokens were identical in both variants
         med = {v: {k: statistics.median(s[k] for s in runs) for k in ("eps_per_s", "sampled_tokens", "seconds")}
                for v, runs in res.items()}
         tps = {v: statistics.median(s["sampled_tokens"] / s["seconds"] for s in runs) for v, runs in res.items()}
@@ -328,6 +342,7 @@ def main() -> int:
                       f"{med['batched']['eps_per_s'] / med['sequential']['eps_per_s']:.2f}x (goal >= 5x); "
                       f"per repetition {', '.join(f'{x:.2f}' for x in paired)} (median {statistics.median(paired):.2f}x); "
                       f"sampled tokens per second {tps['batched'] / tps['sequential']:.2f}x; "
+                      f"identical token streams {', '.join(f'{x}/{len(tasks) * args.group}' for x in same)}; "
                       f"{args.reps} reps, torch threads {args.threads}")
         del engine
     print(f"load average at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")

@@ -168,6 +168,22 @@ def test_seeded_sampling_is_reproducible(tiny):
     assert [s.token_ids for s in alone] == [s.token_ids for s in a[:2]]
 
 
+def test_per_prompt_seeds(tiny):
+    # a list gives each prompt its own stream: the same prompt and seed sample the same tokens in any batch
+    _, model, tok = tiny
+    prompts = make_prompts(tok)
+    eng = HFEngine(model, tok, cache_gib=0)
+    batch = eng.generate(prompts, 16, temperature=1.0, stop_token_ids=[], seed=[7, 8, 9, 10])
+    alone = eng.generate([prompts[2]], 16, temperature=1.0, stop_token_ids=[], seed=[9])
+    assert alone[0].token_ids == batch[2].token_ids
+    swapped = eng.generate(prompts[::-1], 16, temperature=1.0, stop_token_ids=[], seed=[10, 9, 8, 7])
+    assert [s.token_ids for s in swapped[::-1]] == [s.token_ids for s in batch]
+    same = eng.generate([prompts[0]] * 2, 16, temperature=1.0, stop_token_ids=[], seed=[1, 2])
+    assert same[0].token_ids != same[1].token_ids  # two seeds, two continuations of one prompt
+    with pytest.raises(ValueError, match="3 seeds for 4 prompts"):
+        eng.generate(prompts, 4, seed=[1, 2, 3])
+
+
 def test_update_weights(tiny):
     _, model, tok = tiny
     trainer = copy.deepcopy(model)
@@ -407,6 +423,9 @@ def test_vllm_sampling_logprobs_stop_and_seed(vllm_pair, tiny):
     assert [s.token_ids for s in again] == [s.token_ids for s in samples]
     same = vl.generate([prompts[0]] * 4, 16, temperature=1.0, stop_token_ids=[], seed=0)
     assert len({tuple(s.token_ids) for s in same}) > 1  # per-request seeds differ: a group is not 4 copies
+    listed = vl.generate(prompts, 16, temperature=1.0, stop_token_ids=[], seed=[3, 4, 5, 6])  # one seed per prompt
+    alone = vl.generate([prompts[1]], 16, temperature=1.0, stop_token_ids=[], seed=[4])
+    assert alone[0].token_ids == listed[1].token_ids  # a request's draws do not depend on its batch neighbours
     # the stop token ends the sample and is kept, exactly as in HFEngine
     free = hf.generate(prompts[:1], 20, temperature=0.0, stop_token_ids=[])[0]
     stop_id = free.token_ids[5]

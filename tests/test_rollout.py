@@ -1,5 +1,7 @@
 """Rollouts: token-exact streams, masks built turn by turn, stop reasons, caps, and the expert reaching reward 1."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -35,6 +37,22 @@ class RecordingEngine:
         out = self.inner.generate(prompts, **kw)
         self.samples += list(zip([list(p) for p in prompts], out))
         return out
+
+
+def test_an_episode_samples_the_same_alone_or_in_a_batch(world, tiny):
+    # episode k of a rollout seeded s samples what a one-episode rollout seeded s + k samples: its draws depend on
+    # its own seed and turn, not on which episodes share the batch (bench/bench_rollout.py compares the two)
+    model, tok = tiny
+    tasks = world.tasks("train")[:3]
+    cfg = RolloutConfig(max_new_tokens=24, max_turns=6, max_context=4096, malformed="observe", seed=5)
+    eng = HFEngine(model, tok)
+    batched = rollout(tasks, 2, {"synthetic": world}, eng, tok, ScriptedUser(), cfg)
+    assert [e.seed for e in batched] == [5, 6, 7, 8, 9, 10]
+    assert batched[0].ids != batched[1].ids  # the G copies of a task differ
+    for k, e in enumerate(batched):
+        alone = rollout([e.task], 1, {"synthetic": world}, eng, tok, ScriptedUser(), dataclasses.replace(cfg, seed=5 + k))
+        assert alone[0].ids == e.ids and alone[0].mask == e.mask
+        assert alone[0].logprobs == pytest.approx(e.logprobs, abs=1e-4)
 
 
 class ScriptEngine:
