@@ -272,7 +272,10 @@ def git_state() -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--engine", nargs="+", default=["hf", "vllm"], choices=["hf", "vllm"])
-    ap.add_argument("--tasks", type=int, default=16, help="distinct synthetic test tasks (B)")
+    ap.add_argument("--world", default="synthetic", choices=["synthetic", "shop"],
+                    help="synthetic: up to 12 turns, ~1,000-token contexts; shop: the CPU demo's world, ~4 turns, "
+                         "~400-token contexts")
+    ap.add_argument("--tasks", type=int, default=16, help="distinct test tasks (B)")
     ap.add_argument("--group", type=int, default=2, help="episodes per task (G); B x G episodes in all")
     ap.add_argument("--reps", type=int, default=3, help="interleaved repetitions of both variants (median reported)")
     ap.add_argument("--max-turns", type=int, default=12, help="turn cap (tool executions + user replies)")
@@ -310,13 +313,13 @@ def main() -> int:
 
     print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())} (2 cores; other jobs may run)")
     print(f"torch threads: {torch.get_num_threads()} (requested {args.threads}); code at {git_state()}")
-    world = load_world("synthetic")
+    world = load_world(args.world)
     worlds = {world.name: world}
     tasks = world.tasks("test")[: args.tasks]
     model_dir = tiny_model_dir(world, args)
     cfg = RolloutConfig(max_turns=args.max_turns, max_new_tokens=args.max_new_tokens, max_context=args.max_context,
                         temperature=1.0, malformed="observe", tools_in_prompt=False, seed=args.seed)
-    print(f"workload: {len(tasks)} tasks x G={args.group} = {len(tasks) * args.group} episodes; max_turns "
+    print(f"workload: {world.name} world, {len(tasks)} tasks x G={args.group} = {len(tasks) * args.group} episodes; max_turns "
           f"{cfg.max_turns}, max_new_tokens {cfg.max_new_tokens}, max_context {cfg.max_context}, temperature 1, "
           f"malformed='observe', seed {args.seed}; {args.reps} repetitions")
 
