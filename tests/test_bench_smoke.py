@@ -41,9 +41,12 @@ def test_bench_rollout_quick_hf():
     lines = run_bench("bench_rollout.py", "--quick", "--engine", "hf")
     assert lines[-1].startswith("ratio hf: batched / sequential episodes per second = "), lines[-3:]
     # one repetition of each variant, the same 4 tasks x G=2 episodes, each reporting the tokens it sampled
-    reps = [line for line in lines if line.startswith("[hf] rep 0")]
+    reps = [line for line in lines if line.startswith("[hf] rep 0") and " episodes in " in line]
     assert [r.split()[3] for r in reps] == ["batched", "sequential"], reps
     assert all("8 episodes in" in r and " sampled, " in r for r in reps), reps
+    # both variants sampled the same tokens (per-episode seeds), so the ratio compares the same work
+    assert "[hf] rep 0 same work: 8/8 episodes have identical token streams in both variants" in lines, lines
+    assert reps[0].split(" sampled,")[0].split()[-1] == reps[1].split(" sampled,")[0].split()[-1]
 
 
 @pytest.mark.slow

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from engine import (CachedSeq, HFEngine, KVStore, Sample, check_vllm_model, common_prefix_len, make_engine,
-                    sample_step, weights_version)
+from engine import Sample, check_vllm_model, make_engine, sample_step
+from hf_engine import CachedSeq, HFEngine, KVStore, common_prefix_len, weights_version
 from models import build_tiny
 
 

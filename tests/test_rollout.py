@@ -7,7 +7,8 @@ import torch
 
 import chat
 from domains import load_world
-from engine import HFEngine, Sample
+from engine import Sample
+from hf_engine import HFEngine
 from eval import ExpertEngine
 from models import build_tiny
 from rollout import RolloutConfig, rollout
