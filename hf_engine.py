@@ -147,10 +147,14 @@ class BufferLayer(DynamicLayer):
         self.keys, self.values = self._k[:, :, : n + k], self._v[:, :, : n + k]  # (B, H, n + k, D) views
         return self.keys, self.values
 
-    def batch_select_indices(self, indices: torch.Tensor) -> None:
-        # Rows leave the batch: one copy of the kept rows, spare room included.
+    def move_rows(self, holes: list[int], movers: list[int], b: int) -> None:
+        """Rows leave the batch: row movers[i] is copied into the slot holes[i] (its filled columns only), then the
+        batch is cut to its first b rows, a view. One row's copy per departure, not a copy of the whole cache."""
         n = self.keys.shape[-2]
-        self._k, self._v = self._k[indices], self._v[indices]  # (b, H, capacity, D)
+        for h, m in zip(holes, movers):
+            self._k[h, :, :n] = self._k[m, :, :n]
+            self._v[h, :, :n] = self._v[m, :, :n]
+        self._k, self._v = self._k[:b], self._v[:b]  # (b, H, capacity, D)
         self.keys, self.values = self._k[:, :, :n], self._v[:, :, :n]
 
 
@@ -204,8 +208,8 @@ class HFEngine:
                 slice of the same buffers), so a short user message is not padded to a long tool result
       decode    one token per row per step; the cache grows by one column, in place (BufferLayer)
       finish    a row that sampled a stop token (kept, with its log-prob) or used its budget stops sampling and
-                its keys/values (real columns only) go to the store; once a quarter of the batch has finished,
-                those rows are dropped from the cache, so late steps run on the unfinished rows only
+                its keys/values (real columns only) go to the store; it leaves the batch at once (the last
+                unfinished row moves into its slot), so every step runs on unfinished rows only
 
     The store is only valid for the weights that filled it: it is emptied when `weights_version` changes (an
     optimizer step on a shared model, update_weights on a copy), on `sleep()` (the trainer calls it after each
@@ -383,37 +387,37 @@ class HFEngine:
         groups = [(j, j + size.count(z)) for j, z in enumerate(size) if j == 0 or size[j - 1] != z]
         cache, mask, logits = self._prefill([prompts[i] for i in rows], [hits[i] for i in rows], max_new_tokens, groups)
         next_pos = mask.sum(-1)  # (B,) position of the token about to be sampled
-        live = [True] * len(rows)  # batch rows still sampling; finished rows linger until compacted
 
-        # 4. decode
+        # 4. decode: every row in the batch is still sampling (finished rows leave at once, below)
         t1 = time.perf_counter()
-        tok = torch.zeros(len(rows), dtype=torch.long, device=dev)  # (b,) the token each batch row is fed next
         for step in range(max_new_tokens):
-            act = [j for j, alive in enumerate(live) if alive]
-            u = uniforms[[rows[j] for j in act], step].to(dev)  # (a,) each live prompt's own draw for this step
-            t_act, lp = sample_step(logits if len(act) == len(live) else logits[act], temperature, top_p, u=u)  # (a,)
-            done = []
-            for j, t, l in zip(act, t_act.tolist(), lp.tolist()):
+            u = uniforms[rows, step].to(dev)  # (b,) each prompt's own draw for this step
+            tok, lp = sample_step(logits, temperature, top_p, u=u)  # (b,) each
+            done = []  # batch rows that sampled a stop token this step
+            for j, (t, l) in enumerate(zip(tok.tolist(), lp.tolist())):
                 s = samples[rows[j]]
                 s.token_ids.append(t)
                 s.logprobs.append(l)
                 if t in stop:
                     s.finish_reason = "stop"
-                    live[j] = False
                     done.append(j)
             self._keep(cache, mask, done, rows, prompts, samples, hits)  # finished rows' keys/values, while valid
-            if len(done) == len(act) or step == max_new_tokens - 1:
+            if len(done) == len(rows) or step == max_new_tokens - 1:
                 break  # all finished; or the budget is used and finish_reason stays "length" for rows still going
-            tok[act] = t_act
-            dead = len(live) - sum(live)
-            if 4 * dead >= len(live):
-                # A quarter of the batch has finished: drop those rows from every tensor with a batch dimension.
-                # Dropping copies the whole cache, so finished rows ride along (computed, ignored) until then.
-                idx = torch.tensor([j for j, alive in enumerate(live) if alive], device=dev)
-                cache.batch_select_indices(idx)
-                tok, mask, next_pos, logits = tok[idx], mask[idx], next_pos[idx], logits[idx]
-                rows = [rows[j] for j in idx.tolist()]
-                live = [True] * len(rows)
+            if done:
+                # Finished rows leave the batch now, so no later step computes them: the last rows still sampling
+                # move into their slots (BufferLayer.move_rows: one row's copy each, not the whole cache) and every
+                # tensor with a batch dimension follows.
+                b, finished = len(rows) - len(done), set(done)
+                holes = [j for j in done if j < b]  # finished rows among the first b
+                movers = [j for j in range(b, len(rows)) if j not in finished]  # rows still sampling beyond them
+                keep = list(range(b))  # keep[new row] = old row
+                for h, m in zip(holes, movers):
+                    keep[h] = m
+                for layer in cache.layers:
+                    layer.move_rows(holes, movers, b)
+                idx = torch.tensor(keep, device=dev)
+                tok, mask, next_pos, rows = tok[idx], mask[idx], next_pos[idx], [rows[j] for j in keep]
             mask = torch.cat([mask, mask.new_ones(len(rows), 1)], dim=1)  # (b, C + R + step + 1)
             out = self.model(input_ids=tok[:, None], attention_mask=mask, position_ids=next_pos[:, None],
                              past_key_values=cache, use_cache=True)  # (b, 1, V)
@@ -424,7 +428,7 @@ class HFEngine:
             self.stats["decode_columns"] += mask.numel()  # keys/values read, padding included
         self.stats["decode_s"] += time.perf_counter() - t1
         # 5. the rows still sampling at the end
-        self._keep(cache, mask, [j for j, alive in enumerate(live) if alive], rows, prompts, samples, hits)
+        self._keep(cache, mask, [j for j in range(len(rows)) if j not in done], rows, prompts, samples, hits)
         self.stats["calls"] += 1
         return samples
 
