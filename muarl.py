@@ -276,14 +276,19 @@ def full_state_dict(model, world_size: int) -> dict:
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=False))
 
 
-def all_sum(x: float, world_size: int) -> float:
+def all_reduce(values: list[float], world_size: int, op: str = "sum") -> list[float]:
+    """Sum (or "min" / "max") each value over the ranks; the values themselves on one process."""
     if world_size == 1:
-        return x
+        return list(values)
     import torch.distributed as dist
 
-    t = torch.tensor([x], dtype=torch.float64)
-    dist.all_reduce(t)
-    return float(t.item())
+    t = torch.tensor(values, dtype=torch.float64)
+    dist.all_reduce(t, op={"sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}[op])
+    return t.tolist()
+
+
+def all_sum(x: float, world_size: int) -> float:
+    return all_reduce([x], world_size)[0]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -318,6 +323,12 @@ def update(policy, reference, episodes, advantages, opt, cfg: Config, world_size
 
     seqs, masks = [e.ids for e in episodes], [e.mask for e in episodes]
     rows = pack_sequences(seqs, masks, cfg.micro_batch_tokens, adv=advantages, sample_logp=[e.logprobs for e in episodes])
+    # Under FSDP every forward and backward gathers / reduce-scatters the sharded weights with the other ranks, so
+    # every rank must run as many rows: a rank with fewer (or none: all its groups aborted) runs empty ones, two
+    # tokens with mask 0 (the fewest token_logprobs scores), whose loss and gradient are 0.
+    n_rows = int(all_reduce([len(rows)], world_size, "max")[0])
+    rows += [pack_sequences([[0, 0]], [[0, 0]], 2, adv=[0.0], sample_logp=[[0.0, 0.0]])[0]
+             for _ in range(n_rows - len(rows))]
     n_tok = all_sum(float(sum(sum(m) for m in masks)), world_size)  # N_tok of the whole step
     opt.zero_grad(set_to_none=True)
     totals = {"loss": 0.0, "clip_frac": 0.0, "kl": 0.0, "entropy": 0.0, "logp_gap": 0.0, "tokens": 0.0}
@@ -340,9 +351,14 @@ def update(policy, reference, episodes, advantages, opt, cfg: Config, world_size
         gap = ((row["sample_logp"] - logp.detach()).abs() * mask).sum().item()  # engine vs trainer log-probs
         totals["logp_gap"] += gap
         totals["tokens"] += w
-        rmin, rmax = min(rmin, st["ratio_min"]), max(rmax, st["ratio_max"])
+        if w > 0:
+            rmin, rmax = min(rmin, st["ratio_min"]), max(rmax, st["ratio_max"])
     gnorm = torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.grad_clip)
     loss_all = all_sum(totals["loss"], world_size)
+    # the logged statistics are the whole step's: token-weighted sums and token counts added over the ranks
+    keys = ("clip_frac", "kl", "entropy", "logp_gap", "tokens")
+    totals = dict(zip(keys, all_reduce([totals[k] for k in keys], world_size)))
+    rmin, rmax = all_reduce([rmin], world_size, "min")[0], all_reduce([rmax], world_size, "max")[0]
     finite = math.isfinite(loss_all) and bool(torch.isfinite(torch.as_tensor(gnorm)))
     if finite:
         opt.step()
@@ -507,24 +523,37 @@ class Logger:
                 f.write(json.dumps({"time": time.time(), **record}) + "\n")
 
 
-def step_stats(episodes, kept_groups: int, group_size: int) -> dict:
+def step_stats(episodes, kept_groups: int, group_size: int, world_size: int = 1) -> dict:
+    """What a step's episodes did, over every rank's episodes (under FSDP each rank plays its share of the tasks;
+    the summaries are gathered, so every rank logs the whole step)."""
     from collections import Counter
 
-    n = max(1, len(episodes))
-    calls = Counter(c for e in episodes for c in e.tool_calls)
-    groups = [episodes[i : i + group_size] for i in range(0, len(episodes), group_size)]
+    eps = [{"reward": e.reward, "turns": e.turns, "agent_tokens": sum(e.mask), "tokens": len(e.ids),
+            "tool_calls": list(e.tool_calls), "stop_reason": e.stop_reason} for e in episodes]
+    if world_size > 1:
+        import torch.distributed as dist
+
+        parts = [None] * world_size
+        dist.all_gather_object(parts, eps)  # rank r's groups stay whole and in order
+        eps = [e for part in parts for e in part]
+        kept_groups = int(all_sum(kept_groups, world_size))
+    n = max(1, len(eps))
+    calls = Counter(c for e in eps for c in e["tool_calls"])
+    groups = [eps[i : i + group_size] for i in range(0, len(eps), group_size)]
     return {
-        "reward": sum(e.reward for e in episodes) / n,
-        "all_correct_groups": sum(all(e.reward == 1 for e in g) for g in groups) / max(1, len(groups)),
-        "all_wrong_groups": sum(all(e.reward == 0 for e in g) for g in groups) / max(1, len(groups)),
+        "reward": sum(e["reward"] for e in eps) / n,
+        "all_correct_groups": sum(all(e["reward"] == 1 for e in g) for g in groups) / max(1, len(groups)),
+        "all_wrong_groups": sum(all(e["reward"] == 0 for e in g) for g in groups) / max(1, len(groups)),
         "kept_groups": kept_groups,
-        "turns": sum(e.turns for e in episodes) / n,
-        "agent_tokens": sum(sum(e.mask) for e in episodes) / n,
+        "episodes": len(eps),
+        "tokens": sum(e["tokens"] for e in eps),
+        "turns": sum(e["turns"] for e in eps) / n,
+        "agent_tokens": sum(e["agent_tokens"] for e in eps) / n,
         "tool_mix": dict(calls),
         "think_rate": calls["think"] / max(1, sum(calls.values())),
         "calculate_rate": calls["calculate"] / max(1, sum(calls.values())),
         "transfer_rate": calls["transfer_to_human_agents"] / max(1, sum(calls.values())),
-        "stop_reasons": dict(Counter(e.stop_reason for e in episodes)),
+        "stop_reasons": dict(Counter(e["stop_reason"] for e in eps)),
     }
 
 
@@ -664,7 +693,7 @@ def main(argv: list[str] | None = None) -> dict:
         kept, adv = episode_advantages(episodes, cfg.group_size, cfg.scale_by_std)
         # 4 + 5. loss, backward, optimizer step
         policy.train()
-        if kept:
+        if all_sum(len(kept), world_size) > 0:  # every rank takes the same branch: the update is collective
             upd = update(policy, reference, kept, adv, opt, cfg, world_size)
         else:
             upd = {"skipped": True, "reason": "every group had an aborted episode"}
@@ -674,11 +703,10 @@ def main(argv: list[str] | None = None) -> dict:
             engine.update_weights(full_state_dict(policy, world_size).items())
         t["sync"] = time.perf_counter()
         # 7. log
-        st = step_stats(episodes, len(kept) // cfg.group_size, cfg.group_size)
-        tokens = sum(len(e.ids) for e in episodes)
+        st = step_stats(episodes, len(kept) // cfg.group_size, cfg.group_size, world_size)  # all ranks' episodes
         rec = {"phase": "grpo", "step": step, **st, **upd,
                "rollout_s": t["rollout"] - t["start"], "update_s": t["update"] - t["rollout"], "sync_s": t["sync"] - t["update"],
-               "tokens_per_s": tokens / max(1e-9, t["sync"] - t["start"])}
+               "tokens_per_s": st["tokens"] / max(1e-9, t["sync"] - t["start"])}
         if upd.get("skipped"):
             print(f"[step {step}] update skipped: {upd.get('reason', 'non-finite loss or gradient')}", flush=True)
         log(rec)

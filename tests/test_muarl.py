@@ -110,7 +110,8 @@ def synthetic_episodes(n=8, seed=1, vocab=320):
         ids = torch.randint(0, vocab, (T,), generator=g).tolist()
         mask = [0] * 6 + [int((t // 5) % 2 == 0) for t in range(T - 6)]
         logprobs = [-1.5 * m for m in mask]
-        eps.append(SimpleNamespace(ids=ids, mask=mask, logprobs=logprobs, reward=float(k % 2)))
+        eps.append(SimpleNamespace(ids=ids, mask=mask, logprobs=logprobs, reward=float(k % 2), turns=k,
+                                   tool_calls=["think"] * (k % 3), stop_reason=["user_stop", "max_turns"][k % 2]))
     adv = [(-1.0) ** k * (0.25 + 0.1 * k) for k in range(n)]
     return eps, adv
 
@@ -456,10 +457,10 @@ FSDP_WORKER = textwrap.dedent("""
     torch.set_num_threads(1)
     sys.path[:0] = [{repo!r}, {tests!r}]
     import muarl
-    from test_muarl import _fsdp_case
+    from test_muarl import FSDP_CASES, _fsdp_case
     rank, world_size = muarl.dist_setup()
     assert world_size == 2
-    for case in ("sgd", "adamw", "sgd+ckpt"):
+    for case in FSDP_CASES:
         out = _fsdp_case(case, world_size, rank)
         if rank == 0:
             torch.save(out, os.path.join({out!r}, case + ".pt"))
@@ -467,9 +468,14 @@ FSDP_WORKER = textwrap.dedent("""
 """)
 
 
+FSDP_CASES = ("sgd", "adamw", "sgd+ckpt", "sgd+uneven", "sgd+empty")
+
+
 def _fsdp_case(case: str, world_size: int, rank: int = 0) -> dict:
     """One update() of the tiny model on the fixed episodes, with a KL reference (sharded too under FSDP).
-    case: the optimizer ("sgd" or "adamw"), "+ckpt" = activation checkpointing on the FSDP side."""
+    case: the optimizer ("sgd" or "adamw"), "+ckpt" = activation checkpointing on the FSDP side; how the 8
+    episodes split over 2 ranks: halves, "+uneven" 7 / 1 (so the ranks pack different numbers of rows), "+empty"
+    8 / 0 (every group of rank 1 aborted)."""
     from models import freeze
 
     opt, ckpt = case.split("+")[0], case.endswith("+ckpt")
@@ -477,12 +483,14 @@ def _fsdp_case(case: str, world_size: int, rank: int = 0) -> dict:
     model, reference = tiny_qwen3(seed=0), freeze(tiny_qwen3(seed=7))
     if world_size > 1:
         model, reference = muarl.shard(model, ckpt, False), muarl.shard(reference, False, False)
-        half = len(eps) // world_size
-        eps, adv = eps[rank * half : (rank + 1) * half], adv[rank * half : (rank + 1) * half]
+        cut = {"uneven": 7, "empty": 8}.get(case.split("+")[-1], len(eps) // 2)
+        mine = slice(0, cut) if rank == 0 else slice(cut, len(eps))
+        eps, adv = eps[mine], adv[mine]
     stats = _update_once(model, eps, adv, micro_batch_tokens=96, opt=opt, reference=reference,
                          world_size=world_size, kl_coef=0.05)
     weights = {k: v.detach().clone() for k, v in muarl.full_state_dict(model, world_size).items()}
-    return {"stats": stats, "weights": weights}
+    step = muarl.step_stats(eps, kept_groups=len(eps) // 2, group_size=2, world_size=world_size)
+    return {"stats": stats, "weights": weights, "step": step}
 
 
 def _free_port() -> int:
@@ -502,12 +510,17 @@ def test_fsdp2_two_ranks_match_one_process(tmp_path):
     logs = [p.communicate(timeout=300)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], "\n".join(logs)[-4000:]
 
-    for opt in ("sgd", "adamw", "sgd+ckpt"):
+    for opt in FSDP_CASES:
         single, fsdp = _fsdp_case(opt.split("+")[0], world_size=1), torch.load(tmp_path / f"{opt}.pt", weights_only=False)
         # the step's loss: each rank's share of the global token mean, summed over ranks
         assert fsdp["stats"]["loss"] == pytest.approx(single["stats"]["loss"], rel=1e-5, abs=1e-7)
         assert fsdp["stats"]["grad_norm"] == pytest.approx(single["stats"]["grad_norm"], rel=1e-5)
         assert fsdp["stats"]["trained_tokens"] == single["stats"]["trained_tokens"]
+        # what rank 0 logs is the whole step's, not its share
+        for k in ("clip_frac", "kl", "entropy", "logp_gap", "ratio_min", "ratio_max"):
+            assert fsdp["stats"][k] == pytest.approx(single["stats"][k], rel=1e-4, abs=1e-7), (opt, k)
+        if opt == "sgd":  # halves: each rank holds whole groups of 2
+            assert fsdp["step"] == single["step"]
         assert fsdp["weights"].keys() == single["weights"].keys()
         diff = max((fsdp["weights"][k] - single["weights"][k]).abs().max().item() for k in single["weights"])
         # SGD (lr 1): weights differ by the gradients' difference. AdamW's first step is lr * g / (|g| + eps) per
