@@ -45,9 +45,10 @@ finished early wait for the straggler. For HFEngine a second line per run splits
 tokens reused from earlier calls vs prefilled, decode steps vs row-steps, and seconds in prefill, decode and
 cache bookkeeping (lookup, layout, saving finished rows).
 
-    python bench/bench_rollout.py                    # both engines, 32 episodes, 3 repetitions (~6 minutes)
-    python bench/bench_rollout.py --world shop       # the CPU demo's world (~2 minutes)
+    python bench/bench_rollout.py                    # both engines, 32 episodes, 3 repetitions (~4 minutes)
+    python bench/bench_rollout.py --world shop       # the CPU demo's world (~1.5 minutes)
     python bench/bench_rollout.py --engine hf --quick   # about a minute: random init, 8 short episodes
+(the first run of a setting adds the model's short SFT, ~2 minutes; it is cached)
 
 Goal (issue 3): batched at least 5x the episodes per second of one-at-a-time, for both engines. The ratio
 lines are printed last. Departures: the model is a ~0.7M-parameter toy, the user is the scripted customer (no
