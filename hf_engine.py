@@ -2,8 +2,8 @@
 
 engine.py states the contract every engine keeps (token ids in; sampled ids and their sampling log-probs out;
 one random stream per prompt) and holds the sampling step itself (`sample_step`). This file is the transformers
-engine: a hand-written decode loop (section 2), and the store that lets the next turn of a conversation start from
-this turn's keys/values instead of re-running the whole prompt (section 1). Reuse is exact: a token's keys/values
+engine: a hand-written decode loop over the keys/values kept by kv_store.KVStore, which lets the next turn of a
+conversation start from this turn's keys/values instead of re-running the whole prompt. Reuse is exact: a token's keys/values
 depend only on the tokens before it, so greedy outputs equal a full re-prefill (tests/test_engine.py).
 
 Symbols: B = prompts in a batch, c_i = tokens of prompt i whose keys/values are reused (from the store or the
@@ -15,8 +15,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections import Counter, OrderedDict
-from dataclasses import dataclass
+from collections import Counter
 
 import numpy as np
 import torch
@@ -26,94 +25,11 @@ from transformers.cache_utils import DynamicLayer
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from engine import Sample, default_stop_ids, prompt_seeds, sample_step
+from kv_store import CachedSeq, KVStore, weights_version
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# 1. Keys/values kept between calls: the store a multi-turn rollout reuses
-
-
-def weights_version(model) -> tuple:
-    """A value that changes whenever a parameter is changed in place or replaced. torch bumps a tensor's `_version`
-    on every in-place op (an optimizer step, `copy_`, `load_state_dict`), and a replaced tensor has a new address.
-    Writes through `p.data` are invisible to it (torch gives `.data` its own counter): call reset_cache() after those."""
-    return tuple((p.data_ptr(), p._version) for p in model.parameters())
-
-
-@dataclass
-class CachedSeq:
-    """The keys/values an earlier call computed for `tokens`: keys[l] and values[l] are layer l's, each (H, n, D)
-    for the n tokens at positions 0 .. n-1 (H = key/value heads, D = head size)."""
-
-    tokens: np.ndarray  # (n,) int64
-    keys: list[torch.Tensor]
-    values: list[torch.Tensor]
-
-    def __post_init__(self):
-        self.key = self.tokens.tobytes()  # the store's dict key: equal token sequences are one entry
-        self.nbytes = sum(t.numel() * t.element_size() for t in self.keys + self.values)
-
-
-class KVStore:
-    """A bounded LRU of CachedSeq, looked up by the longest common prefix with a new prompt.
-
-    What it stores: after each call, every row's prompt + sampled tokens (all but the last sampled token, whose
-    keys/values are never computed: it was sampled, not fed). In a rollout the next prompt of that episode is
-    exactly this + the last sampled token + a delta (tool result or user message), so the next call prefills
-    only the delta. A prompt may also share only part of an entry (G episodes of a task share their first
-    prompt; all episodes of a domain share the system prompt): the first m tokens of any entry are valid for any
-    prompt that starts with the same m tokens (causal attention: a token's keys/values depend only on the tokens
-    before it), so the lookup is by longest common prefix, not only by whole entries.
-
-    Bounded: entries are evicted least recently used first once their bytes exceed `max_bytes`; and an entry
-    that a newer one extends is dropped at once (the newer one answers every lookup the old one could), so a
-    conversation holds one entry, not one per turn.
-    """
-
-    def __init__(self, max_bytes: int):
-        self.max_bytes = max_bytes
-        self.seqs: OrderedDict[bytes, CachedSeq] = OrderedDict()  # least recently used first
-        self.nbytes = 0
-
-    def longest_prefix(self, tokens: np.ndarray) -> tuple[CachedSeq | None, int]:
-        """(entry, m): the entry sharing the longest prefix with `tokens`, and that length (0: none)."""
-        best, best_m = None, 0
-        for seq in self.seqs.values():  # tens of entries (one per live conversation): a scan is cheap enough
-            n = min(len(tokens), len(seq.tokens))
-            diff = np.flatnonzero(tokens[:n] != seq.tokens[:n])  # positions where they differ
-            m = int(diff[0]) if diff.size else n
-            if m > best_m:
-                best, best_m = seq, m
-        if best is not None:
-            self.seqs.move_to_end(best.key)  # recently used
-        return best, best_m
-
-    def put(self, seq: CachedSeq, parent: CachedSeq | None = None) -> None:
-        """Keep `seq`; drop `parent` if `seq` extends it; evict the least recently used beyond max_bytes."""
-        if seq.nbytes > self.max_bytes:
-            return  # bigger than the whole budget (or the store is off: max_bytes 0)
-        if seq.key in self.seqs:
-            self.seqs.move_to_end(seq.key)  # the same tokens again (e.g. G identical greedy rows)
-        else:
-            self.seqs[seq.key] = seq
-            self.nbytes += seq.nbytes
-        p = parent
-        if p is not None and p.key != seq.key and len(p.tokens) <= len(seq.tokens) \
-                and np.array_equal(seq.tokens[: len(p.tokens)], p.tokens):
-            self.discard(p)
-        while self.nbytes > self.max_bytes:
-            self.discard(next(iter(self.seqs.values())))
-
-    def discard(self, seq: CachedSeq) -> None:
-        if self.seqs.pop(seq.key, None) is not None:
-            self.nbytes -= seq.nbytes
-
-    def clear(self) -> None:
-        self.seqs.clear()
-        self.nbytes = 0
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# 2. The transformers engine: a hand-written decode loop over a KV cache
+# The transformers engine: a hand-written decode loop over a KV cache
 
 
 def common_prefix_len(seqs: list[list[int]]) -> int:

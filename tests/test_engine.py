@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from engine import Sample, check_vllm_model, make_engine, sample_step
-from hf_engine import CachedSeq, HFEngine, KVStore, common_prefix_len, weights_version
+from hf_engine import HFEngine, common_prefix_len
+from kv_store import CachedSeq, KVStore, weights_version
 from models import build_tiny
 
 

@@ -1,0 +1,119 @@
+"""The keys/values a multi-turn rollout reuses: after each turn, every conversation's keys/values are kept, so
+the next turn of that conversation runs only what was appended (a tool result or a user message).
+
+    CachedSeq       the keys/values computed for one token sequence, layer by layer
+    KVStore         a bounded LRU of them, looked up by the longest common prefix with a new prompt
+    weights_version changes whenever the weights do: what the store holds is only valid for the weights that
+                    filled it (hf_engine.HFEngine empties it when this changes)
+
+    python kv_store.py      # a store of three conversations, looked up by prefix
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+
+def weights_version(model) -> tuple:
+    """A value that changes whenever a parameter is changed in place or replaced. torch bumps a tensor's `_version`
+    on every in-place op (an optimizer step, `copy_`, `load_state_dict`), and a replaced tensor has a new address.
+    Writes through `p.data` are invisible to it (torch gives `.data` its own counter): call reset_cache() after those."""
+    return tuple((p.data_ptr(), p._version) for p in model.parameters())
+
+
+@dataclass
+class CachedSeq:
+    """The keys/values an earlier call computed for `tokens`: keys[l] and values[l] are layer l's, each (H, n, D)
+    for the n tokens at positions 0 .. n-1 (H = key/value heads, D = head size)."""
+
+    tokens: np.ndarray  # (n,) int64
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+
+    def __post_init__(self):
+        self.key = self.tokens.tobytes()  # the store's dict key: equal token sequences are one entry
+        self.nbytes = sum(t.numel() * t.element_size() for t in self.keys + self.values)
+
+
+class KVStore:
+    """A bounded LRU of CachedSeq, looked up by the longest common prefix with a new prompt.
+
+    What it stores: after each call, every row's prompt + sampled tokens (all but the last sampled token, whose
+    keys/values are never computed: it was sampled, not fed). In a rollout the next prompt of that episode is
+    exactly this + the last sampled token + a delta (tool result or user message), so the next call prefills
+    only the delta. A prompt may also share only part of an entry (G episodes of a task share their first
+    prompt; all episodes of a domain share the system prompt): the first m tokens of any entry are valid for any
+    prompt that starts with the same m tokens (causal attention: a token's keys/values depend only on the tokens
+    before it), so the lookup is by longest common prefix, not only by whole entries.
+
+    Bounded: entries are evicted least recently used first once their bytes exceed `max_bytes`; and an entry
+    that a newer one extends is dropped at once (the newer one answers every lookup the old one could), so a
+    conversation holds one entry, not one per turn.
+    """
+
+    def __init__(self, max_bytes: int):
+        self.max_bytes = max_bytes
+        self.seqs: OrderedDict[bytes, CachedSeq] = OrderedDict()  # least recently used first
+        self.nbytes = 0
+
+    def longest_prefix(self, tokens: np.ndarray) -> tuple[CachedSeq | None, int]:
+        """(entry, m): the entry sharing the longest prefix with `tokens`, and that length (0: none)."""
+        best, best_m = None, 0
+        for seq in self.seqs.values():  # tens of entries (one per live conversation): a scan is cheap enough
+            n = min(len(tokens), len(seq.tokens))
+            diff = np.flatnonzero(tokens[:n] != seq.tokens[:n])  # positions where they differ
+            m = int(diff[0]) if diff.size else n
+            if m > best_m:
+                best, best_m = seq, m
+        if best is not None:
+            self.seqs.move_to_end(best.key)  # recently used
+        return best, best_m
+
+    def put(self, seq: CachedSeq, parent: CachedSeq | None = None) -> None:
+        """Keep `seq`; drop `parent` if `seq` extends it; evict the least recently used beyond max_bytes."""
+        if seq.nbytes > self.max_bytes:
+            return  # bigger than the whole budget (or the store is off: max_bytes 0)
+        if seq.key in self.seqs:
+            self.seqs.move_to_end(seq.key)  # the same tokens again (e.g. G identical greedy rows)
+        else:
+            self.seqs[seq.key] = seq
+            self.nbytes += seq.nbytes
+        p = parent
+        if p is not None and p.key != seq.key and len(p.tokens) <= len(seq.tokens) \
+                and np.array_equal(seq.tokens[: len(p.tokens)], p.tokens):
+            self.discard(p)
+        while self.nbytes > self.max_bytes:
+            self.discard(next(iter(self.seqs.values())))
+
+    def discard(self, seq: CachedSeq) -> None:
+        if self.seqs.pop(seq.key, None) is not None:
+            self.nbytes -= seq.nbytes
+
+    def clear(self) -> None:
+        self.seqs.clear()
+        self.nbytes = 0
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Demo: python kv_store.py
+
+if __name__ == "__main__":
+    def seq(tokens, H=2, D=4):  # fake keys/values: one layer, token t's key = t
+        keys = [torch.tensor(tokens, dtype=torch.float32)[None, :, None].expand(H, -1, D).clone()]
+        return CachedSeq(np.asarray(tokens, dtype=np.int64), keys, [k.clone() for k in keys])
+
+    store = KVStore(max_bytes=10_000)
+    system = [1, 2, 3, 4]  # a system prompt every conversation shares
+    first = seq(system + [10, 11, 12])
+    store.put(first)
+    store.put(seq(system + [20, 21]))
+    found, m = store.longest_prefix(np.asarray(system + [10, 11, 12, 13, 14]))
+    print(f"turn 2 of conversation 1: {m} of 9 tokens reused from {found.tokens.tolist()}")
+    store.put(seq(system + [10, 11, 12, 13]), parent=first)  # it extends turn 1, which is dropped
+    print(f"entries: {[s.tokens.tolist() for s in store.seqs.values()]}, {store.nbytes} bytes")
+    found, m = store.longest_prefix(np.asarray(system + [30]))
+    print(f"a new conversation: {m} tokens (the system prompt) reused")
