@@ -13,6 +13,8 @@ episode stops. All episodes advance together, one round at a time:
 The token stream of an episode (chat.py builds the pieces) is what the policy saw and sampled, never re-rendered:
 prompt (mask 0) | agent turn as sampled, incl. its end-of-turn token (mask 1) | tool result or user message +
 generation prompt (mask 0) | agent turn (mask 1) | ...  The sampler's log-probs travel with the mask-1 tokens.
+Each episode samples from its own random streams (`turn_seed`: one per turn), so what it samples does not depend
+on which other episodes share the batch.
 
 Stop reasons: user_stop (the user said ###STOP### or ###OUT-OF-SCOPE###), transfer (transfer_to_human_agents
 was called, or the user said ###TRANSFER###), max_turns (tool executions + user replies reached the cap, as in
@@ -228,7 +230,6 @@ def rollout(
                     ep.stop("context_full")
             episodes.append(ep)
 
-    rnd = 0
     while any(e.state != DONE for e in episodes):
         # 1. every episode waiting on the agent: one batched generate call
         live = [e for e in episodes if e.state == AGENT]
@@ -277,7 +278,6 @@ def rollout(
                 else:
                     e.state = AGENT
                     _extend(e, [{"role": "user", "content": r}], tokenizer, cfg)
-        rnd += 1
         if progress is not None:
             progress(sum(e.state == DONE for e in episodes), len(episodes))
 
