@@ -29,118 +29,18 @@ import dataclasses
 import functools
 import json
 import math
-import os
 import random
 import re
-import shutil
 import sys
 import time
-import types
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from config import TINY, Config, ConfigError, parse_config, validate  # noqa: E402,F401  (muarl.Config etc. stay)
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Tasks: a seeded, resumable order over the training tasks (epochs of shuffled passes)
-
-
-class TaskSampler:
-    def __init__(self, tasks: list, seed: int):
-        self.tasks, self.seed, self.epoch, self.pos = tasks, seed, 0, 0
-
-    def _order(self) -> list[int]:
-        order = list(range(len(self.tasks)))
-        random.Random(self.seed * 100003 + self.epoch).shuffle(order)
-        return order
-
-    def next(self, n: int) -> list:
-        out = []
-        while len(out) < n:
-            order = self._order()
-            take = order[self.pos : self.pos + n - len(out)]
-            out += [self.tasks[i] for i in take]
-            self.pos += len(take)
-            if self.pos >= len(order):
-                self.epoch, self.pos = self.epoch + 1, 0
-        return out
-
-    def state(self) -> dict:
-        return {"epoch": self.epoch, "pos": self.pos}
-
-    def load(self, s: dict) -> None:
-        self.epoch, self.pos = s["epoch"], s["pos"]
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Distributed: FSDP2 under torchrun (one process per GPU, or gloo processes on a CPU for tests)
-
-
-def dist_setup() -> tuple[int, int]:
-    if "WORLD_SIZE" not in os.environ or int(os.environ["WORLD_SIZE"]) == 1:
-        return 0, 1
-    import torch.distributed as dist
-
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
-    dist.init_process_group(backend)
-    if torch.cuda.is_available():
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-    return dist.get_rank(), dist.get_world_size()
-
-
-def shard(model, activation_checkpointing: bool, bf16: bool):
-    """FSDP2: shard every decoder layer, then the root. Parameters stay fp32 shards (so AdamW's state is fp32);
-    with bf16, each layer computes in bf16 and gradients are reduced in fp32."""
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
-
-    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
-    layers = model.get_decoder().layers
-    if activation_checkpointing:  # sets each layer's flag *and* its checkpoint function (the flag alone crashes)
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    for layer in layers:
-        fully_shard(layer, mp_policy=mp)
-    fully_shard(model, mp_policy=mp)
-    # Each rank's loss is already its share of the step's token mean (divided by the global N_tok), so the
-    # gradients must be summed over ranks, not averaged (FSDP's default divides by the world size). A plain
-    # SUM reduction: gloo (CPU) has no pre-multiplied sum, the op FSDP would otherwise use for a custom factor.
-    for m in [*layers, model]:
-        m.set_gradient_divide_factor(1.0)
-        m.set_force_sum_reduction_for_comms(True)
-    # grpo.token_logprobs runs the decoder body and lm_head one after the other and never model.forward, so the
-    # root's hooks (gather embeddings/norm/lm_head before, reduce their gradients after) would not fire. As a
-    # registered forward method of the root, token_logprobs gets the hooks forward would have had.
-    from grpo import token_logprobs
-
-    model.token_logprobs = types.MethodType(token_logprobs, model)
-    register_fsdp_forward_method(model, "token_logprobs")
-    return model
-
-
-def full_state_dict(model, world_size: int) -> dict:
-    """Unsharded weights (every rank gets them): what the rollout engine and a checkpoint need."""
-    if world_size == 1:
-        return {k: v.detach() for k, v in model.state_dict().items()}
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=False))
-
-
-def all_reduce(values: list[float], world_size: int, op: str = "sum") -> list[float]:
-    """Sum (or "min" / "max") each value over the ranks; the values themselves on one process."""
-    if world_size == 1:
-        return list(values)
-    import torch.distributed as dist
-
-    t = torch.tensor(values, dtype=torch.float64)
-    dist.all_reduce(t, op={"sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}[op])
-    return t.tolist()
-
-
-def all_sum(x: float, world_size: int) -> float:
-    return all_reduce([x], world_size)[0]
+from checkpoint import TaskSampler, load_checkpoint, save_checkpoint
+from config import TINY, Config, ConfigError, parse_config, validate  # noqa: F401  (muarl.Config etc. stay)
+from fsdp import all_reduce, all_sum, dist_setup, full_state_dict, shard
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -220,70 +120,6 @@ def update(policy, reference, episodes, advantages, opt, cfg: Config, world_size
         "loss": loss_all, "grad_norm": float(gnorm), "skipped": not finite, "ratio_min": rmin, "ratio_max": rmax,
         **{k: totals[k] / tok for k in ("clip_frac", "kl", "entropy", "logp_gap")}, "trained_tokens": n_tok,
     }
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# 8. Checkpoints: written to a temporary folder, then renamed; `latest.json` is replaced atomically last.
-# A process killed mid-write leaves the previous checkpoint intact, so a crash loses at most the current step.
-
-
-def save_checkpoint(out: Path, step: int, policy, opt, sampler: TaskSampler, extra: dict, world_size: int, rank: int):
-    state = full_state_dict(policy, world_size)
-    if world_size > 1:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
-
-        optim = get_optimizer_state_dict(policy, opt, options=StateDictOptions(full_state_dict=True))
-    else:
-        optim = opt.state_dict()
-    if rank != 0:
-        return
-    final = out / "checkpoints" / f"step-{step:06d}"
-    tmp = final.with_name(final.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    torch.save(state, tmp / "model.pt")
-    torch.save(optim, tmp / "optim.pt")
-    rng = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
-    torch.save({"step": step, "sampler": sampler.state(), "rng": rng, **extra}, tmp / "state.pt")
-    if (out / "latest.json").exists() and json.loads((out / "latest.json").read_text())["path"] == final.name:
-        # the same step again (the end of a run adds its final evaluation) and latest.json already points here:
-        # never remove this folder; swap its files one at a time, each atomically (old and new hold the same step)
-        for f in tmp.iterdir():
-            os.replace(f, final / f.name)
-        tmp.rmdir()
-    else:
-        shutil.rmtree(final, ignore_errors=True)  # a leftover of a run killed before latest.json pointed to it
-        os.replace(tmp, final)
-    latest = out / "latest.json"
-    (out / "latest.json.tmp").write_text(json.dumps({"step": step, "path": final.name}))
-    os.replace(out / "latest.json.tmp", latest)
-    for old in sorted((out / "checkpoints").glob("step-*"))[:-2]:  # keep the last two
-        if old.name != final.name and not old.name.endswith(".tmp"):
-            shutil.rmtree(old, ignore_errors=True)
-
-
-def load_checkpoint(out: Path, policy, opt, sampler: TaskSampler, world_size: int) -> tuple[int, dict]:
-    latest = out / "latest.json"
-    if not latest.exists():
-        return 0, {}
-    path = out / "checkpoints" / json.loads(latest.read_text())["path"]
-    state = torch.load(path / "state.pt", weights_only=False)
-    model_sd = torch.load(path / "model.pt", weights_only=True)
-    optim_sd = torch.load(path / "optim.pt", weights_only=False)
-    if world_size > 1:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
-
-        opts = StateDictOptions(full_state_dict=True)
-        set_model_state_dict(policy, model_sd, options=opts)
-        set_optimizer_state_dict(policy, opt, optim_sd, options=opts)
-    else:
-        policy.load_state_dict(model_sd)
-        opt.load_state_dict(optim_sd)
-    sampler.load(state["sampler"])
-    random.setstate(state["rng"]["python"])
-    np.random.set_state(state["rng"]["numpy"])
-    torch.set_rng_state(state["rng"]["torch"])
-    return state["step"], state
 
 
 # ---------------------------------------------------------------------------------------------------------------

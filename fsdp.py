@@ -1,0 +1,108 @@
+"""Data-parallel training with FSDP2 under torchrun: one process per GPU (NCCL), or gloo processes on a CPU (the
+tests run two). Each rank plays its share of a step's tasks; the loss each rank backpropagates is its share of the
+step's token mean, so summing gradients over ranks (not averaging) gives exactly one process's gradient
+(tests/test_muarl.py checks weights after a step against one process, to ~1e-7).
+
+    dist_setup        rank and world size from torchrun's environment (0, 1 without it)
+    shard             FSDP2 over every decoder layer, then the root; bf16 compute optional
+    full_state_dict   the unsharded weights, on every rank (for the rollout engine and checkpoints)
+    all_reduce        sum / min / max of a few numbers over the ranks (statistics, token counts)
+
+    torchrun --nproc_per_node 2 fsdp.py     # two gloo processes on a CPU: shard a tiny model, gather it back
+"""
+
+from __future__ import annotations
+
+import os
+import types
+
+import torch
+
+def dist_setup() -> tuple[int, int]:
+    if "WORLD_SIZE" not in os.environ or int(os.environ["WORLD_SIZE"]) == 1:
+        return 0, 1
+    import torch.distributed as dist
+
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    dist.init_process_group(backend)
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    return dist.get_rank(), dist.get_world_size()
+
+
+def shard(model, activation_checkpointing: bool, bf16: bool):
+    """FSDP2: shard every decoder layer, then the root. Parameters stay fp32 shards (so AdamW's state is fp32);
+    with bf16, each layer computes in bf16 and gradients are reduced in fp32."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
+
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
+    layers = model.get_decoder().layers
+    if activation_checkpointing:  # sets each layer's flag *and* its checkpoint function (the flag alone crashes)
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    for layer in layers:
+        fully_shard(layer, mp_policy=mp)
+    fully_shard(model, mp_policy=mp)
+    # Each rank's loss is already its share of the step's token mean (divided by the global N_tok), so the
+    # gradients must be summed over ranks, not averaged (FSDP's default divides by the world size). A plain
+    # SUM reduction: gloo (CPU) has no pre-multiplied sum, the op FSDP would otherwise use for a custom factor.
+    for m in [*layers, model]:
+        m.set_gradient_divide_factor(1.0)
+        m.set_force_sum_reduction_for_comms(True)
+    # grpo.token_logprobs runs the decoder body and lm_head one after the other and never model.forward, so the
+    # root's hooks (gather embeddings/norm/lm_head before, reduce their gradients after) would not fire. As a
+    # registered forward method of the root, token_logprobs gets the hooks forward would have had.
+    from grpo import token_logprobs
+
+    model.token_logprobs = types.MethodType(token_logprobs, model)
+    register_fsdp_forward_method(model, "token_logprobs")
+    return model
+
+
+def full_state_dict(model, world_size: int) -> dict:
+    """Unsharded weights (every rank gets them): what the rollout engine and a checkpoint need."""
+    if world_size == 1:
+        return {k: v.detach() for k, v in model.state_dict().items()}
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=False))
+
+
+def all_reduce(values: list[float], world_size: int, op: str = "sum") -> list[float]:
+    """Sum (or "min" / "max") each value over the ranks; the values themselves on one process."""
+    if world_size == 1:
+        return list(values)
+    import torch.distributed as dist
+
+    device = "cuda" if dist.get_backend() == "nccl" else "cpu"  # NCCL reduces CUDA tensors only
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(t, op={"sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}[op])
+    return t.tolist()
+
+
+def all_sum(x: float, world_size: int) -> float:
+    return all_reduce([x], world_size)[0]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Demo: torchrun --nproc_per_node 2 fsdp.py
+
+if __name__ == "__main__":
+    import tempfile
+
+    from models import build_tiny
+
+    torch.set_num_threads(1)
+    rank, world_size = dist_setup()
+    torch.manual_seed(0)
+    model, _ = build_tiny(tempfile.mkdtemp(prefix=f"muarl-fsdp-{rank}-"), hidden=64, layers=2, heads=2, kv_heads=1,
+                          intermediate=128)
+    before = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    if world_size > 1:
+        model = shard(model, activation_checkpointing=False, bf16=False)
+    after = full_state_dict(model, world_size)
+    same = all(torch.equal(before[k], after[k].cpu()) for k in before)
+    total = all_reduce([1.0], world_size)[0]
+    print(f"rank {rank} of {world_size}: {len(after)} tensors gathered back, identical to the unsharded model: {same}; "
+          f"ranks counted by all_reduce: {total:.0f}")
+    if world_size > 1:
+        torch.distributed.destroy_process_group()
