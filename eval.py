@@ -7,7 +7,8 @@
 pass^k (tau-bench): run every task k times; with c successes out of n trials, a task contributes
 C(c, k) / C(n, k), the chance that k trials drawn without replacement all succeed; pass^k is the mean over
 tasks. pass^1 is the plain success rate. MUA-RL reports pass^1 (greedy agent, user at temperature 0, mean of 4
-runs).
+runs). A greedy local agent with the scripted user plays every trial identically; `--temperature 1` samples the
+agent (trial j of task i with its own seed, reproducible with `--seed`), so pass^k measures consistency.
 
 Three kinds of agent:
   local    a model through an engine (engine.py), token in / token out, exactly the rollout of training
@@ -249,6 +250,11 @@ def main(argv=None):
     p.add_argument("--max_new_tokens", type=int, default=1024)
     p.add_argument("--max_context", type=int, default=32768)
     p.add_argument("--tools_in_prompt", type=int, default=1)
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="the agent's: 0 = greedy (its k trials differ only through the user); > 0 samples, so "
+                        "pass^k measures consistency over k sampled conversations")
+    p.add_argument("--top_p", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=0, help="sampling seed: trial j of task i samples with seed + i * k + j")
     p.add_argument("--data_dir", default="")
     p.add_argument("--synthetic_seed", type=int, default=0, help="seed of the synthetic / shop world (as in muarl.py)")
     p.add_argument("--out", default="runs/eval/transcripts.jsonl")
@@ -267,8 +273,11 @@ def main(argv=None):
         worlds[d] = load_world(d, **kw)
     tasks = [t for w in worlds.values() for t in w.tasks(a.split)]
     tasks = tasks[: a.tasks] if a.tasks else tasks
+    if a.temperature < 0 or not 0 < a.top_p <= 1:
+        p.error(f"--temperature must be >= 0 and --top_p in (0, 1], got {a.temperature} and {a.top_p}")
     cfg = RolloutConfig(max_turns=a.max_turns, max_new_tokens=a.max_new_tokens, max_context=a.max_context,
-                        temperature=0.0, check_outputs=bool(a.check_outputs), tools_in_prompt=bool(a.tools_in_prompt))
+                        temperature=a.temperature, top_p=a.top_p, seed=a.seed, check_outputs=bool(a.check_outputs),
+                        tools_in_prompt=bool(a.tools_in_prompt))
     if a.agent == "oracle" or a.user == "fixed":
         user = FixedUser()
     else:
@@ -286,7 +295,7 @@ def main(argv=None):
         if a.agent == "oracle":
             make_act, name = OracleAgent, "oracle (gold actions)"
         else:
-            act = openai_agent(a.agent_model, a.agent_base_url, a.agent_api_key)
+            act = openai_agent(a.agent_model, a.agent_base_url, a.agent_api_key, a.temperature)
             make_act, name = (lambda t: act), a.agent_model
         metrics, eps = evaluate_messages(tasks, worlds, make_act, user, cfg, trials=a.trials)
     TrajectoryLog(a.out).write(eps, phase="eval", agent=name)

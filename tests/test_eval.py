@@ -56,6 +56,32 @@ def test_local_tiny_model_on_the_shop_prints_a_table(tmp_path):
     assert len((tmp_path / "t.jsonl").read_text().splitlines()) == 12
 
 
+def test_sampled_trials_differ_and_replay(tmp_path):
+    # --temperature > 0: the k trials of a task are k sampled conversations (pass^k means something), and the
+    # same --seed replays them exactly; greedy trials are identical (the scripted user is deterministic)
+    from domains import load_world
+    from models import build_tiny
+
+    world = load_world("shop", seed=0, n_train=0)
+    model_dir = tmp_path / "tiny"
+    build_tiny(model_dir, texts=[world.policy] + [json.dumps(t.expert) for t in world.tasks("test")[:20]],
+               hidden=64, layers=1, heads=1, kv_heads=1, intermediate=128, vocab_size=400)
+
+    def run(name, *flags):
+        out = tmp_path / f"{name}.jsonl"
+        main(["--model", str(model_dir), "--domain", "shop", "--tasks", "4", "--trials", "2", "--max_turns", "4",
+              "--max_new_tokens", "12", "--max_context", "1024", "--tools_in_prompt", "0", "--out", str(out), *flags])
+        eps = [json.loads(line) for line in out.read_text().splitlines()]
+        return [(e["task_id"], json.dumps(e["messages"])) for e in eps]
+
+    greedy = run("greedy")
+    assert all(greedy[i] == greedy[i + 1] for i in range(0, len(greedy), 2))  # trial 1 == trial 2, every task
+    sampled = run("sampled", "--temperature", "1", "--seed", "3")
+    assert any(sampled[i] != sampled[i + 1] for i in range(0, len(sampled), 2))
+    assert run("again", "--temperature", "1", "--seed", "3") == sampled
+    assert run("other", "--temperature", "1", "--seed", "4") != sampled
+
+
 @needs_tau2
 def test_oracle_on_the_tau2_test_split(tmp_path):
     m = main(["--agent", "oracle", "--domain", "retail,airline", "--split", "test", "--data_dir", str(TAU2 / "data"),
