@@ -106,10 +106,9 @@ def update(policy, reference, episodes, advantages, opt, cfg: Config, world_size
         if w > 0:
             rmin, rmax = min(rmin, st["ratio_min"]), max(rmax, st["ratio_max"])
     gnorm = torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.grad_clip)
-    loss_all = all_sum(totals["loss"], world_size)
-    # the logged statistics are the whole step's: token-weighted sums and token counts added over the ranks
-    keys = ("clip_frac", "kl", "entropy", "logp_gap", "tokens")
-    totals = dict(zip(keys, all_reduce([totals[k] for k in keys], world_size)))
+    # the step's loss and logged statistics are the whole step's: sums (token-weighted) added over the ranks
+    totals = dict(zip(totals, all_reduce(list(totals.values()), world_size)))
+    loss_all = totals["loss"]
     rmin, rmax = all_reduce([rmin], world_size, "min")[0], all_reduce([rmax], world_size, "max")[0]
     finite = math.isfinite(loss_all) and bool(torch.isfinite(torch.as_tensor(gnorm)))
     if finite:

@@ -200,13 +200,14 @@ def phases(st: dict) -> str:
             f"decode {st.get('decode_s', 0):.1f}, cache bookkeeping {st.get('store_s', 0):.1f}")
 
 
-def bench_engine(name, engine, tasks, group, worlds, tok, user, cfg, reps) -> dict[str, list[dict]]:
+def bench_engine(name, engine, tasks, group, worlds, tok, user, cfg, reps) -> tuple[dict[str, list[dict]], list[int]]:
+    """Each variant's runs, and per repetition the number of episodes with identical token streams in both."""
     from dataclasses import replace
 
     from rollout import rollout
 
     rollout(tasks[:1], 2, worlds, engine, tok, user, replace(cfg, max_turns=2))  # warm-up, not timed
-    res = {"batched": [], "sequential": []}
+    res, same_per_rep = {"batched": [], "sequential": []}, []
     for r in range(reps):
         rcfg = replace(cfg, seed=cfg.seed + 1000 * r)  # a new draw per repetition, the same for both variants
         order = ("batched", "sequential") if r % 2 == 0 else ("sequential", "batched")  # alternate who goes first
@@ -223,11 +224,11 @@ def bench_engine(name, engine, tasks, group, worlds, tok, user, cfg, reps) -> di
                 print(f"[{name}]       {variant:10s} engine phases: {phases(s['engine'])}", flush=True)
         a, b = res["batched"][-1]["streams"], res["sequential"][-1]["streams"]
         same = sum(x == y for x, y in zip(a, b))
-        res["same"] = res.get("same", []) + [same]
+        same_per_rep.append(same)
         print(f"[{name}] rep {r} same work: {same}/{len(a)} episodes have identical token streams in both variants"
               + ("" if same == len(a) else " (the rest diverged where float rounding of a batched matmul flipped a "
                                             "draw, then played on)"), flush=True)
-    return res
+    return res, same_per_rep
 
 
 def make(kind: str, model_dir: Path, args):
@@ -336,8 +337,7 @@ def main() -> int:
             continue
         engine, tok = made
         print(f"[{kind}] torch threads {torch.get_num_threads()}")
-        res = bench_engine(kind, engine, tasks, args.group, worlds, tok, ScriptedUser(), cfg, args.reps)
-        same = res.pop("same")  # per repetition: episodes whose tokens were identical in both variants
+        res, same = bench_engine(kind, engine, tasks, args.group, worlds, tok, ScriptedUser(), cfg, args.reps)
         med = {v: {k: statistics.median(s[k] for s in runs) for k in ("eps_per_s", "sampled_tokens", "seconds")}
                for v, runs in res.items()}
         tps = {v: statistics.median(s["sampled_tokens"] / s["seconds"] for s in runs) for v, runs in res.items()}
