@@ -105,4 +105,5 @@ if __name__ == "__main__":
     print(f"rank {rank} of {world_size}: {len(after)} tensors gathered back, identical to the unsharded model: {same}; "
           f"ranks counted by all_reduce: {total:.0f}")
     if world_size > 1:
+        torch.distributed.barrier()  # no rank tears down its connections while another still uses them
         torch.distributed.destroy_process_group()
