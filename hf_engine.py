@@ -50,28 +50,39 @@ class BufferLayer(DynamicLayer):
     rests and the decode budget; each forward writes its columns in place and the filled part is exposed as a
     view, so everything else in transformers sees an ordinary DynamicLayer."""
 
-    def __init__(self, k_buf: torch.Tensor, v_buf: torch.Tensor, n: int):
+    def __init__(self, k_buf: torch.Tensor, v_buf: torch.Tensor, n: int, start: int = 0):
         super().__init__()
         self.lazy_initialization(k_buf, v_buf)  # dtype, device, is_initialized
         self._k, self._v = k_buf, v_buf  # (B, H, capacity, D)
-        self.keys, self.values = k_buf[:, :, :n], v_buf[:, :, :n]  # (B, H, n, D) views: the first n columns
+        self.start, self.end = start, n  # the model sees columns start .. end - 1
+        self._views()
+
+    def _views(self) -> None:
+        """What transformers sees: columns start .. end - 1 of the buffers, (B, H, end - start, D) views. Columns
+        before `start` are left padding of every row (see skip_padding), so attention need not read them."""
+        self.keys, self.values = self._k[:, :, self.start : self.end], self._v[:, :, self.start : self.end]
 
     def update(self, key_states, value_states, *args, **kwargs):
-        n, k = self.keys.shape[-2], key_states.shape[-2]
+        n, k = self.end, key_states.shape[-2]
         self._k[:, :, n : n + k] = key_states  # a full buffer is a shape error here, never a silent copy
         self._v[:, :, n : n + k] = value_states
-        self.keys, self.values = self._k[:, :, : n + k], self._v[:, :, : n + k]  # (B, H, n + k, D) views
+        self.end = n + k
+        self._views()
         return self.keys, self.values
 
     def move_rows(self, holes: list[int], movers: list[int], b: int) -> None:
         """Rows leave the batch: row movers[i] is copied into the slot holes[i] (its filled columns only), then the
         batch is cut to its first b rows, a view. One row's copy per departure, not a copy of the whole cache."""
-        n = self.keys.shape[-2]
         for h, m in zip(holes, movers):
-            self._k[h, :, :n] = self._k[m, :, :n]
-            self._v[h, :, :n] = self._v[m, :, :n]
+            self._k[h, :, : self.end] = self._k[m, :, : self.end]
+            self._v[h, :, : self.end] = self._v[m, :, : self.end]
         self._k, self._v = self._k[:b], self._v[:b]  # (b, H, capacity, D)
-        self.keys, self.values = self._k[:, :, :n], self._v[:, :, :n]
+        self._views()
+
+    def skip_padding(self, start: int) -> None:
+        """From now on, show the model columns start .. end - 1 only (no row has a real column before start)."""
+        self.start = start
+        self._views()
 
 
 # Attention while sampling on a CPU: grouped-query attention without copies
@@ -145,6 +156,7 @@ class HFEngine:
         self.pad_id = pad if pad is not None else 0  # any id works: padded positions are masked out
         self.store = KVStore(int(cache_gib * 2**30))
         self._version = None  # weights_version(model) when the store was filled
+        self._mask_4d = False  # set per call in generate(): whether the decode mask goes to the model in 4D
         self.stats = Counter()  # tokens and seconds, per phase, summed over calls (bench/bench_rollout.py prints them)
 
     def reset_cache(self) -> None:
@@ -173,6 +185,7 @@ class HFEngine:
         gqa = self.model.device.type == "cpu" and self.model.config._attn_implementation == "sdpa"
         if gqa:
             self.model.set_attn_implementation(GQA_SDPA)  # see sdpa_gqa_attention; restored below
+        self._mask_4d = gqa  # our attention takes the decode mask ready-made (other implementations get a 2D one)
         try:
             return self._sample(prompts, max_new_tokens, temperature, top_p, stop, uniforms)
         finally:
@@ -205,10 +218,11 @@ class HFEngine:
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         return cfg.num_key_value_heads, head_dim, next(self.model.parameters()).dtype
 
-    def _new_cache(self, bufs, n: int) -> DynamicCache:
-        """A cache whose layer l works in place in bufs[l] = (keys, values), (b, H, capacity, D), n columns filled."""
+    def _new_cache(self, bufs, n: int, start: int = 0) -> DynamicCache:
+        """A cache whose layer l works in place in bufs[l] = (keys, values), (b, H, capacity, D), n columns filled,
+        of which the model sees columns start .. n - 1."""
         cache = DynamicCache(config=self.model.config)
-        cache.layers = [BufferLayer(k, v, n) for k, v in bufs]
+        cache.layers = [BufferLayer(k, v, n, start) for k, v in bufs]
         return cache
 
     def _prefill(self, prompts, hits, reserve: int, groups=None):
@@ -250,8 +264,12 @@ class HFEngine:
             gap = own.new_zeros(b - a, R - Rg)  # (b, R - Rg) columns no row of this group uses
             mask = torch.cat([cached[a:b], gap, own], dim=1)  # (b, C + R) 1 = a token this row attends to
             pos = c[a:b, None] + (own.cumsum(-1) - 1).clamp(min=0)  # (b, Rg) each token's position in its prompt
-            out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1,
-                             past_key_values=self._new_cache([(k[a:b], v[a:b]) for k, v in bufs], C + R - Rg))
+            # Columns 0 .. S - 1 are padding for every row of the group (their cached tokens are shorter than C):
+            # the model sees the buffers from column S on, so attention does not compute over them.
+            S = C - int(c[a:b].max())
+            out = self.model(input_ids=ids, attention_mask=mask[:, S:], position_ids=pos, use_cache=True,
+                             logits_to_keep=1,
+                             past_key_values=self._new_cache([(k[a:b], v[a:b]) for k, v in bufs], C + R - Rg, S))
             masks.append(mask)
             logits.append(out.logits[:, -1])  # (b, V): only the last position's logits were computed
             self.stats["prefill_tokens"] += int(own.sum())
@@ -260,6 +278,16 @@ class HFEngine:
         self.stats["prefill_s"] += time.perf_counter() - t1
         return self._new_cache(bufs, C + R), torch.cat(masks), torch.cat(logits)  # (B, C + R), (B, V)
 
+    @staticmethod
+    def _layout(cache, attends: torch.Tensor, n: int) -> tuple[int, bool]:
+        """Before a decode step: (start, padded). start = the first column a live row attends to (the columns before
+        it are padding for every row: the cache stops showing them), padded = whether any row has padding left."""
+        live = attends[:, :n].any(0)  # (n,) columns some row attends to
+        start = int(live.long().argmax())  # the first True
+        for layer in cache.layers:
+            layer.skip_padding(start)
+        return start, not bool(attends[:, start:n].all())
+
     def _cut(self, cache, mask, j: int, tokens: list[int]) -> CachedSeq:
         """Row j's keys/values, real columns only (a copy: the batch's buffers are freed after the call)."""
         cols = mask[j].nonzero()[:, 0]  # (n,) the columns row j attends to, in order
@@ -267,8 +295,8 @@ class HFEngine:
         # They form a few contiguous spans (cached | rest | sampled): copy span by span, ~5x faster than indexing
         cut = (torch.nonzero(cols[1:] - cols[:-1] != 1)[:, 0] + 1).tolist()  # where a new span starts
         spans = [(int(cols[a]), int(cols[b - 1]) + 1) for a, b in zip([0] + cut, cut + [len(cols)])]
-        keys = [torch.cat([layer.keys[j][:, a:b] for a, b in spans], dim=1) for layer in cache.layers]  # (H, n, D)
-        values = [torch.cat([layer.values[j][:, a:b] for a, b in spans], dim=1) for layer in cache.layers]
+        keys = [torch.cat([layer._k[j][:, a:b] for a, b in spans], dim=1) for layer in cache.layers]  # (H, n, D)
+        values = [torch.cat([layer._v[j][:, a:b] for a, b in spans], dim=1) for layer in cache.layers]
         return CachedSeq(np.asarray(tokens, dtype=np.int64), keys, values)
 
     def _keep(self, cache, mask, js, rows, prompts, samples, hits) -> None:
@@ -303,6 +331,19 @@ class HFEngine:
         groups = [(j, j + size.count(z)) for j, z in enumerate(size) if j == 0 or size[j - 1] != z]
         cache, mask, logits = self._prefill([prompts[i] for i in rows], [hits[i] for i in rows], max_new_tokens, groups)
         next_pos = mask.sum(-1)  # (B,) position of the token about to be sampled
+        # The decode mask lives in buffers with room for the decode budget; each step marks one more column:
+        #   attends (B, capacity) bool, 1 = a real column of the row (what _cut keeps);
+        #   bias    (B, capacity) 0 on real columns, -inf on padding: SDPA adds it to the scores as it is, so on a
+        #           CPU (our attention function) the model gets a (b, 1, 1, n) view of it and transformers does not
+        #           rebuild a 4D mask from a 2D one every step, nor SDPA turn a boolean mask into this every layer.
+        # Columns no live row attends to (left padding of the longest rows, once they have left the batch) are not
+        # shown to the model at all (BufferLayer.skip_padding), and an unpadded batch (one row) needs no mask.
+        n = mask.shape[1]
+        attends = torch.zeros(len(rows), n + max_new_tokens, dtype=torch.bool, device=dev)  # (B, capacity)
+        attends[:, :n] = mask.bool()
+        bias = torch.zeros(attends.shape, dtype=self._kv_shape()[2], device=dev).masked_fill_(~attends, float("-inf"))
+        bias[:, n:] = 0  # the decode columns: each is real for every row once written
+        start, padded = self._layout(cache, attends, n)
 
         # 4. decode: every row in the batch is still sampling (finished rows leave at once, below)
         t1 = time.perf_counter()
@@ -317,7 +358,7 @@ class HFEngine:
                 if t in stop:
                     s.finish_reason = "stop"
                     done.append(j)
-            self._keep(cache, mask, done, rows, prompts, samples, hits)  # finished rows' keys/values, while valid
+            self._keep(cache, attends[:, :n], done, rows, prompts, samples, hits)  # finished rows, while valid
             if len(done) == len(rows) or step == max_new_tokens - 1:
                 break  # all finished; or the budget is used and finish_reason stays "length" for rows still going
             if done:
@@ -333,18 +374,27 @@ class HFEngine:
                 for layer in cache.layers:
                     layer.move_rows(holes, movers, b)
                 idx = torch.tensor(keep, device=dev)
-                tok, mask, next_pos, rows = tok[idx], mask[idx], next_pos[idx], [rows[j] for j in keep]
-            mask = torch.cat([mask, mask.new_ones(len(rows), 1)], dim=1)  # (b, C + R + step + 1)
+                tok, next_pos, rows = tok[idx], next_pos[idx], [rows[j] for j in keep]
+                attends, bias = attends[idx], bias[idx]
+                start, padded = self._layout(cache, attends, n)
+            attends[:, n] = True  # the column the token fed now writes (bias is already 0 there)
+            n += 1
+            if not padded:
+                mask = None
+            elif self._mask_4d:
+                mask = bias[:, None, None, start:n]  # (b, 1, 1, n - start)
+            else:
+                mask = attends[:, start:n]  # (b, n - start): transformers builds the mask its attention needs
             out = self.model(input_ids=tok[:, None], attention_mask=mask, position_ids=next_pos[:, None],
                              past_key_values=cache, use_cache=True)  # (b, 1, V)
             logits = out.logits[:, -1]  # (b, V)
             next_pos = next_pos + 1
             self.stats["decode_steps"] += 1
             self.stats["decode_row_steps"] += len(rows)
-            self.stats["decode_columns"] += mask.numel()  # keys/values read, padding included
+            self.stats["decode_columns"] += len(rows) * (n - start)  # keys/values read, padding included
         self.stats["decode_s"] += time.perf_counter() - t1
         # 5. the rows still sampling at the end
-        self._keep(cache, mask, [j for j in range(len(rows)) if j not in done], rows, prompts, samples, hits)
+        self._keep(cache, attends[:, :n], [j for j in range(len(rows)) if j not in done], rows, prompts, samples, hits)
         self.stats["calls"] += 1
         return samples
 

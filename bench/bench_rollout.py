@@ -268,7 +268,8 @@ def git_state() -> str:
     repo = Path(__file__).resolve().parent.parent
     try:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=repo, capture_output=True, text=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "engine.py", "rollout.py", "chat.py"], cwd=repo,
+        files = ["engine.py", "hf_engine.py", "kv_store.py", "rollout.py", "chat.py"]
+        dirty = subprocess.run(["git", "status", "--porcelain", *files], cwd=repo,
                                capture_output=True, text=True).stdout.split()[1::2]
     except OSError:
         return "unknown commit"

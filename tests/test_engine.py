@@ -57,6 +57,33 @@ def test_batched_greedy_equals_unbatched(tiny):
         assert len(b.token_ids) == 16 and b.finish_reason == "length"
 
 
+def test_rows_leaving_the_batch_change_nothing(tiny, monkeypatch):
+    """Finished rows leave the decode batch (the last live row moves into their slot), and once the longest prompt
+    has left, the left padding only it filled is no longer shown to the model (BufferLayer.skip_padding). Neither
+    may change what the other rows sample."""
+    _, model, tok = tiny
+    eng = HFEngine(model, tok, cache_gib=0)  # no reuse across calls: every call lays its prompts out afresh
+    rng = random.Random(3)
+    prompts = [[rng.randrange(3, len(tok)) for _ in range(n)] for n in (90, 12, 40, 25, 60)]
+    free = [s.token_ids for s in eng.generate(prompts, max_new_tokens=12, temperature=0.0, stop_token_ids=[])]
+
+    def first(row, t):
+        return row.index(t) if t in row else len(row)
+
+    # a stop token that the longest prompt (row 0) samples before at least two other rows do
+    stop = max(free[0][:6], key=lambda t: sum(first(r, t) > first(free[0], t) for r in free[1:]))
+    assert sum(first(r, stop) > first(free[0], stop) for r in free[1:]) >= 2, "no stop token lets row 0 leave first"
+    starts = []  # (start, padded) of every decode layout
+    layout = HFEngine._layout
+    monkeypatch.setattr(HFEngine, "_layout", staticmethod(lambda *a: starts.append(layout(*a)) or starts[-1]))
+    batched = eng.generate(prompts, max_new_tokens=12, temperature=0.0, stop_token_ids=[stop])
+    assert starts[0] == (0, True) and any(s > 0 for s, _ in starts[1:])  # the padding was skipped once row 0 left
+    for p, b in zip(prompts, batched):
+        alone = eng.generate([p], max_new_tokens=12, temperature=0.0, stop_token_ids=[stop])[0]
+        assert b.token_ids == alone.token_ids and b.finish_reason == alone.finish_reason
+        assert b.logprobs == pytest.approx(alone.logprobs, abs=1e-4)
+
+
 def test_shared_prefix_is_computed_once_and_changes_nothing(tiny):
     _, model, tok = tiny
     from tools import GENERIC_TOOLS, function_schema
