@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fsdp import full_state_dict
+from fsdp import barrier, full_state_dict
 
 # ---------------------------------------------------------------------------------------------------------------
 # Tasks: a seeded, resumable order over the training tasks (epochs of shuffled passes)
@@ -87,6 +87,26 @@ def save_checkpoint(out: Path, step: int, policy, opt, sampler: TaskSampler, ext
     for old in sorted((out / "checkpoints").glob("step-*"))[:-2]:  # keep the last two
         if old.name != final.name and not old.name.endswith(".tmp"):
             shutil.rmtree(old, ignore_errors=True)
+
+
+def save_pretrained(policy, tokenizer, path: Path, world_size: int, rank: int) -> None:
+    """The whole model in Hugging Face format (what vLLM, eval.py and load_policy read), written by rank 0 into a
+    temporary folder and renamed, so `path` is complete or absent. Every rank calls it: under FSDP gathering the
+    weights is a collective, and no rank goes on (e.g. to load the folder) before it is written."""
+    state = full_state_dict(policy, world_size)
+    # A gathered state dict holds tied weights as separate tensors (lm_head.weight beside the embedding it is tied
+    # to), which save_pretrained would write twice; drop the tied copies as it does for an unsharded model.
+    if getattr(policy.config, "tie_word_embeddings", False):
+        for tied in getattr(policy, "_tied_weights_keys", None) or {}:
+            state.pop(tied, None)
+    if rank == 0:
+        tmp = path.with_name(path.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        policy.save_pretrained(tmp, state_dict=state)
+        tokenizer.save_pretrained(tmp)
+        shutil.rmtree(path, ignore_errors=True)
+        os.replace(tmp, path)
+    barrier(world_size)
 
 
 def load_checkpoint(out: Path, policy, opt, sampler: TaskSampler, world_size: int) -> tuple[int, dict]:

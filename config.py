@@ -104,7 +104,9 @@ def parse_config(argv: list[str] | None = None) -> Config:
     for f in dataclasses.fields(Config):
         kind = type(f.default)
         if kind is bool:
-            p.add_argument(f"--{f.name}", type=_bool, default=None, metavar="BOOL", help=f.metadata["help"])
+            # `--resume` alone means true; `--resume false` / `--resume true` say it explicitly
+            p.add_argument(f"--{f.name}", type=_bool, nargs="?", const=True, default=None, metavar="BOOL",
+                           help=f.metadata["help"])
         else:
             p.add_argument(f"--{f.name}", type=kind, default=None, help=f.metadata["help"])
     given = {k: v for k, v in vars(p.parse_args(argv)).items() if v is not None}

@@ -13,21 +13,41 @@ step's token mean, so summing gradients over ranks (not averaging) gives exactly
 
 from __future__ import annotations
 
+import datetime
 import os
 import types
 
 import torch
 
+
 def dist_setup() -> tuple[int, int]:
+    """(rank, world_size): (0, 1) for a plain `python muarl.py`; under torchrun, joins the process group (NCCL on
+    GPUs, gloo on a CPU) and picks this rank's GPU."""
     if "WORLD_SIZE" not in os.environ or int(os.environ["WORLD_SIZE"]) == 1:
         return 0, 1
     import torch.distributed as dist
 
     backend = "nccl" if torch.cuda.is_available() else "gloo"
-    dist.init_process_group(backend)
+    # Rank 0 evaluates alone (muarl.run_eval) while the other ranks wait in their next collective; a held-out
+    # evaluation with an LLM user can outlast the default timeout (10 min for NCCL), so allow hours.
+    dist.init_process_group(backend, timeout=datetime.timedelta(hours=4))
     if torch.cuda.is_available():
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     return dist.get_rank(), dist.get_world_size()
+
+
+def barrier(world_size: int) -> None:
+    """Wait until every rank gets here (rank 0 wrote files the others read next); nothing on one process."""
+    if world_size > 1:
+        torch.distributed.barrier()
+
+
+def dist_teardown(world_size: int) -> None:
+    """End of a run under torchrun: wait for every rank, then close the process group (a rank that exits while
+    another still talks to it can abort that rank, and torch warns about a group never destroyed)."""
+    if world_size > 1:
+        barrier(world_size)
+        torch.distributed.destroy_process_group()
 
 
 def shard(model, activation_checkpointing: bool, bf16: bool):
@@ -104,6 +124,4 @@ if __name__ == "__main__":
     total = all_reduce([1.0], world_size)[0]
     print(f"rank {rank} of {world_size}: {len(after)} tensors gathered back, identical to the unsharded model: {same}; "
           f"ranks counted by all_reduce: {total:.0f}")
-    if world_size > 1:
-        torch.distributed.barrier()  # no rank tears down its connections while another still uses them
-        torch.distributed.destroy_process_group()
+    dist_teardown(world_size)  # no rank tears down its connections while another still uses them

@@ -38,9 +38,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from checkpoint import TaskSampler, load_checkpoint, save_checkpoint
+from checkpoint import TaskSampler, load_checkpoint, save_checkpoint, save_pretrained
 from config import TINY, Config, ConfigError, parse_config, validate  # noqa: F401  (muarl.Config etc. stay)
-from fsdp import all_reduce, all_sum, dist_setup, full_state_dict, shard
+from fsdp import all_reduce, all_sum, barrier, dist_setup, dist_teardown, full_state_dict, shard
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -171,21 +171,24 @@ def make_user_from(cfg: Config):
                      api_key=cfg.user_api_key or None, temperature=cfg.user_temperature, seed=cfg.seed)
 
 
-def build_or_load_model(cfg: Config, worlds: dict, out: Path, device: str, dtype: str):
-    """(policy, tokenizer, model_path). `tiny` builds a model and tokenizer from the training tasks' text."""
+def build_or_load_model(cfg: Config, worlds: dict, out: Path, device: str, dtype: str, rank: int = 0,
+                        world_size: int = 1):
+    """(policy, tokenizer, model_path). `tiny` builds a model and tokenizer from the training tasks' text (rank 0
+    builds and saves it; under torchrun the other ranks wait, then load the same files)."""
     from models import build_tiny, load_policy
 
     if cfg.model != "tiny":
         model, tok = load_policy(cfg.model, dtype=dtype, device=device)
         return model, tok, cfg.model
     path = out / "tiny-init"
-    if not (path / "config.json").exists():
+    if not (path / "config.json").exists() and rank == 0:
         texts = []
         for w in worlds.values():
             texts.append(w.policy)
             texts += [json.dumps(t.expert) for t in w.tasks("train")[:400] if t.expert]
         build_tiny(path, seed=cfg.seed, texts=texts, hidden=cfg.tiny_hidden, layers=cfg.tiny_layers,
                    split_digits=cfg.tiny_split_digits, vocab_size=cfg.tiny_vocab, intermediate=cfg.tiny_intermediate)
+    barrier(world_size)
     model, tok = load_policy(str(path), dtype="float32", device=device)
     return model, tok, str(path)
 
@@ -286,13 +289,11 @@ def main(argv: list[str] | None = None) -> dict:
         raise ConfigError(f"no training tasks in {cfg.domains}")
     user = make_user_from(cfg)
 
-    policy, tok, model_path = build_or_load_model(cfg, worlds, out, device, dtype)
+    policy, tok, model_path = build_or_load_model(cfg, worlds, out, device, dtype, rank, world_size)
     sampler = TaskSampler(train_tasks, cfg.seed)
-    opt = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    start, state = (load_checkpoint(out, policy, opt, sampler, world_size) if cfg.resume else (0, {}))
-    results = state.get("results", {})
-
+    fresh = not (cfg.resume and (out / "latest.json").exists())
     engine = None  # the rollout engine, built after the cold start; evaluations before it use the policy itself
+    results = {}
 
     def run_eval(name: str):
         eng = engine if engine is not None else make_engine("hf", model=policy, tokenizer=tok)
@@ -301,52 +302,51 @@ def main(argv: list[str] | None = None) -> dict:
         log({"phase": "eval", "name": name, **m})
         print(f"[eval] {name}: pass^1 {100 * m['pass^1']:.1f}% over {len(eval_tasks)} held-out tasks", flush=True)
 
+    if fresh and rank == 0 and eval_tasks and cfg.sft_epochs > 0:
+        run_eval("untrained")  # rank 0 alone, on the whole model: before it is sharded
+    # Under torchrun the policy is sharded now, so the cold start and RL both train it with FSDP2
+    if world_size > 1:
+        policy = shard(policy, cfg.activation_checkpointing, bf16=dtype == "bfloat16")
+    elif cfg.activation_checkpointing:
+        policy.gradient_checkpointing_enable()
+    opt = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    start, state = (load_checkpoint(out, policy, opt, sampler, world_size) if cfg.resume else (0, {}))
+    results.update(state.get("results", {}))
+
     # 0. cold start (SFT), unless resuming past it
-    if start == 0 and not state:
-        if rank == 0 and eval_tasks:
-            run_eval("untrained") if cfg.sft_epochs > 0 else None
-        if cfg.sft_epochs > 0:
-            convs = sft.load_jsonl(cfg.sft_data) if cfg.sft_data else sft.expert_conversations(train_tasks)
-            if not convs:
-                raise ConfigError("cold start needs conversations: synthetic tasks or --sft_data")
-            if cfg.model == "tiny" and cfg.copy_warmup > 0:  # a random model cannot copy yet: drills first
-                words = sorted({w for t in train_tasks[:400] for msg in t.expert or []
-                                for w in re.findall(r"[a-z]+", msg.get("content") or "")})
-                drills = sft.copy_examples(tok, 16 * cfg.copy_warmup, seed=cfg.seed, words=words)
-                sft.train(policy, drills, epochs=1, batch_size=16, lr=cfg.copy_lr, warmup=20, seed=cfg.seed,
-                          micro_batch_tokens=cfg.micro_batch_tokens, chunk_size=cfg.logprob_chunk,
-                          log=lambda r: log({**r, "phase": "copy_warmup"}), desc="copy drills")
-            tools = None if cfg.tools_in_prompt else []
-            examples = sft.render_examples(tok, [dict(c, tools=tools) if tools == [] else c for c in convs], worlds)
-            sft.train(policy, examples, epochs=cfg.sft_epochs, batch_size=cfg.sft_batch, lr=cfg.sft_lr,
-                      micro_batch_tokens=cfg.micro_batch_tokens, chunk_size=cfg.logprob_chunk, seed=cfg.seed, log=log)
-            opt = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-        if rank == 0 and eval_tasks:
-            run_eval("cold start" if cfg.sft_epochs > 0 else "start")
-        if cfg.sft_epochs > 0 and rank == 0:
-            policy.save_pretrained(out / "cold-start")
-            tok.save_pretrained(out / "cold-start")
+    cold_start = start == 0 and not state
+    if cold_start and cfg.sft_epochs > 0:
+        convs = sft.load_jsonl(cfg.sft_data) if cfg.sft_data else sft.expert_conversations(train_tasks)
+        if not convs:
+            raise ConfigError("cold start needs conversations: synthetic tasks or --sft_data")
+        ranks = {"world_size": world_size, "rank": rank}
+        if cfg.model == "tiny" and cfg.copy_warmup > 0:  # a random model cannot copy yet: drills first
+            words = sorted({w for t in train_tasks[:400] for msg in t.expert or []
+                            for w in re.findall(r"[a-z]+", msg.get("content") or "")})
+            drills = sft.copy_examples(tok, 16 * cfg.copy_warmup, seed=cfg.seed, words=words)
+            sft.train(policy, drills, epochs=1, batch_size=16, lr=cfg.copy_lr, warmup=20, seed=cfg.seed,
+                      micro_batch_tokens=cfg.micro_batch_tokens, chunk_size=cfg.logprob_chunk,
+                      log=lambda r: log({**r, "phase": "copy_warmup"}), desc="copy drills", **ranks)
+        tools = None if cfg.tools_in_prompt else []
+        examples = sft.render_examples(tok, [dict(c, tools=tools) if tools == [] else c for c in convs], worlds)
+        sft.train(policy, examples, epochs=cfg.sft_epochs, batch_size=cfg.sft_batch, lr=cfg.sft_lr,
+                  micro_batch_tokens=cfg.micro_batch_tokens, chunk_size=cfg.logprob_chunk, seed=cfg.seed, log=log,
+                  **ranks)
+        opt = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        save_pretrained(policy, tok, out / "cold-start", world_size, rank)  # every rank: a collective
 
     # the frozen reference: the policy as RL starts (after the cold start), as in the paper
     reference = None
     if cfg.kl_coef > 0:
         if (out / "cold-start").exists():
             reference = load_reference(str(out / "cold-start"))
-        elif state:  # resumed without a cold start: the policy has moved on, the starting weights are on disk
+        elif state or world_size > 1:  # the starting weights are on disk (the policy moved on, or is sharded)
             reference = load_reference(model_path, dtype=policy.dtype)
         else:
             reference = load_reference(model=policy)
         reference.to(device)
-    if world_size > 1:
-        bf16 = dtype == "bfloat16"
-        policy = shard(policy, cfg.activation_checkpointing, bf16)
-        if reference is not None:
-            reference = shard(reference, False, bf16)
-        opt = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-        if state:  # resumed: the optimizer state loaded above belonged to the unsharded parameters
-            load_checkpoint(out, policy, opt, sampler, world_size)
-    elif cfg.activation_checkpointing:
-        policy.gradient_checkpointing_enable()
+        if world_size > 1:
+            reference = shard(reference, False, bf16=dtype == "bfloat16")
 
     # the rollout engine: on CPU it shares the policy's weights; vLLM (or FSDP) keeps its own copy, synced below
     if engine_kind == "hf" and world_size == 1:
@@ -359,6 +359,8 @@ def main(argv: list[str] | None = None) -> dict:
     else:
         engine = make_engine("vllm", model_path=model_path, tokenizer=tok)
         engine.update_weights(full_state_dict(policy, world_size).items())
+    if cold_start and rank == 0 and eval_tasks:
+        run_eval("cold start" if cfg.sft_epochs > 0 else "start")
 
     from tqdm import tqdm
 
@@ -417,15 +419,14 @@ def main(argv: list[str] | None = None) -> dict:
             run_eval(f"GRPO ({cfg.steps} steps)")
         # every rank: under FSDP, gathering the full weights for the checkpoint is a collective
         save_checkpoint(out, cfg.steps, policy, opt, sampler, {"results": results}, world_size, rank)
+    save_pretrained(policy, tok, out / "final", world_size, rank)
     if rank == 0:
-        if world_size == 1:
-            policy.save_pretrained(out / "final")
-            tok.save_pretrained(out / "final")
         if results:
             table = format_table(list(results.items()))
             (out / "results.md").write_text(table + "\n")
             print("\nHeld-out success (greedy, scripted user)" if cfg.user == "scripted" else "\nHeld-out success")
             print(table)
+    dist_teardown(world_size)
     return results
 
 

@@ -20,6 +20,7 @@ Departures from the paper:
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import random
@@ -29,6 +30,7 @@ import torch
 from tqdm import tqdm
 
 import chat
+from fsdp import all_reduce, all_sum
 from grpo import pack_sequences, token_logprobs
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -100,10 +102,11 @@ def lr_at(step: int, total: int, lr: float, warmup: int) -> float:
 
 
 def sft_step(model, rows: list[dict], num_tokens: int, chunk_size: int) -> float:
-    """Accumulate the gradient of one optimizer step over packed rows; return the step's mean loss."""
+    """Accumulate the gradient of one optimizer step over packed rows; return their share of the step's mean loss."""
+    logprobs = getattr(model, "token_logprobs", None) or functools.partial(token_logprobs, model)  # FSDP: fsdp.shard
     total = 0.0
     for row in rows:
-        logp = token_logprobs(model, row["input_ids"], position_ids=row["position_ids"], chunk_size=chunk_size)  # (1, L)
+        logp = logprobs(row["input_ids"], position_ids=row["position_ids"], chunk_size=chunk_size)  # (1, L)
         loss = -(logp * row["mask"]).sum() / num_tokens  # this row's share of the step's token mean
         loss.backward()
         total += loss.item()
@@ -125,8 +128,14 @@ def train(
     log=None,
     show_progress: bool = True,
     desc: str = "cold start (SFT)",
+    world_size: int = 1,
+    rank: int = 0,
 ) -> list[float]:
-    """Fine-tune `model` in place on (ids, mask) examples; return the loss of every step."""
+    """Fine-tune `model` in place on (ids, mask) examples; return the loss of every step.
+
+    Under FSDP (world_size > 1, `model` sharded by fsdp.shard) every rank draws the same batches and trains on
+    its share of each (examples rank, rank + world_size, ...); each adds masked sum / N_tok of the WHOLE batch,
+    and FSDP sums the gradients over the ranks, so a step is the same token mean as on one process."""
     rng = random.Random(seed)
     steps_per_epoch = max(1, len(examples) // batch_size)
     total = max(1, int(round(epochs * steps_per_epoch)))
@@ -134,20 +143,23 @@ def train(
     model.train()
     order: list[int] = []
     losses = []
-    bar = tqdm(range(total), desc=desc, disable=not show_progress)
+    bar = tqdm(range(total), desc=desc, disable=not show_progress or rank != 0)
     for step in bar:
         if len(order) < batch_size:  # a fresh shuffled pass over the data
             perm = list(range(len(examples)))
             rng.shuffle(perm)
             order += perm
         idx, order = order[:batch_size], order[batch_size:]
-        seqs, masks = [examples[i][0] for i in idx], [examples[i][1] for i in idx]
-        rows = pack_sequences(seqs, masks, micro_batch_tokens)
-        n_tok = sum(sum(m) for m in masks)
+        n_tok = sum(sum(examples[i][1]) for i in idx)  # N_tok of the whole batch (every rank drew the same one)
+        mine = idx[rank::world_size]
+        rows = pack_sequences([examples[i][0] for i in mine], [examples[i][1] for i in mine], micro_batch_tokens)
+        # FSDP: every forward / backward is collective, so every rank runs as many rows (empty ones: loss 0)
+        n_rows = int(all_reduce([len(rows)], world_size, "max")[0])
+        rows += [pack_sequences([[0, 0]], [[0, 0]], 2)[0] for _ in range(n_rows - len(rows))]
         for g in opt.param_groups:
             g["lr"] = lr_at(step, total, lr, warmup)
         opt.zero_grad(set_to_none=True)
-        loss = sft_step(model, rows, max(1, n_tok), chunk_size)
+        loss = all_sum(sft_step(model, rows, max(1, n_tok), chunk_size), world_size)  # the whole batch's loss
         gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
         if math.isfinite(loss) and torch.isfinite(gnorm):
             opt.step()

@@ -466,8 +466,7 @@ FSDP_WORKER = textwrap.dedent("""
             torch.save(out, os.path.join({out!r}, case + ".pt"))
     # the last case leaves rank 1 idle while rank 0 saves: without a barrier it could tear down gloo's connections
     # under rank 0 (seen once in CI: rank 1 aborted, "terminate called without an active exception")
-    torch.distributed.barrier()
-    torch.distributed.destroy_process_group()
+    muarl.dist_teardown(world_size)
 """)
 
 
@@ -531,3 +530,43 @@ def test_fsdp2_two_ranks_match_one_process(tmp_path):
         print(f"FSDP2 vs one process, {opt}: loss {fsdp['stats']['loss']:.8f} vs {single['stats']['loss']:.8f}, "
               f"max weight difference {diff:.2e}")
         assert diff <= 1e-5, (opt, diff)
+
+
+@pytest.mark.slow
+def test_torchrun_cli_two_ranks(tmp_path):
+    """The real entry point under torchrun (2 ranks on gloo): rank 0 builds the tiny model while rank 1 waits, the
+    cold start trains the sharded model on each rank's half of every batch (same losses and weights as one
+    process), the reference and the final model are written, and --resume continues."""
+    args = ["--model", "tiny", "--tasks_per_step", "2", "--group_size", "2", "--sft_epochs", "0.02", "--sft_batch", "4",
+            "--eval_tasks", "2", "--max_new_tokens", "24", "--max_turns", "6", "--tiny_hidden", "64",
+            "--tiny_layers", "2", "--threads", "1", "--save_every", "1", "--copy_warmup", "3", "--kl_coef", "0.05"]
+    one, two = tmp_path / "one", tmp_path / "two"
+    r = run_cli(args + ["--out_dir", str(one), "--steps", "2"])
+    assert r.returncode == 0, r.stderr[-3000:]
+
+    def torchrun(extra):
+        cmd = [PY, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(_free_port()),
+               "muarl.py", *args, "--out_dir", str(two), *extra]
+        return subprocess.run(cmd, cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300)
+
+    r = torchrun(["--steps", "2"])
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    train = {}
+    for d in (one, two):
+        recs = [json.loads(line) for line in (d / "log.jsonl").read_text().splitlines()]
+        train[d] = [(x["loss"], x["grad_norm"]) for x in recs if x["phase"] in ("copy_warmup", "sft")]
+    assert len(train[two]) == len(train[one]) > 3  # 3 copy drills, then the cold start
+    for (l1, g1), (l2, g2) in zip(train[one], train[two]):
+        assert l2 == pytest.approx(l1, rel=1e-5) and g2 == pytest.approx(g1, rel=1e-4)
+    from safetensors.torch import load_file
+
+    a, b = (load_file(d / "cold-start" / "model.safetensors") for d in (one, two))
+    assert a.keys() == b.keys()  # tied weights are written once, as one process writes them
+    assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-4
+    assert (two / "final" / "model.safetensors").is_file() and (two / "episodes-rank1.jsonl").is_file()
+    assert [x["step"] for x in grpo_records(two)] == [0, 1]
+
+    r = torchrun(["--steps", "3", "--resume"])  # a bare --resume means true
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    assert [x["step"] for x in grpo_records(two)] == [0, 1, 2]
+    assert "| GRPO (3 steps) |" in (two / "results.md").read_text()
