@@ -338,15 +338,16 @@ def main(argv: list[str] | None = None) -> dict:
     # the frozen reference: the policy as RL starts (after the cold start), as in the paper
     reference = None
     if cfg.kl_coef > 0:
-        if (out / "cold-start").exists():
-            reference = load_reference(str(out / "cold-start"))
+        if (out / "cold-start").exists():  # loaded on the CPU, in the policy's dtype
+            reference = load_reference(str(out / "cold-start"), dtype=policy.dtype)
         elif state or world_size > 1:  # the starting weights are on disk (the policy moved on, or is sharded)
             reference = load_reference(model_path, dtype=policy.dtype)
         else:
             reference = load_reference(model=policy)
-        reference.to(device)
-        if world_size > 1:
+        if world_size > 1:  # fully_shard moves each rank's shard to its device: the whole never lands on a GPU
             reference = shard(reference, False, bf16=dtype == "bfloat16")
+        else:
+            reference.to(device)
 
     # the rollout engine: on CPU it shares the policy's weights; vLLM (or FSDP) keeps its own copy, synced below
     if engine_kind == "hf" and world_size == 1:
