@@ -21,11 +21,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface, DynamicCache
-from transformers.cache_utils import DynamicLayer
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from engine import Sample, default_stop_ids, prompt_seeds, sample_step
-from kv_store import CachedSeq, KVStore, weights_version
+from kv_store import BufferLayer, CachedSeq, KVStore, weights_version
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -40,49 +39,6 @@ def common_prefix_len(seqs: list[list[int]]) -> int:
         if any(s[i] != t for s in seqs):
             return i
     return n
-
-
-class BufferLayer(DynamicLayer):
-    """One layer's keys/values, in a buffer allocated once per call.
-
-    transformers' DynamicLayer appends each step's keys/values with torch.cat, copying the whole cache every step
-    (a third of a CPU decode step here). This layer gets a buffer big enough for the cached tokens, the prompt
-    rests and the decode budget; each forward writes its columns in place and the filled part is exposed as a
-    view, so everything else in transformers sees an ordinary DynamicLayer."""
-
-    def __init__(self, k_buf: torch.Tensor, v_buf: torch.Tensor, n: int, start: int = 0):
-        super().__init__()
-        self.lazy_initialization(k_buf, v_buf)  # dtype, device, is_initialized
-        self._k, self._v = k_buf, v_buf  # (B, H, capacity, D)
-        self.start, self.end = start, n  # the model sees columns start .. end - 1
-        self._views()
-
-    def _views(self) -> None:
-        """What transformers sees: columns start .. end - 1 of the buffers, (B, H, end - start, D) views. Columns
-        before `start` are left padding of every row (see skip_padding), so attention need not read them."""
-        self.keys, self.values = self._k[:, :, self.start : self.end], self._v[:, :, self.start : self.end]
-
-    def update(self, key_states, value_states, *args, **kwargs):
-        n, k = self.end, key_states.shape[-2]
-        self._k[:, :, n : n + k] = key_states  # a full buffer is a shape error here, never a silent copy
-        self._v[:, :, n : n + k] = value_states
-        self.end = n + k
-        self._views()
-        return self.keys, self.values
-
-    def move_rows(self, holes: list[int], movers: list[int], b: int) -> None:
-        """Rows leave the batch: row movers[i] is copied into the slot holes[i] (its filled columns only), then the
-        batch is cut to its first b rows, a view. One row's copy per departure, not a copy of the whole cache."""
-        for h, m in zip(holes, movers):
-            self._k[h, :, : self.end] = self._k[m, :, : self.end]
-            self._v[h, :, : self.end] = self._v[m, :, : self.end]
-        self._k, self._v = self._k[:b], self._v[:b]  # (b, H, capacity, D)
-        self._views()
-
-    def skip_padding(self, start: int) -> None:
-        """From now on, show the model columns start .. end - 1 only (no row has a real column before start)."""
-        self.start = start
-        self._views()
 
 
 # Attention while sampling on a CPU: grouped-query attention without copies
@@ -133,7 +89,9 @@ class HFEngine:
                 starts at position c_i), so a padded row computes exactly what it would alone. Rows are
                 ordered by rest length and run in groups of similar rests (one forward each, each on its
                 slice of the same buffers), so a short user message is not padded to a long tool result
-      decode    one token per row per step; the cache grows by one column, in place (BufferLayer)
+      decode    one token per row per step; the cache grows by one column, in place (BufferLayer), and the
+                padding mask reaches attention ready-made; columns that are padding for every live row are
+                not shown to the model
       finish    a row that sampled a stop token (kept, with its log-prob) or used its budget stops sampling and
                 its keys/values (real columns only) go to the store; it leaves the batch at once (the last
                 unfinished row moves into its slot), so every step runs on unfinished rows only
