@@ -152,6 +152,17 @@ def bad_model_dirs(tmp_path_factory):
     return {"no_template": no_template, "head16": head16}
 
 
+def test_boolean_flags_bare_or_with_a_value(capsys):
+    assert muarl.parse_config([]).resume is False
+    assert muarl.parse_config(["--resume"]).resume is True  # bare: true, as the README writes it
+    assert muarl.parse_config(["--resume", "--steps", "3"]).resume is True  # a bare flag does not eat the next one
+    assert muarl.parse_config(["--resume", "off"]).resume is False
+    assert muarl.parse_config(["--activation_checkpointing", "yes"]).activation_checkpointing is True
+    with pytest.raises(SystemExit):
+        muarl.parse_config(["--resume", "maybe"])
+    assert "expected true/false, got 'maybe'" in capsys.readouterr().err
+
+
 def test_tokenizer_without_chat_template_is_refused(bad_model_dirs):
     from models import load_tokenizer
 
