@@ -29,6 +29,7 @@ import dataclasses
 import functools
 import json
 import math
+import os
 import random
 import re
 import sys
@@ -40,7 +41,7 @@ import torch
 
 from checkpoint import TaskSampler, load_checkpoint, save_checkpoint, save_pretrained
 from config import TINY, Config, ConfigError, parse_config, validate  # noqa: F401  (muarl.Config etc. stay)
-from fsdp import all_reduce, all_sum, barrier, dist_setup, dist_teardown, full_state_dict, shard
+from fsdp import all_reduce, all_sum, barrier, dist_setup, dist_teardown, exit_now, full_state_dict, shard
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -434,6 +435,7 @@ def main(argv: list[str] | None = None) -> dict:
 if __name__ == "__main__":
     try:
         main()
+        exit_now(int(os.environ.get("WORLD_SIZE", 1)))  # under torchrun: leave before gloo's exit-time abort
     except ConfigError as e:
         print(f"muarl: config error: {e}", file=sys.stderr)
         sys.exit(2)

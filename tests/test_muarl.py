@@ -478,6 +478,7 @@ FSDP_WORKER = textwrap.dedent("""
     # the last case leaves rank 1 idle while rank 0 saves: without a barrier it could tear down gloo's connections
     # under rank 0 (seen once in CI: rank 1 aborted, "terminate called without an active exception")
     muarl.dist_teardown(world_size)
+    muarl.exit_now(world_size)
 """)
 
 
