@@ -253,9 +253,8 @@ class HFEngine:
         # They form a few contiguous spans (cached | rest | sampled): copy span by span, ~5x faster than indexing
         cut = (torch.nonzero(cols[1:] - cols[:-1] != 1)[:, 0] + 1).tolist()  # where a new span starts
         spans = [(int(cols[a]), int(cols[b - 1]) + 1) for a, b in zip([0] + cut, cut + [len(cols)])]
-        keys = [torch.cat([layer._k[j][:, a:b] for a, b in spans], dim=1) for layer in cache.layers]  # (H, n, D)
-        values = [torch.cat([layer._v[j][:, a:b] for a, b in spans], dim=1) for layer in cache.layers]
-        return CachedSeq(np.asarray(tokens, dtype=np.int64), keys, values)
+        kv = [layer.copy_row(j, spans) for layer in cache.layers]  # per layer: keys, values (H, n, D) each
+        return CachedSeq(np.asarray(tokens, dtype=np.int64), [k for k, _ in kv], [v for _, v in kv])
 
     def _keep(self, cache, mask, js, rows, prompts, samples, hits) -> None:
         """Store the sequences of live rows js: prompt + sampled tokens but the last (sampled, never fed)."""

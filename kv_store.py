@@ -138,6 +138,12 @@ class BufferLayer(DynamicLayer):
         self._k, self._v = self._k[:b], self._v[:b]  # (b, H, capacity, D)
         self._views()
 
+    def copy_row(self, j: int, spans: list[tuple[int, int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Row j's keys and values in the buffer columns [a, b) of each span, in order: a copy, (H, n, D) each."""
+        keys = torch.cat([self._k[j][:, a:b] for a, b in spans], dim=1)  # (H, n, D)
+        values = torch.cat([self._v[j][:, a:b] for a, b in spans], dim=1)
+        return keys, values
+
     def skip_padding(self, start: int) -> None:
         """From now on, show the model columns start .. end - 1 only (no row has a real column before start)."""
         self.start = start
