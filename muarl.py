@@ -359,7 +359,8 @@ def main(argv: list[str] | None = None) -> dict:
         engine = make_engine("hf", model=load_policy(model_path, dtype=dtype, device=device)[0], tokenizer=tok)
         engine.update_weights(full_state_dict(policy, world_size).items())
     else:
-        engine = make_engine("vllm", model_path=model_path, tokenizer=tok)
+        # on a GPU, vLLM shares the device with the trainer: it sleeps through each update (below)
+        engine = make_engine("vllm", model_path=model_path, tokenizer=tok, enable_sleep_mode=True, seed=cfg.seed)
         engine.update_weights(full_state_dict(policy, world_size).items())
     if cold_start and rank == 0 and eval_tasks:
         run_eval("cold start" if cfg.sft_epochs > 0 else "start")
@@ -372,12 +373,11 @@ def main(argv: list[str] | None = None) -> dict:
         t = {"start": time.perf_counter()}
         # 1. sample tasks (every rank draws the same B, then takes its share), 2. roll out B x G episodes
         tasks = sampler.next(cfg.tasks_per_step)[rank * per_rank : (rank + 1) * per_rank]
-        engine.wake_up()
         policy.eval()
         # episode k samples with seed + k (rollout.turn_seed): steps and ranks get seeds 2^16 apart
         episodes = rollout(tasks, cfg.group_size, worlds, engine, tok, user,
                            rollout_cfg(cfg, seed=((cfg.seed * 1_000_003 + step) * 4096 + rank) * 2**16))
-        engine.sleep()
+        engine.sleep()  # vLLM on a GPU frees its memory for the update; HFEngine drops its stored keys/values
         t["rollout"] = time.perf_counter()
         episodes_log.write(episodes, step=step)
         # 3. advantages, group by group (aborted groups dropped)
@@ -389,7 +389,9 @@ def main(argv: list[str] | None = None) -> dict:
         else:
             upd = {"skipped": True, "reason": "every group had an aborted episode"}
         t["update"] = time.perf_counter()
-        # 6. sync the new weights into the rollout engine (a no-op when it shares the policy's weights)
+        # 6. sync the new weights into the rollout engine (a no-op when it shares the policy's weights). It wakes
+        # first: a sleeping vLLM engine has handed its weights' memory back, so they cannot be written
+        engine.wake_up()
         if not (engine_kind == "hf" and world_size == 1):
             engine.update_weights(full_state_dict(policy, world_size).items())
         t["sync"] = time.perf_counter()

@@ -265,6 +265,54 @@ def test_smoke_cli(tmp_path):
     assert table.strip() in r.stdout
 
 
+def test_engine_sleeps_through_the_update_and_is_awake_for_everything_else(tmp_path, tiny_init, monkeypatch):
+    """vLLM on a GPU shares the device with the trainer: it sleeps while the policy updates, and a sleeping engine
+    has handed its weights' memory back, so it must be awake to receive new weights or to generate. Played here
+    by a separate-copy HFEngine standing in for `--engine vllm`, which fails any call made while asleep."""
+    import engine as engine_mod
+    from hf_engine import HFEngine
+    from models import load_policy
+
+    calls = []
+
+    class SleepyEngine(HFEngine):
+        asleep = False
+
+        def generate(self, *a, **k):
+            assert not self.asleep, "generate() on a sleeping engine"
+            calls.append("generate")
+            return super().generate(*a, **k)
+
+        def update_weights(self, named_tensors):
+            assert not self.asleep, "update_weights() on a sleeping engine"
+            calls.append("update_weights")
+            super().update_weights(named_tensors)
+
+        def sleep(self):
+            self.asleep = True
+            calls.append("sleep")
+
+        def wake_up(self):
+            self.asleep = False
+            calls.append("wake_up")
+
+    def fake_make_engine(kind, model=None, tokenizer=None, model_path=None, **kwargs):
+        if kind == "vllm":
+            assert kwargs.get("enable_sleep_mode") is True
+            return SleepyEngine(load_policy(str(model_path))[0], tokenizer)
+        return HFEngine(model, tokenizer)
+
+    monkeypatch.setattr(engine_mod, "make_engine", fake_make_engine)
+    out = new_run(tmp_path, tiny_init, "sleepy")
+    muarl.main(TINY + ["--engine", "vllm", "--steps", "2", "--out_dir", str(out)])
+    # per step: roll out, sleep, (update), wake, sync; the evaluations run awake
+    steps = [i for i, c in enumerate(calls) if c == "sleep"]
+    assert len(steps) == 2
+    for i in steps:
+        assert calls[i + 1 : i + 3] == ["wake_up", "update_weights"]
+    assert calls[0] == "update_weights" and calls[-1] == "generate"  # the first sync; the final evaluation
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # 3. Resume determinism: N steps straight == k steps, then --resume to N
 
