@@ -55,3 +55,9 @@ def test_bench_rollout_quick_vllm():
     pytest.importorskip("vllm")
     lines = run_bench("bench_rollout.py", "--quick", "--engine", "vllm")
     assert lines[-1].startswith("ratio vllm: batched / sequential episodes per second = "), lines[-3:]
+
+
+def test_bench_decode_attention_quick():
+    lines = run_bench("bench_decode_attention.py", "--rows", "1", "2", "--context", "64", "--rounds", "3")
+    assert sum("GB/s of keys/values" in line for line in lines) == 2 * 3 * 2  # rows x dtypes x masks
+    assert lines[-1].startswith("ratio at 2 rows, time / fp32 time: bf16 ")
