@@ -228,7 +228,23 @@ def bench_engine(name, engine, tasks, group, worlds, tok, user, cfg, reps) -> tu
         print(f"[{name}] rep {r} same work: {same}/{len(a)} episodes have identical token streams in both variants"
               + ("" if same == len(a) else " (the rest diverged where float rounding of a batched matmul flipped a "
                                             "draw, then played on)"), flush=True)
+        if res["batched"][-1]["engine"]:  # HFEngine: what a decode step costs, and the most batching saves there
+            print(f"[{name}] rep {r} {decode_costs(res['batched'][-1]['engine'], res['sequential'][-1]['engine'])}",
+                  flush=True)
     return res, same_per_rep
+
+
+def decode_costs(bat: dict, seq: dict) -> str:
+    """The decode phase as a fixed cost per step plus a cost per row: a one-row step (sequential) costs f; a
+    batched step of b rows on average costs f + b * c, so c = (batched seconds - steps * f) / row-steps. Both
+    variants decode the same row-steps, so decoding alone gains seq / batched = rows * f / (steps * f + rows * c):
+    the ceiling the whole ratio stays under (prefill and bookkeeping are added to both)."""
+    f = seq["decode_s"] / max(1, seq["decode_steps"])  # seconds per one-row step
+    steps, rows = bat["decode_steps"], bat["decode_row_steps"]
+    c = (bat["decode_s"] - steps * f) / max(1, rows)  # seconds per extra row in a batched step
+    return (f"decode: one-row step {1e3 * f:.2f} ms; a batched step of {rows / max(1, steps):.1f} rows on average "
+            f"{1e3 * bat['decode_s'] / max(1, steps):.2f} ms = {1e3 * f:.2f} + rows x {1e3 * c:.3f} ms; decoding "
+            f"alone gains {seq['decode_s'] / max(1e-9, bat['decode_s']):.2f}x")
 
 
 def make(kind: str, model_dir: Path, args):

@@ -47,6 +47,7 @@ def test_bench_rollout_quick_hf():
     # both variants sampled the same tokens (per-episode seeds), so the ratio compares the same work
     assert "[hf] rep 0 same work: 8/8 episodes have identical token streams in both variants" in lines, lines
     assert reps[0].split(" sampled,")[0].split()[-1] == reps[1].split(" sampled,")[0].split()[-1]
+    assert any(line.startswith("[hf] rep 0 decode: one-row step ") and " gains " in line for line in lines), lines
 
 
 @pytest.mark.slow
