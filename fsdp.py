@@ -14,6 +14,7 @@ step's token mean, so summing gradients over ranks (not averaging) gives exactly
 from __future__ import annotations
 
 import datetime
+import functools
 import os
 import sys
 import types
@@ -88,6 +89,22 @@ def shard(model, activation_checkpointing: bool, bf16: bool):
     model.token_logprobs = types.MethodType(token_logprobs, model)
     register_fsdp_forward_method(model, "token_logprobs")
     return model
+
+
+def logprobs_fn(model):
+    """What computes `model`'s token log-probs: the hooked method shard() gave a sharded model, else
+    grpo.token_logprobs bound to the model (the same signature either way)."""
+    from grpo import token_logprobs
+
+    return getattr(model, "token_logprobs", None) or functools.partial(token_logprobs, model)
+
+
+def even_rows(rows: list[dict], world_size: int, empty: dict) -> list[dict]:
+    """Under FSDP every forward and backward gathers / reduce-scatters the sharded weights with the other ranks, so
+    every rank must run as many rows: a rank with fewer (or none) runs `empty` ones, two tokens with mask 0 (the
+    fewest token_logprobs scores), whose loss and gradient are 0. Returns rows padded to the most any rank has."""
+    n_rows = int(all_reduce([len(rows)], world_size, "max")[0])
+    return rows + [empty] * (n_rows - len(rows))
 
 
 def full_state_dict(model, world_size: int) -> dict:

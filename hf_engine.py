@@ -114,7 +114,6 @@ class HFEngine:
         self.pad_id = pad if pad is not None else 0  # any id works: padded positions are masked out
         self.store = KVStore(int(cache_gib * 2**30))
         self._version = None  # weights_version(model) when the store was filled
-        self._mask_4d = False  # set per call in generate(): whether the decode mask goes to the model in 4D
         self.stats = Counter()  # tokens and seconds, per phase, summed over calls (bench/bench_rollout.py prints them)
 
     def reset_cache(self) -> None:
@@ -143,9 +142,8 @@ class HFEngine:
         gqa = self.model.device.type == "cpu" and self.model.config._attn_implementation == "sdpa"
         if gqa:
             self.model.set_attn_implementation(GQA_SDPA)  # see sdpa_gqa_attention; restored below
-        self._mask_4d = gqa  # our attention takes the decode mask ready-made (other implementations get a 2D one)
-        try:
-            return self._sample(prompts, max_new_tokens, temperature, top_p, stop, uniforms)
+        try:  # our attention function takes the decode mask ready-made (4D); other implementations get a 2D one
+            return self._sample(prompts, max_new_tokens, temperature, top_p, stop, uniforms, mask_4d=gqa)
         finally:
             if gqa:
                 self.model.set_attn_implementation("sdpa")
@@ -267,7 +265,7 @@ class HFEngine:
         self.stats["store_s"] += time.perf_counter() - t0
 
     @torch.no_grad()
-    def _sample(self, prompts, max_new_tokens, temperature, top_p, stop, uniforms) -> list[Sample]:
+    def _sample(self, prompts, max_new_tokens, temperature, top_p, stop, uniforms, mask_4d: bool) -> list[Sample]:
         samples = [Sample() for _ in prompts]
         if not prompts or max_new_tokens <= 0:
             return samples
@@ -298,8 +296,8 @@ class HFEngine:
         n = mask.shape[1]
         attends = torch.zeros(len(rows), n + max_new_tokens, dtype=torch.bool, device=dev)  # (B, capacity)
         attends[:, :n] = mask.bool()
-        bias = torch.zeros(attends.shape, dtype=self._kv_shape()[2], device=dev).masked_fill_(~attends, float("-inf"))
-        bias[:, n:] = 0  # the decode columns: each is real for every row once written
+        bias = torch.zeros(attends.shape, dtype=self._kv_shape()[2], device=dev)  # (B, capacity); decode columns: 0
+        bias[:, :n].masked_fill_(~attends[:, :n], float("-inf"))
         start, padded = self._layout(cache, attends, n)
 
         # 4. decode: every row in the batch is still sampling (finished rows leave at once, below)
@@ -338,7 +336,7 @@ class HFEngine:
             n += 1
             if not padded:
                 mask = None
-            elif self._mask_4d:
+            elif mask_4d:
                 mask = bias[:, None, None, start:n]  # (b, 1, 1, n - start)
             else:
                 mask = attends[:, start:n]  # (b, n - start): transformers builds the mask its attention needs

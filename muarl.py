@@ -26,7 +26,6 @@ Departures from the paper (see also the README):
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import math
 import os
@@ -41,7 +40,8 @@ import torch
 
 from checkpoint import TaskSampler, load_checkpoint, save_checkpoint, save_pretrained
 from config import TINY, Config, ConfigError, parse_config, validate  # noqa: F401  (muarl.Config etc. stay)
-from fsdp import all_reduce, all_sum, barrier, dist_setup, dist_teardown, exit_now, full_state_dict, shard
+from fsdp import (all_reduce, all_sum, barrier, dist_setup, dist_teardown, even_rows, exit_now,
+                  full_state_dict, logprobs_fn, shard)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -69,19 +69,13 @@ def update(policy, reference, episodes, advantages, opt, cfg: Config, world_size
     The step's loss is the token mean over every trained token of every rank's episodes; each packed row adds
     its share (masked sum / N_tok) to the gradient, so splitting into micro-batches changes nothing.
     """
-    from grpo import grpo_loss, pack_sequences, token_logprobs
-
-    def logprobs_of(model):  # an FSDP-sharded model carries its own hooked token_logprobs (see shard)
-        return getattr(model, "token_logprobs", None) or functools.partial(token_logprobs, model)
+    from grpo import grpo_loss, pack_sequences
 
     seqs, masks = [e.ids for e in episodes], [e.mask for e in episodes]
     rows = pack_sequences(seqs, masks, cfg.micro_batch_tokens, adv=advantages, sample_logp=[e.logprobs for e in episodes])
-    # Under FSDP every forward and backward gathers / reduce-scatters the sharded weights with the other ranks, so
-    # every rank must run as many rows: a rank with fewer (or none: all its groups aborted) runs empty ones, two
-    # tokens with mask 0 (the fewest token_logprobs scores), whose loss and gradient are 0.
-    n_rows = int(all_reduce([len(rows)], world_size, "max")[0])
-    rows += [pack_sequences([[0, 0]], [[0, 0]], 2, adv=[0.0], sample_logp=[[0.0, 0.0]])[0]
-             for _ in range(n_rows - len(rows))]
+    # FSDP: every rank runs as many rows (a rank whose groups all aborted runs only empty ones)
+    empty = pack_sequences([[0, 0]], [[0, 0]], 2, adv=[0.0], sample_logp=[[0.0, 0.0]])[0]
+    rows = even_rows(rows, world_size, empty)
     n_tok = all_sum(float(sum(sum(m) for m in masks)), world_size)  # N_tok of the whole step
     opt.zero_grad(set_to_none=True)
     totals = {"loss": 0.0, "clip_frac": 0.0, "kl": 0.0, "entropy": 0.0, "logp_gap": 0.0, "tokens": 0.0}
@@ -91,8 +85,8 @@ def update(policy, reference, episodes, advantages, opt, cfg: Config, world_size
         ref_logp = None
         if cfg.kl_coef > 0 and reference is not None:
             with torch.no_grad():
-                ref_logp = logprobs_of(reference)(ids, position_ids=pos, chunk_size=cfg.logprob_chunk)  # (1, L)
-        logp, ent = logprobs_of(policy)(ids, position_ids=pos, chunk_size=cfg.logprob_chunk, return_entropy=True)
+                ref_logp = logprobs_fn(reference)(ids, position_ids=pos, chunk_size=cfg.logprob_chunk)  # (1, L)
+        logp, ent = logprobs_fn(policy)(ids, position_ids=pos, chunk_size=cfg.logprob_chunk, return_entropy=True)
         old_logp = logp.detach()  # one update per batch: the sampling policy is this policy (departure 1)
         loss, st = grpo_loss(logp, old_logp, ref_logp, row["adv"], mask, cfg.clip_low, cfg.clip_high,
                              cfg.kl_coef, num_tokens=max(n_tok, 1.0), entropy=ent)

@@ -20,7 +20,6 @@ Departures from the paper:
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 import random
@@ -30,8 +29,8 @@ import torch
 from tqdm import tqdm
 
 import chat
-from fsdp import all_reduce, all_sum
-from grpo import pack_sequences, token_logprobs
+from fsdp import all_sum, even_rows, logprobs_fn
+from grpo import pack_sequences
 
 # ---------------------------------------------------------------------------------------------------------------
 # Data
@@ -103,7 +102,7 @@ def lr_at(step: int, total: int, lr: float, warmup: int) -> float:
 
 def sft_step(model, rows: list[dict], num_tokens: int, chunk_size: int) -> float:
     """Accumulate the gradient of one optimizer step over packed rows; return their share of the step's mean loss."""
-    logprobs = getattr(model, "token_logprobs", None) or functools.partial(token_logprobs, model)  # FSDP: fsdp.shard
+    logprobs = logprobs_fn(model)  # under FSDP, the sharded model's hooked method
     total = 0.0
     for row in rows:
         logp = logprobs(row["input_ids"], position_ids=row["position_ids"], chunk_size=chunk_size)  # (1, L)
@@ -153,9 +152,7 @@ def train(
         n_tok = sum(sum(examples[i][1]) for i in idx)  # N_tok of the whole batch (every rank drew the same one)
         mine = idx[rank::world_size]
         rows = pack_sequences([examples[i][0] for i in mine], [examples[i][1] for i in mine], micro_batch_tokens)
-        # FSDP: every forward / backward is collective, so every rank runs as many rows (empty ones: loss 0)
-        n_rows = int(all_reduce([len(rows)], world_size, "max")[0])
-        rows += [pack_sequences([[0, 0]], [[0, 0]], 2)[0] for _ in range(n_rows - len(rows))]
+        rows = even_rows(rows, world_size, pack_sequences([[0, 0]], [[0, 0]], 2)[0])  # FSDP: as many rows per rank
         for g in opt.param_groups:
             g["lr"] = lr_at(step, total, lr, warmup)
         opt.zero_grad(set_to_none=True)
