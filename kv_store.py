@@ -24,7 +24,8 @@ from transformers.cache_utils import DynamicLayer
 def weights_version(model) -> tuple:
     """A value that changes whenever a parameter is changed in place or replaced. torch bumps a tensor's `_version`
     on every in-place op (an optimizer step, `copy_`, `load_state_dict`), and a replaced tensor has a new address.
-    Writes through `p.data` are invisible to it (torch gives `.data` its own counter): call reset_cache() after those."""
+    Writes through `p.data` are invisible to it (torch gives `.data` its own counter): call reset_cache() after
+    those."""
     return tuple((p.data_ptr(), p._version) for p in model.parameters())
 
 

@@ -215,7 +215,7 @@ def build_tiny(
     """Train a tokenizer on `texts` (default: `default_corpus`), build a random Qwen3 model, save both to out_dir.
 
     Returns (model, tokenizer). `texts` replaces the default corpus (the template's own tool instructions are
-    always added), so a caller can pass e.g. `[world.policy, json.dumps(world.tool_schemas())]`.
+    always added), so a caller can pass e.g. `[world.rules, json.dumps(world.tool_schemas())]`.
     The vocabulary may come out smaller than `vocab_size` when the corpus has fewer distinct merges.
     """
     from transformers import Qwen3Config, Qwen3ForCausalLM

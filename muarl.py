@@ -1,16 +1,17 @@
-"""MUA-RL training: cold-start SFT, then GRPO on live multi-turn conversations with a simulated user.
+"""MUA-RL training: cold-start SFT, then GRPO on live multi-turn conversations with a simulated customer.
 
     python muarl.py --model tiny                                   # CPU demo: builds a tiny model, SFT, GRPO, table
     python muarl.py --model Qwen/Qwen3-8B --domains retail,airline --user llm --user_model gpt-4.1 ...
     torchrun --nproc_per_node 8 muarl.py --model Qwen/Qwen3-32B ...  # FSDP2, one rollout engine per rank
 
-The loop (paper, Algorithm 1), one optimizer step per iteration:
+The loop (MUA-RL, Zhao et al. 2025, arXiv:2508.18669, Algorithm 1), one optimizer step per iteration, is `main()`:
 
-    1 sample B tasks                     5 optimizer step (AdamW, grad clip; skipped if not finite)
-    2 roll out B x G conversations       6 sync the new weights into the rollout engine
-    3 rewards -> group advantages        7 log (JSONL + progress bar)
-    4 loss and backward, micro-batched   8 evaluate and checkpoint, every so often
+    1 roll out B tasks x G conversations   5 optimizer step (AdamW, grad clip; skipped if not finite)
+    2 score: the final database            6 sync the new weights into the rollout engine
+    3 rewards -> group advantages          7 log (JSONL + progress bar)
+    4 loss and backward, packed rows       8 evaluate and checkpoint, every so often
 
+Everything before the loop (worlds, tasks, customer, models, the cold start, the engine) is `build_run()`.
 Symbols: B = tasks per step, G = group size (rollouts per task), T = tokens, N_tok = trained tokens in a step.
 
 Departures from the paper (see also the README):
@@ -20,7 +21,7 @@ Departures from the paper (see also the README):
 2. `--model tiny` switches to a CPU preset (config.TINY): the shop world (domains/shop.py), a model built from
    scratch that first gets copy drills (a stand-in for pre-training), short turns, a larger learning rate,
    top-p 0.9 in training, the tool schemas learned from SFT data instead of read from the prompt.
-3. Groups with an aborted episode (the user simulator failed) are dropped from the step, not scored 0.
+3. Groups with an aborted episode (the customer simulator failed) are dropped from the step, not scored 0.
 """
 
 from __future__ import annotations
@@ -33,229 +34,173 @@ import random
 import re
 import sys
 import time
+from collections import Counter
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
+import chat
+import sft
 from checkpoint import TaskSampler, load_checkpoint, save_checkpoint, save_pretrained
-from config import TINY, Config, ConfigError, parse_config, validate  # noqa: F401  (muarl.Config etc. stay)
-from fsdp import (all_reduce, all_sum, barrier, dist_setup, dist_teardown, even_rows, exit_now,
-                  full_state_dict, logprobs_fn, shard)
-
+from config import Config, ConfigError, parse_config, validate  # noqa: F401  (muarl.Config stays importable)
+from domains import load_worlds, task_sets
+from engine import check_vllm_model, make_engine
+from eval import evaluate, format_table
+from fsdp import all_gather_episodes, all_sum, barrier, dist_setup, dist_teardown, even_rows, exit_now
+from fsdp import full_state_dict, reduce_stats, shard
+from grpo import ADVANTAGES, grpo_loss, pack_sequences, token_advantages, token_logprobs
+from models import build_tiny, load_policy, load_reference
+from rollout import PolicyAgent, RolloutConfig, TrajectoryLog, rollout, score
+from sampling import episode_seed
+from user_sim import make_user
 
 # ---------------------------------------------------------------------------------------------------------------
-# 3 + 4. Advantages and the update
+# 3 + 4 + 5. Advantages and the update
 
 
-def episode_advantages(episodes, group_size: int, scale_by_std: bool):
-    """Rewards -> advantages, group by group. Groups holding an aborted episode are dropped (returned as None)."""
-    from grpo import group_advantages
-
+def advantages(episodes, cfg: Config) -> tuple[list, list]:
+    """Rewards -> advantages, group by group, with the estimator cfg.advantage (grpo.ADVANTAGES). Groups holding an
+    aborted episode are dropped. Returns (kept episodes, their advantages: a number or a per-token list each)."""
     keep, adv = [], []
-    for g in range(0, len(episodes), group_size):
-        group = episodes[g : g + group_size]
+    G = cfg.group_size
+    for g in range(0, len(episodes), G):
+        group = episodes[g : g + G]
         if any(e.aborted for e in group):
             continue
         rewards = torch.tensor([e.reward for e in group])  # (G,)
-        adv += group_advantages(rewards, group_size, scale_by_std=scale_by_std).tolist()
-        keep += group
+        for e, a in zip(group, ADVANTAGES[cfg.advantage](rewards, G).tolist()):
+            adv.append(token_advantages(a, e.spans, len(e.ids), cfg.turn_bonus))
+            keep.append(e)
     return keep, adv
 
 
 def update(policy, reference, episodes, advantages, opt, cfg: Config, world_size: int = 1) -> dict:
-    """One optimizer step of GRPO on this rank's episodes. Returns stats (plain floats).
+    """One optimizer step of GRPO on this rank's episodes: pack -> log-probs -> loss -> backward -> step.
 
     The step's loss is the token mean over every trained token of every rank's episodes; each packed row adds
-    its share (masked sum / N_tok) to the gradient, so splitting into micro-batches changes nothing.
+    its share (masked sum / N_tok) to the gradient, so splitting into rows changes nothing.
     """
-    from grpo import grpo_loss, pack_sequences
-
-    seqs, masks = [e.ids for e in episodes], [e.mask for e in episodes]
-    rows = pack_sequences(seqs, masks, cfg.micro_batch_tokens, adv=advantages, sample_logp=[e.logprobs for e in episodes])
-    # FSDP: every rank runs as many rows (a rank whose groups all aborted runs only empty ones)
-    empty = pack_sequences([[0, 0]], [[0, 0]], 2, adv=[0.0], sample_logp=[[0.0, 0.0]])[0]
-    rows = even_rows(rows, world_size, empty)
-    n_tok = all_sum(float(sum(sum(m) for m in masks)), world_size)  # N_tok of the whole step
+    rows = pack_sequences([e.ids for e in episodes], [e.mask for e in episodes], cfg.micro_batch_tokens,
+                          adv=advantages, sample_logp=[e.logprobs for e in episodes])
+    rows = even_rows(rows, world_size)  # FSDP: every rank runs as many rows (one process: unchanged)
+    n_tok = all_sum(float(sum(sum(e.mask) for e in episodes)), world_size)  # N_tok of the whole step
+    # The forward pass is grpo.token_logprobs(model, ...). Under FSDP it runs as a registered forward method of the
+    # sharded model (fsdp.shard), so the model's root gathers its weights around it.
+    logprobs = (lambda m, *a, **k: m.token_logprobs(*a, **k)) if world_size > 1 else token_logprobs
     opt.zero_grad(set_to_none=True)
-    totals = {"loss": 0.0, "clip_frac": 0.0, "kl": 0.0, "entropy": 0.0, "logp_gap": 0.0, "tokens": 0.0}
-    rmin, rmax = float("inf"), float("-inf")
+    stats = []
     for row in rows:
         ids, pos, mask = row["input_ids"], row["position_ids"], row["mask"]  # (1, L) each
         ref_logp = None
-        if cfg.kl_coef > 0 and reference is not None:
+        if reference is not None and cfg.kl_coef > 0:
             with torch.no_grad():
-                ref_logp = logprobs_fn(reference)(ids, position_ids=pos, chunk_size=cfg.logprob_chunk)  # (1, L)
-        logp, ent = logprobs_fn(policy)(ids, position_ids=pos, chunk_size=cfg.logprob_chunk, return_entropy=True)
+                ref_logp = logprobs(reference, ids, position_ids=pos, chunk_size=cfg.logprob_chunk)  # (1, L)
+        logp, ent = logprobs(policy, ids, position_ids=pos, chunk_size=cfg.logprob_chunk, return_entropy=True)
         old_logp = logp.detach()  # one update per batch: the sampling policy is this policy (departure 1)
         loss, st = grpo_loss(logp, old_logp, ref_logp, row["adv"], mask, cfg.clip_low, cfg.clip_high,
                              cfg.kl_coef, num_tokens=max(n_tok, 1.0), entropy=ent)
         loss.backward()
-        w = st["tokens"]
-        totals["loss"] += loss.item()
-        for k in ("clip_frac", "kl", "entropy"):
-            totals[k] += st.get(k, 0.0) * w
-        gap = ((row["sample_logp"] - logp.detach()).abs() * mask).sum().item()  # engine vs trainer log-probs
-        totals["logp_gap"] += gap
-        totals["tokens"] += w
-        if w > 0:
-            rmin, rmax = min(rmin, st["ratio_min"]), max(rmax, st["ratio_max"])
-    gnorm = torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.grad_clip)
-    # the step's loss and logged statistics are the whole step's: sums (token-weighted) added over the ranks
-    totals = dict(zip(totals, all_reduce(list(totals.values()), world_size)))
-    loss_all = totals["loss"]
-    rmin, rmax = all_reduce([rmin], world_size, "min")[0], all_reduce([rmax], world_size, "max")[0]
-    finite = math.isfinite(loss_all) and bool(torch.isfinite(torch.as_tensor(gnorm)))
+        st["loss"] = loss.item()
+        st["logp_gap"] = ((row["sample_logp"] - old_logp).abs() * mask).sum().item()  # engine vs trainer
+        stats.append(st)
+    gnorm = float(torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.grad_clip))
+    out = reduce_stats(stats, world_size)  # token-weighted means over every row of every rank
+    finite = math.isfinite(out["loss"]) and math.isfinite(gnorm)
     if finite:
         opt.step()
     opt.zero_grad(set_to_none=True)
-    tok = max(totals["tokens"], 1.0)
+    return {**out, "grad_norm": gnorm, "skipped": not finite, "trained_tokens": n_tok}
+
+
+def step_stats(episodes, kept_groups: int, group_size: int, world_size: int = 1) -> dict:
+    """What a step's episodes did, over every rank's episodes. Rewards are means over the scored episodes only
+    (an aborted episode has no reward, and is not a 0)."""
+    eps = all_gather_episodes([{"reward": e.reward, "turns": e.turns, "agent_tokens": sum(e.mask),
+                                "tokens": len(e.ids), "tool_calls": list(e.tool_calls), "stop_reason": e.stop_reason,
+                                "aborted": e.aborted} for e in episodes], world_size)
+    scored = [e for e in eps if not e["aborted"]]
+    n, calls = max(1, len(scored)), Counter(c for e in scored for c in e["tool_calls"])
+    groups = [g for g in (eps[i : i + group_size] for i in range(0, len(eps), group_size))
+              if not any(e["aborted"] for e in g)]
     return {
-        "loss": loss_all, "grad_norm": float(gnorm), "skipped": not finite, "ratio_min": rmin, "ratio_max": rmax,
-        **{k: totals[k] / tok for k in ("clip_frac", "kl", "entropy", "logp_gap")}, "trained_tokens": n_tok,
+        "reward": sum(e["reward"] for e in scored) / n,
+        "all_correct_groups": sum(all(e["reward"] == 1 for e in g) for g in groups) / max(1, len(groups)),
+        "all_wrong_groups": sum(all(e["reward"] == 0 for e in g) for g in groups) / max(1, len(groups)),
+        "kept_groups": int(all_sum(kept_groups, world_size)), "episodes": len(eps), "aborted": len(eps) - len(scored),
+        "tokens": sum(e["tokens"] for e in eps), "turns": sum(e["turns"] for e in scored) / n,
+        "agent_tokens": sum(e["agent_tokens"] for e in scored) / n, "tool_mix": dict(calls),
+        **{f"{t}_rate": calls[name] / max(1, sum(calls.values()))
+           for t, name in (("think", "think"), ("calculate", "calculate"), ("transfer", "transfer_to_human_agents"))},
+        "stop_reasons": dict(Counter(e["stop_reason"] for e in eps)),
     }
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Setup helpers
+# Setup: everything before the loop
 
 
-def task_sets(cfg: Config, worlds: dict) -> tuple[list, list]:
-    """(training tasks, held-out tasks). With --tasks synthetic, the retail world gets generated tasks: the
-    held-out ones involve only a reserved set of users, the training ones only the others, and neither touches a
-    user of tau2's test split (the generator's default), so no task the agent trains on leaks into evaluation."""
-    train, held_out = [], []
-    for name, w in worlds.items():
-        if cfg.tasks == "synthetic" and name != "synthetic":
-            from domains import synthetic
-
-            users = [u for u, _ in w.new_env().db.scan("users")]
-            random.Random(cfg.synthetic_seed).shuffle(users)
-            k = max(1, len(users) // 5)  # a fifth of the users are held out
-            held_out += synthetic.generate_tasks(w, cfg.synthetic_test, seed=2 * cfg.synthetic_seed + 1,
-                                                 users=users[:k], prefix=f"synth-{name}/test")
-            train += synthetic.generate_tasks(w, cfg.synthetic_train, seed=2 * cfg.synthetic_seed, users=users[k:],
-                                              avoid=w.tasks("test") + held_out, prefix=f"synth-{name}/train")
-        else:
-            train += w.tasks("train")
-            held_out += w.tasks("test")
-    return train, held_out
-
-
-def load_worlds(cfg: Config) -> dict:
-    from domains import load_world
-
-    worlds = {}
-    for d in cfg.domains.split(","):
-        if d == "synthetic":
-            worlds[d] = load_world(d, seed=cfg.synthetic_seed, n_train=cfg.synthetic_train, n_test=cfg.synthetic_test,
-                                   n_users=cfg.synthetic_users, n_test_users=cfg.synthetic_test_users)
-        elif d == "shop":  # one held-out order per test task, 400 more orders for the training tasks
-            n_test_orders = max(200, cfg.synthetic_test)
-            worlds[d] = load_world(d, seed=cfg.synthetic_seed, n_train=cfg.synthetic_train, n_test=cfg.synthetic_test,
-                                   n_orders=n_test_orders + 400, n_test_orders=n_test_orders, lazy_rate=cfg.lazy_rate)
-        else:
-            worlds[d] = load_world(d, data_dir=cfg.data_dir or None)
-    return worlds
-
-
-def make_user_from(cfg: Config):
-    from user_sim import make_user
-
-    return make_user(cfg.user, model=cfg.user_model or None, base_url=cfg.user_base_url or None,
-                     api_key=cfg.user_api_key or None, temperature=cfg.user_temperature, seed=cfg.seed)
+def rollout_cfg(cfg: Config, greedy: bool = False, seed: int | None = None) -> RolloutConfig:
+    return RolloutConfig(max_turns=cfg.max_turns, max_context=cfg.max_context, max_new_tokens=cfg.max_new_tokens,
+                         temperature=0.0 if greedy else cfg.temperature, top_p=cfg.top_p, seed=seed,
+                         tools_in_prompt=cfg.tools_in_prompt, malformed=cfg.malformed)
 
 
 def build_or_load_model(cfg: Config, worlds: dict, out: Path, device: str, dtype: str, rank: int = 0,
                         world_size: int = 1):
     """(policy, tokenizer, model_path). `tiny` builds a model and tokenizer from the training tasks' text (rank 0
     builds and saves it; under torchrun the other ranks wait, then load the same files)."""
-    from models import build_tiny, load_policy
-
     if cfg.model != "tiny":
-        model, tok = load_policy(cfg.model, dtype=dtype, device=device)
-        return model, tok, cfg.model
+        return (*load_policy(cfg.model, dtype=dtype, device=device), cfg.model)
     path = out / "tiny-init"
     if not (path / "config.json").exists() and rank == 0:
-        texts = []
-        for w in worlds.values():
-            texts.append(w.policy)
-            texts += [json.dumps(t.expert) for t in w.tasks("train")[:400] if t.expert]
+        texts = [text for w in worlds.values()
+                 for text in [w.rules] + [json.dumps(t.expert) for t in w.tasks("train")[:400] if t.expert]]
         build_tiny(path, seed=cfg.seed, texts=texts, hidden=cfg.tiny_hidden, layers=cfg.tiny_layers,
                    split_digits=cfg.tiny_split_digits, vocab_size=cfg.tiny_vocab, intermediate=cfg.tiny_intermediate)
     barrier(world_size)
-    model, tok = load_policy(str(path), dtype="float32", device=device)
-    return model, tok, str(path)
+    return (*load_policy(str(path), dtype="float32", device=device), str(path))
 
 
-def rollout_cfg(cfg: Config, greedy: bool = False, seed: int | None = None):
-    from rollout import RolloutConfig
-
-    return RolloutConfig(max_turns=cfg.max_turns, max_context=cfg.max_context, max_new_tokens=cfg.max_new_tokens,
-                         temperature=0.0 if greedy else cfg.temperature, top_p=cfg.top_p, tools_in_prompt=cfg.tools_in_prompt,
-                         check_outputs=greedy or cfg.train_check_outputs, malformed=cfg.malformed, seed=seed)
-
-
-class Logger:
-    """JSONL log of every step (append-only) + the console."""
-
-    def __init__(self, path: Path, rank: int):
-        self.path, self.rank = path, rank
-
-    def __call__(self, record: dict) -> None:
-        if self.rank == 0:
-            with open(self.path, "a") as f:
-                f.write(json.dumps({"time": time.time(), **record}) + "\n")
+def run_eval(run, name: str) -> None:
+    """Greedy pass^1 on the held-out tasks (rank 0), logged and kept for the final table."""
+    engine = run.engine or make_engine("hf", model=run.policy, tokenizer=run.tok)  # before the engine: the policy
+    m, eps = evaluate(run.eval_tasks, run.worlds, PolicyAgent(engine, run.tok), run.user,
+                      rollout_cfg(run.cfg, greedy=True, seed=run.cfg.seed))
+    run.episodes_log.write(eps, phase="eval", name=name)
+    run.results[name] = m
+    run.log({"phase": "eval", "name": name, **m})
+    print(f"[eval] {name}: pass^1 {100 * m['pass^1']:.1f}% over {len(run.eval_tasks)} held-out tasks", flush=True)
 
 
-def step_stats(episodes, kept_groups: int, group_size: int, world_size: int = 1) -> dict:
-    """What a step's episodes did, over every rank's episodes (under FSDP each rank plays its share of the tasks;
-    the summaries are gathered, so every rank logs the whole step)."""
-    from collections import Counter
-
-    eps = [{"reward": e.reward, "turns": e.turns, "agent_tokens": sum(e.mask), "tokens": len(e.ids),
-            "tool_calls": list(e.tool_calls), "stop_reason": e.stop_reason} for e in episodes]
-    if world_size > 1:
-        import torch.distributed as dist
-
-        parts = [None] * world_size
-        dist.all_gather_object(parts, eps)  # rank r's groups stay whole and in order
-        eps = [e for part in parts for e in part]
-        kept_groups = int(all_sum(kept_groups, world_size))
-    n = max(1, len(eps))
-    calls = Counter(c for e in eps for c in e["tool_calls"])
-    groups = [eps[i : i + group_size] for i in range(0, len(eps), group_size)]
-    return {
-        "reward": sum(e["reward"] for e in eps) / n,
-        "all_correct_groups": sum(all(e["reward"] == 1 for e in g) for g in groups) / max(1, len(groups)),
-        "all_wrong_groups": sum(all(e["reward"] == 0 for e in g) for g in groups) / max(1, len(groups)),
-        "kept_groups": kept_groups,
-        "episodes": len(eps),
-        "tokens": sum(e["tokens"] for e in eps),
-        "turns": sum(e["turns"] for e in eps) / n,
-        "agent_tokens": sum(e["agent_tokens"] for e in eps) / n,
-        "tool_mix": dict(calls),
-        "think_rate": calls["think"] / max(1, sum(calls.values())),
-        "calculate_rate": calls["calculate"] / max(1, sum(calls.values())),
-        "transfer_rate": calls["transfer_to_human_agents"] / max(1, sum(calls.values())),
-        "stop_reasons": dict(Counter(e["stop_reason"] for e in eps)),
-    }
+def cold_start(run) -> None:
+    """0. The cold start: SFT on expert conversations (copy drills first for the from-scratch tiny model)."""
+    cfg, ranks = run.cfg, {"world_size": run.world_size, "rank": run.rank}
+    convs = sft.load_jsonl(cfg.sft_data) if cfg.sft_data else sft.expert_conversations(run.train_tasks)
+    if not convs:
+        raise ConfigError("cold start needs conversations: generated tasks or --sft_data")
+    if cfg.model == "tiny" and cfg.copy_warmup > 0:  # a random model cannot copy yet: drills first
+        words = sorted({w for t in run.train_tasks[:400] for msg in t.expert or []
+                        for w in re.findall(r"[a-z]+", msg.get("content") or "")})
+        drills = sft.copy_examples(run.tok, 16 * cfg.copy_warmup, seed=cfg.seed, words=words)
+        sft.train(run.policy, drills, epochs=1, batch_size=16, lr=cfg.copy_lr, warmup=20, seed=cfg.seed,
+                  micro_batch_tokens=cfg.micro_batch_tokens, chunk_size=cfg.logprob_chunk,
+                  log=lambda r: run.log({**r, "phase": "copy_warmup"}), desc="copy drills", **ranks)
+    convs = [dict(c, tools=[]) for c in convs] if not cfg.tools_in_prompt else convs
+    sft.train(run.policy, sft.render_examples(run.tok, convs, run.worlds), epochs=cfg.sft_epochs,
+              batch_size=cfg.sft_batch, lr=cfg.sft_lr, micro_batch_tokens=cfg.micro_batch_tokens,
+              chunk_size=cfg.logprob_chunk, seed=cfg.seed, log=run.log, **ranks)
+    run.opt = torch.optim.AdamW(run.policy.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    save_pretrained(run.policy, run.tok, run.out / "cold-start", run.world_size, run.rank)  # a collective
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# The run
-
-
-def main(argv: list[str] | None = None) -> dict:
-    cfg = parse_config(argv)
+def build_run(cfg: Config) -> SimpleNamespace:
+    """Worlds, tasks, customer (all that can fail on bad input fails first), then the policy, the cold start, the
+    frozen reference and the rollout engine. Returns the run's state as one namespace."""
     rank, world_size = dist_setup()
     validate(cfg, world_size)
-    from engine import make_engine
-    from eval import evaluate, format_table
-    from models import load_reference
-    from rollout import TrajectoryLog, rollout
-    import sft
-
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     on_gpu = torch.cuda.is_available()
@@ -263,169 +208,149 @@ def main(argv: list[str] | None = None) -> dict:
     dtype = ("bfloat16" if on_gpu else "float32") if cfg.dtype == "auto" else cfg.dtype
     engine_kind = ("vllm" if on_gpu else "hf") if cfg.engine == "auto" else cfg.engine
     if engine_kind == "vllm" and cfg.model != "tiny":  # a model vLLM cannot run: say so now, not after SFT
-        from engine import check_vllm_model
-
         check_vllm_model(cfg.model, on_cpu=not on_gpu)
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     random.seed(cfg.seed + rank)
     np.random.seed(cfg.seed + rank)
     torch.manual_seed(cfg.seed)
-    log = Logger(out / "log.jsonl", rank)
-    episodes_log = TrajectoryLog(out / f"episodes-rank{rank}.jsonl")
     if rank == 0:
         (out / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2))
 
-    # worlds, tasks, user: everything that can fail on bad input fails here, before any model is loaded
+    def log(record: dict) -> None:  # JSONL, append-only, rank 0
+        if rank == 0:
+            with open(out / "log.jsonl", "a") as f:
+                f.write(json.dumps({"time": time.time(), **record}) + "\n")
+
     worlds = load_worlds(cfg)
     train_tasks, eval_tasks = task_sets(cfg, worlds)
-    eval_tasks = eval_tasks[: cfg.eval_tasks] if cfg.eval_tasks else eval_tasks
     if not train_tasks:
         raise ConfigError(f"no training tasks in {cfg.domains}")
-    user = make_user_from(cfg)
-
+    user = make_user(cfg.user, model=cfg.user_model or None, base_url=cfg.user_base_url or None,
+                     api_key=cfg.user_api_key or None, temperature=cfg.user_temperature, seed=cfg.seed)
     policy, tok, model_path = build_or_load_model(cfg, worlds, out, device, dtype, rank, world_size)
-    sampler = TaskSampler(train_tasks, cfg.seed)
+    run = SimpleNamespace(cfg=cfg, rank=rank, world_size=world_size, out=out, log=log, worlds=worlds, user=user,
+                          train_tasks=train_tasks, eval_tasks=eval_tasks[: cfg.eval_tasks or None], policy=policy,
+                          tok=tok, engine=None, results={}, sampler=TaskSampler(train_tasks, cfg.seed),
+                          episodes_log=TrajectoryLog(out / f"episodes-rank{rank}.jsonl"))
     fresh = not (cfg.resume and (out / "latest.json").exists())
-    engine = None  # the rollout engine, built after the cold start; evaluations before it use the policy itself
-    results = {}
-
-    def run_eval(name: str):
-        eng = engine if engine is not None else make_engine("hf", model=policy, tokenizer=tok)
-        m, _ = evaluate(eval_tasks, worlds, eng, tok, user, rollout_cfg(cfg, greedy=True), log=episodes_log)
-        results[name] = m
-        log({"phase": "eval", "name": name, **m})
-        print(f"[eval] {name}: pass^1 {100 * m['pass^1']:.1f}% over {len(eval_tasks)} held-out tasks", flush=True)
-
-    if fresh and rank == 0 and eval_tasks and cfg.sft_epochs > 0:
-        run_eval("untrained")  # rank 0 alone, on the whole model: before it is sharded
-    # Under torchrun the policy is sharded now, so the cold start and RL both train it with FSDP2
-    if world_size > 1:
-        policy = shard(policy, cfg.activation_checkpointing, bf16=dtype == "bfloat16")
+    if fresh and rank == 0 and run.eval_tasks and cfg.sft_epochs > 0:
+        run_eval(run, "untrained")  # rank 0 alone, on the whole model: before it is sharded
+    if world_size > 1:  # under torchrun the policy is sharded now: the cold start and RL both train it with FSDP2
+        run.policy = policy = shard(policy, cfg.activation_checkpointing, bf16=dtype == "bfloat16")
     elif cfg.activation_checkpointing:
         policy.gradient_checkpointing_enable()
-    opt = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    start, state = (load_checkpoint(out, policy, opt, sampler, world_size) if cfg.resume else (0, {}))
-    results.update(state.get("results", {}))
-
-    # 0. cold start (SFT), unless resuming past it
-    cold_start = start == 0 and not state
-    if cold_start and cfg.sft_epochs > 0:
-        convs = sft.load_jsonl(cfg.sft_data) if cfg.sft_data else sft.expert_conversations(train_tasks)
-        if not convs:
-            raise ConfigError("cold start needs conversations: synthetic tasks or --sft_data")
-        ranks = {"world_size": world_size, "rank": rank}
-        if cfg.model == "tiny" and cfg.copy_warmup > 0:  # a random model cannot copy yet: drills first
-            words = sorted({w for t in train_tasks[:400] for msg in t.expert or []
-                            for w in re.findall(r"[a-z]+", msg.get("content") or "")})
-            drills = sft.copy_examples(tok, 16 * cfg.copy_warmup, seed=cfg.seed, words=words)
-            sft.train(policy, drills, epochs=1, batch_size=16, lr=cfg.copy_lr, warmup=20, seed=cfg.seed,
-                      micro_batch_tokens=cfg.micro_batch_tokens, chunk_size=cfg.logprob_chunk,
-                      log=lambda r: log({**r, "phase": "copy_warmup"}), desc="copy drills", **ranks)
-        tools = None if cfg.tools_in_prompt else []
-        examples = sft.render_examples(tok, [dict(c, tools=tools) if tools == [] else c for c in convs], worlds)
-        sft.train(policy, examples, epochs=cfg.sft_epochs, batch_size=cfg.sft_batch, lr=cfg.sft_lr,
-                  micro_batch_tokens=cfg.micro_batch_tokens, chunk_size=cfg.logprob_chunk, seed=cfg.seed, log=log,
-                  **ranks)
-        opt = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-        save_pretrained(policy, tok, out / "cold-start", world_size, rank)  # every rank: a collective
+    run.opt = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    run.start, state = load_checkpoint(out, policy, run.opt, run.sampler, world_size) if cfg.resume else (0, {})
+    run.results.update(state.get("results", {}))
+    began = run.start == 0 and not state
+    if began and cfg.sft_epochs > 0:
+        cold_start(run)
 
     # the frozen reference: the policy as RL starts (after the cold start), as in the paper
-    reference = None
+    run.reference = None
     if cfg.kl_coef > 0:
         if (out / "cold-start").exists():  # loaded on the CPU, in the policy's dtype
-            reference = load_reference(str(out / "cold-start"), dtype=policy.dtype)
+            run.reference = load_reference(str(out / "cold-start"), dtype=policy.dtype)
         elif state or world_size > 1:  # the starting weights are on disk (the policy moved on, or is sharded)
-            reference = load_reference(model_path, dtype=policy.dtype)
+            run.reference = load_reference(model_path, dtype=policy.dtype)
         else:
-            reference = load_reference(model=policy)
+            run.reference = load_reference(model=policy)
         if world_size > 1:  # fully_shard moves each rank's shard to its device: the whole never lands on a GPU
-            reference = shard(reference, False, bf16=dtype == "bfloat16")
+            run.reference = shard(run.reference, False, bf16=dtype == "bfloat16")
         else:
-            reference.to(device)
+            run.reference.to(device)
 
-    # the rollout engine: on CPU it shares the policy's weights; vLLM (or FSDP) keeps its own copy, synced below
-    if engine_kind == "hf" and world_size == 1:
-        engine = make_engine("hf", model=policy, tokenizer=tok)
+    # the rollout engine: on one CPU process it shares the policy's weights; vLLM (or FSDP) keeps its own copy
+    run.shares_weights = engine_kind == "hf" and world_size == 1
+    if run.shares_weights:
+        run.engine = make_engine("hf", model=policy, tokenizer=tok)
     elif engine_kind == "hf":
-        from models import load_policy
+        run.engine = make_engine("hf", model=load_policy(model_path, dtype=dtype, device=device)[0], tokenizer=tok)
+    else:  # on a GPU, vLLM shares the device with the trainer: it sleeps through each update
+        run.engine = make_engine("vllm", model_path=model_path, tokenizer=tok, enable_sleep_mode=True, seed=cfg.seed)
+    if not run.shares_weights:
+        run.engine.update_weights(full_state_dict(policy, world_size).items())
+    run.agent = PolicyAgent(run.engine, tok)
+    if began and rank == 0 and run.eval_tasks:
+        run_eval(run, "cold start" if cfg.sft_epochs > 0 else "start")
+    return run
 
-        engine = make_engine("hf", model=load_policy(model_path, dtype=dtype, device=device)[0], tokenizer=tok)
-        engine.update_weights(full_state_dict(policy, world_size).items())
-    else:
-        # on a GPU, vLLM shares the device with the trainer: it sleeps through each update (below)
-        engine = make_engine("vllm", model_path=model_path, tokenizer=tok, enable_sleep_mode=True, seed=cfg.seed)
-        engine.update_weights(full_state_dict(policy, world_size).items())
-    if cold_start and rank == 0 and eval_tasks:
-        run_eval("cold start" if cfg.sft_epochs > 0 else "start")
 
-    from tqdm import tqdm
+# ---------------------------------------------------------------------------------------------------------------
+# The loop
 
-    per_rank = cfg.tasks_per_step // world_size
-    bar = tqdm(range(start, cfg.steps), desc="GRPO", initial=start, total=cfg.steps, disable=rank != 0)
+
+def main(argv: list[str] | None = None) -> dict:
+    cfg = parse_config(argv)
+    run = build_run(cfg)
+    per_rank = cfg.tasks_per_step // run.world_size
+    bar = tqdm(range(run.start, cfg.steps), desc="GRPO", initial=run.start, total=cfg.steps, disable=run.rank != 0)
     for step in bar:
-        t = {"start": time.perf_counter()}
-        # 1. sample tasks (every rank draws the same B, then takes its share), 2. roll out B x G episodes
-        tasks = sampler.next(cfg.tasks_per_step)[rank * per_rank : (rank + 1) * per_rank]
-        policy.eval()
-        # episode k samples with seed + k (rollout.turn_seed): steps and ranks get seeds 2^16 apart
-        episodes = rollout(tasks, cfg.group_size, worlds, engine, tok, user,
-                           rollout_cfg(cfg, seed=((cfg.seed * 1_000_003 + step) * 4096 + rank) * 2**16))
-        engine.sleep()  # vLLM on a GPU frees its memory for the update; HFEngine drops its stored keys/values
-        t["rollout"] = time.perf_counter()
-        episodes_log.write(episodes, step=step)
-        # 3. advantages, group by group (aborted groups dropped)
-        kept, adv = episode_advantages(episodes, cfg.group_size, cfg.scale_by_std)
-        # 4 + 5. loss, backward, optimizer step
-        policy.train()
-        if all_sum(len(kept), world_size) > 0:  # every rank takes the same branch: the update is collective
-            upd = update(policy, reference, kept, adv, opt, cfg, world_size)
+        t0 = time.perf_counter()
+        # 1. roll out: B tasks (every rank draws the same B and plays its share) x G conversations each
+        tasks = run.sampler.next(cfg.tasks_per_step)[run.rank * per_rank : (run.rank + 1) * per_rank]
+        run.policy.eval()
+        episodes = rollout(tasks, cfg.group_size, run.worlds, run.agent, run.user,
+                           rollout_cfg(cfg, seed=episode_seed(cfg.seed, "grpo", step, run.rank)))
+        run.engine.sleep()  # vLLM on a GPU frees its memory for the update; HFEngine drops its stored keys/values
+        # 2. score: reward 1 iff the final database is the gold one
+        score(episodes, run.worlds, check_outputs=cfg.train_check_outputs)
+        t1 = time.perf_counter()
+        run.episodes_log.write(episodes, step=step)
+        # 3. advantages, group by group (groups with an aborted episode are dropped)
+        kept, adv = advantages(episodes, cfg)
+        # 4 + 5. loss, backward, optimizer step (every rank takes the same branch: the update is collective)
+        run.policy.train()
+        if all_sum(len(kept), run.world_size) > 0:
+            upd = update(run.policy, run.reference, kept, adv, run.opt, cfg, run.world_size)
         else:
             upd = {"skipped": True, "reason": "every group had an aborted episode"}
-        t["update"] = time.perf_counter()
-        # 6. sync the new weights into the rollout engine (a no-op when it shares the policy's weights). It wakes
-        # first: a sleeping vLLM engine has handed its weights' memory back, so they cannot be written
-        engine.wake_up()
-        if not (engine_kind == "hf" and world_size == 1):
-            engine.update_weights(full_state_dict(policy, world_size).items())
-        t["sync"] = time.perf_counter()
-        # 7. log
-        st = step_stats(episodes, len(kept) // cfg.group_size, cfg.group_size, world_size)  # all ranks' episodes
-        rec = {"phase": "grpo", "step": step, **st, **upd,
-               "rollout_s": t["rollout"] - t["start"], "update_s": t["update"] - t["rollout"], "sync_s": t["sync"] - t["update"],
-               "tokens_per_s": st["tokens"] / max(1e-9, t["sync"] - t["start"])}
-        if upd.get("skipped"):
-            print(f"[step {step}] update skipped: {upd.get('reason', 'non-finite loss or gradient')}", flush=True)
-        log(rec)
-        if rank == 0 and step % 10 == 0 and episodes:  # every so often, one whole episode with its mask
-            import chat
-
-            with open(out / "samples.txt", "a") as f:
-                e = episodes[0]
+            print(f"[step {step}] update skipped: {upd['reason']}", flush=True)
+        t2 = time.perf_counter()
+        # 6. sync the new weights into the rollout engine. It wakes first: a sleeping vLLM engine has handed its
+        # weights' memory back. Nothing to copy when the engine shares the policy's weights
+        run.engine.wake_up()
+        if not run.shares_weights:
+            run.engine.update_weights(full_state_dict(run.policy, run.world_size).items())
+        t3 = time.perf_counter()
+        # 7. log: the step's numbers, and every 10 steps one whole episode with its mask
+        st = step_stats(episodes, len(kept) // cfg.group_size, cfg.group_size, run.world_size)
+        run.log({"phase": "grpo", "step": step, **st, **upd, "rollout_s": t1 - t0, "update_s": t2 - t1,
+                 "sync_s": t3 - t2, "tokens_per_s": st["tokens"] / max(1e-9, t3 - t0)})
+        if run.rank == 0 and step % 10 == 0 and episodes:
+            e = episodes[0]
+            with open(run.out / "samples.txt", "a") as f:
                 f.write(f"=== step {step}  task {e.task.id}  reward {e.reward}  stop {e.stop_reason}  "
-                        f"(trained tokens in [[...]])\n{chat.show_mask(tok, e.ids, e.mask)}\n\n")
+                        f"(trained tokens in [[...]])\n{chat.show_mask(run.tok, e.ids, e.mask)}\n\n")
         bar.set_postfix(reward=f"{st['reward']:.3f}", kl=f"{upd.get('kl', 0):.4f}", turns=f"{st['turns']:.1f}")
         # 8. evaluate and checkpoint
         done = step + 1
-        if rank == 0 and cfg.eval_every and done % cfg.eval_every == 0 and done < cfg.steps and eval_tasks:
-            run_eval(f"GRPO step {done}")
+        if run.rank == 0 and cfg.eval_every and done % cfg.eval_every == 0 and done < cfg.steps and run.eval_tasks:
+            run_eval(run, f"GRPO step {done}")
         if cfg.save_every and (done % cfg.save_every == 0 or done == cfg.steps):
-            save_checkpoint(out, done, policy, opt, sampler, {"results": results}, world_size, rank)
+            save_checkpoint(run.out, done, run.policy, run.opt, run.sampler, {"results": run.results},
+                            run.world_size, run.rank)
+    return finish(run)
 
-    if eval_tasks and cfg.steps > start:
-        if rank == 0:
-            run_eval(f"GRPO ({cfg.steps} steps)")
+
+def finish(run) -> dict:
+    """The final evaluation, checkpoint and model; the results table."""
+    cfg = run.cfg
+    if run.eval_tasks and cfg.steps > run.start:
+        if run.rank == 0:
+            run_eval(run, f"GRPO ({cfg.steps} steps)")
         # every rank: under FSDP, gathering the full weights for the checkpoint is a collective
-        save_checkpoint(out, cfg.steps, policy, opt, sampler, {"results": results}, world_size, rank)
-    save_pretrained(policy, tok, out / "final", world_size, rank)
-    if rank == 0:
-        if results:
-            table = format_table(list(results.items()))
-            (out / "results.md").write_text(table + "\n")
-            print("\nHeld-out success (greedy, scripted user)" if cfg.user == "scripted" else "\nHeld-out success")
-            print(table)
-    dist_teardown(world_size)
-    return results
+        save_checkpoint(run.out, cfg.steps, run.policy, run.opt, run.sampler, {"results": run.results},
+                        run.world_size, run.rank)
+    save_pretrained(run.policy, run.tok, run.out / "final", run.world_size, run.rank)
+    if run.rank == 0 and run.results:
+        table = format_table(list(run.results.items()))
+        (run.out / "results.md").write_text(table + "\n")
+        print("\nHeld-out success (greedy, scripted user)" if cfg.user == "scripted" else "\nHeld-out success")
+        print(table)
+    dist_teardown(run.world_size)
+    return run.results
 
 
 if __name__ == "__main__":

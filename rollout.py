@@ -1,25 +1,34 @@
-"""Multi-turn rollouts: B tasks x G episodes of agent <-> simulated user <-> tools, as token streams with masks.
+"""Multi-turn rollouts: B tasks x G episodes of agent <-> simulated customer <-> tools. The one episode loop.
 
-This is MUA-RL's rollout (paper, section 3): each episode is a live conversation. The policy writes a turn; if
-the turn holds a tool call, the call runs on the episode's own database and the result comes back; if not, the
-turn is a message to the simulated user, who answers (or ends the conversation). Rounds repeat until the
-episode stops. All episodes advance together, one round at a time:
+This is MUA-RL's rollout (Zhao et al., 2025, arXiv:2508.18669, section 3): each episode is a live conversation.
+The agent writes a turn; if the turn holds a tool call, the call runs on the episode's own database and the result
+comes back; if not, the turn is a message to the simulated customer, who answers (or ends the conversation).
+Training (muarl.py) and evaluation (eval.py) both run conversations through `rollout()` and nothing else. All
+episodes advance together, one round at a time:
 
-    round:  1. every live episode waiting on the agent     -> ONE batched engine.generate call
+    round:  1. every live episode waiting on the agent     -> ONE agent.act call (one batched generate)
             2. tool calls                                   -> run on each episode's own env
-            3. every episode waiting on the user            -> user.replies(...) concurrently
+            3. every episode waiting on the customer        -> user.replies(...) concurrently
             4. caps: turns, context length                  -> stop reasons
+    then:   score(episodes, worlds)                         -> reward 1 iff the final database is the gold one
 
-The token stream of an episode (chat.py builds the pieces) is what the policy saw and sampled, never re-rendered:
-prompt (mask 0) | agent turn as sampled, incl. its end-of-turn token (mask 1) | tool result or user message +
-generation prompt (mask 0) | agent turn (mask 1) | ...  The sampler's log-probs travel with the mask-1 tokens.
-Each episode samples from its own random streams (`turn_seed`: one per turn), so what it samples does not depend
-on which other episodes share the batch.
+Who writes the agent's turns is an `Agent` (the Protocol below). `PolicyAgent` is the model being trained: it owns
+the token stream of every episode (chat.py builds the pieces), which is what the policy saw and sampled, never
+re-rendered: prompt (mask 0) | agent turn as sampled, incl. its end-of-turn token (mask 1) | tool result or
+customer message + generation prompt (mask 0) | agent turn (mask 1) | ...  The sampler's log-probs travel with the
+mask-1 tokens, and `Episode.spans` records where each turn starts and ends and who produced it, so a turn-level
+reward needs no change here. Message-level agents (an OpenAI endpoint, the oracle: agents.py) play the same loop
+without tokens.
 
-Stop reasons: user_stop (the user said ###STOP### or ###OUT-OF-SCOPE###), transfer (transfer_to_human_agents
-was called, or the user said ###TRANSFER###), max_turns (tool executions + user replies reached the cap, as in
-the paper), context_full, malformed_call (when malformed calls end the episode), user_error (the user
-simulator failed for good: the episode is *aborted*, and the trainer drops its group instead of scoring it 0).
+Seeds: episode j of the k-th occurrence of a task in a call samples with episode_seed(cfg.seed, task id, k, j), and
+each of its turns with episode_seed(that, turn). What an episode samples depends on its seed alone, not on which
+other episodes share the batch, so evaluation and training give identical episodes on the same seed.
+
+Stop reasons: user_stop (the customer said ###STOP### or ###OUT-OF-SCOPE###), transfer (transfer_to_human_agents
+was called, or the customer said ###TRANSFER###), max_turns (tool executions + customer replies reached the cap, as
+in the paper), context_full, malformed_call (when malformed calls end the episode); user_error / agent_error (the
+customer simulator or an agent endpoint failed for good): the episode is *aborted*, never scored, and the trainer
+drops its group instead of scoring it 0.
 
 Departures from the paper:
 1. Several tool calls in one turn: only the first runs (the paper's rule) unless `all_calls=True`.
@@ -31,20 +40,22 @@ Departures from the paper:
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Protocol
 
 import chat
 from domains.base import Env, Task, World
-from tools import TRANSFER_TOOL, parse_tool_calls
+from sampling import episode_seed
+from tools import TRANSFER_TOOL, ParsedTurn, parse_tool_calls
 from user_sim import OUT_OF_SCOPE, STOP, TRANSFER, UserError, is_terminal
 
-AGENT, USER, DONE = "agent", "user", "done"
+AGENT, USER, DONE = "agent", "user", "done"  # whom an episode waits on
+ABORTED = ("user_error", "agent_error")  # stop reasons that say nothing about the agent: never scored
 
 # ---------------------------------------------------------------------------------------------------------------
 # The episode record
@@ -54,33 +65,40 @@ AGENT, USER, DONE = "agent", "user", "done"
 class Episode:
     task: Task
     group: int  # index of the task in this batch: episodes of a group share a task (and a first user message)
-    ids: list[int] = field(default_factory=list)  # (T,) the token stream
+    ids: list[int] = field(default_factory=list)  # (T,) the token stream (empty for message-level agents)
     mask: list[int] = field(default_factory=list)  # (T,) 1 = sampled by the policy (trained), 0 = context
-    logprobs: list[float] = field(default_factory=list)  # (T,) sampling log-prob of each mask-1 token, 0.0 elsewhere
+    logprobs: list[float] = field(default_factory=list)  # (T,) sampling log-prob of mask-1 tokens, 0.0 elsewhere
+    spans: list[dict] = field(default_factory=list)  # one per piece of the stream: {"who", "start", "end"}, see append
     messages: list[dict] = field(default_factory=list)  # readable: system, user, assistant (+tool_calls), tool
     env: Env | None = None
-    state: str = AGENT  # who the episode waits on: AGENT, USER or DONE
-    turns: int = 0  # tool executions + user replies (the paper's turn count)
+    state: str = AGENT
+    turns: int = 0  # tool executions + customer replies (the paper's turn count)
     agent_turns: int = 0
     tool_calls: list[str] = field(default_factory=list)  # names of executed calls, in order
     stop_reason: str | None = None
     reward: float = 0.0
     info: dict = field(default_factory=dict)
     timings: dict = field(default_factory=lambda: {"generate": 0.0, "tools": 0.0, "user": 0.0})
-    seed: int | None = None  # this episode's sampling seed: cfg.seed + its index in the rollout (None: unseeded)
+    seed: int | None = None  # this episode's sampling seed (None: unseeded)
 
     @property
     def aborted(self) -> bool:
-        return self.stop_reason == "user_error"
+        return self.stop_reason in ABORTED
 
-    def append(self, ids: list[int], mask_value: int, logprobs: list[float] | None = None) -> None:
-        # ids, mask and logprobs grow together: the mask is built here, never inferred later
+    def append(self, ids: list[int], mask: int | list[int], logprobs: list[float] | None = None,
+               who: str = "context") -> dict:
+        """Grow ids, mask and logprobs together (the mask is built here, never inferred later) and record the
+        piece as a span: who is "prompt", "agent" (a sampled turn), "tool" or "user" (what came back). Returns the
+        span, so the loop can note on an agent span the tool calls it made and whether they succeeded."""
+        span = {"who": who, "start": len(self.ids), "end": len(self.ids) + len(ids)}
         self.ids += ids
-        self.mask += [mask_value] * len(ids)
+        self.mask += mask if isinstance(mask, list) else [mask] * len(ids)
         self.logprobs += logprobs if logprobs is not None else [0.0] * len(ids)
+        self.spans.append(span)
+        return span
 
-    def user_view(self) -> list[dict]:
-        """The conversation as the user simulator may see it: text turns only, no tool calls or results."""
+    def customer_history(self) -> list[dict]:
+        """The conversation as the customer lives it: text turns only, no tool calls or results."""
         out = []
         for m in self.messages:
             if m["role"] == "user" or (m["role"] == "assistant" and not m.get("tool_calls") and m.get("content")):
@@ -91,176 +109,191 @@ class Episode:
         self.state, self.stop_reason = DONE, reason
 
     def to_json(self, with_tokens: bool = False) -> dict:
-        d = {
-            "task_id": self.task.id,
-            "group": self.group,
-            "seed": self.seed,
-            "reward": self.reward,
-            "info": self.info,
-            "stop_reason": self.stop_reason,
-            "turns": self.turns,
-            "agent_turns": self.agent_turns,
-            "tool_calls": self.tool_calls,
-            "tokens": len(self.ids),
-            "trained_tokens": sum(self.mask),
-            "timings": self.timings,
-            "messages": self.messages,
-        }
+        keys = ("group", "seed", "reward", "info", "stop_reason", "turns", "agent_turns", "tool_calls", "timings",
+                "messages")
+        d = {"task_id": self.task.id, **{k: getattr(self, k) for k in keys},
+             "tokens": len(self.ids), "trained_tokens": sum(self.mask)}
         if with_tokens:
-            d.update(ids=self.ids, mask=self.mask, logprobs=self.logprobs)
+            d.update(ids=self.ids, mask=self.mask, logprobs=self.logprobs, spans=self.spans)
         return d
 
 
 @dataclass
 class RolloutConfig:
-    max_turns: int = 30  # tool executions + user replies (paper: 30)
+    max_turns: int = 30  # tool executions + customer replies (paper: 30)
     max_context: int = 32768  # tokens in one episode's stream (paper: 32,768)
     max_new_tokens: int = 1024  # per agent turn (paper: 1,024)
     temperature: float = 1.0
     top_p: float = 1.0
     all_calls: bool = False  # run every call of a turn instead of only the first
     malformed: str = "end"  # "end" the episode on a malformed call, or "observe" it as an error message
-    check_outputs: bool = False  # add tau2's required-output check to the reward (MUA-RL trains without it)
     tools_in_prompt: bool = True  # render the tool schemas into the system prompt (off: learned from SFT data)
-    seed: int | None = None  # episode k of a rollout samples with seed + k (see turn_seed)
+    seed: int | None = None  # the rollout's seed; every episode's own seed is derived from it (module docstring)
 
 
-def turn_seed(episode_seed: int, turn: int) -> int:
-    """The engine seed of one agent turn: a hash of (episode seed, turn), so every turn of every episode draws
-    from its own random stream. What an episode samples depends on its seed alone, not on which other episodes
-    share the batch: episode k of rollout(tasks, G, cfg) samples the tokens that rollout([its task], 1, cfg with
-    seed cfg.seed + k) samples (up to float rounding of batched matmuls; bench/bench_rollout.py relies on it)."""
-    digest = hashlib.blake2b(f"{episode_seed}/{turn}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") >> 1  # 63 bits: a valid torch / vLLM seed
+# ---------------------------------------------------------------------------------------------------------------
+# Agents: who writes the agent's turns
+
+
+class Agent(Protocol):
+    """The agent side of the loop. rollout() calls begin() once per episode, act() once per round with every
+    episode waiting on the agent, and observe() with the messages that came back (tool results, or the customer's
+    reply). act() returns, per episode in order, the turn as a tools.ParsedTurn (text, well-formed calls, parse
+    errors), or an Exception when the agent itself failed (the episode is then aborted as agent_error)."""
+
+    def begin(self, ep: Episode, rules: str, schemas: list[dict], first: str) -> None: ...
+
+    def act(self, episodes: list[Episode], cfg: RolloutConfig) -> list[ParsedTurn | Exception]: ...
+
+    def observe(self, ep: Episode, messages: list[dict]) -> None: ...
+
+
+class PolicyAgent:
+    """The model being trained, through a token engine (engine.py): one batched generate per round. It owns each
+    episode's token stream, so training updates exactly the tokens that were sampled."""
+
+    def __init__(self, engine, tokenizer):
+        self.engine, self.tok, self.eot = engine, tokenizer, chat.end_of_turn_id(tokenizer)
+
+    def begin(self, ep, rules, schemas, first):
+        ep.append(chat.prompt_ids(self.tok, rules, schemas, first), 0, who="prompt")  # system + tools + 1st message
+
+    def act(self, episodes, cfg):
+        budget = [min(cfg.max_new_tokens, cfg.max_context - len(e.ids)) for e in episodes]
+        seeds = None if episodes[0].seed is None else [episode_seed(e.seed, e.agent_turns) for e in episodes]
+        samples = self.engine.generate([e.ids for e in episodes], max_new_tokens=max(budget), seed=seeds,
+                                       temperature=cfg.temperature, top_p=cfg.top_p, stop_token_ids=[self.eot])
+        turns = []
+        for e, s, b in zip(episodes, samples, budget):
+            ids, lps = list(s.token_ids)[:b], list(s.logprobs)[:b]  # one engine call serves many budgets
+            closed = bool(ids) and ids[-1] == self.eot
+            if closed:
+                e.append(ids, 1, lps, who="agent")
+            else:  # cut off by max_new_tokens: close the turn; the policy did not sample this token (mask 0)
+                e.append(ids + [self.eot], [1] * len(ids) + [0], lps + [0.0], who="agent")
+            text = self.tok.decode(ids[:-1] if closed else ids, skip_special_tokens=False)
+            turns.append(parse_tool_calls(text, set(e.env.world.tools)))
+        return turns
+
+    def observe(self, ep, messages):
+        # tool results / a customer message + the next generation prompt, rendered by the template (mask 0)
+        ep.append(chat.delta_ids(self.tok, messages), 0, who=messages[-1]["role"])
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # One round's pieces
 
 
-def _agent_step(ep: Episode, token_ids: list[int], logprobs: list[float], eot: int, tokenizer, cfg: RolloutConfig) -> list[dict]:
-    """Append a sampled turn; return the messages it produces for the stream (tool results), or [] if it speaks."""
+def _apply_turn(ep: Episode, turn: ParsedTurn, cfg: RolloutConfig) -> list[dict]:
+    """Record an agent turn and run its tool calls; return the messages that go back to the agent (tool results),
+    or [] when the turn is a message to the customer or ends the episode."""
     ep.agent_turns += 1
-    ep.append(token_ids, 1, logprobs)
-    if not token_ids or token_ids[-1] != eot:
-        ep.append([eot], 0)  # cut off by max_new_tokens: close the turn; the policy did not sample this token
-    body = token_ids[:-1] if token_ids and token_ids[-1] == eot else token_ids
-    text = tokenizer.decode(body, skip_special_tokens=False)
-    parsed = parse_tool_calls(text, set(ep.env.world.tools))
-    calls = parsed.calls if cfg.all_calls else parsed.calls[:1]
-    msg: dict[str, Any] = {"role": "assistant", "content": parsed.content}
+    calls = turn.calls if cfg.all_calls else turn.calls[:1]
+    msg: dict = {"role": "assistant", "content": turn.content}
     if calls:
         msg["tool_calls"] = [{"type": "function", "function": c} for c in calls]
-    if parsed.errors:
-        msg["malformed"] = parsed.errors
+    if turn.errors:
+        msg["malformed"] = turn.errors
     ep.messages.append(msg)
-
-    if parsed.errors and (cfg.malformed == "end" or not calls):
+    if turn.errors and (cfg.malformed == "end" or not calls):
         if cfg.malformed == "end":
             ep.stop("malformed_call")
             return []
-        obs = [{"role": "tool", "name": "error", "content": "Error: " + "; ".join(parsed.errors)}]
+        obs = [{"role": "tool", "name": "error", "content": "Error: " + "; ".join(turn.errors)}]
         ep.messages += obs
         ep.turns += 1  # an observation, like a tool execution: counted, so a model stuck on bad calls hits the cap
         return obs
-    if not calls:  # a message to the user
+    if not calls:  # a message to the customer
         ep.state = USER
         return []
-    results = []
-    t0 = time.perf_counter()
+    results, t0 = [], time.perf_counter()
+    n_calls = len(ep.env.calls)
     for c in calls:
-        out = ep.env.call(c["name"], c["arguments"])
+        results.append({"role": "tool", "name": c["name"], "content": ep.env.call(c["name"], c["arguments"])})
         ep.tool_calls.append(c["name"])
         ep.turns += 1
-        results.append({"role": "tool", "name": c["name"], "content": out})
         if c["name"] == TRANSFER_TOOL:
             break
     ep.timings["tools"] += time.perf_counter() - t0
+    if ep.spans and ep.spans[-1]["who"] == "agent":  # for turn-level rewards: which calls this turn made, and
+        ep.spans[-1]["calls"] = [(c.name, not c.error) for c in ep.env.calls[n_calls:]]  # whether each succeeded
     ep.messages += results
-    if TRANSFER_TOOL in [r["name"] for r in results]:
+    if ep.tool_calls[-1] == TRANSFER_TOOL:
         ep.stop("transfer")
         return []
     return results
 
 
-def _extend(ep: Episode, new_messages: list[dict], tokenizer, cfg: RolloutConfig) -> None:
-    """Append tool results / a user message + the next generation prompt (mask 0), then apply the caps."""
-    ep.append(chat.delta_ids(tokenizer, new_messages), 0)
+def _check_caps(ep: Episode, cfg: RolloutConfig) -> None:
     if ep.turns >= cfg.max_turns:
         ep.stop("max_turns")
     elif len(ep.ids) >= cfg.max_context:
         ep.stop("context_full")
 
 
+def _first_message(user, task):
+    try:
+        return user.first_message(task)
+    except UserError as err:
+        return err
+    except Exception as err:  # noqa: BLE001 - a broken user simulator aborts the task's episodes, not the run
+        return UserError(f"{type(err).__name__}: {err}")
+
+
 # ---------------------------------------------------------------------------------------------------------------
-# The rollout
+# The rollout, then the score
 
 
-def rollout(
-    tasks: list[Task],
-    group_size: int,
-    worlds: dict[str, World],
-    engine,
-    tokenizer,
-    user,
-    cfg: RolloutConfig,
-    progress=None,
-) -> list[Episode]:
-    """Play len(tasks) x group_size episodes; return them scored, group by group (G consecutive per task)."""
-    eot = chat.end_of_turn_id(tokenizer)
-    # first user message: generated once per task and shared by the task's G episodes (user_sim caches it)
+def rollout(tasks: list[Task], group_size: int, worlds: dict[str, World], agent: Agent, user, cfg: RolloutConfig,
+            progress=None) -> list[Episode]:
+    """Play len(tasks) x group_size episodes, group by group (G consecutive per task). The episodes come back
+    unscored, their databases still open: call score() next."""
+    # the first customer message: generated once per task and shared by the task's G episodes (user_sim caches it)
     with ThreadPoolExecutor(max_workers=max(1, min(16, len(tasks)))) as pool:
-        firsts = list(pool.map(_safe_first, [user] * len(tasks), tasks))
+        firsts = list(pool.map(_first_message, [user] * len(tasks), tasks))
 
     episodes: list[Episode] = []
+    seen: Counter = Counter()  # a task drawn twice in one call gets other seeds the second time
     for gi, (task, first) in enumerate(zip(tasks, firsts)):
-        world = worlds[task.domain]
-        schemas = world.tool_schemas() if cfg.tools_in_prompt else []
-        for _ in range(group_size):
-            ep = Episode(task=task, group=gi, env=world.new_env(),
-                         seed=None if cfg.seed is None else cfg.seed + len(episodes))
-            ep.messages.append({"role": "system", "content": world.policy})
+        world, k = worlds[task.domain], seen[task.id]
+        seen[task.id] += 1
+        for j in range(group_size):
+            seed = None if cfg.seed is None else episode_seed(cfg.seed, task.id, k, j)
+            ep = Episode(task=task, group=gi, env=world.new_env(), seed=seed)
+            ep.messages.append({"role": "system", "content": world.rules})
             if isinstance(first, UserError):
                 ep.stop("user_error")
                 ep.info["user_error"] = str(first)
             else:
                 ep.messages.append({"role": "user", "content": first})
-                ep.append(chat.prompt_ids(tokenizer, world.policy, schemas, first), 0)
-                if len(ep.ids) >= cfg.max_context:
-                    ep.stop("context_full")
+                agent.begin(ep, world.rules, world.tool_schemas() if cfg.tools_in_prompt else [], first)
+                _check_caps(ep, cfg)
             episodes.append(ep)
 
     while any(e.state != DONE for e in episodes):
-        # 1. every episode waiting on the agent: one batched generate call
+        # 1. every episode waiting on the agent: one call; 2. tool calls, on each episode's own database
         live = [e for e in episodes if e.state == AGENT]
         if live:
             t0 = time.perf_counter()
-            budget = [min(cfg.max_new_tokens, cfg.max_context - len(e.ids)) for e in live]
-            samples = engine.generate(
-                [e.ids for e in live],
-                max_new_tokens=max(budget),
-                temperature=cfg.temperature,
-                top_p=cfg.top_p,
-                stop_token_ids=[eot],
-                seed=None if cfg.seed is None else [turn_seed(e.seed, e.agent_turns) for e in live],
-            )
+            turns = agent.act(live, cfg)
             dt = (time.perf_counter() - t0) / len(live)
-            for e, s, b in zip(live, samples, budget):
+            for e, turn in zip(live, turns):
                 e.timings["generate"] += dt
-                ids, lps = list(s.token_ids)[:b], list(s.logprobs)[:b]  # one engine call serves many budgets
-                # 2. tool calls, on each episode's own database
-                new = _agent_step(e, ids, lps, eot, tokenizer, cfg)
+                if isinstance(turn, Exception):
+                    e.stop("agent_error")
+                    e.info["agent_error"] = f"{type(turn).__name__}: {turn}"
+                    continue
+                new = _apply_turn(e, turn, cfg)
                 if new:
-                    _extend(e, new, tokenizer, cfg)
-                elif e.state == AGENT:  # spoke nothing and called nothing (should not happen): hand to user
-                    e.state = USER
-                if e.state == USER and len(e.ids) >= cfg.max_context:
+                    agent.observe(e, new)
+                    _check_caps(e, cfg)
+                elif e.state == USER and len(e.ids) >= cfg.max_context:
                     e.stop("context_full")
-        # 3. every episode waiting on the user: concurrent replies
+        # 3. every episode waiting on the customer: concurrent replies
         waiting = [e for e in episodes if e.state == USER]
         if waiting:
             t0 = time.perf_counter()
-            replies = user.replies([(e.task, e.user_view()) for e in waiting])
+            replies = user.replies([(e.task, e.customer_history()) for e in waiting])
             dt = (time.perf_counter() - t0) / len(waiting)
             for e, r in zip(waiting, replies):
                 e.timings["user"] += dt
@@ -277,28 +310,26 @@ def rollout(
                     e.stop("transfer")
                 else:
                     e.state = AGENT
-                    _extend(e, [{"role": "user", "content": r}], tokenizer, cfg)
+                    agent.observe(e, [{"role": "user", "content": r}])
+                    _check_caps(e, cfg)
         if progress is not None:
             progress(sum(e.state == DONE for e in episodes), len(episodes))
+    return episodes
 
-    # score: reward 1 iff the final database is the gold one (aborted episodes are not scored)
+
+def score(episodes: list[Episode], worlds: dict[str, World], check_outputs: bool = False) -> list[Episode]:
+    """The outcome reward, its own step: r = 1 iff the final database equals the one the task's gold actions
+    produce [and the required outputs were said]. Sets each episode's reward and info, closes its database.
+    Aborted episodes are not scored (reward stays 0, and the trainer drops their groups)."""
     for e in episodes:
+        if e.env is None:
+            continue  # scored already
         if not e.aborted:
-            world = worlds[e.task.domain]
-            e.reward, info = world.score(e.task, e.env, e.messages, check_outputs=cfg.check_outputs)
+            e.reward, info = worlds[e.task.domain].score(e.task, e.env, e.messages, check_outputs=check_outputs)
             e.info.update(info)
         e.env.close()
         e.env = None
     return episodes
-
-
-def _safe_first(user, task):
-    try:
-        return user.first_message(task)
-    except UserError as err:
-        return err
-    except Exception as err:  # noqa: BLE001 - a broken user simulator aborts the task's episodes, not the run
-        return UserError(f"{type(err).__name__}: {err}")
 
 
 class TrajectoryLog:
@@ -317,21 +348,21 @@ class TrajectoryLog:
 
 
 if __name__ == "__main__":
-    # Two synthetic tasks x G = 2, the scripted expert as the "policy" (eval.ExpertEngine replays its tokens) and
-    # the scripted user: every episode should score 1. Then one episode, with its trained tokens in [[...]].
+    # Two synthetic tasks x G = 2, the scripted expert as the "policy" (agents.ExpertEngine replays its tokens)
+    # and the scripted customer: every episode should score 1. Then one episode, its trained tokens in [[...]].
     import tempfile
 
+    from agents import ExpertEngine
     from domains import load_world
-    from eval import ExpertEngine
     from models import build_tiny
     from user_sim import ScriptedUser
 
     world = load_world("synthetic", seed=0, n_train=20, n_test=10)
     tasks = world.tasks("test")[:2]
-    _, tok = build_tiny(tempfile.mkdtemp(), texts=[world.policy] + [json.dumps(t.expert) for t in tasks])
-    cfg = RolloutConfig(check_outputs=True, tools_in_prompt=False)
-    eps = rollout(tasks, 2, {"synthetic": world}, ExpertEngine(tok, tasks), tok, ScriptedUser(), cfg)
-    for e in eps:
+    _, tok = build_tiny(tempfile.mkdtemp(), texts=[world.rules] + [json.dumps(t.expert) for t in tasks])
+    cfg = RolloutConfig(tools_in_prompt=False)
+    eps = rollout(tasks, 2, {"synthetic": world}, PolicyAgent(ExpertEngine(tok, tasks), tok), ScriptedUser(), cfg)
+    for e in score(eps, {"synthetic": world}, check_outputs=True):
         print(f"{e.task.id}: reward {e.reward}  stop {e.stop_reason}  turns {e.turns}  calls {e.tool_calls}  "
-              f"tokens {len(e.ids)} (trained {sum(e.mask)})")
+              f"tokens {len(e.ids)} (trained {sum(e.mask)})  spans {[s['who'] for s in e.spans]}")
     print("\n" + chat.show_mask(tok, eps[0].ids, eps[0].mask))

@@ -42,7 +42,7 @@ def render_examples(tokenizer, conversations: list[dict], worlds: dict) -> list[
     for conv in conversations:
         msgs = list(conv["messages"])
         world = worlds.get(conv.get("domain"))
-        system = conv.get("system") or (world.policy if world else "")
+        system = conv.get("system") or (world.rules if world else "")
         if msgs and msgs[0]["role"] == "system":
             system = msgs.pop(0)["content"]
         tools = conv["tools"] if conv.get("tools") is not None else (world.tool_schemas() if world else [])
@@ -176,7 +176,7 @@ if __name__ == "__main__":
 
     world = load_world("synthetic", seed=0)
     tasks = world.tasks("train")[:32]
-    model, tok = build_tiny(tempfile.mkdtemp(), texts=[world.policy] + [json.dumps(t.expert) for t in tasks])
+    model, tok = build_tiny(tempfile.mkdtemp(), texts=[world.rules] + [json.dumps(t.expert) for t in tasks])
     ex = render_examples(tok, expert_conversations(tasks), {world.name: world})
     ids, mask = ex[0]
     print(f"{len(ex)} conversations; the first has {len(ids)} tokens, {sum(mask)} trained")

@@ -20,7 +20,7 @@ simulator needs the mirror image: to the customer model, *its* turns are "assist
 "user". So every request is rebuilt from the agent-side text with the roles swapped, under a system prompt
 that carries the hidden instructions. Tool calls and tool results never reach the customer: a real customer
 cannot see the company's systems, and letting the simulator read them would leak database facts into its
-answers. rollout.py passes text only; `user_view` also strips any tool markup that slipped into that text.
+answers. rollout.py passes text only; `simulator_messages` also strips tool markup that slipped into that text.
 
 The first message is fixed per task
 -----------------------------------
@@ -48,7 +48,6 @@ Departures from the paper / tau2-bench
 
 from __future__ import annotations
 
-import importlib
 import ipaddress
 import json
 import os
@@ -59,6 +58,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import urlparse
 
+from domains import script_for
+
 STOP, TRANSFER, OUT_OF_SCOPE = "###STOP###", "###TRANSFER###", "###OUT-OF-SCOPE###"
 MARKERS = (STOP, TRANSFER, OUT_OF_SCOPE)
 
@@ -66,7 +67,7 @@ MARKERS = (STOP, TRANSFER, OUT_OF_SCOPE)
 # not actually say this (its conversation begins with the customer's message), but a chat model answers better
 # when it has something to answer, and the same greeting for every task keeps the opening reproducible.
 GREETING = "Hi! How can I help you today?"
-# What the customer "hears" when the agent ends a turn without saying anything (see user_view).
+# What the customer "hears" when the agent ends a turn without saying anything (see simulator_messages).
 NO_REPLY = "(the agent sent an empty message)"
 
 
@@ -120,7 +121,7 @@ _HIDDEN = re.compile(r"<(tool_call|tool_response|think)>.*?(</\1>|$)", re.S)
 _LEADING_THINK = re.compile(r"^\s*<think>.*?</think>", re.S)
 
 
-def user_view(instructions: str, history: list[dict]) -> list[dict]:
+def simulator_messages(instructions: str, history: list[dict]) -> list[dict]:
     """Agent-side text conversation -> the simulator's API messages (system prompt + roles swapped).
 
     history: [{"role": "user" | "assistant", "content": str}, ...] as the agent saw it (user = customer).
@@ -236,12 +237,12 @@ class LLMUser:
         with lock:  # concurrent callers for one task queue here; the first one generates, the rest read the cache
             if task.id not in self._first:
                 # Not cached on failure: a later call (e.g. next epoch) tries again instead of failing forever.
-                self._first[task.id] = self.complete(user_view(task.instructions, []))
+                self._first[task.id] = self.complete(simulator_messages(task.instructions, []))
             return self._first[task.id]
 
     def reply(self, task, history: list[dict]) -> str:
         """The customer's next message, given the agent-side text conversation so far."""
-        return self.complete(user_view(task.instructions, history))
+        return self.complete(simulator_messages(task.instructions, history))
 
     def replies(self, requests: list[tuple]) -> list:
         """reply() for many (task, history) pairs at once; order kept; a failure comes back as a UserError."""
@@ -269,24 +270,17 @@ def _fan_out(fn, requests: list[tuple], max_workers: int) -> list:
 
 
 class ScriptedUser:
-    """Plays a generated task's structured spec deterministically (domains/synthetic.py, or domains/shop.py when
-    the spec says world "shop")."""
+    """Plays a generated task's structured spec deterministically, with the script of the domain that generated it
+    (domains.script_for: domains/synthetic.py or domains/shop.py)."""
 
     def first_message(self, task) -> str:
-        return _script(task).scripted_first_message(task.spec)
+        return script_for(task).scripted_first_message(task.spec)
 
     def reply(self, task, history: list[dict]) -> str:
-        return _script(task).scripted_reply(task.spec, history)
+        return script_for(task).scripted_reply(task.spec, history)
 
     def replies(self, requests: list[tuple]) -> list:
         return _fan_out(self.reply, requests, 1)  # pure Python and fast: threads would only add overhead
-
-
-def _script(task):
-    """The module whose scripted customer plays this task (imported lazily: only scripted runs need it)."""
-    if task.spec is None:
-        raise ValueError(f"task {task.id!r} has no scripted user spec; use the LLM user for it")
-    return importlib.import_module("domains.shop" if task.spec.get("world") == "shop" else "domains.synthetic")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -386,7 +380,7 @@ if __name__ == "__main__":
             print(f"-> conversation ends: {is_terminal(history[-1]['content'])}")
             break
     print("\nThe last request, as the simulator saw it (roles swapped):")
-    for m in user_view(task.instructions, history[:-1])[1:]:
+    for m in simulator_messages(task.instructions, history[:-1])[1:]:
         print(f"  {m['role']:>9}: {m['content']}")
     print(f"\nAPI stats: {user.stats}; the first message is cached: {user.first_message(task) == history[0]['content']}")
     if server is not None:

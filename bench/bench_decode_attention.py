@@ -10,8 +10,9 @@ heads, G = 2 query heads per key/value head folded into the query axis, head siz
 
 For each row count and dtype (fp32, bf16, fp16) it times SDPA with the mask HFEngine passes (0 / -inf bias; bool
 shown for comparison), the median of `--rounds` calls, and prints the bytes of keys/values read per second. Run it
-twice if the machine is busy: the variants run one after the other, not interleaved. The last line is the ratio bf16 time / fp32 time, and fp16 / fp32, at the
-largest row count: below 1 would mean half-precision keys/values pay off here.
+twice if the machine is busy: the variants run one after the other, not interleaved. The last line is the ratio
+bf16 time / fp32 time, and fp16 / fp32, at the largest row count: below 1 would mean half-precision keys/values
+pay off here.
 """
 
 from __future__ import annotations

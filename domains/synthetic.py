@@ -187,7 +187,7 @@ def _plan(rng: random.Random, shop: _Shop, kind: str, users: list[str]) -> dict 
     orders = [shop.orders[o] for o in user["orders"] if o in shop.orders]
     offers = rng.choice(["email", "name_zip"])
     spec = {
-        "kind": kind, "goal": "act", "request": kind, "refuse_why": None,
+        "world": "synthetic", "kind": kind, "goal": "act", "request": kind, "refuse_why": None,
         "user": {"user_id": uid, "first_name": user["name"]["first_name"], "last_name": user["name"]["last_name"],
                  "zip": user["address"]["zip"], "email": user["email"]},
         "offers": offers, "knows_email": offers == "email" or rng.random() < 0.5,

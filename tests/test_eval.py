@@ -43,7 +43,7 @@ def test_local_tiny_model_on_the_shop_prints_a_table(tmp_path):
 
     world = load_world("shop", seed=0, n_train=0)
     model_dir = tmp_path / "tiny"
-    build_tiny(model_dir, texts=[world.policy] + [json.dumps(t.expert) for t in world.tasks("test")[:20]],
+    build_tiny(model_dir, texts=[world.rules] + [json.dumps(t.expert) for t in world.tasks("test")[:20]],
                hidden=64, layers=1, heads=1, kv_heads=1, intermediate=128, vocab_size=400)
     r = subprocess.run([sys.executable, "eval.py", "--model", str(model_dir), "--domain", "shop", "--tasks", "6",
                         "--trials", "2", "--max_turns", "6", "--max_new_tokens", "16", "--max_context", "1024",
@@ -64,7 +64,7 @@ def test_sampled_trials_differ_and_replay(tmp_path):
 
     world = load_world("shop", seed=0, n_train=0)
     model_dir = tmp_path / "tiny"
-    build_tiny(model_dir, texts=[world.policy] + [json.dumps(t.expert) for t in world.tasks("test")[:20]],
+    build_tiny(model_dir, texts=[world.rules] + [json.dumps(t.expert) for t in world.tasks("test")[:20]],
                hidden=64, layers=1, heads=1, kv_heads=1, intermediate=128, vocab_size=400)
 
     def run(name, *flags):

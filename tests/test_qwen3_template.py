@@ -21,9 +21,9 @@ import pytest
 
 import chat
 from domains import load_world
-from eval import ExpertEngine
+from agents import ExpertEngine
 from models import build_tiny, load_tokenizer
-from rollout import RolloutConfig, rollout
+from rollout import PolicyAgent, RolloutConfig, rollout, score
 from tools import GENERIC_TOOLS, function_schema
 from user_sim import ScriptedUser
 
@@ -45,7 +45,7 @@ def world():
 @pytest.fixture(scope="module")
 def tok(world, tmp_path_factory):
     d = tmp_path_factory.mktemp("tiny-qwen3")
-    texts = [world.policy] + [json.dumps(t.expert) for t in world.tasks("train")]
+    texts = [world.rules] + [json.dumps(t.expert) for t in world.tasks("train")]
     build_tiny(d, texts=texts, hidden=64, layers=1, heads=1, kv_heads=1, intermediate=64)
     t = load_tokenizer(str(d))  # a fresh instance: chat.py caches its stub renders per tokenizer object
     t.chat_template = QWEN3_TEMPLATE
@@ -211,8 +211,9 @@ def test_two_tool_results_form_one_user_turn(tok):
 
 def test_expert_rollout_with_qwen3_template(world, tok):
     tasks = world.tasks("test")[:3]
-    eps = rollout(tasks, 2, {"synthetic": world}, ExpertEngine(tok, tasks), tok, ScriptedUser(),
-                  RolloutConfig(check_outputs=True, max_context=8192))
+    worlds = {"synthetic": world}
+    eps = score(rollout(tasks, 2, worlds, PolicyAgent(ExpertEngine(tok, tasks), tok), ScriptedUser(),
+                        RolloutConfig(max_context=8192)), worlds, check_outputs=True)
     assert [e.reward for e in eps] == [1.0] * len(eps), [(e.task.id, e.stop_reason, e.info) for e in eps]
     for e in eps:
         stream = tok.decode(e.ids, skip_special_tokens=False)

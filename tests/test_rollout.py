@@ -7,11 +7,12 @@ import torch
 
 import chat
 from domains import load_world
+from agents import ExpertEngine
 from engine import Sample
 from hf_engine import HFEngine
-from eval import ExpertEngine
 from models import build_tiny
-from rollout import RolloutConfig, rollout
+from rollout import PolicyAgent, RolloutConfig, rollout, score
+from sampling import episode_seed
 from user_sim import ScriptedUser, UserError
 
 
@@ -20,9 +21,15 @@ def world():
     return load_world("synthetic", seed=0, n_train=40, n_test=10)
 
 
+def play(world, tasks, G, engine, tok, user, cfg, check_outputs=False):
+    """rollout() with the policy agent on one world, then score(): what a training step does."""
+    worlds = {world.name: world}
+    return score(rollout(tasks, G, worlds, PolicyAgent(engine, tok), user, cfg), worlds, check_outputs)
+
+
 @pytest.fixture(scope="module")
 def tiny(world, tmp_path_factory):
-    texts = [world.policy] + [str(t.expert) for t in world.tasks("train")]
+    texts = [world.rules] + [str(t.expert) for t in world.tasks("train")]
     model, tok = build_tiny(tmp_path_factory.mktemp("tiny"), texts=texts, hidden=64, layers=2, heads=2, kv_heads=1,
                             intermediate=128)
     return model, tok
@@ -41,19 +48,22 @@ class RecordingEngine:
 
 
 def test_an_episode_samples_the_same_alone_or_in_a_batch(world, tiny):
-    # episode k of a rollout seeded s samples what a one-episode rollout seeded s + k samples: its draws depend on
-    # its own seed and turn, not on which episodes share the batch (bench/bench_rollout.py compares the two)
+    # episode j of a task samples with episode_seed(seed, task id, occurrence, j): its draws depend on its own seed
+    # and turn, not on which episodes share the batch (bench/bench_rollout.py compares the two)
     model, tok = tiny
     tasks = world.tasks("train")[:3]
     cfg = RolloutConfig(max_new_tokens=24, max_turns=6, max_context=4096, malformed="observe", seed=5)
     eng = HFEngine(model, tok)
-    batched = rollout(tasks, 2, {"synthetic": world}, eng, tok, ScriptedUser(), cfg)
-    assert [e.seed for e in batched] == [5, 6, 7, 8, 9, 10]
+    batched = play(world, tasks, 2, eng, tok, ScriptedUser(), cfg)
+    assert [e.seed for e in batched] == [episode_seed(5, t.id, 0, j) for t in tasks for j in range(2)]
     assert batched[0].ids != batched[1].ids  # the G copies of a task differ
-    for k, e in enumerate(batched):
-        alone = rollout([e.task], 1, {"synthetic": world}, eng, tok, ScriptedUser(), dataclasses.replace(cfg, seed=5 + k))
-        assert alone[0].ids == e.ids and alone[0].mask == e.mask
-        assert alone[0].logprobs == pytest.approx(e.logprobs, abs=1e-4)
+    for k, task in enumerate(tasks):
+        alone = play(world, [task], 2, eng, tok, ScriptedUser(), cfg)
+        for a, e in zip(alone, batched[2 * k : 2 * k + 2]):
+            assert a.ids == e.ids and a.mask == e.mask and a.spans == e.spans
+            assert a.logprobs == pytest.approx(e.logprobs, abs=1e-4)
+    twice = play(world, [tasks[0], tasks[0]], 1, eng, tok, ScriptedUser(), cfg)  # a task drawn twice: other seeds
+    assert twice[0].seed != twice[1].seed and twice[0].ids == batched[0].ids
 
 
 class ScriptEngine:
@@ -72,8 +82,8 @@ class ScriptEngine:
 def test_expert_through_token_pipeline_scores_one(world, tiny):
     _, tok = tiny
     tasks = world.tasks("test")[:10]
-    eps = rollout(tasks, 2, {"synthetic": world}, ExpertEngine(tok, tasks), tok, ScriptedUser(),
-                  RolloutConfig(check_outputs=True, max_context=8192))
+    eps = play(world, tasks, 2, ExpertEngine(tok, tasks), tok, ScriptedUser(),
+                  RolloutConfig(max_context=8192), check_outputs=True)
     assert [e.reward for e in eps] == [1.0] * len(eps), [(e.task.id, e.stop_reason, e.info) for e in eps]
     assert all(e.stop_reason == "user_stop" for e in eps)
     # append-only template: the grown stream is exactly one full render of the conversation
@@ -88,7 +98,7 @@ def test_mask_marks_exactly_the_sampled_tokens(world, tiny):
     torch.manual_seed(0)
     eng = RecordingEngine(HFEngine(model, tok))
     cfg = RolloutConfig(max_new_tokens=24, max_turns=6, max_context=4096, malformed="observe", seed=1)
-    eps = rollout(world.tasks("train")[:3], 2, {"synthetic": world}, eng, tok, ScriptedUser(), cfg)
+    eps = play(world, world.tasks("train")[:3], 2, eng, tok, ScriptedUser(), cfg)
     eot = chat.end_of_turn_id(tok)
     for e in eps:
         # every mask-1 token belongs to a sample the engine produced for this episode's prompt, in order
@@ -114,7 +124,7 @@ def test_mask_marks_exactly_the_sampled_tokens(world, tiny):
         prefixes = {tuple(p) for p, _ in eng.samples if len(p) < len(e.ids) and e.ids[: len(p)] == p}
         assert prefixes == {tuple(e.ids[:a]) for a, _ in turns}
         assert all(lp == 0.0 for lp, m in zip(e.logprobs, e.mask) if m == 0)
-        n_prompt = len(chat.prompt_ids(tok, world.policy, world.tool_schemas(), e.messages[1]["content"]))
+        n_prompt = len(chat.prompt_ids(tok, world.rules, world.tool_schemas(), e.messages[1]["content"]))
         assert e.mask[:n_prompt] == [0] * n_prompt  # system + first user message + generation prompt: context
 
 
@@ -122,11 +132,11 @@ def test_malformed_call_ends_or_observes(world, tiny):
     _, tok = tiny
     task = world.tasks("train")[:1]
     bad = '<tool_call>{"name": "get_user_details", "arguments": {"user_id": }</tool_call>'
-    eps = rollout(task, 2, {"synthetic": world}, ScriptEngine(tok, [bad]), tok, ScriptedUser(), RolloutConfig())
+    eps = play(world, task, 2, ScriptEngine(tok, [bad]), tok, ScriptedUser(), RolloutConfig())
     assert all(e.stop_reason == "malformed_call" for e in eps)
     assert all(e.reward == 0.0 or e.info["db_match"] for e in eps)
     cfg = RolloutConfig(malformed="observe", max_turns=3)
-    eps = rollout(task, 2, {"synthetic": world}, ScriptEngine(tok, [bad] * 3 + ["Bye."]), tok, ScriptedUser(), cfg)
+    eps = play(world, task, 2, ScriptEngine(tok, [bad] * 3 + ["Bye."]), tok, ScriptedUser(), cfg)
     tool_msgs = [m for m in eps[0].messages if m["role"] == "tool"]
     assert tool_msgs and tool_msgs[0]["content"].startswith("Error: the tool call is not valid JSON")
 
@@ -135,7 +145,7 @@ def test_only_first_call_runs_and_turn_cap(world, tiny):
     _, tok = tiny
     two = ('<tool_call>{"name": "get_order_details", "arguments": {"order_id": "#first"}}</tool_call>'
            '<tool_call>{"name": "get_order_details", "arguments": {"order_id": "#second"}}</tool_call>')
-    eps = rollout(world.tasks("train")[:1], 2, {"synthetic": world}, ScriptEngine(tok, [two]), tok, ScriptedUser(),
+    eps = play(world, world.tasks("train")[:1], 2, ScriptEngine(tok, [two]), tok, ScriptedUser(),
                   RolloutConfig(max_turns=4))
     for e in eps:
         assert e.stop_reason == "max_turns" and e.turns == 4
@@ -148,7 +158,7 @@ def test_context_cap_and_truncated_turn(world, tiny):
     _, tok = tiny
     long = "word " * 200
     eng = ScriptEngine(tok, [long])
-    eps = rollout(world.tasks("train")[:1], 2, {"synthetic": world}, eng, tok, ScriptedUser(),
+    eps = play(world, world.tasks("train")[:1], 2, eng, tok, ScriptedUser(),
                   RolloutConfig(max_new_tokens=16, max_context=4096))
     e = eps[0]
     assert e.stop_reason in ("context_full", "user_stop", "max_turns")
@@ -157,7 +167,7 @@ def test_context_cap_and_truncated_turn(world, tiny):
     first_agent = e.mask.index(1)
     assert e.mask[first_agent: first_agent + 16] == [1] * 16 and e.ids[first_agent + 16] == eot and e.mask[first_agent + 16] == 0
     prompt_len = first_agent
-    eps = rollout(world.tasks("train")[:1], 2, {"synthetic": world}, ScriptEngine(tok, [long]), tok, ScriptedUser(),
+    eps = play(world, world.tasks("train")[:1], 2, ScriptEngine(tok, [long]), tok, ScriptedUser(),
                   RolloutConfig(max_new_tokens=16, max_context=prompt_len + 20))
     assert all(e.stop_reason == "context_full" for e in eps)
     assert all(len(e.ids) <= prompt_len + 20 + 60 for e in eps)
@@ -170,7 +180,7 @@ class FailingUser(ScriptedUser):
 
 def test_user_failure_aborts_not_scores(world, tiny):
     _, tok = tiny
-    eps = rollout(world.tasks("train")[:1], 2, {"synthetic": world}, ScriptEngine(tok, ["Hello!"]), tok, FailingUser(),
+    eps = play(world, world.tasks("train")[:1], 2, ScriptEngine(tok, ["Hello!"]), tok, FailingUser(),
                   RolloutConfig())
     assert all(e.stop_reason == "user_error" and e.aborted for e in eps)
     assert all("db_match" not in e.info for e in eps)  # not scored

@@ -15,7 +15,7 @@ from models import build_tiny
 def setup(tmp_path_factory):
     world = load_world("synthetic", seed=0, n_train=40, n_test=10)
     tasks = world.tasks("train")[:12]
-    model, tok = build_tiny(tmp_path_factory.mktemp("tiny"), texts=[world.policy] + [json.dumps(t.expert) for t in tasks],
+    model, tok = build_tiny(tmp_path_factory.mktemp("tiny"), texts=[world.rules] + [json.dumps(t.expert) for t in tasks],
                             hidden=64, layers=2, heads=2, kv_heads=1, intermediate=128)
     return world, tasks, model, tok
 
@@ -33,7 +33,7 @@ def test_mask_covers_exactly_the_assistant_turns(setup):
     assert sum(1 for i, m in zip(ids, mask) if m and i == eot) == n_assistant  # every turn's end-of-turn is trained
     # the rendered prompt is the rollout's prompt: same function, mask 0
     first = conv["messages"][0]["content"]
-    p = chat.prompt_ids(tok, world.policy, [], first)
+    p = chat.prompt_ids(tok, world.rules, [], first)
     assert ids[: len(p)] == p and mask[: len(p)] == [0] * len(p)
 
 

@@ -128,16 +128,17 @@ def test_deterministic():
 
 
 def test_expert_through_the_token_pipeline(world):
-    from eval import ExpertEngine
+    from agents import ExpertEngine
     from models import build_tiny
-    from rollout import RolloutConfig, rollout
+    from rollout import PolicyAgent, RolloutConfig, rollout, score
 
     import tempfile
 
     tasks = world.tasks("test")[:12]
-    _, tok = build_tiny(tempfile.mkdtemp(), texts=[world.policy] + [json.dumps(t.expert) for t in tasks],
+    _, tok = build_tiny(tempfile.mkdtemp(), texts=[world.rules] + [json.dumps(t.expert) for t in tasks],
                         hidden=64, layers=1, heads=1, kv_heads=1, intermediate=128, vocab_size=400)
-    eps = rollout(tasks, 2, {"shop": world}, ExpertEngine(tok, tasks), tok, ScriptedUser(),
+    eps = rollout(tasks, 2, {"shop": world}, PolicyAgent(ExpertEngine(tok, tasks), tok), ScriptedUser(),
                   RolloutConfig(max_turns=10, max_new_tokens=64, max_context=1024, tools_in_prompt=False))
+    score(eps, {"shop": world})
     assert [e.reward for e in eps] == [1.0] * 24, [(e.task.id, e.stop_reason) for e in eps if e.reward != 1]
     assert all(e.stop_reason == "user_stop" for e in eps)

@@ -123,13 +123,13 @@ def test_is_terminal():
 
 
 def test_user_view_swaps_merges_and_hides_tools():
-    msgs = user_sim.user_view(TASK.instructions, HISTORY)
+    msgs = user_sim.simulator_messages(TASK.instructions, HISTORY)
     assert [m["role"] for m in msgs] == ["system", "user", "assistant", "user", "assistant", "user"]
     assert msgs[1]["content"] == GREETING
     # the two agent texts around the tool call become one "user" message, without the tool-call markup
     assert msgs[-1]["content"] == "Let me look.\n\nFound you. Which item do you want to return?"
     assert "SECRET" not in json.dumps(msgs) and "tool_call" not in json.dumps(msgs)
-    assert user_sim.user_view("x", [])[1:] == [{"role": "user", "content": GREETING}]
+    assert user_sim.simulator_messages("x", [])[1:] == [{"role": "user", "content": GREETING}]
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -1,0 +1,174 @@
+"""Agents that are not the policy being trained: an OpenAI-compatible endpoint, the oracle, the scripted expert.
+
+rollout.py runs every conversation, whoever writes the agent's turns (its `Agent` Protocol). The policy in
+training is rollout.PolicyAgent (token in / token out through an engine). Evaluation also needs:
+
+    MessageAgent   message-level agents: act(messages, tools) -> an assistant message with tool calls. Used for
+    openai_act       any OpenAI-compatible chat endpoint (GPT-4.1, a `vllm serve` model) with the endpoint's own
+                     tool calling (the provider renders its own template)
+    OracleAgent      replays each task's gold actions, then states the required outputs: checks the harness
+    FixedUser      a customer that states the request and leaves at the first reply (pairs with the oracle)
+    ExpertEngine   a token *engine* that replays a generated task's scripted expert conversation through
+                   PolicyAgent: checks the token pipeline end to end (every episode must score 1)
+
+Message-level agents have no token stream: their episodes carry messages, tool calls and rewards, no ids or mask
+(nothing to train). Their turns are asked for concurrently (threads: the endpoint is the bottleneck).
+"""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+
+import chat
+from sampling import Sample
+from tools import ParsedTurn
+from user_sim import STOP
+
+# ---------------------------------------------------------------------------------------------------------------
+# Message-level agents
+
+
+class MessageAgent:
+    """Wraps make_act(task) -> act(messages, tools) -> {"content", "tool_calls": [{"id", "function": {"name",
+    "arguments"}}]} as a rollout Agent. Each episode gets its own act (the oracle keeps per-task state)."""
+
+    def __init__(self, make_act, workers: int = 8):
+        self.make_act, self.workers, self.acts, self.tools = make_act, workers, {}, {}
+
+    def begin(self, ep, rules, schemas, first):
+        self.acts[id(ep)] = self.make_act(ep.task)
+        self.tools[id(ep)] = ep.env.world.tool_schemas()  # the endpoint's tool calling needs the schemas
+
+    def _one(self, ep) -> ParsedTurn | Exception:
+        try:
+            msg = self.acts[id(ep)](ep.messages, self.tools[id(ep)])
+        except Exception as e:  # noqa: BLE001 - an endpoint failure aborts this episode, not the evaluation
+            return e
+        calls, errors = [], []
+        for c in msg.get("tool_calls") or []:
+            args = c["function"]["arguments"]
+            if isinstance(args, str):  # the wire format carries arguments as a JSON string
+                try:
+                    args = json.loads(args)
+                except (json.JSONDecodeError, RecursionError, ValueError) as e:
+                    errors.append(f"arguments of {c['function']['name']} are not JSON: {e}")
+                    continue
+            calls.append({"name": c["function"]["name"], "arguments": args})
+        return ParsedTurn(content=msg.get("content") or "", calls=calls, errors=errors)
+
+    def act(self, episodes, cfg):
+        with ThreadPoolExecutor(max_workers=max(1, min(self.workers, len(episodes)))) as pool:
+            return list(pool.map(self._one, episodes))
+
+    def observe(self, ep, messages):
+        pass  # no token stream: the episode's messages are the whole record
+
+
+def _wire(messages: list[dict]) -> list[dict]:
+    """Our messages -> the OpenAI wire format (arguments as JSON strings, an id on every call and tool result)."""
+    out = []
+    for m in messages:
+        if m["role"] == "tool":
+            out.append({"role": "tool", "tool_call_id": "call_0", "content": m["content"]})
+            continue
+        m = {"role": m["role"], "content": m.get("content") or ""} | ({"tool_calls": [
+            {"id": "call_0", "type": "function", "function": {"name": c["function"]["name"], "arguments":
+             json.dumps(c["function"]["arguments"])}} for c in m["tool_calls"]]} if m.get("tool_calls") else {})
+        out.append(m)
+    return out
+
+
+def openai_act(model: str, base_url: str | None, api_key: str | None, temperature: float = 0.0,
+               max_tokens: int = 1024):
+    """act() over any OpenAI-compatible chat endpoint, with the endpoint's native tool calling. A `vllm serve`
+    endpoint needs `--enable-auto-tool-choice --tool-call-parser hermes` for tool calls."""
+    import openai  # optional dependency: only endpoint agents need it
+
+    client = openai.OpenAI(base_url=base_url or None, api_key=api_key or "EMPTY", timeout=120, max_retries=3)
+
+    def act(messages, tools):
+        r = client.chat.completions.create(model=model, messages=_wire(messages), tools=tools,
+                                           temperature=temperature, max_tokens=max_tokens)
+        msg = r.choices[0].message
+        return {"content": msg.content or "", "tool_calls": [
+            {"id": c.id, "function": {"name": c.function.name, "arguments": c.function.arguments}}
+            for c in (msg.tool_calls or [])]}
+
+    return act
+
+
+class OracleAgent:
+    """Replays the task's gold actions one per turn, then states the required outputs and says it is done."""
+
+    def __init__(self, task):
+        self.todo, self.outputs = list(task.actions), list(task.outputs)
+
+    def __call__(self, messages, tools):
+        if self.todo:
+            a = self.todo.pop(0)
+            return {"content": "", "tool_calls": [{"function": {"name": a["name"], "arguments": a["arguments"]}}]}
+        return {"content": "Done. " + " ".join(self.outputs), "tool_calls": []}
+
+
+class FixedUser:
+    """A customer that states the task's request and stops at the agent's first text reply (for the oracle)."""
+
+    def first_message(self, task):
+        return task.instructions.split("\n\n")[1] if "\n\n" in task.instructions else task.instructions
+
+    def reply(self, task, history):
+        return "Thanks, that's all. " + STOP
+
+    def replies(self, requests):
+        return [self.reply(t, h) for t, h in requests]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A token engine that plays the scripted expert
+
+
+class ExpertEngine:
+    """Plays each generated task's scripted expert, token for token, through rollout.PolicyAgent.
+
+    It decodes the prompt it is given, finds the task by its first customer message, counts the agent turns so
+    far, and returns the tokens of the expert's next assistant message (chat.assistant_ids) with log-prob 0.
+    """
+
+    def __init__(self, tokenizer, tasks):
+        self.tok, self.header, self.script = tokenizer, "<|im_start|>assistant", {}
+        for t in tasks:
+            turns = [m for m in t.expert[1:] if m["role"] == "assistant"]
+            self.script[t.expert[0]["content"]] = [chat.assistant_ids(tokenizer, m) for m in turns]
+
+    def generate(self, prompts, max_new_tokens, temperature=1.0, top_p=1.0, stop_token_ids=None, seed=None):
+        out = []
+        for p in prompts:
+            text = self.tok.decode(p, skip_special_tokens=False)
+            key = next((k for k in self.script if k in text), None)
+            k = text.count(self.header) - 1  # agent turns already taken
+            ids = (self.script[key][k] if key is not None and k < len(self.script[key])
+                   else self.tok.encode("Goodbye.") + [stop_token_ids[0]])
+            out.append(Sample(token_ids=ids, logprobs=[0.0] * len(ids), finish_reason="stop"))
+        return out
+
+    def update_weights(self, named_tensors):
+        pass
+
+    def sleep(self):
+        pass
+
+    def wake_up(self):
+        pass
+
+
+if __name__ == "__main__":
+    # The oracle on five generated shop tasks, through the one episode loop: every episode scores 1.
+    from domains import load_world
+    from rollout import RolloutConfig, rollout, score
+
+    world = load_world("shop", seed=0, n_train=0, n_test=5)
+    eps = score(rollout(world.tasks("test"), 1, {"shop": world}, MessageAgent(OracleAgent), FixedUser(),
+                        RolloutConfig()), {"shop": world}, check_outputs=True)
+    for e in eps:
+        print(f"{e.task.id}: reward {e.reward}  stop {e.stop_reason}  calls {e.tool_calls}")
