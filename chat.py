@@ -13,8 +13,9 @@ re-render a conversation. A stream starts as the rendered prompt and only ever g
 The delta is rendered by the model's own chat template against a fixed two-message stub, so a template's
 local rules (role headers, <tool_response> wrapping, the empty <think> block of non-thinking mode) are
 followed exactly without ever touching the real history. The stub trick needs the template to render a
-message independently of the messages before it except for its immediate neighbour; tests/test_chat.py checks
-that for the tiny template the grown stream equals one full render (append-only), and says where Qwen3's does not.
+message independently of the messages before it except for its immediate neighbour; tests/test_models.py checks
+that for the tiny template the grown stream equals one full render (append-only); tests/test_qwen3_template.py
+says where Qwen3's does not.
 
 `assistant_ids` is the SFT side: the tokens the model *would* sample for a given assistant message, mask 1.
 """
@@ -22,8 +23,6 @@ that for the tiny template the grown stream equals one full render (append-only)
 from __future__ import annotations
 
 import functools
-import json
-from typing import Any
 
 STUB = [{"role": "user", "content": "."}, {"role": "assistant", "content": "."}]
 
@@ -92,10 +91,6 @@ def delta_ids(tokenizer, new_messages: list[dict]) -> list[int]:
     if n == 0 or len(parts) <= n:
         raise ValueError("chat template does not end the stub's turns with the end-of-turn token; cannot render a delta")
     return encode(tokenizer, parts[n])
-
-
-def tool_call_json(name: str, arguments: Any) -> str:
-    return json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False)
 
 
 def assistant_ids(tokenizer, message: dict) -> list[int]:

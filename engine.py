@@ -2,7 +2,7 @@
 
 The rollout (rollout.py) owns the token stream of every conversation; an engine only extends it. It receives
 token ids, never text, and returns for each prompt the sampled ids with the log-probability the sampler gave
-each one. That is what makes the training sequence exactly the sequence the policy saw and sampled (PAPER.md,
+each one. That is what makes the training sequence exactly the sequence the policy saw and sampled (the paper,
 "The rollout": sampled tokens are kept exactly as sampled, no re-tokenization), and the sampling log-probs
 are the `old_logp` of GRPO's ratio.
 

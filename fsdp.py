@@ -3,10 +3,13 @@ tests run two). Each rank plays its share of a step's tasks; the loss each rank 
 step's token mean, so summing gradients over ranks (not averaging) gives exactly one process's gradient
 (tests/test_muarl.py checks weights after a step against one process, to ~1e-7).
 
-    dist_setup        rank and world size from torchrun's environment (0, 1 without it)
-    shard             FSDP2 over every decoder layer, then the root; bf16 compute optional
-    full_state_dict   the unsharded weights, on every rank (for the rollout engine and checkpoints)
-    all_reduce        sum / min / max of a few numbers over the ranks (statistics, token counts)
+    dist_setup           rank and world size from torchrun's environment (0, 1 without it)
+    shard                FSDP2 over every decoder layer, then the root; bf16 compute optional
+    full_state_dict      the unsharded weights, on every rank (for the rollout engine and checkpoints)
+    even_rows            pad a rank's packed rows so every rank runs as many forwards (FSDP's collectives)
+    all_reduce           sum / min / max of a few numbers over the ranks (token counts)
+    reduce_stats         the per-row statistics of a GRPO step -> the step's token-weighted means, all ranks
+    all_gather_episodes  every rank's per-episode records, on every rank (the step's logged statistics)
 
     torchrun --nproc_per_node 2 fsdp.py     # two gloo processes on a CPU: shard a tiny model, gather it back
 """
@@ -14,12 +17,13 @@ step's token mean, so summing gradients over ranks (not averaging) gives exactly
 from __future__ import annotations
 
 import datetime
-import functools
 import os
 import sys
 import types
 
 import torch
+
+from grpo import pack_sequences, token_logprobs
 
 
 def dist_setup() -> tuple[int, int]:
@@ -84,25 +88,19 @@ def shard(model, activation_checkpointing: bool, bf16: bool):
     # grpo.token_logprobs runs the decoder body and lm_head one after the other and never model.forward, so the
     # root's hooks (gather embeddings/norm/lm_head before, reduce their gradients after) would not fire. As a
     # registered forward method of the root, token_logprobs gets the hooks forward would have had.
-    from grpo import token_logprobs
-
     model.token_logprobs = types.MethodType(token_logprobs, model)
     register_fsdp_forward_method(model, "token_logprobs")
     return model
 
 
-def logprobs_fn(model):
-    """What computes `model`'s token log-probs: the hooked method shard() gave a sharded model, else
-    grpo.token_logprobs bound to the model (the same signature either way)."""
-    from grpo import token_logprobs
-
-    return getattr(model, "token_logprobs", None) or functools.partial(token_logprobs, model)
-
-
-def even_rows(rows: list[dict], world_size: int, empty: dict) -> list[dict]:
+def even_rows(rows: list[dict], world_size: int) -> list[dict]:
     """Under FSDP every forward and backward gathers / reduce-scatters the sharded weights with the other ranks, so
-    every rank must run as many rows: a rank with fewer (or none) runs `empty` ones, two tokens with mask 0 (the
-    fewest token_logprobs scores), whose loss and gradient are 0. Returns rows padded to the most any rank has."""
+    every rank must run as many rows: a rank with fewer (or none: all its groups aborted) runs empty ones, two
+    tokens with mask 0 (the fewest token_logprobs scores), whose loss and gradient are 0. Returns rows padded to
+    the most any rank has; on one process, `rows` unchanged."""
+    if world_size == 1:
+        return rows
+    empty = pack_sequences([[0, 0]], [[0, 0]], 2, adv=[0.0], sample_logp=[[0.0, 0.0]])[0]  # mask 0: no loss
     n_rows = int(all_reduce([len(rows)], world_size, "max")[0])
     return rows + [empty] * (n_rows - len(rows))
 
@@ -130,6 +128,32 @@ def all_reduce(values: list[float], world_size: int, op: str = "sum") -> list[fl
 
 def all_sum(x: float, world_size: int) -> float:
     return all_reduce([x], world_size)[0]
+
+
+def reduce_stats(stats: list[dict], world_size: int) -> dict:
+    """The statistics of a GRPO step from each packed row's (grpo.grpo_loss's, plus "loss" and "logp_gap": a sum
+    over the row's trained tokens), over the rows of every rank: loss summed (each row's loss is already its
+    share of the step's mean), clip_frac / kl / entropy / logp_gap as means weighted by each row's trained
+    tokens, ratio_min / ratio_max as the extremes over rows that trained any token."""
+    keys = ("clip_frac", "kl", "entropy")
+    sums = [sum(s["loss"] for s in stats), sum(s["logp_gap"] for s in stats), sum(s["tokens"] for s in stats)]
+    sums += [sum(s.get(k, 0.0) * s["tokens"] for s in stats) for k in keys]  # token-weighted sums
+    loss, gap, tokens, *weighted = all_reduce(sums, world_size)
+    live = [s for s in stats if s["tokens"] > 0]  # an empty row's ratios are meaningless
+    rmin = all_reduce([min((s["ratio_min"] for s in live), default=float("inf"))], world_size, "min")[0]
+    rmax = all_reduce([max((s["ratio_max"] for s in live), default=float("-inf"))], world_size, "max")[0]
+    n = max(tokens, 1.0)
+    return {"loss": loss, **{k: w / n for k, w in zip(keys, weighted)}, "logp_gap": gap / n,
+            "ratio_min": rmin, "ratio_max": rmax}
+
+
+def all_gather_episodes(records: list[dict], world_size: int) -> list[dict]:
+    """Every rank's records (small dicts, one per episode), in rank order, on every rank."""
+    if world_size == 1:
+        return list(records)
+    gathered = [None] * world_size
+    torch.distributed.all_gather_object(gathered, records)  # pickled: fine for a few hundred small dicts
+    return [r for part in gathered for r in part]
 
 
 # ---------------------------------------------------------------------------------------------------------------

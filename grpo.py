@@ -3,7 +3,7 @@
 Each training step, every task is rolled out G times; the G binary rewards become advantages by comparing
 each rollout to its own group (no value network). Each trained token of rollout i then carries A_i, and the
 policy is pushed through a PPO-style clipped ratio, with a KL penalty towards the frozen cold-start policy
-inside the loss (not the reward). Table "GRPO as the authors ran it" in PAPER.md gives every number used here.
+inside the loss (not the reward). The paper (arXiv:2508.18669, "GRPO as the authors ran it") gives every number used here.
 
 Symbols: G = group size (rollouts per task), N = number of trajectories (tasks * G), B = rows in a batch,
 T = tokens per row, H = hidden size, V = vocabulary size. Shapes in comments use these letters.

@@ -1,7 +1,7 @@
 """Models: load the policy and its frozen reference, or build a tiny Qwen3-shaped model + tokenizer from nothing.
 
 MUA-RL starts from Qwen3 (8B/14B/32B, non-thinking mode) and keeps a frozen copy of the starting policy as the
-KL reference (PAPER.md, "GRPO as the authors ran it"). On a GPU box `load_policy("Qwen/Qwen3-8B")` and
+KL reference (the paper, arXiv:2508.18669). On a GPU box `load_policy("Qwen/Qwen3-8B")` and
 `load_reference(...)` are all this file does. Without a model hub (this project's CPU machines) we need a
 model anyway, so `build_tiny` makes one locally that has everything the pipeline touches:
 

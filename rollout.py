@@ -245,9 +245,12 @@ def _first_message(user, task):
 
 
 def rollout(tasks: list[Task], group_size: int, worlds: dict[str, World], agent: Agent, user, cfg: RolloutConfig,
-            progress=None) -> list[Episode]:
+            progress=None, seeds: list[int] | None = None) -> list[Episode]:
     """Play len(tasks) x group_size episodes, group by group (G consecutive per task). The episodes come back
-    unscored, their databases still open: call score() next."""
+    unscored, their databases still open: call score() next. `seeds`: one per episode, in order, instead of those
+    derived from cfg.seed (an Episode's .seed, from a log, replays that episode alone)."""
+    if seeds is not None and len(seeds) != len(tasks) * group_size:
+        raise ValueError(f"rollout: {len(seeds)} seeds for {len(tasks) * group_size} episodes")
     # the first customer message: generated once per task and shared by the task's G episodes (user_sim caches it)
     with ThreadPoolExecutor(max_workers=max(1, min(16, len(tasks)))) as pool:
         firsts = list(pool.map(_first_message, [user] * len(tasks), tasks))
@@ -258,7 +261,8 @@ def rollout(tasks: list[Task], group_size: int, worlds: dict[str, World], agent:
         world, k = worlds[task.domain], seen[task.id]
         seen[task.id] += 1
         for j in range(group_size):
-            seed = None if cfg.seed is None else episode_seed(cfg.seed, task.id, k, j)
+            seed = seeds[len(episodes)] if seeds is not None else None if cfg.seed is None else \
+                episode_seed(cfg.seed, task.id, k, j)
             ep = Episode(task=task, group=gi, env=world.new_env(), seed=seed)
             ep.messages.append({"role": "system", "content": world.rules})
             if isinstance(first, UserError):

@@ -20,6 +20,7 @@ Departures from the paper:
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import random
@@ -29,8 +30,8 @@ import torch
 from tqdm import tqdm
 
 import chat
-from fsdp import all_sum, even_rows, logprobs_fn
-from grpo import pack_sequences
+from fsdp import all_sum, even_rows
+from grpo import pack_sequences, token_logprobs
 
 # ---------------------------------------------------------------------------------------------------------------
 # Data
@@ -100,9 +101,10 @@ def lr_at(step: int, total: int, lr: float, warmup: int) -> float:
     return lr * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))  # cosine to 0
 
 
-def sft_step(model, rows: list[dict], num_tokens: int, chunk_size: int) -> float:
-    """Accumulate the gradient of one optimizer step over packed rows; return their share of the step's mean loss."""
-    logprobs = logprobs_fn(model)  # under FSDP, the sharded model's hooked method
+def sft_step(model, rows: list[dict], num_tokens: int, chunk_size: int, world_size: int = 1) -> float:
+    """Accumulate the gradient of one optimizer step over packed rows; return their share of the step's mean loss.
+    Under FSDP the log-probs run as the sharded model's registered method (fsdp.shard), so its hooks fire."""
+    logprobs = model.token_logprobs if world_size > 1 else functools.partial(token_logprobs, model)
     total = 0.0
     for row in rows:
         logp = logprobs(row["input_ids"], position_ids=row["position_ids"], chunk_size=chunk_size)  # (1, L)
@@ -152,11 +154,11 @@ def train(
         n_tok = sum(sum(examples[i][1]) for i in idx)  # N_tok of the whole batch (every rank drew the same one)
         mine = idx[rank::world_size]
         rows = pack_sequences([examples[i][0] for i in mine], [examples[i][1] for i in mine], micro_batch_tokens)
-        rows = even_rows(rows, world_size, pack_sequences([[0, 0]], [[0, 0]], 2)[0])  # FSDP: as many rows per rank
+        rows = even_rows(rows, world_size)  # FSDP: as many rows on every rank
         for g in opt.param_groups:
             g["lr"] = lr_at(step, total, lr, warmup)
         opt.zero_grad(set_to_none=True)
-        loss = all_sum(sft_step(model, rows, max(1, n_tok), chunk_size), world_size)  # the whole batch's loss
+        loss = all_sum(sft_step(model, rows, max(1, n_tok), chunk_size, world_size), world_size)  # the whole batch's loss
         gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
         if math.isfinite(loss) and torch.isfinite(gnorm):
             opt.step()

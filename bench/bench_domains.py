@@ -1,6 +1,6 @@
 """Time what a rollout pays the environment: making its private database, and scoring it at the end.
 
-MUA-RL gives every rollout its own copy of the company database (PAPER.md, "Environment"). The reference path,
+MUA-RL gives every rollout its own copy of the company database (the paper, "Environment"). The reference path,
 which tau2-bench and the MUA-RL code pay per rollout, reads the domain's db.json and deep-copies it; ours
 (domains/base.py) opens an empty in-memory SQLite database that ATTACHes a read-only template and only stores
 what the rollout writes. This script measures both, side by side, in one process:
@@ -209,7 +209,7 @@ def main() -> int:
         for domain in args.domains:
             try:
                 t0 = time.perf_counter()
-                world = load_world(domain, args.data_dir)
+                world = load_world(domain, data_dir=args.data_dir)
                 path = db_json_path(domain, Path(tmp), args.data_dir)
             except FileNotFoundError as e:
                 print(f"cannot run: tau2 data for '{domain}' is missing.\n{e}", file=sys.stderr)

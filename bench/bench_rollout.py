@@ -169,26 +169,27 @@ def summary(episodes, seconds: float, engine: CountingEngine) -> dict:
 
 
 def run_batched(tasks, group, worlds, engine, tok, user, cfg):
-    from rollout import rollout
+    from rollout import PolicyAgent, rollout, score
 
     fresh_cache(engine)
     engine = CountingEngine(engine)
     t0 = time.perf_counter()
-    eps = rollout(tasks, group, worlds, engine, tok, user, cfg)
+    eps = score(rollout(tasks, group, worlds, PolicyAgent(engine, tok), user, cfg), worlds)
     return summary(eps, time.perf_counter() - t0, engine)
 
 
 def run_sequential(tasks, group, worlds, engine, tok, user, cfg):
-    from dataclasses import replace
+    from rollout import PolicyAgent, rollout, score
+    from sampling import episode_seed
 
-    from rollout import rollout
-
-    pairs = [t for t in tasks for _ in range(group)]  # the same (task, copy) pairs as the batched call
+    pairs = [(t, j) for t in tasks for j in range(group)]  # the same (task, copy) pairs as the batched call
     fresh_cache(engine)
     eps, engine = [], CountingEngine(engine)
+    agent = PolicyAgent(engine, tok)
     t0 = time.perf_counter()
-    for k, task in enumerate(pairs):  # pair k alone, with the seed episode k has in the batched call
-        eps += rollout([task], 1, worlds, engine, tok, user, replace(cfg, seed=cfg.seed + k))
+    for task, j in pairs:  # copy j of a task alone, with the seed it has in the batched call (tasks are distinct)
+        eps += score(rollout([task], 1, worlds, agent, user, cfg, seeds=[episode_seed(cfg.seed, task.id, 0, j)]),
+                     worlds)
     return summary(eps, time.perf_counter() - t0, engine)
 
 
@@ -204,9 +205,9 @@ def bench_engine(name, engine, tasks, group, worlds, tok, user, cfg, reps) -> tu
     """Each variant's runs, and per repetition the number of episodes with identical token streams in both."""
     from dataclasses import replace
 
-    from rollout import rollout
+    from rollout import PolicyAgent, rollout
 
-    rollout(tasks[:1], 2, worlds, engine, tok, user, replace(cfg, max_turns=2))  # warm-up, not timed
+    rollout(tasks[:1], 2, worlds, PolicyAgent(engine, tok), user, replace(cfg, max_turns=2))  # warm-up, not timed
     res, same_per_rep = {"batched": [], "sequential": []}, []
     for r in range(reps):
         rcfg = replace(cfg, seed=cfg.seed + 1000 * r)  # a new draw per repetition, the same for both variants

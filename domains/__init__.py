@@ -8,7 +8,7 @@
 
 DOMAINS is the one table of domains: config validation, world building, the scripted customer and the task
 generator all read it, and no other file names a domain. To add one: write domains/<name>.py with a
-`build_world(**kwargs) -> World`, and add its row here (tests/test_domains_registry.py registers a toy one).
+`build_world(**kwargs) -> World`, and add its row here (tests/test_design.py registers a toy one).
 See base.py for how worlds are stored and scored, tau2_data.py for where tau2's data is found.
 """
 

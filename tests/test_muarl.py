@@ -269,7 +269,6 @@ def test_engine_sleeps_through_the_update_and_is_awake_for_everything_else(tmp_p
     """vLLM on a GPU shares the device with the trainer: it sleeps while the policy updates, and a sleeping engine
     has handed its weights' memory back, so it must be awake to receive new weights or to generate. Played here
     by a separate-copy HFEngine standing in for `--engine vllm`, which fails any call made while asleep."""
-    import engine as engine_mod
     from hf_engine import HFEngine
     from models import load_policy
 
@@ -302,7 +301,7 @@ def test_engine_sleeps_through_the_update_and_is_awake_for_everything_else(tmp_p
             return SleepyEngine(load_policy(str(model_path))[0], tokenizer)
         return HFEngine(model, tokenizer)
 
-    monkeypatch.setattr(engine_mod, "make_engine", fake_make_engine)
+    monkeypatch.setattr(muarl, "make_engine", fake_make_engine)
     out = new_run(tmp_path, tiny_init, "sleepy")
     muarl.main(TINY + ["--engine", "vllm", "--steps", "2", "--out_dir", str(out)])
     # per step: roll out, sleep, (update), wake, sync; the evaluations run awake
@@ -353,7 +352,7 @@ def test_nan_loss_skips_the_step(tmp_path, tiny_init, monkeypatch):
 
     out = new_run(tmp_path, tiny_init, "nan")
     calls = {"update": 0}
-    real_update, real_loss = muarl.update, grpo.grpo_loss
+    real_update, real_loss = muarl.update, muarl.grpo_loss
 
     def counting_update(*a, **k):
         calls["update"] += 1
@@ -364,7 +363,7 @@ def test_nan_loss_skips_the_step(tmp_path, tiny_init, monkeypatch):
         return (loss * float("nan") if calls["update"] == 1 else loss), stats
 
     monkeypatch.setattr(muarl, "update", counting_update)
-    monkeypatch.setattr(grpo, "grpo_loss", loss_nan_on_first_step)  # update() imports it from grpo at call time
+    monkeypatch.setattr(muarl, "grpo_loss", loss_nan_on_first_step)  # the name update() calls
     muarl.main(TINY + ["--out_dir", str(out), "--steps", "2", "--save_every", "1"])
 
     s0, s1 = grpo_records(out)

@@ -1,6 +1,6 @@
 """The chat stream (chat.py, as rollout.py grows it) against Qwen3's real chat template, non-thinking mode.
 
-MUA-RL trains Qwen3 (PAPER.md). Its template is not append-only: once another message follows an assistant
+MUA-RL trains Qwen3 (the paper, arXiv:2508.18669). Its template is not append-only: once another message follows an assistant
 turn, it re-renders that turn without its <think> block (kept only for the turns after the last user query,
 and for those only when the turn is the last message or has reasoning). In non-thinking mode every turn was
 generated after the prompt `<|im_start|>assistant\n<think>\n\n</think>\n\n`, so a full render of a finished

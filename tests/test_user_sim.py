@@ -18,6 +18,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from domains import DOMAINS, Domain
 import user_sim
 from user_sim import GREETING, OUT_OF_SCOPE, STOP, TRANSFER, LLMUser, ScriptedUser, UserError, is_terminal, make_user
 
@@ -309,14 +310,14 @@ def test_scripted_user_delegates(monkeypatch):
         scripted_first_message=lambda spec: f"hello, I am {spec['name']}",
         scripted_reply=lambda spec, history: calls.append(len(history)) or f"{spec['name']} turn {len(history)}",
     )
-    monkeypatch.setitem(sys.modules, "domains.synthetic", fake)
-    task = SimpleNamespace(id="synth/0", spec={"name": "Bo"}, instructions="")
+    monkeypatch.setitem(DOMAINS, "fake", Domain(build=lambda: None, script=fake))  # the script: a row's field
+    task = SimpleNamespace(id="fake/0", spec={"world": "fake", "name": "Bo"}, instructions="")
     user = make_user("scripted", model="ignored", base_url="http://example.com")
     assert isinstance(user, ScriptedUser)
     assert user.first_message(task) == "hello, I am Bo"
     assert user.replies([(task, HISTORY[:2]), (task, HISTORY)]) == ["Bo turn 2", "Bo turn 6"]
     no_spec = SimpleNamespace(id="retail/1", spec=None, instructions="x")
-    with pytest.raises(ValueError, match="no scripted user spec"):
+    with pytest.raises(ValueError, match="no scripted customer"):
         user.reply(no_spec, HISTORY)
     assert isinstance(user.replies([(no_spec, HISTORY)])[0], UserError)
 
