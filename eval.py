@@ -50,26 +50,22 @@ def pass_hat_k(successes: dict[str, list[bool]], k: int) -> float:
 
 
 def summarize(episodes: list[Episode], trials: int) -> dict:
+    """pass^1..k and the paper's diagnostics. An aborted episode (the customer's endpoint or the agent's failed)
+    says nothing about the agent: it is counted, but left out of pass^k and the means, not scored as a 0."""
     scored = [e for e in episodes if not e.aborted]
     by_task: dict[str, list[bool]] = {}
     for e in scored:
         by_task.setdefault(e.task.id, []).append(e.reward == 1.0)
-    calls = Counter(c for e in scored for c in e.tool_calls)
+    calls, n = Counter(c for e in scored for c in e.tool_calls), max(1, len(scored))
     n_calls = max(1, sum(calls.values()))
-    m = {f"pass^{k}": pass_hat_k(by_task, k) for k in range(1, trials + 1)}
-    m.update(
-        episodes=len(episodes),
-        aborted=len(episodes) - len(scored),
-        avg_turns=sum(e.turns for e in scored) / max(1, len(scored)),
-        avg_agent_turns=sum(e.agent_turns for e in scored) / max(1, len(scored)),
-        calls_per_episode=sum(calls.values()) / max(1, len(scored)),
-        think_rate=calls["think"] / n_calls,
-        calculate_rate=calls["calculate"] / n_calls,
-        transfer_rate=calls[TRANSFER_TOOL] / n_calls,
-        stop_reasons=dict(Counter(e.stop_reason for e in episodes)),
-        tool_mix=dict(calls.most_common()),
-    )
-    return m
+    # The paper's Table 3 diagnostics: how long conversations run, and the share of think / calculate / transfer
+    # among tool calls (RL raised think use and lowered needless transfers to a human).
+    return {**{f"pass^{k}": pass_hat_k(by_task, k) for k in range(1, trials + 1)},
+            "episodes": len(episodes), "aborted": len(episodes) - len(scored),
+            "avg_turns": sum(e.turns for e in scored) / n, "avg_agent_turns": sum(e.agent_turns for e in scored) / n,
+            "calls_per_episode": sum(calls.values()) / n, "think_rate": calls["think"] / n_calls,
+            "calculate_rate": calls["calculate"] / n_calls, "transfer_rate": calls[TRANSFER_TOOL] / n_calls,
+            "stop_reasons": dict(Counter(e.stop_reason for e in episodes)), "tool_mix": dict(calls.most_common())}
 
 
 def format_table(rows: list[tuple[str, dict]], trials: int = 1) -> str:
@@ -79,10 +75,9 @@ def format_table(rows: list[tuple[str, dict]], trials: int = 1) -> str:
     head = "| model | " + " | ".join(cols) + " | stop reasons |"
     lines = [head, "|" + "---|" * (len(cols) + 2)]
     for name, m in rows:
-        cells = []
-        for c in cols:
-            v = m.get(c, float("nan"))
-            cells.append(f"{100 * v:.1f}" if c.startswith("pass") else (f"{v:.3f}" if isinstance(v, float) else str(v)))
+        vals = [m.get(c, float("nan")) for c in cols]  # pass^k in percent, rates to 3 places, counts as they are
+        cells = [f"{100 * v:.1f}" if c.startswith("pass") else f"{v:.3f}" if isinstance(v, float) else str(v)
+                 for c, v in zip(cols, vals)]
         stops = ", ".join(f"{k}:{v}" for k, v in sorted(m.get("stop_reasons", {}).items(), key=lambda kv: -kv[1]))
         lines.append(f"| {name} | " + " | ".join(cells) + f" | {stops} |")
     return "\n".join(lines)
@@ -116,27 +111,21 @@ def main(argv=None):
     p.add_argument("--model", default="", help="local model path / HF id (agent=local)")
     p.add_argument("--engine", default="hf", choices=["hf", "vllm"])
     p.add_argument("--agent_model", default="", help="model name at the endpoint (agent=openai)")
-    p.add_argument("--agent_base_url", default="")
-    p.add_argument("--agent_api_key", default="")
+    for name in ("agent_base_url", "agent_api_key", "user_model", "user_base_url", "user_api_key", "data_dir"):
+        p.add_argument(f"--{name}", default="")  # empty: the environment's ($OPENAI_BASE_URL, ...) or the default
     p.add_argument("--domain", default="shop", help="comma-separated names from domains.DOMAINS")
     p.add_argument("--split", default="test")
     p.add_argument("--tasks", type=int, default=0, help="first N tasks of the split (0 = all)")
     p.add_argument("--trials", type=int, default=1, help="k: runs per task (pass^1 ... pass^k)")
     p.add_argument("--user", default="scripted", choices=["scripted", "llm", "fixed"])
-    p.add_argument("--user_model", default="")
-    p.add_argument("--user_base_url", default="")
-    p.add_argument("--user_api_key", default="")
     p.add_argument("--check_outputs", type=int, default=1)
-    p.add_argument("--max_turns", type=int, default=30)
-    p.add_argument("--max_new_tokens", type=int, default=1024)
-    p.add_argument("--max_context", type=int, default=32768)
-    p.add_argument("--tools_in_prompt", type=int, default=1)
+    for name, default in (("max_turns", 30), ("max_new_tokens", 1024), ("max_context", 32768), ("tools_in_prompt", 1)):
+        p.add_argument(f"--{name}", type=int, default=default)  # as in training (config.py; the paper's caps)
     p.add_argument("--temperature", type=float, default=0.0,
                    help="the agent's: 0 = greedy (its k trials differ only through the user); > 0 samples, so "
                         "pass^k measures consistency over k sampled conversations")
     p.add_argument("--top_p", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0, help="sampling seed (trial j of a task: sampling.episode_seed)")
-    p.add_argument("--data_dir", default="")
     p.add_argument("--synthetic_seed", type=int, default=0, help="seed of the synthetic / shop world (as in muarl.py)")
     p.add_argument("--out", default="runs/eval/transcripts.jsonl")
     a = p.parse_args(argv)
@@ -150,12 +139,11 @@ def main(argv=None):
     tasks = tasks[: a.tasks] if a.tasks else tasks
     cfg = RolloutConfig(max_turns=a.max_turns, max_new_tokens=a.max_new_tokens, max_context=a.max_context,
                         temperature=a.temperature, top_p=a.top_p, seed=a.seed, tools_in_prompt=bool(a.tools_in_prompt))
-    if a.agent == "oracle" or a.user == "fixed":
-        user = FixedUser()
-    else:
-        user = make_user(a.user, model=a.user_model or None, base_url=a.user_base_url or None,
-                         api_key=a.user_api_key or None)
+    # The oracle's conversation needs no customer beyond its opening line: FixedUser only says it is done.
+    user = FixedUser() if a.agent == "oracle" or a.user == "fixed" else \
+        make_user(a.user, model=a.user_model or None, base_url=a.user_base_url or None, api_key=a.user_api_key or None)
     t0 = time.time()
+    # Three agents, one loop: each is something rollout() can ask for a turn (rollout.Agent)
     if a.agent == "local":
         model, tok = load_policy(a.model)
         agent, name = PolicyAgent(make_engine(a.engine, model=model, tokenizer=tok, model_path=a.model), tok), a.model

@@ -99,11 +99,8 @@ class Episode:
 
     def customer_history(self) -> list[dict]:
         """The conversation as the customer lives it: text turns only, no tool calls or results."""
-        out = []
-        for m in self.messages:
-            if m["role"] == "user" or (m["role"] == "assistant" and not m.get("tool_calls") and m.get("content")):
-                out.append({"role": m["role"], "content": m["content"]})
-        return out
+        return [{"role": m["role"], "content": m["content"]} for m in self.messages
+                if m["role"] == "user" or (m["role"] == "assistant" and not m.get("tool_calls") and m.get("content"))]
 
     def stop(self, reason: str) -> None:
         self.state, self.stop_reason = DONE, reason
@@ -308,7 +305,7 @@ def rollout(tasks: list[Task], group_size: int, worlds: dict[str, World], agent:
                 e.turns += 1
                 e.messages.append({"role": "user", "content": r})
                 marker = is_terminal(r)
-                if marker == STOP or marker == OUT_OF_SCOPE:
+                if marker in (STOP, OUT_OF_SCOPE):
                     e.stop("user_stop")
                 elif marker == TRANSFER:
                     e.stop("transfer")
@@ -326,8 +323,8 @@ def score(episodes: list[Episode], worlds: dict[str, World], check_outputs: bool
     produce [and the required outputs were said]. Sets each episode's reward and info, closes its database.
     Aborted episodes are not scored (reward stays 0, and the trainer drops their groups)."""
     for e in episodes:
-        if e.env is None:
-            continue  # scored already
+        if e.env is None:  # scored already
+            continue
         if not e.aborted:
             e.reward, info = worlds[e.task.domain].score(e.task, e.env, e.messages, check_outputs=check_outputs)
             e.info.update(info)
@@ -340,9 +337,8 @@ class TrajectoryLog:
     """Append-only JSONL of finished episodes (one line each); a crash loses at most the line being written."""
 
     def __init__(self, path: str | Path, with_tokens: bool = False):
-        self.path = Path(path)
+        self.path, self.with_tokens = Path(path), with_tokens
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.with_tokens = with_tokens
 
     def write(self, episodes: list[Episode], **extra) -> None:
         with open(self.path, "a") as f:
