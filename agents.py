@@ -67,16 +67,14 @@ class MessageAgent:
 
 def _wire(messages: list[dict]) -> list[dict]:
     """Our messages -> the OpenAI wire format (arguments as JSON strings, an id on every call and tool result)."""
-    out = []
-    for m in messages:
-        if m["role"] == "tool":
-            out.append({"role": "tool", "tool_call_id": "call_0", "content": m["content"]})
-            continue
-        m = {"role": m["role"], "content": m.get("content") or ""} | ({"tool_calls": [
-            {"id": "call_0", "type": "function", "function": {"name": c["function"]["name"], "arguments":
-             json.dumps(c["function"]["arguments"])}} for c in m["tool_calls"]]} if m.get("tool_calls") else {})
-        out.append(m)
-    return out
+    def call(c):  # one tool call; our loop runs one call per turn, so one id serves ("call_0")
+        return {"id": "call_0", "type": "function",
+                "function": {"name": c["function"]["name"], "arguments": json.dumps(c["function"]["arguments"])}}
+
+    return [{"role": "tool", "tool_call_id": "call_0", "content": m["content"]} if m["role"] == "tool" else
+            {"role": m["role"], "content": m.get("content") or ""}
+            | ({"tool_calls": [call(c) for c in m["tool_calls"]]} if m.get("tool_calls") else {})
+            for m in messages]
 
 
 def openai_act(model: str, base_url: str | None, api_key: str | None, temperature: float = 0.0,

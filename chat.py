@@ -23,6 +23,7 @@ says where Qwen3's does not.
 from __future__ import annotations
 
 import functools
+import itertools
 
 STUB = [{"role": "user", "content": "."}, {"role": "assistant", "content": "."}]
 
@@ -37,12 +38,11 @@ def end_of_turn_id(tokenizer) -> int:
     return tokenizer.eos_token_id
 
 
-def render(tokenizer, messages: list[dict], tools: list[dict] | None = None, add_generation_prompt: bool = False) -> str:
+def render(tokenizer, messages: list[dict], tools: list[dict] | None = None, add_generation_prompt=False) -> str:
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError("the tokenizer has no chat template; muarl needs one to render conversations")
-    return tokenizer.apply_chat_template(
-        messages, tools=tools, tokenize=False, add_generation_prompt=add_generation_prompt, enable_thinking=False
-    )
+    return tokenizer.apply_chat_template(messages, tools=tools, tokenize=False,
+                                         add_generation_prompt=add_generation_prompt, enable_thinking=False)
 
 
 def encode(tokenizer, text: str) -> list[int]:
@@ -60,16 +60,11 @@ def prompt_ids(tokenizer, system: str, tools: list[dict], first_user: str) -> li
 def _stub_renders(tokenizer) -> dict[str, str]:
     # The template's renders of the fixed stub, computed once per tokenizer: every turn of every episode needs them.
     eot = tokenizer.convert_ids_to_tokens(end_of_turn_id(tokenizer))
-    base = render(tokenizer, STUB)
-    user_only = render(tokenizer, STUB[:1])
-    return {
-        "eot": eot,
-        "base": base,  # user + assistant, no generation prompt
-        "turns": base.count(eot),  # the stub's turns that end with the end-of-turn token (user, assistant)
-        "suffix": base.rsplit(eot, 1)[1] if eot in base else "",  # what follows an assistant's end-of-turn token
-        "user_only": user_only,
-        "gen_prompt": render(tokenizer, STUB[:1], add_generation_prompt=True)[len(user_only) :],
-    }
+    base, user_only = render(tokenizer, STUB), render(tokenizer, STUB[:1])  # user + assistant; user alone
+    return {"eot": eot, "user_only": user_only,
+            "turns": base.count(eot),  # the stub's turns that end with the end-of-turn token (user, assistant)
+            "suffix": base.rsplit(eot, 1)[1] if eot in base else "",  # what follows an assistant's end-of-turn token
+            "gen_prompt": render(tokenizer, STUB[:1], add_generation_prompt=True)[len(user_only) :]}
 
 
 def _after_turn_suffix(tokenizer) -> str:
@@ -89,7 +84,8 @@ def delta_ids(tokenizer, new_messages: list[dict]) -> list[int]:
     n = stub["turns"]
     parts = render(tokenizer, STUB + new_messages, add_generation_prompt=True).split(stub["eot"], n)
     if n == 0 or len(parts) <= n:
-        raise ValueError("chat template does not end the stub's turns with the end-of-turn token; cannot render a delta")
+        raise ValueError("chat template does not end the stub's turns with the end-of-turn token; "
+                         "cannot render a delta")
     return encode(tokenizer, parts[n])
 
 
@@ -97,10 +93,7 @@ def assistant_ids(tokenizer, message: dict) -> list[int]:
     """The tokens a model would sample for `message` after the generation prompt, ending with end-of-turn. Mask 1.
 
     Rendered by the template (so a tool call is laid out exactly as the model was shown in the system prompt),
-    then cut between the generation prompt and the end-of-turn token.
-    """
-    eot_id = end_of_turn_id(tokenizer)
-    eot = tokenizer.convert_ids_to_tokens(eot_id)
+    then cut between the generation prompt and the end-of-turn token."""
     stub = _stub_renders(tokenizer)
     gen_prompt = stub["gen_prompt"]
     body = render(tokenizer, STUB[:1] + [message])[len(stub["user_only"]) :]
@@ -109,44 +102,35 @@ def assistant_ids(tokenizer, message: dict) -> list[int]:
         if prefix and body.startswith(prefix):
             body = body[len(prefix) :]
             break
-    body = body.rsplit(eot, 1)[0]
-    return encode(tokenizer, body) + [eot_id]
+    return encode(tokenizer, body.rsplit(stub["eot"], 1)[0]) + [end_of_turn_id(tokenizer)]
 
 
 def conversation_ids(tokenizer, system: str, tools: list[dict], messages: list[dict]) -> tuple[list[int], list[int]]:
     """A whole conversation (first message from the user) as (ids, mask), grown exactly as a rollout grows it.
 
-    Used by SFT so the cold start trains the very tokens RL will train: assistant turns mask 1, all else 0.
-    """
+    Used by SFT so the cold start trains the very tokens RL will train: assistant turns mask 1, all else 0."""
     assert messages and messages[0]["role"] == "user", "a conversation starts with the user's message"
     ids = prompt_ids(tokenizer, system, tools, messages[0]["content"])
     mask = [0] * len(ids)
     pending: list[dict] = []
     for m in messages[1:]:
-        if m["role"] == "assistant":
-            if pending:
-                d = delta_ids(tokenizer, pending)
-                ids += d
-                mask += [0] * len(d)
-                pending = []
-            a = assistant_ids(tokenizer, m)
-            ids += a
-            mask += [1] * len(a)
-        else:
-            pending.append(m)
+        if m["role"] != "assistant":
+            pending.append(m)  # tool results and user messages wait for the next agent turn
+            continue
+        # the delta for what arrived since the last agent turn (mask 0), then the agent turn itself (mask 1)
+        for part, bit in ((delta_ids(tokenizer, pending) if pending else [], 0), (assistant_ids(tokenizer, m), 1)):
+            ids += part
+            mask += [bit] * len(part)
+        pending = []
     return ids, mask
 
 
 def show_mask(tokenizer, ids: list[int], mask: list[int]) -> str:
     """An episode as text with the trained spans (mask 1) in [[...]]: what the loss sees, for logs and eyes."""
-    out, i = [], 0
-    while i < len(ids):
-        j = i
-        while j < len(ids) and mask[j] == mask[i]:
-            j += 1
-        text = tokenizer.decode(ids[i:j], skip_special_tokens=False)
-        out.append(f"[[{text}]]" if mask[i] else text)
-        i = j
+    out = []
+    for bit, run in itertools.groupby(zip(ids, mask), key=lambda p: p[1]):  # runs of equal mask
+        text = tokenizer.decode([i for i, _ in run], skip_special_tokens=False)
+        out.append(f"[[{text}]]" if bit else text)
     return "".join(out)
 
 
@@ -155,14 +139,11 @@ if __name__ == "__main__":
 
     from models import build_tiny
 
-    d = tempfile.mkdtemp()
-    _, tok = build_tiny(d)
-    msgs = [
-        {"role": "user", "content": "Cancel order #W1, please."},
-        {"role": "assistant", "content": "Checking.", "tool_calls": [{"type": "function", "function": {"name": "get_order_details", "arguments": {"order_id": "#W1"}}}]},
-        {"role": "tool", "name": "get_order_details", "content": '{"order_id": "#W1", "status": "pending"}'},
-        {"role": "assistant", "content": "Done."},
-    ]
+    _, tok = build_tiny(tempfile.mkdtemp())
+    call = {"type": "function", "function": {"name": "get_order_details", "arguments": {"order_id": "#W1"}}}
+    msgs = [{"role": "user", "content": "Cancel order #W1, please."},
+            {"role": "assistant", "content": "Checking.", "tool_calls": [call]},
+            {"role": "tool", "name": "get_order_details", "content": '{"order_id": "#W1", "status": "pending"}'},
+            {"role": "assistant", "content": "Done."}]
     ids, mask = conversation_ids(tok, "You are a helpful agent.", [], msgs)
-    for i, m in zip(ids, mask):
-        print(m, repr(tok.decode([i])))
+    print(f"{len(ids)} tokens, {sum(mask)} trained (in [[...]]):\n{show_mask(tok, ids, mask)}")

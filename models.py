@@ -19,11 +19,10 @@ Both are written with `save_pretrained`, so transformers and vLLM load the same 
 Symbols: V = vocabulary size, D = hidden size, L = layers, H = attention heads (64 dims each).
 
 Departures from Qwen3 (deliberate):
-1. The template is append-only: rendering messages[:k] is a prefix of rendering messages[:k+1] (the one
-   exception is a tool result following a tool result: Qwen3 groups them into one user turn, and so do we).
-   Qwen3's own template drops the <think> block of earlier assistant turns, which rewrites history; ours
-   never does. In non-thinking mode an assistant turn in the history carries the same empty think block the
-   generation prompt put before it, so the rendered history is exactly what the model conditioned on.
+1. The template is append-only: rendering messages[:k] is a prefix of rendering messages[:k+1] (except that
+   consecutive tool results share one user turn, as in Qwen3). Qwen3's own template drops the <think> block of
+   earlier assistant turns, rewriting history; ours keeps in each past turn the empty think block that the
+   non-thinking generation prompt put before it, so the rendered history is exactly what the model conditioned on.
 2. No `reasoning_content` splitting out of `content`: a message's `reasoning_content`, if given, is rendered
    inside <think>...</think>; the content is rendered as is.
 3. The tiny model is random: it only becomes a policy after SFT (sft.py). Its job is to make every code path
@@ -51,22 +50,17 @@ TAG_TOKENS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response
 
 # Text the template writes around the tool schemas. Kept as Python strings so the tokenizer corpus below can
 # contain them too (the BPE then learns them as a few long tokens).
-TOOLS_INTRO = (
-    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
-    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>"
-)
-TOOLS_OUTRO = (
-    "\n</tools>\n\nFor each function call, return a json object with function name and arguments within "
-    '<tool_call></tool_call> XML tags:\n<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n'
-    "</tool_call>"
-)
+TOOLS_INTRO = ("# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+               "You are provided with function signatures within <tools></tools> XML tags:\n<tools>")
+TOOLS_OUTRO = ("\n</tools>\n\nFor each function call, return a json object with function name and arguments within "
+               '<tool_call></tool_call> XML tags:\n<tool_call>\n{"name": <function-name>, "arguments": '
+               '<args-json-object>}\n</tool_call>')
 
 # Whitespace control: every tag is `{%-` so only the '...' literals produce output; newlines are explicit.
 CHAT_TEMPLATE = (
     "{%- set no_think = enable_thinking is defined and enable_thinking is false -%}"
     # -- the system turn: the policy text, then (if any) the tools block
-    "{%- if tools -%}"
-    "{{- '<|im_start|>system\\n' -}}"
+    "{%- if tools -%}{{- '<|im_start|>system\\n' -}}"
     "{%- if messages and messages[0].role == 'system' -%}{{- messages[0].content + '\\n\\n' -}}{%- endif -%}"
     "{{- " + json.dumps(TOOLS_INTRO) + " -}}"
     "{%- for tool in tools -%}{{- '\\n' + (tool | tojson) -}}{%- endfor -%}"
@@ -76,12 +70,12 @@ CHAT_TEMPLATE = (
     "{%- endif -%}"
     # -- one block per message
     "{%- for m in messages -%}"
-    "{%- set content = (m.content if m.content is string else (m.content | tojson)) if m.content is not none else '' -%}"
+    "{%- set content = (m.content if m.content is string else (m.content | tojson))"
+    " if m.content is not none else '' -%}"
     "{%- if m.role == 'system' and loop.first -%}"  # already written above
     "{%- elif m.role == 'user' or m.role == 'system' -%}"
     "{{- '<|im_start|>' + m.role + '\\n' + content + '<|im_end|>\\n' -}}"
-    "{%- elif m.role == 'assistant' -%}"
-    "{{- '<|im_start|>assistant\\n' -}}"
+    "{%- elif m.role == 'assistant' -%}{{- '<|im_start|>assistant\\n' -}}"
     "{%- if m.reasoning_content -%}{{- '<think>\\n' + m.reasoning_content + '\\n</think>\\n\\n' -}}"
     "{%- elif no_think -%}{{- '<think>\\n\\n</think>\\n\\n' -}}{%- endif -%}"
     "{{- content -}}"
@@ -90,8 +84,7 @@ CHAT_TEMPLATE = (
     "{%- if content or not loop.first -%}{{- '\\n' -}}{%- endif -%}"
     "{{- '<tool_call>\\n{\"name\": \"' + f.name + '\", \"arguments\": ' -}}"
     "{%- if f.arguments is string -%}{{- f.arguments -}}{%- else -%}{{- f.arguments | tojson -}}{%- endif -%}"
-    "{{- '}\\n</tool_call>' -}}"
-    "{%- endfor -%}"
+    "{{- '}\\n</tool_call>' -}}{%- endfor -%}"
     "{{- '<|im_end|>\\n' -}}"
     "{%- elif m.role == 'tool' -%}"
     # consecutive tool results share one user turn (Qwen3's grouping)
@@ -101,8 +94,7 @@ CHAT_TEMPLATE = (
     "{%- endif -%}"
     "{%- endfor -%}"
     # -- the generation prompt; non-thinking mode pre-fills an empty reasoning block, like Qwen3
-    "{%- if add_generation_prompt -%}"
-    "{{- '<|im_start|>assistant\\n' -}}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}"
     "{%- if no_think -%}{{- '<think>\\n\\n</think>\\n\\n' -}}{%- endif -%}"
     "{%- endif -%}"
 )
@@ -141,8 +133,7 @@ def default_corpus(seed: int = 0, n_snippets: int = 400) -> list[str]:
     from tools import GENERIC_TOOLS, function_schema
 
     rng = random.Random(seed)
-    texts = list(_POLICY_LINES) + [TOOLS_INTRO, TOOLS_OUTRO]
-    texts += [json.dumps(function_schema(fn)) for fn in GENERIC_TOOLS]
+    texts = _POLICY_LINES + [TOOLS_INTRO, TOOLS_OUTRO] + [json.dumps(function_schema(fn)) for fn in GENERIC_TOOLS]
     for _ in range(n_snippets):
         first, last = rng.choice(_FIRST), rng.choice(_LAST)
         user_id = f"{first}_{last}_{rng.randint(100, 9999)}"
@@ -167,82 +158,48 @@ def train_tokenizer(texts: list[str], vocab_size: int, split_digits: bool = Fals
     Byte-level means every string round-trips (no unknown token). The special tokens get the first ids; the tag
     tokens are added after training, so none of them is ever split by the BPE.
     split_digits: every digit is its own token (as in Qwen's tokenizer), so an id the model has never seen is
-    copied digit by digit instead of as BPE chunks that only the training ids were merged into.
-    """
+    copied digit by digit instead of as BPE chunks that only the training ids were merged into."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    if split_digits:
-        tok.pre_tokenizer = pre_tokenizers.Sequence(
-            [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)])
+    byte_level, digits = pre_tokenizers.ByteLevel(add_prefix_space=False), pre_tokenizers.Digits(individual_digits=True)
+    tok.pre_tokenizer = pre_tokenizers.Sequence([digits, byte_level]) if split_digits else byte_level
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size - len(TAG_TOKENS),  # leave room for the tags added below
-        min_frequency=2,
-        special_tokens=SPECIAL_TOKENS,  # ids 0, 1, 2
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),  # all 256 bytes, whatever the corpus holds
-        show_progress=False,
-    )
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size - len(TAG_TOKENS),  # leave room for the tags added below
+                                  special_tokens=SPECIAL_TOKENS,  # ids 0, 1, 2
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),  # all 256 bytes, always
+                                  min_frequency=2, show_progress=False)
     tok.train_from_iterator(texts, trainer)
     tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in TAG_TOKENS])
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        eos_token=IM_END,
-        pad_token=PAD,
-        additional_special_tokens=[IM_START],  # keeps the marker special across save/load
-        chat_template=CHAT_TEMPLATE,
-        model_max_length=1 << 20,
-        padding_side="left",  # generation pads on the left; engine.py builds its own masks anyway
-    )
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=IM_END, pad_token=PAD, chat_template=CHAT_TEMPLATE,
+                                   additional_special_tokens=[IM_START],  # keeps the marker special across save/load
+                                   model_max_length=1 << 20,
+                                   padding_side="left")  # generation pads on the left; engine.py builds its own masks
 
 
-def build_tiny(
-    out_dir: str | Path,
-    seed: int = 0,
-    texts: list[str] | None = None,
-    vocab_size: int = 4096,
-    hidden: int = 256,
-    layers: int = 4,
-    heads: int = 4,
-    kv_heads: int = 2,
-    head_dim: int = 64,
-    intermediate: int = 768,
-    max_positions: int = 8192,
-    split_digits: bool = False,
-):
+def build_tiny(out_dir: str | Path, seed: int = 0, texts: list[str] | None = None, vocab_size: int = 4096,
+               hidden: int = 256, layers: int = 4, heads: int = 4, kv_heads: int = 2, head_dim: int = 64,
+               intermediate: int = 768, max_positions: int = 8192, split_digits: bool = False):
     """Train a tokenizer on `texts` (default: `default_corpus`), build a random Qwen3 model, save both to out_dir.
 
     Returns (model, tokenizer). `texts` replaces the default corpus (the template's own tool instructions are
     always added), so a caller can pass e.g. `[world.rules, json.dumps(world.tool_schemas())]`.
-    The vocabulary may come out smaller than `vocab_size` when the corpus has fewer distinct merges.
-    """
+    The vocabulary may come out smaller than `vocab_size` when the corpus has fewer distinct merges."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    out_dir = Path(out_dir)
     texts = default_corpus(seed) if texts is None else list(texts) + [TOOLS_INTRO, TOOLS_OUTRO]
     tokenizer = train_tokenizer(texts, vocab_size, split_digits=split_digits)
+    eos_pad = {"eos_token_id": tokenizer.eos_token_id, "pad_token_id": tokenizer.pad_token_id}
     config = Qwen3Config(
-        vocab_size=len(tokenizer),
-        hidden_size=hidden,
-        intermediate_size=intermediate,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        num_key_value_heads=kv_heads,  # grouped-query attention, like Qwen3 (heads / kv_heads queries per kv)
-        head_dim=head_dim,
-        max_position_embeddings=max_positions,
+        vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
+        num_attention_heads=heads, num_key_value_heads=kv_heads,  # grouped-query attention (heads / kv_heads per kv)
+        head_dim=head_dim, max_position_embeddings=max_positions, dtype="float32", **eos_pad,
         tie_word_embeddings=True,  # the embedding is the biggest matrix of a small model: share it with lm_head
-        bos_token_id=None,  # Qwen3 prepends no BOS; the template starts with <|im_start|>
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        dtype="float32",
-    )
+        bos_token_id=None)  # Qwen3 prepends no BOS; the template starts with <|im_start|>
     torch.manual_seed(seed)  # the random init is a function of `seed`
     model = Qwen3ForCausalLM(config).float()
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    model.generation_config.bos_token_id = None
+    model.generation_config.update(bos_token_id=None, **eos_pad)
     model.save_pretrained(out_dir)  # safetensors + config.json + generation_config.json
     tokenizer.save_pretrained(out_dir)  # tokenizer.json + tokenizer_config.json + chat_template.jinja
     return model, tokenizer
@@ -257,8 +214,11 @@ def n_params(model) -> int:
 # 4. Loading a policy and its frozen reference
 
 
-def _dtype(dtype) -> torch.dtype:
-    return getattr(torch, dtype) if isinstance(dtype, str) else dtype
+def _from_pretrained(name_or_path: str, dtype, device):
+    from transformers import AutoModelForCausalLM
+
+    dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype  # "bfloat16" -> torch.bfloat16
+    return AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype).to(device)
 
 
 def load_tokenizer(name_or_path: str):
@@ -272,19 +232,13 @@ def load_tokenizer(name_or_path: str):
 
 def load_policy(name_or_path: str, dtype="float32", device="cpu"):
     """(model, tokenizer) from a hub id or a local directory (e.g. one written by build_tiny)."""
-    from transformers import AutoModelForCausalLM
-
     tokenizer = load_tokenizer(name_or_path)  # first: fail fast, before loading gigabytes of weights
-    model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=_dtype(dtype)).to(device)
-    return model, tokenizer
+    return _from_pretrained(name_or_path, dtype, device), tokenizer
 
 
 def freeze(model):
     """Eval mode and no gradients: what a KL reference needs, and nothing the optimizer can touch."""
-    model.eval()
-    for p in model.parameters():
-        p.requires_grad_(False)
-    return model
+    return model.eval().requires_grad_(False)
 
 
 def load_reference(name_or_path: str | None = None, dtype="float32", device="cpu", model=None):
@@ -292,13 +246,8 @@ def load_reference(name_or_path: str | None = None, dtype="float32", device="cpu
     (e.g. the policy right after SFT, before any RL step)."""
     if model is not None:
         return freeze(copy.deepcopy(model))
-    from transformers import AutoModelForCausalLM
+    return freeze(_from_pretrained(name_or_path, dtype, device))
 
-    return freeze(AutoModelForCausalLM.from_pretrained(name_or_path, dtype=_dtype(dtype)).to(device))
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Demo: python models.py
 
 if __name__ == "__main__":
     import tempfile
@@ -311,18 +260,13 @@ if __name__ == "__main__":
     print(f"tiny Qwen3 in {d}: V={cfg.vocab_size} D={cfg.hidden_size} L={cfg.num_hidden_layers} "
           f"H={cfg.num_attention_heads}x{cfg.head_dim} (kv {cfg.num_key_value_heads}), {n_params(model):,} params")
     print("special tokens:", {t: tok.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS + TAG_TOKENS})
-    msgs = [
-        {"role": "system", "content": "You are a helpful agent."},
-        {"role": "user", "content": "What is 2 * (3 + 4)?"},
-        {"role": "assistant", "content": "", "tool_calls": [
-            {"type": "function", "function": {"name": "calculate", "arguments": {"expression": "2 * (3 + 4)"}}}]},
-        {"role": "tool", "name": "calculate", "content": "14.0"},
-    ]
+    call = {"type": "function", "function": {"name": "calculate", "arguments": {"expression": "2 * (3 + 4)"}}}
+    msgs = [{"role": "system", "content": "You are a helpful agent."}, {"role": "user", "content": "2 * (3 + 4)?"},
+            {"role": "assistant", "content": "", "tool_calls": [call]}, {"role": "tool", "content": "14"}]
     text = tok.apply_chat_template(msgs, tools=[function_schema(calculate)], tokenize=False,
                                    add_generation_prompt=True, enable_thinking=False)
     print(text)
-    ids = tok.encode(text, add_special_tokens=False)
-    print(f"{len(text)} characters -> {len(ids)} tokens")
+    print(f"{len(text)} characters -> {len(tok.encode(text, add_special_tokens=False))} tokens")
     policy, _ = load_policy(d)
     ref = load_reference(d)
     print("reference frozen:", not any(p.requires_grad for p in ref.parameters()))

@@ -33,19 +33,18 @@ from typing import Any, Callable, Literal, get_args, get_origin, get_type_hints
 # ---------------------------------------------------------------------------------------------------------------
 # 1. Schemas from signatures
 
+HEADER = re.compile(r"(Args|Arguments|Parameters|Attributes|Returns|Raises|Yields|Example|Examples|Note):")
+
 
 def parse_docstring(doc: str | None) -> tuple[str, dict[str, str]]:
     """Google-style docstring -> (description, {argument: description}).
 
     The description is everything before the first section header (Args:, Returns:, Raises:, ...); under
-    "Args:" each `name: text` line starts an argument and more-indented lines continue it.
-    """
-    lines = inspect.cleandoc(doc or "").splitlines()
+    "Args:" each `name: text` line starts an argument and more-indented lines continue it."""
     desc, args, section, current = [], {}, None, None
-    for line in lines:
+    for line in inspect.cleandoc(doc or "").splitlines():
         stripped = line.strip()
-        header = re.fullmatch(r"(Args|Arguments|Parameters|Attributes|Returns|Raises|Yields|Example|Examples|Note):", stripped)
-        if header:
+        if header := HEADER.fullmatch(stripped):
             section, current = header.group(1), None
             continue
         if section is None:
@@ -60,17 +59,17 @@ def parse_docstring(doc: str | None) -> tuple[str, dict[str, str]]:
     return "\n".join(desc).strip(), args
 
 
+def _with_doc(schema: dict, doc: str | None) -> dict:
+    # the argument's docstring line becomes its "description", after the type: the key order tau2's schemas have
+    return schema if doc is None else schema | {"description": doc}
+
+
 def type_schema(tp: Any) -> dict:
     """JSON schema of a Python type hint: str, int, float, bool, list[X], dict, Literal[...], TypedDicts."""
     origin, args = get_origin(tp), get_args(tp)
-    if tp is str:
-        return {"type": "string"}
-    if tp is bool:  # before int: bool is a subclass of int
-        return {"type": "boolean"}
-    if tp is int:
-        return {"type": "integer"}
-    if tp is float:
-        return {"type": "number"}
+    scalars = {str: "string", bool: "boolean", int: "integer", float: "number"}  # exact types: bool is not int here
+    if tp in scalars:
+        return {"type": scalars[tp]}
     if tp is Any:
         return {}
     if origin is Literal:
@@ -83,39 +82,20 @@ def type_schema(tp: Any) -> dict:
     if tp is dict or origin is dict:
         return {"type": "object"}
     if typing.is_typeddict(tp):
-        hints = get_type_hints(tp)
-        _, field_docs = parse_docstring(tp.__doc__)
-        props = {}
-        for k, v in hints.items():
-            props[k] = type_schema(v)
-            if k in field_docs:
-                props[k]["description"] = field_docs[k]
+        hints, (_, docs) = get_type_hints(tp), parse_docstring(tp.__doc__)
+        props = {k: _with_doc(type_schema(v), docs.get(k)) for k, v in hints.items()}
         return {"type": "object", "properties": props, "required": [k for k in hints if k in tp.__required_keys__]}
     raise TypeError(f"no JSON schema for type {tp!r}")
 
 
 def function_schema(fn: Callable, skip_first: bool = True) -> dict:
     """OpenAI function schema of a tool. Domain tools take the database first (`db`), which the model never sees."""
-    sig = inspect.signature(fn)
-    hints = get_type_hints(fn)
-    desc, arg_docs = parse_docstring(fn.__doc__)
-    params = list(sig.parameters.values())[1 if skip_first else 0 :]
-    props, required = {}, []
-    for p in params:
-        s = type_schema(hints.get(p.name, Any))
-        if p.name in arg_docs:
-            s["description"] = arg_docs[p.name]
-        props[p.name] = s
-        if p.default is inspect.Parameter.empty:
-            required.append(p.name)
-    return {
-        "type": "function",
-        "function": {
-            "name": fn.__name__,
-            "description": desc,
-            "parameters": {"type": "object", "properties": props, "required": required},
-        },
-    }
+    hints, (desc, arg_docs) = get_type_hints(fn), parse_docstring(fn.__doc__)
+    params = list(inspect.signature(fn).parameters.values())[1 if skip_first else 0 :]
+    props = {p.name: _with_doc(type_schema(hints.get(p.name, Any)), arg_docs.get(p.name)) for p in params}
+    required = [p.name for p in params if p.default is inspect.Parameter.empty]
+    parameters = {"type": "object", "properties": props, "required": required}
+    return {"type": "function", "function": {"name": fn.__name__, "description": desc, "parameters": parameters}}
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -135,7 +115,8 @@ def calculate(db: Any, expression: str) -> str:
     """Calculate the result of a mathematical expression.
 
     Args:
-        expression: The mathematical expression to calculate, such as '2 + 2'. The expression can contain numbers, operators (+, -, *, /), parentheses, and spaces.
+        expression: The mathematical expression to calculate, such as '2 + 2'. The expression can contain
+            numbers, operators (+, -, *, /), parentheses, and spaces.
 
     Returns:
         The result of the expression, rounded to 2 decimal places.
@@ -175,10 +156,6 @@ class ParsedTurn:
     calls: list[dict] = field(default_factory=list)  # well-formed calls, in order: {"name", "arguments"}
     errors: list[str] = field(default_factory=list)  # one message per malformed block, in order
 
-    @property
-    def malformed(self) -> bool:
-        return bool(self.errors)
-
 
 def _parse_one(body: str, known: set[str] | None) -> tuple[dict | None, str | None]:
     try:
@@ -205,17 +182,11 @@ def parse_tool_calls(text: str, known_tools: set[str] | None = None) -> ParsedTu
 
     Every <tool_call>...</tool_call> block is parsed on its own; a block with bad JSON, a missing name, arguments
     that are not an object, or (when `known_tools` is given) an unknown tool name yields an error message instead
-    of a call. An opening tag with no closing tag is an error too (the turn was cut off mid-call).
-    """
+    of a call. An opening tag with no closing tag is an error too (the turn was cut off mid-call)."""
     calls, errors, content, pos = [], [], [], 0
-    while True:
-        i = text.find(CALL_OPEN, pos)
-        if i < 0:
-            content.append(text[pos:])
-            break
+    while (i := text.find(CALL_OPEN, pos)) >= 0:
         content.append(text[pos:i])
-        j = text.find(CALL_CLOSE, i)
-        if j < 0:
+        if (j := text.find(CALL_CLOSE, i)) < 0:
             errors.append("a <tool_call> block was opened but never closed")
             break
         call, err = _parse_one(text[i + len(CALL_OPEN) : j].strip(), known_tools)
@@ -224,6 +195,8 @@ def parse_tool_calls(text: str, known_tools: set[str] | None = None) -> ParsedTu
         else:
             errors.append(err)
         pos = j + len(CALL_CLOSE)
+    else:  # no more calls: the rest is text (a cut-off call broke out above, and its text is dropped)
+        content.append(text[pos:])
     return ParsedTurn("".join(content).strip(), calls, errors)
 
 
@@ -231,25 +204,17 @@ def check_arguments(fn: Callable, arguments: dict) -> str | None:
     """A clear message if `arguments` cannot bind to the tool's signature (missing or unexpected names), else None.
 
     Types are not checked here on purpose: tau2 passes arguments through unchanged, and its tools' reactions to a
-    wrong type (a numeric zip code that never matches, a float amount stored as int) are part of what we copy.
-    """
+    wrong type (a numeric zip code that never matches, a float amount stored as int) are part of what we copy."""
     params = list(inspect.signature(fn).parameters.values())[1:]
     missing = [p.name for p in params if p.name not in arguments and p.default is inspect.Parameter.empty]
     extra = [a for a in arguments if a not in {p.name for p in params}]
-    if missing or extra:
-        parts = []
-        if missing:
-            parts.append("missing " + ", ".join(missing))
-        if extra:
-            parts.append("unexpected " + ", ".join(extra))
-        return f"Error: bad arguments for {fn.__name__}: " + "; ".join(parts)
-    return None
+    parts = [f"{what} {', '.join(names)}" for what, names in (("missing", missing), ("unexpected", extra)) if names]
+    return f"Error: bad arguments for {fn.__name__}: " + "; ".join(parts) if parts else None
 
 
 if __name__ == "__main__":
     print(json.dumps(function_schema(calculate), indent=2))
     turn = 'Let me check.\n<tool_call>\n{"name": "calculate", "arguments": {"expression": "2 * (3 + 4)"}}\n</tool_call>'
-    parsed = parse_tool_calls(turn, {"calculate"})
-    print(parsed)
+    print(parsed := parse_tool_calls(turn, {"calculate"}))
     print("result:", calculate(None, **parsed.calls[0]["arguments"]))
     print(parse_tool_calls('<tool_call>{"name": "calculate", "arguments": {"expression": }</tool_call>'))

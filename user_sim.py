@@ -3,40 +3,25 @@
 MUA-RL's central idea (Zhao et al. 2025, section "Method") is to put a *user* inside the RL loop: while the policy
 learns to call tools, a frozen LLM plays a customer who knows the task's hidden instructions and reveals them
 only as the conversation asks for them. The reward still comes from the database, but the agent now has to
-earn the information it needs by asking. This file is that customer:
+earn the information it needs by asking. This file is that customer: `LLMUser`, played by any OpenAI-compatible
+chat endpoint (a hosted model or a local vLLM server); `ScriptedUser`, a deterministic customer for generated
+tasks, so the whole pipeline runs with no LLM; `make_user`, which builds either from arguments or the environment.
 
-    LLMUser        a customer played by any OpenAI-compatible chat endpoint (a hosted model, or a local
-                   `python -m vllm.entrypoints.openai.api_server`), with its own retry loop
-    ScriptedUser   a deterministic customer for synthetic tasks (delegates to domains/synthetic.py), so the whole
-                   pipeline runs with no LLM at all
-    is_terminal    which end-of-conversation marker a user message carries: ###STOP###, ###TRANSFER###,
-                   ###OUT-OF-SCOPE### (tau2-bench's markers)
-    make_user      build either from command-line arguments or environment variables
+Two views of one conversation. rollout.py keeps the *agent's* conversation: its own turns are "assistant", the
+customer's are "user". To the customer model, *its* turns are "assistant" and the agent's are "user", so every
+request is rebuilt from the agent-side text with the roles swapped, under a system prompt that carries the hidden
+instructions. Tool calls and results never reach the customer: a real one cannot see the company's systems, and
+letting the simulator read them would leak database facts into its answers.
 
-Two views of one conversation
------------------------------
-rollout.py keeps the *agent's* conversation: its own turns are "assistant", the customer's are "user". The
-simulator needs the mirror image: to the customer model, *its* turns are "assistant" and the agent's are
-"user". So every request is rebuilt from the agent-side text with the roles swapped, under a system prompt
-that carries the hidden instructions. Tool calls and tool results never reach the customer: a real customer
-cannot see the company's systems, and letting the simulator read them would leak database facts into its
-answers. rollout.py passes text only; `simulator_messages` also strips tool markup that slipped into that text.
+The first message is fixed per task. The paper starts all G rollouts of a task from the same opening message, so
+the group's reward differences come from the agent, not from a different first request: `first_message` asks
+the model once per task id, and a per-task lock makes 8 rollouts asking at once cost one API call.
 
-The first message is fixed per task
------------------------------------
-The paper starts all G rollouts of a task from the same opening message, so the group's reward differences
-come from the agent, not from a different first request. `first_message(task)` asks the model once (seeded
-with the greeting below), caches the answer by task id, and holds a per-task lock so that 8 rollouts asking at
-once still cost one API call.
+Failures abort, they do not score zero. If the simulator's API fails for good, the episode says nothing about the
+policy: rollout.py drops it (UserError) instead of training on reward 0. Before giving up we retry transient
+errors (connection errors, timeouts, 408, 429, 5xx) and garbage replies with exponential backoff.
 
-Failures abort, they do not score zero
---------------------------------------
-If the simulator's API fails for good, the episode says nothing about the policy: rollout.py drops it
-(UserError) instead of training on reward 0. Before giving up we retry transient errors (connection errors,
-timeouts, 429, 5xx) and garbage replies (no choices, empty or non-string content) with exponential backoff.
-
-Departures from the paper / tau2-bench
---------------------------------------
+Departures from the paper / tau2-bench:
 1. The system prompt is written for this project (same rules as tau2's simulation guidelines, own wording);
    the paper used GPT-4o-2024-11-20 at temperature 0 with the MUA-RL authors' prompt.
 2. The opening is generated from a fixed agent greeting (GREETING) rather than from tau2's exact first turn.
@@ -77,9 +62,7 @@ class UserError(Exception):
 
 def is_terminal(text: str | None) -> str | None:
     """The end marker a user message carries (the earliest, if it somehow carries several), or None."""
-    if not isinstance(text, str):
-        return None
-    found = [(text.find(m), m) for m in MARKERS if m in text]
+    found = [(text.find(m), m) for m in MARKERS if m in text] if isinstance(text, str) else []
     return min(found)[1] if found else None
 
 
@@ -126,17 +109,14 @@ def simulator_messages(instructions: str, history: list[dict]) -> list[dict]:
 
     history: [{"role": "user" | "assistant", "content": str}, ...] as the agent saw it (user = customer).
     Returns [{"role": "system"}, {"role": "user", GREETING}, {"role": "assistant", <customer's 1st msg>},
-             {"role": "user", <agent's reply>}, ...]: the customer model speaks as "assistant".
-    """
+             {"role": "user", <agent's reply>}, ...]: the customer model speaks as "assistant"."""
     swap = {"user": "assistant", "assistant": "user"}
     msgs: list[dict] = []
     for m in history:
         role, content = m.get("role"), m.get("content")
         if role not in swap or not isinstance(content, str):
             continue  # system prompts, tool messages and tool-call-only turns are the agent's business
-        if role == "assistant":
-            content = _HIDDEN.sub("", content)
-        content = content.strip()
+        content = (_HIDDEN.sub("", content) if role == "assistant" else content).strip()  # hide stray tool markup
         if not content:
             continue
         if msgs and msgs[-1]["role"] == swap[role]:  # two agent texts in a row (e.g. around a tool call)
@@ -184,9 +164,9 @@ class LLMUser:
         import openai  # imported here so ScriptedUser runs without the package
 
         self._openai = openai
-        self.model, self.base_url = model, base_url
-        self.temperature, self.seed, self.max_tokens = temperature, seed, max_tokens
-        self.max_retries, self.backoff, self.max_workers = max_retries, backoff, max_workers
+        self.model, self.base_url, self.temperature, self.seed = model, base_url, temperature, seed
+        self.max_tokens, self.max_retries, self.backoff = max_tokens, max_retries, backoff
+        self.max_workers = max_workers
         # max_retries=0: the client must not retry on its own, or our attempt counts and backoff would be a lie.
         self.client = client or openai.OpenAI(base_url=base_url, api_key=api_key, timeout=timeout, max_retries=0)
         self._first: dict[str, str] = {}  # task id -> the cached opening message
@@ -214,9 +194,8 @@ class LLMUser:
             except _Garbage as e:
                 last = f"garbage reply: {e}"
             except oa.APIStatusError as e:
-                if e.status_code in (408, 429) or e.status_code >= 500:
-                    last = f"HTTP {e.status_code}: {e}"
-                else:  # 400/401/403/404/...: the request itself is wrong; asking again cannot help
+                last = f"HTTP {e.status_code}: {e}"
+                if e.status_code not in (408, 429) and e.status_code < 500:  # 400/401/404...: asking again cannot help
                     self._count("failures")
                     raise UserError(f"user simulator {self.model!r} at {self.base_url}: HTTP {e.status_code} "
                                     f"(not retried): {e}") from e
@@ -231,8 +210,6 @@ class LLMUser:
     def first_message(self, task) -> str:
         """The customer's opening for this task: generated once, then shared by every rollout of the task."""
         with self._guard:
-            if task.id in self._first:
-                return self._first[task.id]
             lock = self._locks.setdefault(task.id, threading.Lock())
         with lock:  # concurrent callers for one task queue here; the first one generates, the rest read the cache
             if task.id not in self._first:
@@ -259,8 +236,6 @@ def _fan_out(fn, requests: list[tuple], max_workers: int) -> list:
         except Exception as e:  # "never raises": a bug in one request must not take down the whole batch
             return UserError(f"{type(e).__name__}: {e}")
 
-    if not requests:
-        return []
     with ThreadPoolExecutor(max_workers=max(1, min(max_workers, len(requests)))) as pool:
         return list(pool.map(one, requests))  # map yields in submission order
 
@@ -270,8 +245,7 @@ def _fan_out(fn, requests: list[tuple], max_workers: int) -> list:
 
 
 class ScriptedUser:
-    """Plays a generated task's structured spec deterministically, with the script of the domain that generated it
-    (domains.script_for: domains/synthetic.py or domains/shop.py)."""
+    """Plays a generated task's spec deterministically with its domain's script (domains/synthetic.py, shop.py)."""
 
     def first_message(self, task) -> str:
         return script_for(task).scripted_first_message(task.spec)
@@ -289,13 +263,9 @@ class ScriptedUser:
 
 def _is_loopback(url: str | None) -> bool:
     host = urlparse(url).hostname if url else None
-    if host is None:
-        return False
-    if host == "localhost":
-        return True
     try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
+        return host == "localhost" or (host is not None and ipaddress.ip_address(host).is_loopback)
+    except ValueError:  # a host name other than localhost
         return False
 
 
@@ -320,68 +290,39 @@ def make_user(kind: str, **kw):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Demo: `python user_sim.py` plays a short exchange against OpenAI (if OPENAI_API_KEY is set) or against a tiny
-# fake OpenAI-compatible server started in this process, then shows what the simulator was actually sent.
-
-
-def _fake_openai_server(answer):
-    """Start a stdlib HTTP server speaking /v1/chat/completions; answer(request_json) -> reply text."""
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self):
-            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            out = json.dumps({"id": "demo", "object": "chat.completion", "created": 0, "model": body["model"],
-                              "choices": [{"index": 0, "finish_reason": "stop",
-                                           "message": {"role": "assistant", "content": answer(body)}}]}).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(out)))
-            self.end_headers()
-            self.wfile.write(out)
-
-        def log_message(self, *args):  # keep the demo's output to the conversation
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server, f"http://127.0.0.1:{server.server_address[1]}/v1"
-
+# Demo: a short exchange against OpenAI (if OPENAI_API_KEY is set) or a canned stand-in for the openai client,
+# then what the simulator was actually sent.
 
 if __name__ == "__main__":
     from types import SimpleNamespace
 
-    task = SimpleNamespace(id="demo/0", spec=None, instructions=(
-        "Reason for call:\nYour order #W1234567 arrived and you want to return the desk lamp in it, "
-        "refunded to the gift card you paid with.\n\nKnown info:\nYou are Ana Lopez, zip code 10001.\n\n"
-        "Unknown info:\nYou do not remember your email address."))
+    task = SimpleNamespace(id="demo/0", spec=None, instructions="Reason for call:\nYour order #W1234567 arrived and "
+                           "you want to return the desk lamp, refunded to the gift card you paid with.\n\nKnown info:"
+                           "\nYou are Ana Lopez, zip code 10001.\n\nUnknown info:\nYou do not remember your email.")
     agent_turns = ["Sure, I can help with that. Could you tell me your name and zip code?",
                    "Thanks Ana. I see order #W1234567 with a desk lamp. Refund to the original gift card, correct?",
                    "Done: the return is requested and the refund will go to your gift card."]
     if os.environ.get("OPENAI_API_KEY"):
-        user, server = make_user("llm", model=os.environ.get("MUARL_USER_MODEL", "gpt-4o-mini")), None
-    else:  # the fake customer answers by turn number: what a real model would say, without the model
-        canned = ["Hi, I'd like to return something from a recent order.",
-                  "Sure, it's Ana Lopez, and my zip code is 10001.",
-                  "Yes, please, back to the gift card.",
-                  "Great, that's all I needed. Thanks! " + STOP]
-        sent = []
-        server, url = _fake_openai_server(lambda b: sent.append(b) or canned[sum(m["role"] == "assistant"
-                                                                                 for m in b["messages"])])
-        user = make_user("llm", model="fake-customer", base_url=url)
+        user = make_user("llm", model=os.environ.get("MUARL_USER_MODEL", "gpt-4o-mini"))
+    else:  # client.chat.completions.create() answering by turn number: what a real model would say, no network
+        canned = ["Hi, I'd like to return something from a recent order.", "Sure, it's Ana Lopez, zip code 10001.",
+                  "Yes, please, back to the gift card.", "Great, that's all I needed. Thanks! " + STOP]
+
+        def create(messages, **_):
+            text = canned[sum(m["role"] == "assistant" for m in messages)]
+            return SimpleNamespace(choices=[SimpleNamespace(message=SimpleNamespace(content=text))])
+
+        client = SimpleNamespace(chat=SimpleNamespace(completions=SimpleNamespace(create=create)))
+        user = make_user("llm", model="fake-customer", base_url="http://127.0.0.1/v1", client=client)
     history = [{"role": "user", "content": user.first_message(task)}]
-    print(f"[user ] {history[-1]['content']}")
     for said in agent_turns:
+        print(f"[user ] {history[-1]['content']}\n[agent] {said}")
         history.append({"role": "assistant", "content": said})
-        print(f"[agent] {said}")
         history.append({"role": "user", "content": user.reply(task, history)})
-        print(f"[user ] {history[-1]['content']}")
-        if is_terminal(history[-1]["content"]):
-            print(f"-> conversation ends: {is_terminal(history[-1]['content'])}")
+        if end := is_terminal(history[-1]["content"]):
             break
+    print(f"[user ] {history[-1]['content']}\n-> conversation ends: {end}")
     print("\nThe last request, as the simulator saw it (roles swapped):")
     for m in simulator_messages(task.instructions, history[:-1])[1:]:
         print(f"  {m['role']:>9}: {m['content']}")
-    print(f"\nAPI stats: {user.stats}; the first message is cached: {user.first_message(task) == history[0]['content']}")
-    if server is not None:
-        server.shutdown()
+    print(f"\nAPI stats: {user.stats}; first message cached: {user.first_message(task) == history[0]['content']}")
