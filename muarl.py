@@ -247,19 +247,14 @@ def build_run(cfg: Config) -> SimpleNamespace:
     if began and cfg.sft_epochs > 0:
         cold_start(run)
 
-    # the frozen reference: the policy as RL starts (after the cold start), as in the paper
+    # The frozen reference: the policy as RL starts (after the cold start), as in the paper. Read from disk (on the
+    # CPU, in the policy's dtype) when the policy has moved on (a resumed run) or is sharded; else a frozen copy.
     run.reference = None
     if cfg.kl_coef > 0:
-        if (out / "cold-start").exists():  # loaded on the CPU, in the policy's dtype
-            run.reference = load_reference(str(out / "cold-start"), dtype=policy.dtype)
-        elif state or world_size > 1:  # the starting weights are on disk (the policy moved on, or is sharded)
-            run.reference = load_reference(model_path, dtype=policy.dtype)
-        else:
-            run.reference = load_reference(model=policy)
-        if world_size > 1:  # fully_shard moves each rank's shard to its device: the whole never lands on a GPU
-            run.reference = shard(run.reference, False, bf16=dtype == "bfloat16")
-        else:
-            run.reference.to(device)
+        start = out / "cold-start" if (out / "cold-start").exists() else model_path if state or world_size > 1 else None
+        run.reference = load_reference(str(start), dtype=policy.dtype) if start else load_reference(model=policy)
+        # under FSDP, fully_shard moves each rank's shard to its device: the whole never lands on a GPU
+        run.reference = shard(run.reference, False, dtype == "bfloat16") if world_size > 1 else run.reference.to(device)
 
     # the rollout engine: on one CPU process it shares the policy's weights; vLLM (or FSDP) keeps its own copy
     run.shares_weights = engine_kind == "hf" and world_size == 1
