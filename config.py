@@ -150,40 +150,37 @@ class ConfigError(ValueError):
 def validate(cfg: Config, world_size: int = 1) -> None:
     """Raise ConfigError on the first setting that cannot work. The domain checks read domains.DOMAINS (which
     worlds exist, which have a task generator, which a scripted customer), so no domain is named here."""
-    if cfg.group_size < 2:
-        raise ConfigError(f"group_size must be >= 2 (GRPO compares rollouts within a group), got {cfg.group_size}")
-    if cfg.tasks_per_step < 1 or cfg.tasks_per_step % world_size:
-        raise ConfigError(f"tasks_per_step={cfg.tasks_per_step} must be a positive multiple of the {world_size} ranks")
-    domains = cfg.domains.split(",")
-    bad = [d for d in domains if d not in DOMAINS]
-    if bad:
-        raise ConfigError(f"unknown domain(s) {bad}: choose from {', '.join(DOMAINS)}")
-    if cfg.advantage not in ADVANTAGES:
-        raise ConfigError(f"--advantage must be one of {', '.join(ADVANTAGES)}, got {cfg.advantage!r}")
-    for name, allowed in (("user", ("scripted", "llm")), ("tasks", ("train", "synthetic")),
-                          ("malformed", ("end", "observe")), ("engine", ("auto", "hf", "vllm"))):
-        if getattr(cfg, name) not in allowed:
-            raise ConfigError(f"--{name} must be one of {', '.join(allowed)}, got {getattr(cfg, name)!r}")
-    if cfg.tasks == "synthetic" and not all(DOMAINS[d].generator for d in domains):
-        raise ConfigError("--tasks synthetic: the task generator covers only "
-                          + ", ".join(d for d in DOMAINS if DOMAINS[d].generator))
-    scripted = [d for d in DOMAINS if DOMAINS[d].script is not None]
-    if cfg.user == "scripted" and cfg.tasks != "synthetic" and not all(d in scripted for d in domains):
-        raise ConfigError(f"the scripted user only plays generated tasks ({', '.join(scripted)}); use --user llm "
-                          "for the others (or --tasks synthetic)")
-    if not 0 <= cfg.lazy_rate <= 1:
-        raise ConfigError(f"--lazy_rate must be in [0, 1], got {cfg.lazy_rate}")
-    if cfg.copy_warmup < 0:
-        raise ConfigError("--copy_warmup must be >= 0")
-    for name in ("lr", "max_new_tokens", "max_context", "micro_batch_tokens", "max_turns"):
-        if getattr(cfg, name) <= 0:
-            raise ConfigError(f"--{name} must be positive")
-    if not 0 < cfg.top_p <= 1 or cfg.temperature < 0:
-        raise ConfigError(f"--top_p must be in (0, 1] and --temperature >= 0, got {cfg.top_p}, {cfg.temperature}")
-    if not 0 <= cfg.clip_low < 1 or cfg.clip_high < 0:
-        raise ConfigError("clip_low must be in [0, 1) and clip_high >= 0")
-    if cfg.max_new_tokens >= cfg.max_context:  # a turn must fit in the conversation with room for its prompt
-        raise ConfigError("max_new_tokens must be smaller than max_context")
+    domains, scripted = cfg.domains.split(","), [d for d in DOMAINS if DOMAINS[d].script is not None]
+    generators = [d for d in DOMAINS if DOMAINS[d].generator]
+    choices = {"advantage": tuple(ADVANTAGES), "user": ("scripted", "llm"), "tasks": ("train", "synthetic"),
+               "malformed": ("end", "observe"), "engine": ("auto", "hf", "vllm")}
+    # (holds, what to say otherwise), checked in order: the first one that fails is reported
+    checks = [
+        (cfg.group_size >= 2, f"group_size must be >= 2 (GRPO compares rollouts within a group), got {cfg.group_size}"),
+        (cfg.tasks_per_step >= 1 and cfg.tasks_per_step % world_size == 0,
+         f"tasks_per_step={cfg.tasks_per_step} must be a positive multiple of the {world_size} ranks"),
+        (all(d in DOMAINS for d in domains), f"unknown domain(s) {[d for d in domains if d not in DOMAINS]}: "
+                                             f"choose from {', '.join(DOMAINS)}"),
+        *[(getattr(cfg, k) in v, f"--{k} must be one of {', '.join(v)}, got {getattr(cfg, k)!r}")
+          for k, v in choices.items()],
+        (cfg.tasks != "synthetic" or all(d in generators for d in domains),
+         f"--tasks synthetic: the task generator covers only {', '.join(generators)}"),
+        (cfg.user != "scripted" or cfg.tasks == "synthetic" or all(d in scripted for d in domains),
+         f"the scripted user only plays generated tasks ({', '.join(scripted)}); use --user llm for the others "
+         "(or --tasks synthetic)"),
+        (0 <= cfg.lazy_rate <= 1, f"--lazy_rate must be in [0, 1], got {cfg.lazy_rate}"),
+        (cfg.copy_warmup >= 0, "--copy_warmup must be >= 0"),
+        *[(getattr(cfg, k) > 0, f"--{k} must be positive")
+          for k in ("lr", "max_new_tokens", "max_context", "micro_batch_tokens", "max_turns")],
+        (0 < cfg.top_p <= 1 and cfg.temperature >= 0,
+         f"--top_p must be in (0, 1] and --temperature >= 0, got {cfg.top_p}, {cfg.temperature}"),
+        (0 <= cfg.clip_low < 1 and cfg.clip_high >= 0, "clip_low must be in [0, 1) and clip_high >= 0"),
+        # a turn must fit in the conversation with room for its prompt
+        (cfg.max_new_tokens < cfg.max_context, "max_new_tokens must be smaller than max_context"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise ConfigError(message)
 
 
 # ---------------------------------------------------------------------------------------------------------------

