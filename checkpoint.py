@@ -1,10 +1,9 @@
 """Resumable state: the order tasks are drawn in (TaskSampler) and atomic checkpoints.
 
-A checkpoint is written to a temporary folder, then renamed; `latest.json` is replaced atomically last. A process
-killed mid-write leaves the previous checkpoint intact, so a crash loses at most the current step, and `--resume`
-continues exactly: weights, optimizer state, the sampler's position and every random generator's state
-(tests/test_muarl.py kills a run with SIGKILL, and fails each file operation in turn).
-"""
+Why atomic: a run can die at any instant (SIGKILL, a preempted node), leaving a file written in place truncated
+yet named by latest.json. A rename (os.replace) is atomic: a reader finds the old file or the new, never half. So a
+checkpoint is written to a temporary folder and renamed, and `latest.json`, which --resume reads first, is replaced
+last: a crash loses at most the current step (tests/test_muarl.py kills runs, and fails each file operation)."""
 
 from __future__ import annotations
 
@@ -24,18 +23,16 @@ from fsdp import barrier, full_state_dict
 
 
 class TaskSampler:
+    """Tasks in epochs, each a shuffle seeded by (seed, epoch), so (epoch, pos) alone is where a run is in them."""
+
     def __init__(self, tasks: list, seed: int):
         self.tasks, self.seed, self.epoch, self.pos = tasks, seed, 0, 0
 
-    def _order(self) -> list[int]:
-        order = list(range(len(self.tasks)))
-        random.Random(self.seed * 100003 + self.epoch).shuffle(order)
-        return order
-
     def next(self, n: int) -> list:
         out = []
-        while len(out) < n:
-            order = self._order()
+        while len(out) < n:  # a draw that runs past the end of an epoch goes on into the next one
+            order = list(range(len(self.tasks)))
+            random.Random(self.seed * 100003 + self.epoch).shuffle(order)  # its own generator: global ones untouched
             take = order[self.pos : self.pos + n - len(out)]
             out += [self.tasks[i] for i in take]
             self.pos += len(take)
@@ -43,20 +40,14 @@ class TaskSampler:
                 self.epoch, self.pos = self.epoch + 1, 0
         return out
 
-    def state(self) -> dict:
-        return {"epoch": self.epoch, "pos": self.pos}
-
-    def load(self, s: dict) -> None:
-        self.epoch, self.pos = s["epoch"], s["pos"]
-
 
 # ---------------------------------------------------------------------------------------------------------------
 # Checkpoints: written aside, renamed, then latest.json replaced (atomic at every step)
 
 
 def save_checkpoint(out: Path, step: int, policy, opt, sampler: TaskSampler, extra: dict, world_size: int, rank: int):
-    state = full_state_dict(policy, world_size)
-    if world_size > 1:
+    state = full_state_dict(policy, world_size)  # every rank calls save_checkpoint: under FSDP this is a collective
+    if world_size > 1:  # the optimizer state is sharded like the weights: gather it whole
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
         optim = get_optimizer_state_dict(policy, opt, options=StateDictOptions(full_state_dict=True))
@@ -64,38 +55,33 @@ def save_checkpoint(out: Path, step: int, policy, opt, sampler: TaskSampler, ext
         optim = opt.state_dict()
     if rank != 0:
         return
-    final = out / "checkpoints" / f"step-{step:06d}"
+    latest, final = out / "latest.json", out / "checkpoints" / f"step-{step:06d}"
     tmp = final.with_name(final.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    torch.save(state, tmp / "model.pt")
-    torch.save(optim, tmp / "optim.pt")
     rng = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
-    torch.save({"step": step, "sampler": sampler.state(), "rng": rng, **extra}, tmp / "state.pt")
-    if (out / "latest.json").exists() and json.loads((out / "latest.json").read_text())["path"] == final.name:
-        # the same step again (the end of a run adds its final evaluation) and latest.json already points here:
-        # never remove this folder; swap its files one at a time, each atomically (old and new hold the same step)
+    resume = {"step": step, "sampler": {"epoch": sampler.epoch, "pos": sampler.pos}, "rng": rng, **extra}
+    for name, obj in [("model.pt", state), ("optim.pt", optim), ("state.pt", resume)]:
+        torch.save(obj, tmp / name)
+    if latest.exists() and json.loads(latest.read_text())["path"] == final.name:
+        # the same step again (a run's end adds its final evaluation), named by latest.json: never remove the folder
         for f in tmp.iterdir():
-            os.replace(f, final / f.name)
+            os.replace(f, final / f.name)  # one file at a time, each atomically: old and new hold the same step
         tmp.rmdir()
     else:
         shutil.rmtree(final, ignore_errors=True)  # a leftover of a run killed before latest.json pointed to it
         os.replace(tmp, final)
-    latest = out / "latest.json"
     (out / "latest.json.tmp").write_text(json.dumps({"step": step, "path": final.name}))
-    os.replace(out / "latest.json.tmp", latest)
+    os.replace(out / "latest.json.tmp", latest)  # the commit point: from here on --resume starts at this step
     for old in sorted((out / "checkpoints").glob("step-*"))[:-2]:  # keep the last two
         if old.name != final.name and not old.name.endswith(".tmp"):
             shutil.rmtree(old, ignore_errors=True)
 
 
 def save_pretrained(policy, tokenizer, path: Path, world_size: int, rank: int) -> None:
-    """The whole model in Hugging Face format (what vLLM, eval.py and load_policy read), written by rank 0 into a
-    temporary folder and renamed, so `path` is complete or absent. Every rank calls it: under FSDP gathering the
-    weights is a collective, and no rank goes on (e.g. to load the folder) before it is written."""
-    state = full_state_dict(policy, world_size)
-    # A gathered state dict holds tied weights as separate tensors (lm_head.weight beside the embedding it is tied
-    # to), which save_pretrained would write twice; drop the tied copies as it does for an unsharded model.
+    """The whole model in Hugging Face format (for vLLM, eval.py, load_policy); `path` is complete or absent."""
+    state = full_state_dict(policy, world_size)  # every rank calls save_pretrained: under FSDP this is a collective
+    # a gathered dict holds tied weights twice (lm_head.weight beside the embedding): drop the copy, as HF does
     if getattr(policy.config, "tie_word_embeddings", False):
         for tied in getattr(policy, "_tied_weights_keys", None) or {}:
             state.pop(tied, None)
@@ -105,11 +91,13 @@ def save_pretrained(policy, tokenizer, path: Path, world_size: int, rank: int) -
         policy.save_pretrained(tmp, state_dict=state)
         tokenizer.save_pretrained(tmp)
         shutil.rmtree(path, ignore_errors=True)
-        os.replace(tmp, path)
-    barrier(world_size)
+        os.replace(tmp, path)  # written aside, then renamed
+    barrier(world_size)  # no rank goes on (e.g. to load the folder) before it is written
 
 
 def load_checkpoint(out: Path, policy, opt, sampler: TaskSampler, world_size: int) -> tuple[int, dict]:
+    """(step, state) of the latest checkpoint, or (0, {}), after restoring what a run needs to go on as if never
+    stopped: weights, AdamW's moments (zero ones would jolt the policy), the sampler's place, every random generator."""
     latest = out / "latest.json"
     if not latest.exists():
         return 0, {}
@@ -117,16 +105,15 @@ def load_checkpoint(out: Path, policy, opt, sampler: TaskSampler, world_size: in
     state = torch.load(path / "state.pt", weights_only=False)
     model_sd = torch.load(path / "model.pt", weights_only=True)
     optim_sd = torch.load(path / "optim.pt", weights_only=False)
-    if world_size > 1:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
+    if world_size > 1:  # each rank keeps its own shard of the full dicts
+        import torch.distributed.checkpoint.state_dict as dcp
 
-        opts = StateDictOptions(full_state_dict=True)
-        set_model_state_dict(policy, model_sd, options=opts)
-        set_optimizer_state_dict(policy, opt, optim_sd, options=opts)
+        dcp.set_model_state_dict(policy, model_sd, options=dcp.StateDictOptions(full_state_dict=True))
+        dcp.set_optimizer_state_dict(policy, opt, optim_sd, options=dcp.StateDictOptions(full_state_dict=True))
     else:
         policy.load_state_dict(model_sd)
         opt.load_state_dict(optim_sd)
-    sampler.load(state["sampler"])
+    sampler.epoch, sampler.pos = state["sampler"]["epoch"], state["sampler"]["pos"]
     random.setstate(state["rng"]["python"])
     np.random.set_state(state["rng"]["numpy"])
     torch.set_rng_state(state["rng"]["torch"])
@@ -143,18 +130,13 @@ if __name__ == "__main__":
     model = torch.nn.Linear(4, 2)
     opt = torch.optim.AdamW(model.parameters(), lr=0.1)
     sampler = TaskSampler([f"task-{i}" for i in range(5)], seed=0)
-    for step in range(2):  # two "steps": draw 3 tasks each (crossing an epoch), take an optimizer step
-        print(f"step {step}: {sampler.next(3)}")
-        model(torch.randn(8, 4)).pow(2).mean().backward()
-        opt.step()
-        opt.zero_grad()
+    print("steps 0 and 1 draw", sampler.next(3), sampler.next(3), "(5 tasks: step 1 crosses into epoch 1)")
+    model(torch.randn(8, 4)).pow(2).mean().backward()
+    opt.step()  # now AdamW holds moments worth saving
     save_checkpoint(out, 2, model, opt, sampler, {"note": "demo"}, world_size=1, rank=0)
-    print(f"saved {json.loads((out / 'latest.json').read_text())}: "
-          f"{sorted(p.name for p in (out / 'checkpoints' / 'step-000002').iterdir())}")
-    then = sampler.next(3)
-    # a fresh process would start from scratch: new model, optimizer and sampler, then load the latest checkpoint
-    model2, sampler2 = torch.nn.Linear(4, 2), TaskSampler(sampler.tasks, seed=0)
+    print("saved", (out / "latest.json").read_text(), sorted(os.listdir(out / "checkpoints" / "step-000002")))
+    model2, sampler2 = torch.nn.Linear(4, 2), TaskSampler(sampler.tasks, seed=0)  # a fresh process: all new
     opt2 = torch.optim.AdamW(model2.parameters(), lr=0.1)
     step, state = load_checkpoint(out, model2, opt2, sampler2, world_size=1)
-    print(f"resumed at step {step} ({state['note']}): step 2 draws {sampler2.next(3)} (uninterrupted: {then}); "
-          f"same weights: {all(torch.equal(a, b) for a, b in zip(model.parameters(), model2.parameters()))}")
+    print(f"resumed at step {step} ({state['note']}): step 2 draws {sampler2.next(3)}, uninterrupted "
+          f"{sampler.next(3)}; same weights: {all(map(torch.equal, model.parameters(), model2.parameters()))}")

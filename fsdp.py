@@ -1,17 +1,10 @@
 """Data-parallel training with FSDP2 under torchrun: one process per GPU (NCCL), or gloo processes on a CPU (the
 tests run two). Each rank plays its share of a step's tasks; the loss each rank backpropagates is its share of the
 step's token mean, so summing gradients over ranks (not averaging) gives exactly one process's gradient
-(tests/test_muarl.py checks weights after a step against one process, to ~1e-7).
-
-    dist_setup           rank and world size from torchrun's environment (0, 1 without it)
-    shard                FSDP2 over every decoder layer, then the root; bf16 compute optional
-    full_state_dict      the unsharded weights, on every rank (for the rollout engine and checkpoints)
-    even_rows            pad a rank's packed rows so every rank runs as many forwards (FSDP's collectives)
-    all_reduce           sum / min / max of a few numbers over the ranks (token counts)
-    reduce_stats         the per-row statistics of a GRPO step -> the step's token-weighted means, all ranks
-    all_gather_episodes  every rank's per-episode records, on every rank (the step's logged statistics)
-
-    torchrun --nproc_per_node 2 fsdp.py     # two gloo processes on a CPU: shard a tiny model, gather it back
+(tests/test_muarl.py checks weights after a step against one process, to ~1e-7). Contents: the process group's
+life (dist_setup, barrier, dist_teardown, exit_now); shard (FSDP2 over every decoder layer, then the root);
+full_state_dict (the unsharded weights, on every rank); even_rows (as many forwards on every rank); a step's numbers
+over the ranks (all_reduce, all_sum, reduce_stats, all_gather_episodes).
 """
 
 from __future__ import annotations
@@ -22,6 +15,7 @@ import sys
 import types
 
 import torch
+import torch.distributed as dist
 
 from grpo import pack_sequences, token_logprobs
 
@@ -31,12 +25,9 @@ def dist_setup() -> tuple[int, int]:
     GPUs, gloo on a CPU) and picks this rank's GPU."""
     if "WORLD_SIZE" not in os.environ or int(os.environ["WORLD_SIZE"]) == 1:
         return 0, 1
-    import torch.distributed as dist
-
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
     # Rank 0 evaluates alone (muarl.run_eval) while the other ranks wait in their next collective; a held-out
     # evaluation with an LLM user can outlast the default timeout (10 min for NCCL), so allow hours.
-    dist.init_process_group(backend, timeout=datetime.timedelta(hours=4))
+    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo", timeout=datetime.timedelta(hours=4))
     if torch.cuda.is_available():
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     return dist.get_rank(), dist.get_world_size()
@@ -45,7 +36,7 @@ def dist_setup() -> tuple[int, int]:
 def barrier(world_size: int) -> None:
     """Wait until every rank gets here (rank 0 wrote files the others read next); nothing on one process."""
     if world_size > 1:
-        torch.distributed.barrier()
+        dist.barrier()
 
 
 def dist_teardown(world_size: int) -> None:
@@ -53,16 +44,14 @@ def dist_teardown(world_size: int) -> None:
     another still talks to it can abort that rank, and torch warns about a group never destroyed)."""
     if world_size > 1:
         barrier(world_size)
-        torch.distributed.destroy_process_group()
+        dist.destroy_process_group()
 
 
 def exit_now(world_size: int) -> None:
-    """Under torchrun, end the process here, after dist_teardown, skipping the interpreter's own teardown. Gloo can
-    abort a rank while Python tears down objects that still reference its worker threads ("terminate called
-    without an active exception", exit code -6: seen twice in CI, on the rank left idle, after every result was
-    written), and torchrun then reports the whole run as failed. Everything is flushed first."""
+    """Under torchrun, end the process now (after dist_teardown), skipping Python's own teardown, during which gloo can
+    abort a rank ("terminate called without an active exception", exit -6, seen in CI) and fail the whole run."""
     if world_size > 1:
-        sys.stdout.flush()
+        sys.stdout.flush()  # os._exit skips Python's own flushing
         sys.stderr.flush()
         os._exit(0)
 
@@ -72,32 +61,27 @@ def shard(model, activation_checkpointing: bool, bf16: bool):
     with bf16, each layer computes in bf16 and gradients are reduced in fp32."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 
-    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
+    mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16
+          else MixedPrecisionPolicy())  # the default: no casts, all fp32
     layers = model.get_decoder().layers
     if activation_checkpointing:  # sets each layer's flag *and* its checkpoint function (the flag alone crashes)
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    for layer in layers:
-        fully_shard(layer, mp_policy=mp)
-    fully_shard(model, mp_policy=mp)
-    # Each rank's loss is already its share of the step's token mean (divided by the global N_tok), so the
-    # gradients must be summed over ranks, not averaged (FSDP's default divides by the world size). A plain
-    # SUM reduction: gloo (CPU) has no pre-multiplied sum, the op FSDP would otherwise use for a custom factor.
-    for m in [*layers, model]:
+    # Sum gradients over ranks, not average (see the top), by a plain SUM: gloo lacks premul_sum, FSDP's op for factors
+    for m in [*layers, model]:  # every layer, then the root: it takes the parameters no layer holds
+        fully_shard(m, mp_policy=mp)
         m.set_gradient_divide_factor(1.0)
         m.set_force_sum_reduction_for_comms(True)
-    # grpo.token_logprobs runs the decoder body and lm_head one after the other and never model.forward, so the
-    # root's hooks (gather embeddings/norm/lm_head before, reduce their gradients after) would not fire. As a
-    # registered forward method of the root, token_logprobs gets the hooks forward would have had.
+    # token_logprobs runs the decoder body and lm_head, never model.forward, so the root's hooks (gather embeddings,
+    # norm, lm_head before; reduce their gradients after) would not fire: registered as a forward method, they do.
     model.token_logprobs = types.MethodType(token_logprobs, model)
     register_fsdp_forward_method(model, "token_logprobs")
     return model
 
 
 def even_rows(rows: list[dict], world_size: int) -> list[dict]:
-    """Under FSDP every forward and backward gathers / reduce-scatters the sharded weights with the other ranks, so
-    every rank must run as many rows: a rank with fewer (or none: all its groups aborted) runs empty ones, two
-    tokens with mask 0 (the fewest token_logprobs scores), whose loss and gradient are 0. Returns rows padded to
-    the most any rank has; on one process, `rows` unchanged."""
+    """`rows` padded to the most any rank has. Under FSDP every forward and backward gathers / reduce-scatters the
+    weights with the other ranks, so every rank must run as many rows: one with fewer (or none: all its groups
+    aborted) runs empty ones, two tokens with mask 0 (the fewest token_logprobs scores): loss and gradient 0."""
     if world_size == 1:
         return rows
     empty = pack_sequences([[0, 0]], [[0, 0]], 2, adv=[0.0], sample_logp=[[0.0, 0.0]])[0]  # mask 0: no loss
@@ -118,8 +102,6 @@ def all_reduce(values: list[float], world_size: int, op: str = "sum") -> list[fl
     """Sum (or "min" / "max") each value over the ranks; the values themselves on one process."""
     if world_size == 1:
         return list(values)
-    import torch.distributed as dist
-
     device = "cuda" if dist.get_backend() == "nccl" else "cpu"  # NCCL reduces CUDA tensors only
     t = torch.tensor(values, dtype=torch.float64, device=device)
     dist.all_reduce(t, op={"sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}[op])
@@ -131,10 +113,9 @@ def all_sum(x: float, world_size: int) -> float:
 
 
 def reduce_stats(stats: list[dict], world_size: int) -> dict:
-    """The statistics of a GRPO step from each packed row's (grpo.grpo_loss's, plus "loss" and "logp_gap": a sum
-    over the row's trained tokens), over the rows of every rank: loss summed (each row's loss is already its
-    share of the step's mean), clip_frac / kl / entropy / logp_gap as means weighted by each row's trained
-    tokens, ratio_min / ratio_max as the extremes over rows that trained any token."""
+    """A GRPO step's statistics from every rank's packed rows (grpo_loss's, plus "loss" and "logp_gap", a sum over
+    the row's trained tokens): loss summed (each row's is its share of the step's mean), clip_frac / kl / entropy /
+    logp_gap as means weighted by trained tokens, ratio_min / ratio_max the extremes over rows that trained any."""
     keys = ("clip_frac", "kl", "entropy")
     sums = [sum(s["loss"] for s in stats), sum(s["logp_gap"] for s in stats), sum(s["tokens"] for s in stats)]
     sums += [sum(s.get(k, 0.0) * s["tokens"] for s in stats) for k in keys]  # token-weighted sums
@@ -152,12 +133,12 @@ def all_gather_episodes(records: list[dict], world_size: int) -> list[dict]:
     if world_size == 1:
         return list(records)
     gathered = [None] * world_size
-    torch.distributed.all_gather_object(gathered, records)  # pickled: fine for a few hundred small dicts
+    dist.all_gather_object(gathered, records)  # pickled: fine for a few hundred small dicts
     return [r for part in gathered for r in part]
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Demo: torchrun --nproc_per_node 2 fsdp.py
+# Demo: torchrun --nproc_per_node 2 fsdp.py — two gloo processes on a CPU shard a tiny model and gather it back
 
 if __name__ == "__main__":
     import tempfile
@@ -166,16 +147,13 @@ if __name__ == "__main__":
 
     torch.set_num_threads(1)
     rank, world_size = dist_setup()
-    torch.manual_seed(0)
-    model, _ = build_tiny(tempfile.mkdtemp(prefix=f"muarl-fsdp-{rank}-"), hidden=64, layers=2, heads=2, kv_heads=1,
-                          intermediate=128)
+    model, _ = build_tiny(tempfile.mkdtemp(), hidden=64, layers=2, heads=2, kv_heads=1, intermediate=128)
     before = {k: v.detach().clone() for k, v in model.state_dict().items()}
     if world_size > 1:
         model = shard(model, activation_checkpointing=False, bf16=False)
     after = full_state_dict(model, world_size)
     same = all(torch.equal(before[k], after[k].cpu()) for k in before)
-    total = all_reduce([1.0], world_size)[0]
     print(f"rank {rank} of {world_size}: {len(after)} tensors gathered back, identical to the unsharded model: {same}; "
-          f"ranks counted by all_reduce: {total:.0f}")
+          f"ranks counted by all_sum: {all_sum(1.0, world_size):.0f}")
     dist_teardown(world_size)  # no rank tears down its connections while another still uses them
     exit_now(world_size)

@@ -213,7 +213,7 @@ def build_run(cfg: Config) -> SimpleNamespace:
     out.mkdir(parents=True, exist_ok=True)
     random.seed(cfg.seed + rank)
     np.random.seed(cfg.seed + rank)
-    torch.manual_seed(cfg.seed)
+    torch.manual_seed(cfg.seed)  # the same on every rank: a tiny model is initialised identically everywhere
     if rank == 0:
         (out / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2))
 
@@ -352,9 +352,6 @@ if __name__ == "__main__":
     try:
         main()
         exit_now(int(os.environ.get("WORLD_SIZE", 1)))  # under torchrun: leave before gloo's exit-time abort
-    except ConfigError as e:
-        print(f"muarl: config error: {e}", file=sys.stderr)
-        sys.exit(2)
-    except (FileNotFoundError, ValueError) as e:
-        print(f"muarl: {e}", file=sys.stderr)
+    except (FileNotFoundError, ValueError) as e:  # bad input (ConfigError is a ValueError): one line, status 2
+        print(f"muarl: {'config error: ' if isinstance(e, ConfigError) else ''}{e}", file=sys.stderr)
         sys.exit(2)

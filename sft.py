@@ -1,21 +1,19 @@
 """Cold start: supervised fine-tuning on multi-turn tool-use conversations, with the same mask as RL.
 
-MUA-RL (paper, "Cold start") first fine-tunes the base model on ~2,000 synthesized multi-turn trajectories
-(batch 128, 2 epochs, AdamW, lr 5e-6 cosine) with the loss only on the agent's own tokens, so that RL starts
-from a policy that already speaks the tool-call format. Here the conversations are rendered to (ids, mask) by
-chat.conversation_ids, the very code that grows rollout token streams, so SFT and RL train exactly the same
-kind of tokens: the agent's turns including their end-of-turn token (mask 1), nothing else (mask 0).
+MUA-RL (paper, "Cold start") first fine-tunes the base model on ~2,000 synthesized multi-turn trajectories (batch
+128, 2 epochs, AdamW, lr 5e-6 cosine), the loss on the agent's own tokens only, so RL starts from a policy that
+already speaks the tool-call format. Here chat.conversation_ids, the code that grows rollout token streams, renders
+the conversations to (ids, mask), so SFT and RL train the same tokens: the agent's turns including their end-of-turn
+token (mask 1), nothing else (mask 0).
 
     loss = - (1 / N_tok) * sum_t m_t * log p(y_t | y_<t)        token mean over the optimizer step's trained tokens
 
-Data: a JSONL file with one conversation per line, {"messages": [...], "domain": "retail"} where messages are
-OpenAI-style (system optional, then user / assistant with tool_calls / tool), or by default the scripted expert
-conversations of synthetic tasks (domains/synthetic.py).
+Data: a JSONL file, one conversation per line, {"messages": [...], "domain": "retail"} with OpenAI-style messages
+(system optional, then user / assistant with tool_calls / tool); by default, synthetic tasks' expert conversations.
 
 Departures from the paper:
-1. Cosine schedule with a short linear warm-up is kept; the batch is counted in conversations (default 16 for
-   the CPU demo, 128 in the paper).
-2. The default data are synthetic expert trajectories of this project's generator, not the authors' data.
+1. A short linear warm-up before the cosine; the batch counts conversations (16 by default for a CPU, 128 in the paper).
+2. The default data are the scripted expert trajectories of this project's generator (domains/synthetic.py).
 """
 
 from __future__ import annotations
@@ -53,13 +51,12 @@ def render_examples(tokenizer, conversations: list[dict], worlds: dict) -> list[
 
 def load_jsonl(path: str | Path) -> list[dict]:
     rows = []
-    with open(path) as f:
-        for i, line in enumerate(f, 1):
-            if line.strip():
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError as e:
-                    raise ValueError(f"{path}:{i}: not JSON ({e.msg})") from None
+    for i, line in enumerate(Path(path).read_text().split("\n"), 1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{i}: not JSON ({e.msg})") from None  # the line a person must fix
     return rows
 
 
@@ -70,15 +67,13 @@ def copy_examples(tokenizer, n: int, seed: int = 0, words: list[str] | None = No
     customer's words); a randomly initialised tiny model cannot, and whether it learns to from ~1,000
     conversations in a few hundred steps depends on the seed (docs/demo_notes.md). A few minutes of these
     drills stand in for pre-training: the loss is on the second half only (mask 1), so the only way to lower it
-    is to look back and copy (an induction head). Items: '#W' + 3 digits, or a word from `words`.
-    """
+    is to look back and copy (an induction head). Items: '#W' + 3 digits, or a word from `words`."""
     rng = random.Random(seed)
     words = words or ["order", "cancel", "return", "gift", "card", "payment", "mistake", "needed", "lamp", "mug"]
     out = []
     for _ in range(n):
-        k = rng.randint(2, max_items)
-        items = [f"#W{rng.randint(100, 999)}" if rng.random() < 0.6 else rng.choice(words) for _ in range(k)]
-        text = " ".join(items)
+        text = " ".join([f"#W{rng.randint(100, 999)}" if rng.random() < 0.6 else rng.choice(words)
+                         for _ in range(rng.randint(2, max_items))])
         first = tokenizer.encode(text + " ||", add_special_tokens=False)
         second = tokenizer.encode(" " + text, add_special_tokens=False)
         out.append((first + second, [0] * len(first) + [1] * len(second)))
@@ -95,55 +90,26 @@ def expert_conversations(tasks) -> list[dict]:
 
 
 def lr_at(step: int, total: int, lr: float, warmup: int) -> float:
-    if step < warmup:
+    if step < warmup:  # linear warm-up: AdamW's early moment estimates are noisy, so keep its first steps small
         return lr * (step + 1) / warmup
     progress = (step - warmup) / max(1, total - warmup)
-    return lr * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))  # cosine to 0
+    return lr * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))  # then cosine to 0
 
 
-def sft_step(model, rows: list[dict], num_tokens: int, chunk_size: int, world_size: int = 1) -> float:
-    """Accumulate the gradient of one optimizer step over packed rows; return their share of the step's mean loss.
-    Under FSDP the log-probs run as the sharded model's registered method (fsdp.shard), so its hooks fire."""
-    logprobs = model.token_logprobs if world_size > 1 else functools.partial(token_logprobs, model)
-    total = 0.0
-    for row in rows:
-        logp = logprobs(row["input_ids"], position_ids=row["position_ids"], chunk_size=chunk_size)  # (1, L)
-        loss = -(logp * row["mask"]).sum() / num_tokens  # this row's share of the step's token mean
-        loss.backward()
-        total += loss.item()
-    return total
-
-
-def train(
-    model,
-    examples: list[tuple[list[int], list[int]]],
-    epochs: float = 2.0,
-    batch_size: int = 16,
-    lr: float = 5e-6,
-    weight_decay: float = 0.01,
-    grad_clip: float = 1.0,
-    micro_batch_tokens: int = 8192,
-    chunk_size: int = 1024,
-    warmup: int = 5,
-    seed: int = 0,
-    log=None,
-    show_progress: bool = True,
-    desc: str = "cold start (SFT)",
-    world_size: int = 1,
-    rank: int = 0,
-) -> list[float]:
-    """Fine-tune `model` in place on (ids, mask) examples; return the loss of every step.
-
-    Under FSDP (world_size > 1, `model` sharded by fsdp.shard) every rank draws the same batches and trains on
-    its share of each (examples rank, rank + world_size, ...); each adds masked sum / N_tok of the WHOLE batch,
-    and FSDP sums the gradients over the ranks, so a step is the same token mean as on one process."""
+def train(model, examples: list[tuple[list[int], list[int]]], epochs: float = 2.0, batch_size: int = 16,
+          lr: float = 5e-6, weight_decay: float = 0.01, grad_clip: float = 1.0, micro_batch_tokens: int = 8192,
+          chunk_size: int = 1024, warmup: int = 5, seed: int = 0, log=None, show_progress: bool = True,
+          desc: str = "cold start (SFT)", world_size: int = 1, rank: int = 0) -> list[float]:
+    """Fine-tune `model` in place on (ids, mask) examples; return the loss of every step. Under FSDP (world_size > 1,
+    `model` sharded by fsdp.shard) every rank draws the same batches and trains on its share of each; each adds
+    masked sum / N_tok of the WHOLE batch and FSDP sums gradients over the ranks: one process's token mean."""
     rng = random.Random(seed)
-    steps_per_epoch = max(1, len(examples) // batch_size)
-    total = max(1, int(round(epochs * steps_per_epoch)))
+    total = max(1, int(round(epochs * max(1, len(examples) // batch_size))))  # optimizer steps
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=weight_decay)
+    # under FSDP the log-probs run as the sharded model's registered method (fsdp.shard), so its hooks fire
+    logprobs = model.token_logprobs if world_size > 1 else functools.partial(token_logprobs, model)
     model.train()
-    order: list[int] = []
-    losses = []
+    order, losses = [], []  # order: example indices still to draw in this pass
     bar = tqdm(range(total), desc=desc, disable=not show_progress or rank != 0)
     for step in bar:
         if len(order) < batch_size:  # a fresh shuffled pass over the data
@@ -155,17 +121,24 @@ def train(
         mine = idx[rank::world_size]
         rows = pack_sequences([examples[i][0] for i in mine], [examples[i][1] for i in mine], micro_batch_tokens)
         rows = even_rows(rows, world_size)  # FSDP: as many rows on every rank
+        step_lr = lr_at(step, total, lr, warmup)
         for g in opt.param_groups:
-            g["lr"] = lr_at(step, total, lr, warmup)
+            g["lr"] = step_lr
         opt.zero_grad(set_to_none=True)
-        loss = all_sum(sft_step(model, rows, max(1, n_tok), chunk_size, world_size), world_size)  # the whole batch's loss
+        loss = 0.0
+        for row in rows:  # gradients accumulate row by row: one optimizer step per batch
+            logp = logprobs(row["input_ids"], position_ids=row["position_ids"], chunk_size=chunk_size)  # (1, L)
+            row_loss = -(logp * row["mask"]).sum() / max(1, n_tok)  # this row's share of the batch's token mean
+            row_loss.backward()
+            loss += row_loss.item()
+        loss = all_sum(loss, world_size)  # the whole batch's loss, every rank's rows
         gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-        if math.isfinite(loss) and torch.isfinite(gnorm):
+        if math.isfinite(loss) and torch.isfinite(gnorm):  # a step with a non-finite loss or gradient is skipped
             opt.step()
         losses.append(loss)
         bar.set_postfix(loss=f"{loss:.3f}")
         if log is not None:
-            log({"phase": "sft", "step": step, "loss": loss, "grad_norm": float(gnorm), "lr": opt.param_groups[0]["lr"]})
+            log({"phase": "sft", "step": step, "loss": loss, "grad_norm": float(gnorm), "lr": step_lr})
     model.eval()
     return losses
 

@@ -111,7 +111,8 @@ def synthetic_episodes(n=8, seed=1, vocab=320):
         mask = [0] * 6 + [int((t // 5) % 2 == 0) for t in range(T - 6)]
         logprobs = [-1.5 * m for m in mask]
         eps.append(SimpleNamespace(ids=ids, mask=mask, logprobs=logprobs, reward=float(k % 2), turns=k,
-                                   tool_calls=["think"] * (k % 3), stop_reason=["user_stop", "max_turns"][k % 2]))
+                                   tool_calls=["think"] * (k % 3), stop_reason=["user_stop", "max_turns"][k % 2],
+                                   aborted=False))
     adv = [(-1.0) ** k * (0.25 + 0.1 * k) for k in range(n)]
     return eps, adv
 
