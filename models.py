@@ -19,10 +19,9 @@ Both are written with `save_pretrained`, so transformers and vLLM load the same 
 Symbols: V = vocabulary size, D = hidden size, L = layers, H = attention heads (64 dims each).
 
 Departures from Qwen3 (deliberate):
-1. The template is append-only: rendering messages[:k] is a prefix of rendering messages[:k+1] (except that
-   consecutive tool results share one user turn, as in Qwen3). Qwen3's own template drops the <think> block of
-   earlier assistant turns, rewriting history; ours keeps in each past turn the empty think block that the
-   non-thinking generation prompt put before it, so the rendered history is exactly what the model conditioned on.
+1. The template is append-only: rendering messages[:k] is a prefix of rendering messages[:k+1] (save that
+   consecutive tool results share one user turn, as in Qwen3). Qwen3's template drops past turns' <think> blocks,
+   rewriting history; ours keeps the empty one the non-thinking prompt put there: history renders as the model saw it.
 2. No `reasoning_content` splitting out of `content`: a message's `reasoning_content`, if given, is rendered
    inside <think>...</think>; the content is rendered as is.
 3. The tiny model is random: it only becomes a policy after SFT (sft.py). Its job is to make every code path
@@ -66,10 +65,8 @@ CHAT_TEMPLATE = (
     "{%- for tool in tools -%}{{- '\\n' + (tool | tojson) -}}{%- endfor -%}"
     "{{- " + json.dumps(TOOLS_OUTRO) + " + '<|im_end|>\\n' -}}"
     "{%- elif messages and messages[0].role == 'system' -%}"
-    "{{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' -}}"
-    "{%- endif -%}"
-    # -- one block per message
-    "{%- for m in messages -%}"
+    "{{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' -}}{%- endif -%}"
+    "{%- for m in messages -%}"  # -- one block per message
     "{%- set content = (m.content if m.content is string else (m.content | tojson))"
     " if m.content is not none else '' -%}"
     "{%- if m.role == 'system' and loop.first -%}"  # already written above
@@ -78,25 +75,20 @@ CHAT_TEMPLATE = (
     "{%- elif m.role == 'assistant' -%}{{- '<|im_start|>assistant\\n' -}}"
     "{%- if m.reasoning_content -%}{{- '<think>\\n' + m.reasoning_content + '\\n</think>\\n\\n' -}}"
     "{%- elif no_think -%}{{- '<think>\\n\\n</think>\\n\\n' -}}{%- endif -%}"
-    "{{- content -}}"
-    "{%- for tc in (m.tool_calls or []) -%}"
+    "{{- content -}}{%- for tc in (m.tool_calls or []) -%}"
     "{%- set f = tc.function if tc.function is defined else tc -%}"
     "{%- if content or not loop.first -%}{{- '\\n' -}}{%- endif -%}"
     "{{- '<tool_call>\\n{\"name\": \"' + f.name + '\", \"arguments\": ' -}}"
     "{%- if f.arguments is string -%}{{- f.arguments -}}{%- else -%}{{- f.arguments | tojson -}}{%- endif -%}"
-    "{{- '}\\n</tool_call>' -}}{%- endfor -%}"
-    "{{- '<|im_end|>\\n' -}}"
-    "{%- elif m.role == 'tool' -%}"
-    # consecutive tool results share one user turn (Qwen3's grouping)
+    "{{- '}\\n</tool_call>' -}}{%- endfor -%}{{- '<|im_end|>\\n' -}}"
+    "{%- elif m.role == 'tool' -%}"  # consecutive tool results share one user turn (Qwen3's grouping)
     "{%- if loop.first or messages[loop.index0 - 1].role != 'tool' -%}{{- '<|im_start|>user' -}}{%- endif -%}"
     "{{- '\\n<tool_response>\\n' + content + '\\n</tool_response>' -}}"
     "{%- if loop.last or messages[loop.index0 + 1].role != 'tool' -%}{{- '<|im_end|>\\n' -}}{%- endif -%}"
-    "{%- endif -%}"
-    "{%- endfor -%}"
+    "{%- endif -%}{%- endfor -%}"
     # -- the generation prompt; non-thinking mode pre-fills an empty reasoning block, like Qwen3
     "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}"
-    "{%- if no_think -%}{{- '<think>\\n\\n</think>\\n\\n' -}}{%- endif -%}"
-    "{%- endif -%}"
+    "{%- if no_think -%}{{- '<think>\\n\\n</think>\\n\\n' -}}{%- endif -%}{%- endif -%}"
 )
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -136,8 +128,7 @@ def default_corpus(seed: int = 0, n_snippets: int = 400) -> list[str]:
     texts = _POLICY_LINES + [TOOLS_INTRO, TOOLS_OUTRO] + [json.dumps(function_schema(fn)) for fn in GENERIC_TOOLS]
     for _ in range(n_snippets):
         first, last = rng.choice(_FIRST), rng.choice(_LAST)
-        user_id = f"{first}_{last}_{rng.randint(100, 9999)}"
-        order_id = f"#W{rng.randint(1000000, 9999999)}"
+        user_id, order_id = f"{first}_{last}_{rng.randint(100, 9999)}", f"#W{rng.randint(1000000, 9999999)}"
         item = {"name": rng.choice(_ITEMS), "item_id": str(rng.randint(10**9, 10**10 - 1)),
                 "price": round(rng.uniform(5, 900), 2), "options": {"color": rng.choice(["red", "blue", "black"])}}
         order = {"order_id": order_id, "user_id": user_id, "status": rng.choice(["pending", "delivered", "cancelled"]),
@@ -155,8 +146,7 @@ def default_corpus(seed: int = 0, n_snippets: int = 400) -> list[str]:
 def train_tokenizer(texts: list[str], vocab_size: int, split_digits: bool = False):
     """Byte-level BPE trained on `texts`, wrapped as a transformers tokenizer with Qwen3's markers and template.
 
-    Byte-level means every string round-trips (no unknown token). The special tokens get the first ids; the tag
-    tokens are added after training, so none of them is ever split by the BPE.
+    Byte-level means every string round-trips (no unknown token). Markers and tags are single ids, never split.
     split_digits: every digit is its own token (as in Qwen's tokenizer), so an id the model has never seen is
     copied digit by digit instead of as BPE chunks that only the training ids were merged into."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -244,9 +234,7 @@ def freeze(model):
 def load_reference(name_or_path: str | None = None, dtype="float32", device="cpu", model=None):
     """The frozen reference policy: loaded from `name_or_path`, or a deep copy of an in-memory `model`
     (e.g. the policy right after SFT, before any RL step)."""
-    if model is not None:
-        return freeze(copy.deepcopy(model))
-    return freeze(_from_pretrained(name_or_path, dtype, device))
+    return freeze(copy.deepcopy(model) if model is not None else _from_pretrained(name_or_path, dtype, device))
 
 
 if __name__ == "__main__":
@@ -267,6 +255,5 @@ if __name__ == "__main__":
                                    add_generation_prompt=True, enable_thinking=False)
     print(text)
     print(f"{len(text)} characters -> {len(tok.encode(text, add_special_tokens=False))} tokens")
-    policy, _ = load_policy(d)
-    ref = load_reference(d)
-    print("reference frozen:", not any(p.requires_grad for p in ref.parameters()))
+    policy, _ = load_policy(d)  # the directory loads back like a hub model
+    print("reference frozen:", not any(p.requires_grad for p in load_reference(model=policy).parameters()))

@@ -1,6 +1,4 @@
-"""Tools, as the policy sees them: JSON schemas derived from Python functions, and tool calls parsed from text.
-
-Two halves of one contract with the model:
+"""Tools, as the policy sees them: two halves of one contract with the model.
 
 1. Out: `function_schema(fn)` turns a tool's Python signature and Google-style docstring into the OpenAI
    function schema that chat templates (Qwen3's included) render into the system prompt. The schema is never
@@ -17,7 +15,7 @@ Two halves of one contract with the model:
 It also holds the three generic tools every domain offers: `think`, `calculate`, `transfer_to_human_agents`
 (tau2 ships the last two in retail and airline; MUA-RL tracks how often all three are called).
 
-Departures: none from the paper. `think` is not a tau2 tool; it changes nothing and returns a fixed string.
+Departures: none from the paper. `think` is not a tau2 tool (it changes nothing; see its docstring).
 """
 
 from __future__ import annotations
@@ -26,9 +24,8 @@ import inspect
 import json
 import re
 import types
-import typing
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal, get_args, get_origin, get_type_hints
+from typing import Any, Callable, List, Literal, Union, get_args, get_origin, get_type_hints, is_typeddict
 
 # ---------------------------------------------------------------------------------------------------------------
 # 1. Schemas from signatures
@@ -46,8 +43,7 @@ def parse_docstring(doc: str | None) -> tuple[str, dict[str, str]]:
         stripped = line.strip()
         if header := HEADER.fullmatch(stripped):
             section, current = header.group(1), None
-            continue
-        if section is None:
+        elif section is None:
             desc.append(line)
         elif section in ("Args", "Arguments", "Parameters", "Attributes"):
             m = re.match(r"^\s{0,4}(\w+)\s*(\([^)]*\))?:\s*(.*)$", line)
@@ -74,14 +70,14 @@ def type_schema(tp: Any) -> dict:
         return {}
     if origin is Literal:
         return {"type": "string" if all(isinstance(a, str) for a in args) else "number", "enum": list(args)}
-    if origin in (list, tuple, typing.List):
+    if origin in (list, tuple, List):
         return {"type": "array", "items": type_schema(args[0]) if args else {}}
-    if origin in (typing.Union, types.UnionType):  # Optional[X] is Union[X, None]
+    if origin in (Union, types.UnionType):  # Optional[X] is Union[X, None]
         rest = [a for a in args if a is not type(None)]
         return type_schema(rest[0]) if len(rest) == 1 else {"anyOf": [type_schema(a) for a in rest]}
     if tp is dict or origin is dict:
         return {"type": "object"}
-    if typing.is_typeddict(tp):
+    if is_typeddict(tp):
         hints, (_, docs) = get_type_hints(tp), parse_docstring(tp.__doc__)
         props = {k: _with_doc(type_schema(v), docs.get(k)) for k, v in hints.items()}
         return {"type": "object", "properties": props, "required": [k for k in hints if k in tp.__required_keys__]}
@@ -157,43 +153,39 @@ class ParsedTurn:
     errors: list[str] = field(default_factory=list)  # one message per malformed block, in order
 
 
-def _parse_one(body: str, known: set[str] | None) -> tuple[dict | None, str | None]:
+def _parse_one(body: str, known: set[str] | None) -> dict | str:  # the call, or what is wrong with it
     try:
         obj = json.loads(body)
     except json.JSONDecodeError as e:
-        return None, f"the tool call is not valid JSON ({e.msg} at position {e.pos})"
+        return f"the tool call is not valid JSON ({e.msg} at position {e.pos})"
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
-        return None, 'a tool call must be a JSON object with a string "name" and an object "arguments"'
+        return 'a tool call must be a JSON object with a string "name" and an object "arguments"'
     args = obj.get("arguments", {})
     if isinstance(args, str):  # some models put the arguments in a JSON string; accept it when it parses
         try:
             args = json.loads(args)
         except json.JSONDecodeError:
-            return None, f'the "arguments" of {obj["name"]} are a string that is not JSON'
+            return f'the "arguments" of {obj["name"]} are a string that is not JSON'
     if not isinstance(args, dict):
-        return None, f'the "arguments" of {obj["name"]} must be a JSON object'
+        return f'the "arguments" of {obj["name"]} must be a JSON object'
     if known is not None and obj["name"] not in known:
-        return None, f"unknown tool {obj['name']!r}; available: {', '.join(sorted(known))}"
-    return {"name": obj["name"], "arguments": args}, None
+        return f"unknown tool {obj['name']!r}; available: {', '.join(sorted(known))}"
+    return {"name": obj["name"], "arguments": args}
 
 
 def parse_tool_calls(text: str, known_tools: set[str] | None = None) -> ParsedTurn:
     """Split a sampled assistant turn into its text and its tool calls.
 
-    Every <tool_call>...</tool_call> block is parsed on its own; a block with bad JSON, a missing name, arguments
-    that are not an object, or (when `known_tools` is given) an unknown tool name yields an error message instead
-    of a call. An opening tag with no closing tag is an error too (the turn was cut off mid-call)."""
+    Each <tool_call> block is parsed on its own: bad JSON, a missing name, arguments that are not an object, an
+    unknown tool (if `known_tools` is given) or no closing tag (a turn cut off mid-call) gives an error, not a call."""
     calls, errors, content, pos = [], [], [], 0
     while (i := text.find(CALL_OPEN, pos)) >= 0:
         content.append(text[pos:i])
         if (j := text.find(CALL_CLOSE, i)) < 0:
             errors.append("a <tool_call> block was opened but never closed")
             break
-        call, err = _parse_one(text[i + len(CALL_OPEN) : j].strip(), known_tools)
-        if call is not None:
-            calls.append(call)
-        else:
-            errors.append(err)
+        call = _parse_one(text[i + len(CALL_OPEN) : j].strip(), known_tools)
+        (calls if isinstance(call, dict) else errors).append(call)
         pos = j + len(CALL_CLOSE)
     else:  # no more calls: the rest is text (a cut-off call broke out above, and its text is dropped)
         content.append(text[pos:])

@@ -1,17 +1,16 @@
 """The simulated user: the customer on the other side of every MUA-RL rollout.
 
 MUA-RL's central idea (Zhao et al. 2025, section "Method") is to put a *user* inside the RL loop: while the policy
-learns to call tools, a frozen LLM plays a customer who knows the task's hidden instructions and reveals them
-only as the conversation asks for them. The reward still comes from the database, but the agent now has to
-earn the information it needs by asking. This file is that customer: `LLMUser`, played by any OpenAI-compatible
-chat endpoint (a hosted model or a local vLLM server); `ScriptedUser`, a deterministic customer for generated
-tasks, so the whole pipeline runs with no LLM; `make_user`, which builds either from arguments or the environment.
+learns to call tools, a frozen LLM plays a customer who knows the task's hidden instructions and reveals them only
+as the conversation asks. The reward still comes from the database, but the agent must earn its information by
+asking. This file is that customer: `LLMUser`, played by any OpenAI-compatible chat endpoint (hosted, or a local
+vLLM server); `ScriptedUser`, a deterministic customer for generated tasks, so the pipeline runs with no LLM; and
+`make_user`, which builds either from arguments or the environment.
 
-Two views of one conversation. rollout.py keeps the *agent's* conversation: its own turns are "assistant", the
-customer's are "user". To the customer model, *its* turns are "assistant" and the agent's are "user", so every
-request is rebuilt from the agent-side text with the roles swapped, under a system prompt that carries the hidden
-instructions. Tool calls and results never reach the customer: a real one cannot see the company's systems, and
-letting the simulator read them would leak database facts into its answers.
+Two views of one conversation. rollout.py keeps the *agent's* view: its own turns are "assistant", the customer's
+"user". The customer model needs the reverse, so every request is rebuilt from the agent-side text with the roles
+swapped, under a system prompt carrying the hidden instructions. Tool calls and results never reach the customer:
+a real one cannot see the company's systems, and reading them would leak database facts into its answers.
 
 The first message is fixed per task. The paper starts all G rollouts of a task from the same opening message, so
 the group's reward differences come from the agent, not from a different first request: `first_message` asks
@@ -25,8 +24,7 @@ Departures from the paper / tau2-bench:
 1. The system prompt is written for this project (same rules as tau2's simulation guidelines, own wording);
    the paper used GPT-4o-2024-11-20 at temperature 0 with the MUA-RL authors' prompt.
 2. The opening is generated from a fixed agent greeting (GREETING) rather than from tau2's exact first turn.
-3. A reply wrapped in `<think>...</think>` (a reasoning model served without a reasoning parser) has that
-   block removed; tau2 does not do this.
+3. A reply's leading `<think>...</think>` block (a reasoning model served without a reasoning parser) is removed.
 4. Consecutive messages of the same role are merged into one, so the request always alternates user/assistant
    (some chat templates refuse anything else); an agent turn with no text becomes NO_REPLY for the same reason.
 """
@@ -46,14 +44,11 @@ from urllib.parse import urlparse
 from domains import script_for
 
 STOP, TRANSFER, OUT_OF_SCOPE = "###STOP###", "###TRANSFER###", "###OUT-OF-SCOPE###"
-MARKERS = (STOP, TRANSFER, OUT_OF_SCOPE)
 
-# What the simulated customer "hears" before its first message: the agent's greeting. The rollout's agent does
-# not actually say this (its conversation begins with the customer's message), but a chat model answers better
-# when it has something to answer, and the same greeting for every task keeps the opening reproducible.
+# What the customer "hears" before its first message. The agent never says it (its conversation starts with the
+# customer's), but a chat model answers better when it has something to answer; one greeting keeps it reproducible.
 GREETING = "Hi! How can I help you today?"
-# What the customer "hears" when the agent ends a turn without saying anything (see simulator_messages).
-NO_REPLY = "(the agent sent an empty message)"
+NO_REPLY = "(the agent sent an empty message)"  # what it "hears" after an agent turn with no text (see below)
 
 
 class UserError(Exception):
@@ -62,7 +57,7 @@ class UserError(Exception):
 
 def is_terminal(text: str | None) -> str | None:
     """The end marker a user message carries (the earliest, if it somehow carries several), or None."""
-    found = [(text.find(m), m) for m in MARKERS if m in text] if isinstance(text, str) else []
+    found = [(text.find(m), m) for m in (STOP, TRANSFER, OUT_OF_SCOPE) if m in text] if isinstance(text, str) else []
     return min(found)[1] if found else None
 
 
@@ -108,8 +103,7 @@ def simulator_messages(instructions: str, history: list[dict]) -> list[dict]:
     """Agent-side text conversation -> the simulator's API messages (system prompt + roles swapped).
 
     history: [{"role": "user" | "assistant", "content": str}, ...] as the agent saw it (user = customer).
-    Returns [{"role": "system"}, {"role": "user", GREETING}, {"role": "assistant", <customer's 1st msg>},
-             {"role": "user", <agent's reply>}, ...]: the customer model speaks as "assistant"."""
+    Returns [system, user: GREETING, assistant: <customer's 1st msg>, user: <agent's reply>, ...]."""
     swap = {"user": "assistant", "assistant": "user"}
     msgs: list[dict] = []
     for m in history:
@@ -126,9 +120,8 @@ def simulator_messages(instructions: str, history: list[dict]) -> list[dict]:
     if not msgs or msgs[0]["role"] != "user":  # the customer's opening answered the greeting; say the greeting
         msgs.insert(0, {"role": "user", "content": GREETING})
     if msgs[-1]["role"] == "assistant":
-        # The agent's last turn had no text (only a tool call, or nothing at all) and rollout.py handed control
-        # to the customer anyway. Say so rather than refuse: a real customer would nudge the agent, and
-        # aborting here would hide exactly the degenerate turns RL should learn to avoid.
+        # The agent's last turn had no text (a bare tool call, or nothing), yet rollout.py handed over. Say so, not
+        # refuse: a real customer would nudge, and aborting would hide the very turns RL should learn to avoid.
         msgs.append({"role": "user", "content": NO_REPLY})
     return [{"role": "system", "content": system_prompt(instructions)}] + msgs
 
@@ -164,9 +157,8 @@ class LLMUser:
         import openai  # imported here so ScriptedUser runs without the package
 
         self._openai = openai
-        self.model, self.base_url, self.temperature, self.seed = model, base_url, temperature, seed
-        self.max_tokens, self.max_retries, self.backoff = max_tokens, max_retries, backoff
-        self.max_workers = max_workers
+        self.model, self.base_url, self.temperature, self.max_tokens = model, base_url, temperature, max_tokens
+        self.seed, self.max_retries, self.backoff, self.max_workers = seed, max_retries, backoff, max_workers
         # max_retries=0: the client must not retry on its own, or our attempt counts and backoff would be a lie.
         self.client = client or openai.OpenAI(base_url=base_url, api_key=api_key, timeout=timeout, max_retries=0)
         self._first: dict[str, str] = {}  # task id -> the cached opening message
@@ -183,7 +175,7 @@ class LLMUser:
         kwargs = dict(model=self.model, messages=messages, temperature=self.temperature, max_tokens=self.max_tokens)
         if self.seed is not None:
             kwargs["seed"] = self.seed
-        oa, last = self._openai, None
+        oa, last, who = self._openai, None, f"user simulator {self.model!r} at {self.base_url}"
         for attempt in range(self.max_retries + 1):
             if attempt:  # exponential backoff; the jitter keeps 16 threads from retrying in lockstep
                 self._count("retries")
@@ -197,15 +189,13 @@ class LLMUser:
                 last = f"HTTP {e.status_code}: {e}"
                 if e.status_code not in (408, 429) and e.status_code < 500:  # 400/401/404...: asking again cannot help
                     self._count("failures")
-                    raise UserError(f"user simulator {self.model!r} at {self.base_url}: HTTP {e.status_code} "
-                                    f"(not retried): {e}") from e
+                    raise UserError(f"{who}: HTTP {e.status_code} (not retried): {e}") from e
             except oa.APIConnectionError as e:  # includes APITimeoutError
                 last = f"{type(e).__name__}: {e}"
             except (oa.APIResponseValidationError, json.JSONDecodeError) as e:  # a body that is not valid JSON
                 last = f"garbage reply: {type(e).__name__}: {e}"
         self._count("failures")
-        raise UserError(f"user simulator {self.model!r} at {self.base_url} failed after "
-                        f"{self.max_retries + 1} attempts; last error: {last}")
+        raise UserError(f"{who} failed after {self.max_retries + 1} attempts; last error: {last}")
 
     def first_message(self, task) -> str:
         """The customer's opening for this task: generated once, then shared by every rollout of the task."""
@@ -231,10 +221,8 @@ def _fan_out(fn, requests: list[tuple], max_workers: int) -> list:
     def one(req):
         try:
             return fn(*req)
-        except UserError as e:
-            return e
         except Exception as e:  # "never raises": a bug in one request must not take down the whole batch
-            return UserError(f"{type(e).__name__}: {e}")
+            return e if isinstance(e, UserError) else UserError(f"{type(e).__name__}: {e}")
 
     with ThreadPoolExecutor(max_workers=max(1, min(max_workers, len(requests)))) as pool:
         return list(pool.map(one, requests))  # map yields in submission order
@@ -290,18 +278,15 @@ def make_user(kind: str, **kw):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Demo: a short exchange against OpenAI (if OPENAI_API_KEY is set) or a canned stand-in for the openai client,
-# then what the simulator was actually sent.
+# Demo: a short exchange with OpenAI (if OPENAI_API_KEY is set) or a canned client; then what the simulator was sent
 
 if __name__ == "__main__":
     from types import SimpleNamespace
 
-    task = SimpleNamespace(id="demo/0", spec=None, instructions="Reason for call:\nYour order #W1234567 arrived and "
-                           "you want to return the desk lamp, refunded to the gift card you paid with.\n\nKnown info:"
-                           "\nYou are Ana Lopez, zip code 10001.\n\nUnknown info:\nYou do not remember your email.")
-    agent_turns = ["Sure, I can help with that. Could you tell me your name and zip code?",
-                   "Thanks Ana. I see order #W1234567 with a desk lamp. Refund to the original gift card, correct?",
-                   "Done: the return is requested and the refund will go to your gift card."]
+    task = SimpleNamespace(id="demo/0", spec=None, instructions="Reason for call:\nReturn the desk lamp from order "
+                           "#W1234567, refund to your gift card.\n\nKnown info:\nYou are Ana Lopez, zip code 10001.")
+    agent_turns = ["Sure. Your name and zip code, please?", "Thanks Ana. Order #W1234567, the desk lamp, refunded to "
+                   "the gift card: correct?", "Done: the return is requested, the refund goes to your gift card."]
     if os.environ.get("OPENAI_API_KEY"):
         user = make_user("llm", model=os.environ.get("MUARL_USER_MODEL", "gpt-4o-mini"))
     else:  # client.chat.completions.create() answering by turn number: what a real model would say, no network
