@@ -120,19 +120,14 @@ TINY = dict(
 def parse_config(argv: list[str] | None = None) -> Config:
     p = argparse.ArgumentParser(description="MUA-RL: GRPO with a simulated user in the loop", allow_abbrev=False)
     for f in dataclasses.fields(Config):
-        kind = type(f.default)
-        if kind is bool:
-            # `--resume` alone means true; `--resume false` / `--resume true` say it explicitly
-            p.add_argument(f"--{f.name}", type=_bool, nargs="?", const=True, default=None, metavar="BOOL",
-                           help=f.metadata["help"])
-        else:
-            p.add_argument(f"--{f.name}", type=kind, default=None, help=f.metadata["help"])
+        # a bool flag alone means true (`--resume`); `--resume false` / `--resume true` say it explicitly
+        extra = dict(type=_bool, nargs="?", const=True, metavar="BOOL") if type(f.default) is bool else \
+            dict(type=type(f.default))
+        p.add_argument(f"--{f.name}", default=None, help=f.metadata["help"], **extra)
     # Flags default to None, so "not given" can be told from "given the default value": the tiny preset fills only
     # what the command line left out.
     given = {k: v for k, v in vars(p.parse_args(argv)).items() if v is not None}
-    base = Config()
-    if given.get("model", base.model) == "tiny":
-        base = dataclasses.replace(base, **TINY)
+    base = dataclasses.replace(Config(), **TINY) if given.get("model", Config.model) == "tiny" else Config()
     return dataclasses.replace(base, **given)
 
 
@@ -190,8 +185,7 @@ if __name__ == "__main__":
     import sys
 
     try:
-        cfg = parse_config()
-        validate(cfg)
+        validate(cfg := parse_config())
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         sys.exit(2)
