@@ -1,12 +1,11 @@
 """GRPO, the update half of MUA-RL: group advantages, per-token log-probs, clipped surrogate + k3 KL, packing.
 
-Each training step, every task is rolled out G times; the G binary rewards become advantages by comparing each
-rollout to its own group (no value network). Each trained token of rollout i then carries A_i, and the policy is
-pushed through a PPO-style clipped ratio, with a KL penalty towards the frozen cold-start policy inside the loss
-(not the reward). The paper (arXiv:2508.18669, "GRPO as the authors ran it") gives every number used here.
+Every task is rolled out G times; its G binary rewards become advantages against their own group (no value network).
+Each trained token of rollout i carries A_i through a PPO-style clipped ratio, with a KL penalty towards the frozen
+cold-start policy in the loss, not the reward. Every number: arXiv:2508.18669, "GRPO as the authors ran it".
 
-Symbols: G = group size (rollouts per task), N = number of trajectories (tasks * G), B = rows in a batch,
-T = tokens per row, H = hidden size, V = vocabulary size. Sections, in the order a step uses them:
+Symbols: G = group size (rollouts per task), N = trajectories (tasks * G), B = rows in a batch, T = tokens per row,
+H = hidden size, V = vocabulary size. Sections, in the order a step uses them:
   1. group_advantages: rewards (N,) -> A (N,); ADVANTAGES, the table of estimators; token_advantages
   2. pack_sequences: episodes end to end in rows, no padding (pad_sequences, padded, kept for comparison)
   3. token_logprobs: model + rows -> log p of every given token (B, T), without ever holding (B, T, V)
@@ -15,10 +14,9 @@ T = tokens per row, H = hidden size, V = vocabulary size. Sections, in the order
 Departures from the paper / from verl, on purpose:
   1. Log-prob alignment: position t holds log p(ids[t] | ids[<t]), in line with the token ids and the loss
      mask; position 0 (no predecessor) holds 0, and loses nothing: it is the system prompt, never trained.
-  2. `grpo_loss` accepts advantages per row (B,) or per token (B, T); packed rows need the latter because
-     one row holds episodes with different advantages.
-  3. `num_tokens` lets micro-batches divide by the token count of the whole step, so a step's gradient is
-     the same however it is split (a plain per-micro-batch mean would weight short micro-batches more).
+  2. `grpo_loss` takes advantages per row (B,) or per token (B, T): a packed row holds several episodes.
+  3. `num_tokens` lets micro-batches divide by the whole step's token count, so the gradient is the same however
+     the step is split (a plain per-micro-batch mean would weight short micro-batches more).
   4. Entropy is measured (detached) for logging only: the paper uses no entropy bonus.
 """
 
@@ -34,10 +32,8 @@ from torch.utils.checkpoint import checkpoint
 
 def group_advantages(rewards, group_size: int, scale_by_std: bool = True, eps: float = 1e-6) -> torch.Tensor:
     """A_i = (r_i - mean(group)) / (std(group) + eps); rewards arrive group by group (G consecutive per task).
-
-    The group mean is GRPO's baseline: a rollout is good only relative to its siblings on the same task.
-    A group where every rollout scored the same (all 0 or all 1) gets A = 0 everywhere: it teaches nothing.
-    std is the unbiased one (divide by G - 1), torch.std's default, as in verl."""
+    The group mean is GRPO's baseline: a rollout is good only relative to its siblings on the same task; a group
+    that all scored the same gets A = 0: it teaches nothing. std is the unbiased one (G - 1), as in verl."""
     r = torch.as_tensor(rewards, dtype=torch.float32).flatten()  # (N,)
     if group_size < 2:
         raise ValueError(f"group_size must be >= 2 to have a baseline, got {group_size}")
@@ -50,8 +46,7 @@ def group_advantages(rewards, group_size: int, scale_by_std: bool = True, eps: f
     return adv.flatten()  # (N,)
 
 
-# The advantage estimators a run can choose (--advantage): rewards (N,) in groups of G -> A (N,). Add a row to
-# try another one; muarl.py looks it up by name and nothing else changes.
+# The estimators --advantage picks from: rewards (N,) in groups of G -> A (N,). To try another one, add a row.
 ADVANTAGES = {
     "grpo": lambda r, G: group_advantages(r, G, scale_by_std=True),  # (r - mean) / (std + eps): GRPO, the paper's
     "no_std": lambda r, G: group_advantages(r, G, scale_by_std=False),  # r - mean: Dr. GRPO, no per-task scaling
@@ -74,13 +69,12 @@ def token_advantages(adv: float, spans: list[dict], n_tokens: int, turn_bonus: f
 # ---------------------------------------------------------------------------------------------------------------
 # 2. Rows for the update: packed (no padding) and padded
 #
-# Episodes have very different lengths (a short refusal, a 30-turn exchange). Padding a micro-batch to its
-# longest episode spends compute on pad tokens; packing lays episodes end to end in one row, position_ids
-# restarting at 0 for each, so every token computed is a real one. Attention stays inside each episode because
-# transformers (5.x) turns position_ids that restart at 0 into a block-diagonal causal mask
-# (masking_utils.find_packed_sequence_indices), but ONLY when attention_mask is None and there is no KV cache.
-# Models default to use_cache=True and build an (empty) cache, which silently lets episodes attend to each
-# other, so token_logprobs always passes use_cache=False (tests/test_grpo.py: packed == one at a time).
+# Padding a micro-batch to its longest episode (a 30-turn exchange next to a short refusal) spends compute on pad
+# tokens; packing lays episodes end to end in one row, position_ids restarting at 0 for each. transformers (5.x)
+# turns such position_ids into a block-diagonal causal mask (masking_utils.find_packed_sequence_indices), so
+# attention stays inside each episode, but ONLY when attention_mask is None and there is no KV cache: models default
+# to use_cache=True, whose (empty) cache silently lets episodes attend to each other, so token_logprobs passes
+# use_cache=False (tests/test_grpo.py: packed == one at a time).
 
 
 def _as_row(seq_ids, seqs, masks, extras, length, pad_id=0):
@@ -88,7 +82,6 @@ def _as_row(seq_ids, seqs, masks, extras, length, pad_id=0):
     pad = length - sum(len(seqs[k]) for k in seq_ids)
 
     def column(entries, padding, dtype=torch.long):  # (1, length): one entry per episode, end to end, then padding
-        # an entry is a per-token sequence, or one number that holds for the whole episode (e.g. its advantage)
         vals = [x for k in seq_ids for x in (entries[k] if hasattr(entries[k], "__iter__")
                                              else [float(entries[k])] * len(seqs[k]))]
         return torch.tensor(vals + list(padding), dtype=dtype).view(1, -1)
@@ -102,14 +95,11 @@ def _as_row(seq_ids, seqs, masks, extras, length, pad_id=0):
 
 
 def pack_sequences(seqs: list[list[int]], masks: list[list[int]], max_tokens: int, **extras) -> list[dict]:
-    """Pack episodes into rows of at most `max_tokens` tokens (first-fit decreasing), one dict per row.
-
-    seqs[k], masks[k]: token ids and loss mask of episode k (same length; the mask comes from the rollout).
-    extras: name -> one entry per episode, a number (e.g. its advantage, repeated over its tokens) or a per-token
-    list (e.g. sampling log-probs). A row holds (1, L) tensors: input_ids, position_ids, mask, seq_id, extras.
-    An episode longer than max_tokens gets a row of its own (its later tokens attend to all earlier ones).
-    Choosing max_tokens: with sdpa/eager attention a row of L tokens costs L^2 attention scores, most masked away
-    between episodes, so keep rows near a long-ish episode's length (bench/bench_packing.py measures it)."""
+    """Pack episodes into rows of at most `max_tokens` tokens (first-fit decreasing), one dict of (1, L) tensors
+    per row: input_ids, position_ids, mask, seq_id, extras. seqs[k], masks[k]: ids and loss mask of episode k;
+    extras: name -> per episode a number (e.g. its advantage) or a per-token list (e.g. sampling log-probs). An
+    episode longer than max_tokens gets a row of its own. A row of L tokens costs L^2 attention scores (sdpa/eager),
+    most masked away: keep max_tokens near a long-ish episode's length (bench/bench_packing.py measures it)."""
     for k, (s, m) in enumerate(zip(seqs, masks)):
         if len(s) != len(m):
             raise ValueError(f"episode {k}: {len(s)} tokens but {len(m)} mask entries")
@@ -124,11 +114,9 @@ def pack_sequences(seqs: list[list[int]], masks: list[list[int]], max_tokens: in
     return [_as_row(r, seqs, masks, extras, sum(len(seqs[k]) for k in r)) for r in rows]
 
 
-def pad_sequences(seqs: list[list[int]], masks: list[list[int]], batch_size: int, pad_id: int = 0,
-                  **extras) -> list[dict]:
-    """The usual alternative: micro-batches of `batch_size` episodes (in order), right-padded to the longest: dicts
-    of (b, L) tensors input_ids, attention_mask (1 = real token), mask (0 on padding, built here, not inferred
-    from pad_id), seq_id, extras; no position_ids (positions count from 0 in every row)."""
+def pad_sequences(seqs: list[list[int]], masks: list[list[int]], batch_size: int, pad_id=0, **extras) -> list[dict]:
+    """The usual alternative: micro-batches of `batch_size` episodes (in order), right-padded to the longest: dicts of
+    (b, L) input_ids, attention_mask (1 = real token), mask (0 on padding, built, not inferred from pad_id), seq_id."""
     out = []
     for start in range(0, len(seqs), batch_size):
         idx = range(start, min(start + batch_size, len(seqs)))
@@ -142,12 +130,11 @@ def pad_sequences(seqs: list[list[int]], masks: list[list[int]], batch_size: int
 # ---------------------------------------------------------------------------------------------------------------
 # 3. Per-token log-probs without the (B, T, V) tensor
 #
-# For Qwen3 (V = 151,936) at T = 32,768 a float32 log-softmax over the vocabulary is 20 GB per row, most of
-# the step's memory, although only one number per token is kept. So: run the transformer body once to get
-# hidden states (B, T, H), then apply lm_head + log_softmax to chunk_size tokens at a time. Forward holds one
-# chunk's (chunk_size, V) logits at a time; backward too, as torch.utils.checkpoint recomputes each chunk's
-# logits from its hidden states (one extra lm_head matmul per chunk), plus the lm_head weight gradient (V, H)
-# that any method needs. Not bounded here: the body's own activations (B, T, H) per layer, as in any forward.
+# For Qwen3 (V = 151,936) at T = 32,768 a float32 log-softmax over the vocabulary is 20 GB per row, to keep one
+# number per token. So: run the transformer body once for hidden states (B, T, H), then lm_head + log_softmax on
+# chunk_size tokens at a time. Forward and backward hold one chunk's (chunk_size, V) logits at a time (backward
+# recomputes them with torch.utils.checkpoint: one extra lm_head matmul per chunk), plus the (V, H) lm_head
+# gradient any method needs. Not bounded here: the body's own activations, (B, T, H) per layer.
 
 
 def _chunk_logprobs(head, h, targets, temperature: float, want_entropy: bool):
@@ -164,12 +151,10 @@ def _chunk_logprobs(head, h, targets, temperature: float, want_entropy: bool):
 
 def token_logprobs(model, input_ids, attention_mask=None, position_ids=None, chunk_size: int = 1024,
                    temperature: float = 1.0, return_entropy: bool = False):
-    """(B, T) log-probs: out[:, t] = log p(input_ids[:, t] | input_ids[:, :t]); out[:, 0] = 0.
-
-    For Hugging Face causal LMs whose logits are lm_head(final hidden state) (Qwen3, Llama, ...): the body is
-    model.get_decoder(), the head model.get_output_embeddings(). With position_ids (packed rows, section 2),
-    each episode's first token (position 0) has no predecessor either, so it gets 0 too (entropy 0 there).
-    chunk_size counts tokens (rows flattened), so memory does not grow with B. return_entropy: (logp, entropy)."""
+    """(B, T) log-probs: out[:, t] = log p(input_ids[:, t] | input_ids[:, :t]); out[:, 0] = 0. For Hugging Face
+    causal LMs with logits = lm_head(final hidden state) (Qwen3, Llama, ...): body = model.get_decoder(), head =
+    model.get_output_embeddings(). With position_ids (packed rows) each episode's first token gets 0 too (logp,
+    entropy). chunk_size counts tokens (rows flattened): memory does not grow with B. return_entropy: (logp, ent)."""
     body, head = model.get_decoder(), model.get_output_embeddings()
     B, T = input_ids.shape
     if T < 2:
@@ -201,18 +186,16 @@ def token_logprobs(model, input_ids, attention_mask=None, position_ids=None, chu
 #   J        = (1 / N_tok) * sum_bt m_bt * ( surr_bt - beta * kl_bt )                 token mean
 #   loss     = -J
 #
-# Why these pieces: the min makes the update pessimistic (a ratio already past the clip on the side that
-# helps the objective gets no gradient); the paper updates once per batch, so ratio == 1 and the clip never
-# bites, and the surrogate's gradient is exactly REINFORCE with the group mean as baseline. k3 is an unbiased,
-# always non-negative estimate of KL(pi || pi_ref) from samples of pi; its gradient 1 - exp(ref - logp) is zero
-# when the policy equals the reference. N_tok is the number of trained tokens (of the whole step, if given).
+# Why: the min makes the update pessimistic (a ratio already past the clip on the side that helps gets no gradient);
+# the paper updates once per batch, so ratio == 1, the clip never bites, and the gradient is exactly REINFORCE with
+# the group mean as baseline. k3 is an unbiased, non-negative estimate of KL(pi || pi_ref) from samples of pi; its
+# gradient 1 - exp(ref - logp) is zero when pi == pi_ref. N_tok = trained tokens (of the whole step, if given).
 
 
 def grpo_loss(logp, old_logp, ref_logp, advantages, mask, clip_low: float = 0.2, clip_high: float = 0.2,
               kl_coef: float = 0.001, num_tokens=None, entropy=None):
-    """Clipped-surrogate GRPO loss with k3 KL, token mean over mask. Returns (loss, stats of plain floats).
-    logp (grad), old_logp (sampling policy), ref_logp (frozen reference, or None), mask, entropy: (B, T); advantages:
-    (B,) or (B, T). num_tokens: divide by this, not mask.sum(): the whole step's count, over micro-batches."""
+    """The loss above -> (loss, stats of plain floats). logp (grad), old_logp (sampler), ref_logp (frozen, or None),
+    mask, entropy: (B, T); advantages: (B,) or (B, T); num_tokens: N_tok, the whole step's (default mask.sum())."""
     mask = mask.to(logp.dtype)  # (B, T): 1 = token sampled by the policy
     adv = advantages[:, None] if advantages.dim() == 1 else advantages  # (B, 1) or (B, T)
     n_tok = mask.sum()
@@ -221,18 +204,15 @@ def grpo_loss(logp, old_logp, ref_logp, advantages, mask, clip_low: float = 0.2,
     ratio = torch.exp(logp - old_logp.detach())  # (B, T)
     clipped = torch.clamp(ratio, 1 - clip_low, 1 + clip_high)  # (B, T)
     surr = torch.min(ratio * adv, clipped * adv)  # (B, T)
-    objective = surr  # (B, T)
-    use_kl = ref_logp is not None and kl_coef != 0
-    if use_kl:
-        d = ref_logp.detach() - logp  # (B, T)
-        kl = torch.clamp(torch.exp(d) - d - 1, -10.0, 10.0)  # (B, T)
-        objective = objective - kl_coef * kl  # (B, T)
+    d = ref_logp.detach() - logp if ref_logp is not None and kl_coef != 0 else torch.zeros_like(logp)  # (B, T)
+    kl = torch.clamp(torch.exp(d) - d - 1, -10.0, 10.0)  # (B, T); 0 without a reference
+    objective = surr - kl_coef * kl  # (B, T)
     loss = -(objective * mask).sum() / denom  # sign flipped last: optimisers minimise
 
     with torch.no_grad():  # stats: masked means over this call's tokens, as plain floats
         on, n = mask > 0, max(int(n_tok.item()), 1)
         stats = {"clip_frac": float(((clipped * adv < ratio * adv) & on).sum()) / n,  # share the clip zeroed
-                 "kl": float((kl * mask).sum()) / n if use_kl else 0.0,
+                 "kl": float((kl * mask).sum()) / n,
                  "ratio_min": float(ratio[on].min()) if on.any() else 1.0,
                  "ratio_max": float(ratio[on].max()) if on.any() else 1.0, "tokens": float(n_tok)}
         if entropy is not None:

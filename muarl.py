@@ -15,12 +15,10 @@ Everything before the loop (worlds, tasks, customer, models, the cold start, the
 Symbols: B = tasks per step, G = group size (rollouts per task), T = tokens, N_tok = trained tokens in a step.
 
 Departures from the paper (see also the README):
-1. One update per batch, as the authors ran it: the policy that sampled is the policy we update, so
-   old_logp = logp.detach() (ratio == 1, the clip never fires) instead of a second forward pass. The engine's
-   sampling log-probs are compared with the trainer's as a diagnostic (`logp_gap`).
-2. `--model tiny` switches to a CPU preset (config.TINY): the shop world (domains/shop.py), a model built from
-   scratch that first gets copy drills (a stand-in for pre-training), short turns, a larger learning rate,
-   top-p 0.9 in training, the tool schemas learned from SFT data instead of read from the prompt.
+1. One update per batch, as the authors ran it: the policy that sampled is the one we update, so old_logp =
+   logp.detach() (ratio == 1, the clip never fires), no second pass. Engine vs trainer log-probs: `logp_gap`.
+2. `--model tiny` is a CPU preset (config.TINY): the shop world, a from-scratch model that first gets copy drills
+   (a stand-in for pre-training), short turns, a larger learning rate, top-p 0.9, tool schemas learned in SFT.
 3. Groups with an aborted episode (the customer simulator failed) are dropped from the step, not scored 0.
 """
 
@@ -70,10 +68,9 @@ def advantages(episodes, cfg: Config) -> tuple[list, list]:
         group = episodes[g : g + G]
         if any(e.aborted for e in group):
             continue
-        rewards = torch.tensor([e.reward for e in group])  # (G,)
-        for e, a in zip(group, ADVANTAGES[cfg.advantage](rewards, G).tolist()):
-            adv.append(token_advantages(a, e.spans, len(e.ids), cfg.turn_bonus))
-            keep.append(e)
+        A = ADVANTAGES[cfg.advantage](torch.tensor([e.reward for e in group]), G).tolist()  # (G,)
+        adv += [token_advantages(a, e.spans, len(e.ids), cfg.turn_bonus) for e, a in zip(group, A)]
+        keep += group
     return keep, adv
 
 
@@ -81,8 +78,7 @@ def update(policy, reference, episodes, advantages, opt, cfg: Config, world_size
     """One optimizer step of GRPO on this rank's episodes: pack -> log-probs -> loss -> backward -> step.
 
     The step's loss is the token mean over every trained token of every rank's episodes; each packed row adds
-    its share (masked sum / N_tok) to the gradient, so splitting into rows changes nothing.
-    """
+    its share (masked sum / N_tok) to the gradient, so splitting into rows changes nothing."""
     rows = pack_sequences([e.ids for e in episodes], [e.mask for e in episodes], cfg.micro_batch_tokens,
                           adv=advantages, sample_logp=[e.logprobs for e in episodes])
     rows = even_rows(rows, world_size)  # FSDP: every rank runs as many rows (one process: unchanged)
@@ -90,22 +86,20 @@ def update(policy, reference, episodes, advantages, opt, cfg: Config, world_size
     # The forward pass is grpo.token_logprobs(model, ...). Under FSDP it runs as a registered forward method of the
     # sharded model (fsdp.shard), so the model's root gathers its weights around it.
     logprobs = (lambda m, *a, **k: m.token_logprobs(*a, **k)) if world_size > 1 else token_logprobs
+    use_ref = reference is not None and cfg.kl_coef > 0
     opt.zero_grad(set_to_none=True)
     stats = []
     for row in rows:
         ids, pos, mask = row["input_ids"], row["position_ids"], row["mask"]  # (1, L) each
-        ref_logp = None
-        if reference is not None and cfg.kl_coef > 0:
-            with torch.no_grad():
-                ref_logp = logprobs(reference, ids, position_ids=pos, chunk_size=cfg.logprob_chunk)  # (1, L)
+        with torch.no_grad():  # (1, L): the frozen reference's log-probs, for the KL term
+            ref_logp = logprobs(reference, ids, position_ids=pos, chunk_size=cfg.logprob_chunk) if use_ref else None
         logp, ent = logprobs(policy, ids, position_ids=pos, chunk_size=cfg.logprob_chunk, return_entropy=True)
         old_logp = logp.detach()  # one update per batch: the sampling policy is this policy (departure 1)
         loss, st = grpo_loss(logp, old_logp, ref_logp, row["adv"], mask, cfg.clip_low, cfg.clip_high,
                              cfg.kl_coef, num_tokens=max(n_tok, 1.0), entropy=ent)
         loss.backward()
-        st["loss"] = loss.item()
-        st["logp_gap"] = ((row["sample_logp"] - old_logp).abs() * mask).sum().item()  # engine vs trainer
-        stats.append(st)
+        gap = ((row["sample_logp"] - old_logp).abs() * mask).sum().item()  # engine vs trainer
+        stats.append({**st, "loss": loss.item(), "logp_gap": gap})
     gnorm = float(torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.grad_clip))
     out = reduce_stats(stats, world_size)  # token-weighted means over every row of every rank
     finite = math.isfinite(out["loss"]) and math.isfinite(gnorm)
@@ -116,8 +110,7 @@ def update(policy, reference, episodes, advantages, opt, cfg: Config, world_size
 
 
 def step_stats(episodes, kept_groups: int, group_size: int, world_size: int = 1) -> dict:
-    """What a step's episodes did, over every rank's episodes. Rewards are means over the scored episodes only
-    (an aborted episode has no reward, and is not a 0)."""
+    """What a step's episodes did, over every rank's; means over scored episodes (an aborted one has no reward)."""
     eps = all_gather_episodes([{"reward": e.reward, "turns": e.turns, "agent_tokens": sum(e.mask),
                                 "tokens": len(e.ids), "tool_calls": list(e.tool_calls), "stop_reason": e.stop_reason,
                                 "aborted": e.aborted} for e in episodes], world_size)
@@ -148,8 +141,7 @@ def rollout_cfg(cfg: Config, greedy: bool = False, seed: int | None = None) -> R
                          tools_in_prompt=cfg.tools_in_prompt, malformed=cfg.malformed)
 
 
-def build_or_load_model(cfg: Config, worlds: dict, out: Path, device: str, dtype: str, rank: int = 0,
-                        world_size: int = 1):
+def build_or_load_model(cfg: Config, worlds: dict, out: Path, device: str, dtype: str, rank=0, world_size=1):
     """(policy, tokenizer, model_path). `tiny` builds a model and tokenizer from the training tasks' text (rank 0
     builds and saves it; under torchrun the other ranks wait, then load the same files)."""
     if cfg.model != "tiny":
@@ -177,7 +169,9 @@ def run_eval(run, name: str) -> None:
 
 def cold_start(run) -> None:
     """0. The cold start: SFT on expert conversations (copy drills first for the from-scratch tiny model)."""
-    cfg, ranks = run.cfg, {"world_size": run.world_size, "rank": run.rank}
+    cfg = run.cfg
+    common = {"world_size": run.world_size, "rank": run.rank, "seed": cfg.seed,
+              "micro_batch_tokens": cfg.micro_batch_tokens, "chunk_size": cfg.logprob_chunk}
     convs = sft.load_jsonl(cfg.sft_data) if cfg.sft_data else sft.expert_conversations(run.train_tasks)
     if not convs:
         raise ConfigError("cold start needs conversations: generated tasks or --sft_data")
@@ -185,14 +179,11 @@ def cold_start(run) -> None:
         words = sorted({w for t in run.train_tasks[:400] for msg in t.expert or []
                         for w in re.findall(r"[a-z]+", msg.get("content") or "")})
         drills = sft.copy_examples(run.tok, 16 * cfg.copy_warmup, seed=cfg.seed, words=words)
-        sft.train(run.policy, drills, epochs=1, batch_size=16, lr=cfg.copy_lr, warmup=20, seed=cfg.seed,
-                  micro_batch_tokens=cfg.micro_batch_tokens, chunk_size=cfg.logprob_chunk,
-                  log=lambda r: run.log({**r, "phase": "copy_warmup"}), desc="copy drills", **ranks)
+        sft.train(run.policy, drills, epochs=1, batch_size=16, lr=cfg.copy_lr, warmup=20, desc="copy drills",
+                  log=lambda r: run.log({**r, "phase": "copy_warmup"}), **common)
     convs = [dict(c, tools=[]) for c in convs] if not cfg.tools_in_prompt else convs
     sft.train(run.policy, sft.render_examples(run.tok, convs, run.worlds), epochs=cfg.sft_epochs,
-              batch_size=cfg.sft_batch, lr=cfg.sft_lr, micro_batch_tokens=cfg.micro_batch_tokens,
-              chunk_size=cfg.logprob_chunk, seed=cfg.seed, log=run.log, **ranks)
-    run.opt = torch.optim.AdamW(run.policy.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+              batch_size=cfg.sft_batch, lr=cfg.sft_lr, log=run.log, **common)
     save_pretrained(run.policy, run.tok, run.out / "cold-start", run.world_size, run.rank)  # a collective
 
 
@@ -243,8 +234,7 @@ def build_run(cfg: Config) -> SimpleNamespace:
     run.opt = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     run.start, state = load_checkpoint(out, policy, run.opt, run.sampler, world_size) if cfg.resume else (0, {})
     run.results.update(state.get("results", {}))
-    began = run.start == 0 and not state
-    if began and cfg.sft_epochs > 0:
+    if fresh and cfg.sft_epochs > 0:
         cold_start(run)
 
     # The frozen reference: the policy as RL starts (after the cold start), as in the paper. Read from disk (on the
@@ -267,7 +257,7 @@ def build_run(cfg: Config) -> SimpleNamespace:
     if not run.shares_weights:
         run.engine.update_weights(full_state_dict(policy, world_size).items())
     run.agent = PolicyAgent(run.engine, tok)
-    if began and rank == 0 and run.eval_tasks:
+    if fresh and rank == 0 and run.eval_tasks:
         run_eval(run, "cold start" if cfg.sft_epochs > 0 else "start")
     return run
 
@@ -303,8 +293,7 @@ def main(argv: list[str] | None = None) -> dict:
             upd = {"skipped": True, "reason": "every group had an aborted episode"}
             print(f"[step {step}] update skipped: {upd['reason']}", flush=True)
         t2 = time.perf_counter()
-        # 6. sync the new weights into the rollout engine. It wakes first: a sleeping vLLM engine has handed its
-        # weights' memory back. Nothing to copy when the engine shares the policy's weights
+        # 6. sync: the engine wakes first (asleep, vLLM has handed its weights' memory back); no copy if it shares them
         run.engine.wake_up()
         if not run.shares_weights:
             run.engine.update_weights(full_state_dict(run.policy, run.world_size).items())
@@ -342,8 +331,7 @@ def finish(run) -> dict:
     if run.rank == 0 and run.results:
         table = format_table(list(run.results.items()))
         (run.out / "results.md").write_text(table + "\n")
-        print("\nHeld-out success (greedy, scripted user)" if cfg.user == "scripted" else "\nHeld-out success")
-        print(table)
+        print(f"\nHeld-out success{' (greedy, scripted user)' if cfg.user == 'scripted' else ''}\n{table}")
     dist_teardown(run.world_size)
     return run.results
 
