@@ -1,15 +1,11 @@
-"""Agents that are not the policy being trained: an OpenAI-compatible endpoint, the oracle, the scripted expert.
+"""Agents other than the policy in training (rollout.PolicyAgent), for rollout.py's one loop (its `Agent` Protocol).
 
-rollout.py runs every conversation, whoever writes the agent's turns (its `Agent` Protocol). The policy in
-training is rollout.PolicyAgent (token in / token out through an engine). Evaluation also needs:
-
-    MessageAgent   message-level agents: act(messages, tools) -> an assistant message with tool calls. Used for
-    openai_act       any OpenAI-compatible chat endpoint (GPT-4.1, a `vllm serve` model) with the endpoint's own
-                     tool calling (the provider renders its own template)
-    OracleAgent      replays each task's gold actions, then states the required outputs: checks the harness
-    FixedUser      a customer that states the request and leaves at the first reply (pairs with the oracle)
-    ExpertEngine   a token *engine* that replays a generated task's scripted expert conversation through
-                   PolicyAgent: checks the token pipeline end to end (every episode must score 1)
+    MessageAgent + openai_act  any OpenAI-compatible chat endpoint (GPT-4.1, a `vllm serve` model), message-level,
+                               with the endpoint's own tool calling (the provider renders its own template)
+    OracleAgent + FixedUser    replay each task's gold actions and state the required outputs, to a customer who
+                               leaves at the first reply: a check of the harness (every task must score 1)
+    ExpertEngine               a token *engine* that replays a generated task's scripted expert through
+                               rollout.PolicyAgent: a check of the token pipeline (every episode must score 1)
 
 Message-level agents have no token stream: their episodes carry messages, tool calls and rewards, no ids or mask
 (nothing to train). Their turns are asked for concurrently (threads: the endpoint is the bottleneck).
@@ -47,14 +43,11 @@ class MessageAgent:
             return e
         calls, errors = [], []
         for c in msg.get("tool_calls") or []:
-            args = c["function"]["arguments"]
-            if isinstance(args, str):  # the wire format carries arguments as a JSON string
-                try:
-                    args = json.loads(args)
-                except (json.JSONDecodeError, RecursionError, ValueError) as e:
-                    errors.append(f"arguments of {c['function']['name']} are not JSON: {e}")
-                    continue
-            calls.append({"name": c["function"]["name"], "arguments": args})
+            name, args = c["function"]["name"], c["function"]["arguments"]
+            try:  # the wire format carries arguments as a JSON string
+                calls.append({"name": name, "arguments": json.loads(args) if isinstance(args, str) else args})
+            except (RecursionError, ValueError) as e:  # (json.JSONDecodeError is a ValueError)
+                errors.append(f"arguments of {name} are not JSON: {e}")
         return ParsedTurn(content=msg.get("content") or "", calls=calls, errors=errors)
 
     def act(self, episodes, cfg):
@@ -77,8 +70,7 @@ def _wire(messages: list[dict]) -> list[dict]:
             for m in messages]
 
 
-def openai_act(model: str, base_url: str | None, api_key: str | None, temperature: float = 0.0,
-               max_tokens: int = 1024):
+def openai_act(model: str, base_url: str | None, api_key: str | None, temperature: float = 0.0, max_tokens: int = 1024):
     """act() over any OpenAI-compatible chat endpoint, with the endpoint's native tool calling. A `vllm serve`
     endpoint needs `--enable-auto-tool-choice --tool-call-parser hermes` for tool calls."""
     import openai  # optional dependency: only endpoint agents need it
@@ -86,9 +78,8 @@ def openai_act(model: str, base_url: str | None, api_key: str | None, temperatur
     client = openai.OpenAI(base_url=base_url or None, api_key=api_key or "EMPTY", timeout=120, max_retries=3)
 
     def act(messages, tools):
-        r = client.chat.completions.create(model=model, messages=_wire(messages), tools=tools,
-                                           temperature=temperature, max_tokens=max_tokens)
-        msg = r.choices[0].message
+        msg = client.chat.completions.create(model=model, messages=_wire(messages), tools=tools,
+                                             temperature=temperature, max_tokens=max_tokens).choices[0].message
         return {"content": msg.content or "", "tool_calls": [
             {"id": c.id, "function": {"name": c.function.name, "arguments": c.function.arguments}}
             for c in (msg.tool_calls or [])]}
@@ -127,17 +118,14 @@ class FixedUser:
 
 
 class ExpertEngine:
-    """Plays each generated task's scripted expert, token for token, through rollout.PolicyAgent.
-
-    It decodes the prompt it is given, finds the task by its first customer message, counts the agent turns so
-    far, and returns the tokens of the expert's next assistant message (chat.assistant_ids) with log-prob 0.
-    """
+    """Plays each generated task's scripted expert, token for token: it decodes the prompt, finds the task by its
+    first customer message, counts the agent turns so far, and returns the expert's next assistant message
+    (chat.assistant_ids) with log-prob 0."""
 
     def __init__(self, tokenizer, tasks):
-        self.tok, self.header, self.script = tokenizer, "<|im_start|>assistant", {}
-        for t in tasks:
-            turns = [m for m in t.expert[1:] if m["role"] == "assistant"]
-            self.script[t.expert[0]["content"]] = [chat.assistant_ids(tokenizer, m) for m in turns]
+        self.tok, self.header = tokenizer, "<|im_start|>assistant"
+        self.script = {t.expert[0]["content"]: [chat.assistant_ids(tokenizer, m) for m in t.expert[1:]
+                                                 if m["role"] == "assistant"] for t in tasks}
 
     def generate(self, prompts, max_new_tokens, temperature=1.0, top_p=1.0, stop_token_ids=None, seed=None):
         out = []
@@ -150,14 +138,7 @@ class ExpertEngine:
             out.append(Sample(token_ids=ids, logprobs=[0.0] * len(ids), finish_reason="stop"))
         return out
 
-    def update_weights(self, named_tensors):
-        pass
-
-    def sleep(self):
-        pass
-
-    def wake_up(self):
-        pass
+    update_weights = sleep = wake_up = lambda self, *args: None  # the rest of the Engine protocol: no weights here
 
 
 if __name__ == "__main__":
@@ -166,7 +147,6 @@ if __name__ == "__main__":
     from rollout import RolloutConfig, rollout, score
 
     world = load_world("shop", seed=0, n_train=0, n_test=5)
-    eps = score(rollout(world.tasks("test"), 1, {"shop": world}, MessageAgent(OracleAgent), FixedUser(),
-                        RolloutConfig()), {"shop": world}, check_outputs=True)
-    for e in eps:
+    for e in score(rollout(world.tasks("test"), 1, {"shop": world}, MessageAgent(OracleAgent), FixedUser(),
+                           RolloutConfig()), {"shop": world}, check_outputs=True):
         print(f"{e.task.id}: reward {e.reward}  stop {e.stop_reason}  calls {e.tool_calls}")

@@ -4,18 +4,14 @@
     python eval.py --agent openai --agent_model gpt-4.1 --domain retail --user llm ...   # any chat endpoint
     python eval.py --agent oracle --domain retail,airline --split test                 # replays gold actions
 
-pass^k (tau-bench): run every task k times; with c successes out of n trials, a task contributes
-C(c, k) / C(n, k), the chance that k trials drawn without replacement all succeed; pass^k is the mean over
-tasks. pass^1 is the plain success rate. MUA-RL reports pass^1 (greedy agent, user at temperature 0, mean of 4
-runs). A greedy local agent with the scripted user plays every trial identically; `--temperature 1` samples the
-agent (trial j of task i with its own seed, reproducible with `--seed`), so pass^k measures consistency.
+pass^k (tau-bench): run every task k times; with c successes out of n trials, a task contributes C(c, k) / C(n, k),
+the chance that k trials drawn without replacement all succeed; pass^k is the mean over tasks. MUA-RL reports pass^1,
+the success rate (greedy agent, user at temperature 0, mean of 4 runs). A greedy local agent with the scripted user
+plays every trial alike; `--temperature 1` samples the agent (trial j: its own seed), so pass^k measures consistency.
 
-Every conversation runs through rollout.rollout(), the loop training uses, then rollout.score(). Three agents:
-  local    a model through an engine (engine.py), token in / token out: rollout.PolicyAgent, as in training
-  openai   any OpenAI-compatible chat endpoint (GPT-4.1, a `vllm serve` model): message-level, with the
-           endpoint's own tool-calling, so the model's provider renders its own template (agents.py)
-  oracle   replays each task's gold actions, one call per turn, then says the required outputs: a check of the
-           harness itself (every task must score 1 on the DB check)
+Every conversation runs through rollout.rollout(), the loop training uses, then rollout.score(). Three agents
+(agents.py): local, a model through an engine (rollout.PolicyAgent, as in training); openai, any OpenAI-compatible
+endpoint, message-level with its own tool calling; oracle, the gold actions replayed (a harness check: all score 1).
 
 Departure from tau2's evaluation: the reward is the DB check plus, with --check_outputs (default on here),
 the required-output check; tau2's newest NL assertions need an LLM judge and are not run.
@@ -69,22 +65,20 @@ def summarize(episodes: list[Episode], trials: int) -> dict:
 
 
 def format_table(rows: list[tuple[str, dict]], trials: int = 1) -> str:
-    """Paper-style table: one row per (model, metrics)."""
+    """Paper-style table: one row per (model, metrics); pass^k in percent, rates to 3 places, counts as they are."""
     cols = [f"pass^{k}" for k in range(1, trials + 1)] + ["avg_turns", "calls_per_episode", "think_rate",
                                                            "calculate_rate", "transfer_rate", "aborted"]
-    head = "| model | " + " | ".join(cols) + " | stop reasons |"
-    lines = [head, "|" + "---|" * (len(cols) + 2)]
+    lines = ["| model | " + " | ".join(cols) + " | stop reasons |", "|" + "---|" * (len(cols) + 2)]
     for name, m in rows:
-        vals = [m.get(c, float("nan")) for c in cols]  # pass^k in percent, rates to 3 places, counts as they are
         cells = [f"{100 * v:.1f}" if c.startswith("pass") else f"{v:.3f}" if isinstance(v, float) else str(v)
-                 for c, v in zip(cols, vals)]
+                 for c, v in zip(cols, (m.get(c, float("nan")) for c in cols))]
         stops = ", ".join(f"{k}:{v}" for k, v in sorted(m.get("stop_reasons", {}).items(), key=lambda kv: -kv[1]))
         lines.append(f"| {name} | " + " | ".join(cells) + f" | {stops} |")
     return "\n".join(lines)
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Evaluation: the training rollout, then the score
+# Evaluation: the training rollout, then the score; its command line
 
 
 def evaluate(tasks, worlds, agent, user, cfg: RolloutConfig, trials: int = 1, batch: int = 64,
@@ -92,17 +86,11 @@ def evaluate(tasks, worlds, agent, user, cfg: RolloutConfig, trials: int = 1, ba
     """Run every task `trials` times through rollout() (batches of `batch` tasks), score; (metrics, episodes).
     Episode seeds depend on (cfg.seed, task, trial) only, so batching changes nothing a trial samples."""
     episodes = []
-    bar = tqdm(total=len(tasks) * trials, desc="eval", disable=not progress, leave=False)
-    for s in range(0, len(tasks), batch):
-        eps = score(rollout(tasks[s : s + batch], trials, worlds, agent, user, cfg), worlds, check_outputs)
-        episodes += eps
-        bar.update(len(eps))
-    bar.close()
+    with tqdm(total=len(tasks) * trials, desc="eval", disable=not progress, leave=False) as bar:
+        for s in range(0, len(tasks), batch):
+            episodes += score(rollout(tasks[s : s + batch], trials, worlds, agent, user, cfg), worlds, check_outputs)
+            bar.update(trials * len(tasks[s : s + batch]))
     return summarize(episodes, trials), episodes
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Command line
 
 
 def main(argv=None):
@@ -121,9 +109,7 @@ def main(argv=None):
     p.add_argument("--check_outputs", type=int, default=1)
     for name, default in (("max_turns", 30), ("max_new_tokens", 1024), ("max_context", 32768), ("tools_in_prompt", 1)):
         p.add_argument(f"--{name}", type=int, default=default)  # as in training (config.py; the paper's caps)
-    p.add_argument("--temperature", type=float, default=0.0,
-                   help="the agent's: 0 = greedy (its k trials differ only through the user); > 0 samples, so "
-                        "pass^k measures consistency over k sampled conversations")
+    p.add_argument("--temperature", type=float, default=0.0, help="the agent's: 0 greedy, > 0 sampled")
     p.add_argument("--top_p", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0, help="sampling seed (trial j of a task: sampling.episode_seed)")
     p.add_argument("--synthetic_seed", type=int, default=0, help="seed of the synthetic / shop world (as in muarl.py)")
@@ -135,15 +121,13 @@ def main(argv=None):
     # the worlds as muarl.py builds them (generated worlds: the held-out tasks are a function of the seed alone)
     worlds = load_worlds(Config(domains=a.domain, data_dir=a.data_dir, synthetic_seed=a.synthetic_seed,
                                 synthetic_train=0))
-    tasks = [t for w in worlds.values() for t in w.tasks(a.split)]
-    tasks = tasks[: a.tasks] if a.tasks else tasks
+    tasks = [t for w in worlds.values() for t in w.tasks(a.split)][: a.tasks or None]  # --tasks 0: all
     cfg = RolloutConfig(max_turns=a.max_turns, max_new_tokens=a.max_new_tokens, max_context=a.max_context,
                         temperature=a.temperature, top_p=a.top_p, seed=a.seed, tools_in_prompt=bool(a.tools_in_prompt))
     # The oracle's conversation needs no customer beyond its opening line: FixedUser only says it is done.
     user = FixedUser() if a.agent == "oracle" or a.user == "fixed" else \
         make_user(a.user, model=a.user_model or None, base_url=a.user_base_url or None, api_key=a.user_api_key or None)
     t0 = time.time()
-    # Three agents, one loop: each is something rollout() can ask for a turn (rollout.Agent)
     if a.agent == "local":
         model, tok = load_policy(a.model)
         agent, name = PolicyAgent(make_engine(a.engine, model=model, tokenizer=tok, model_path=a.model), tok), a.model

@@ -1,10 +1,9 @@
 """Multi-turn rollouts: B tasks x G episodes of agent <-> simulated customer <-> tools. The one episode loop.
 
 This is MUA-RL's rollout (Zhao et al., 2025, arXiv:2508.18669, section 3): each episode is a live conversation.
-The agent writes a turn; if the turn holds a tool call, the call runs on the episode's own database and the result
-comes back; if not, the turn is a message to the simulated customer, who answers (or ends the conversation).
-Training (muarl.py) and evaluation (eval.py) both run conversations through `rollout()` and nothing else. All
-episodes advance together, one round at a time:
+The agent writes a turn; a tool call in it runs on the episode's own database and the result comes back; a turn
+without one is a message to the simulated customer, who answers (or ends the conversation). Training (muarl.py)
+and evaluation (eval.py) both run conversations through `rollout()` alone. All episodes advance together, by rounds:
 
     round:  1. every live episode waiting on the agent     -> ONE agent.act call (one batched generate)
             2. tool calls                                   -> run on each episode's own env
@@ -12,28 +11,25 @@ episodes advance together, one round at a time:
             4. caps: turns, context length                  -> stop reasons
     then:   score(episodes, worlds)                         -> reward 1 iff the final database is the gold one
 
-Who writes the agent's turns is an `Agent` (the Protocol below). `PolicyAgent` is the model being trained: it owns
-the token stream of every episode (chat.py builds the pieces), which is what the policy saw and sampled, never
-re-rendered: prompt (mask 0) | agent turn as sampled, incl. its end-of-turn token (mask 1) | tool result or
-customer message + generation prompt (mask 0) | agent turn (mask 1) | ...  The sampler's log-probs travel with the
-mask-1 tokens, and `Episode.spans` records where each turn starts and ends and who produced it, so a turn-level
-reward needs no change here. Message-level agents (an OpenAI endpoint, the oracle: agents.py) play the same loop
-without tokens.
+An `Agent` (the Protocol below) writes the agent's turns. `PolicyAgent`, the model being trained, owns each episode's
+token stream (chat.py builds the pieces), what the policy saw and sampled, never re-rendered: prompt (mask 0) | agent
+turn as sampled, incl. its end-of-turn token (mask 1) | tool result or customer message + generation prompt (mask 0) |
+agent turn (mask 1) | ...  Log-probs ride on the mask-1 tokens; `Episode.spans` records each turn's span and author,
+so a turn-level reward needs no change here. Message-level agents (agents.py) play the same loop without tokens.
 
-Seeds: episode j of the k-th occurrence of a task in a call samples with episode_seed(cfg.seed, task id, k, j), and
-each of its turns with episode_seed(that, turn). What an episode samples depends on its seed alone, not on which
-other episodes share the batch, so evaluation and training give identical episodes on the same seed.
+Seeds: episode j of the k-th occurrence of a task in a call samples with episode_seed(cfg.seed, task id, k, j), each
+of its turns with episode_seed(that, turn): an episode's samples depend on its seed alone, not on its batch-mates,
+so evaluation and training give identical episodes on the same seed.
 
 Stop reasons: user_stop (the customer said ###STOP### or ###OUT-OF-SCOPE###), transfer (transfer_to_human_agents
-was called, or the customer said ###TRANSFER###), max_turns (tool executions + customer replies reached the cap, as
-in the paper), context_full, malformed_call (when malformed calls end the episode); user_error / agent_error (the
-customer simulator or an agent endpoint failed for good): the episode is *aborted*, never scored, and the trainer
-drops its group instead of scoring it 0.
+called, or the customer said ###TRANSFER###), max_turns (tool executions + customer replies reached the cap, as in
+the paper), context_full, malformed_call; user_error / agent_error (the customer simulator or an agent endpoint
+failed for good): the episode is *aborted*, never scored, and the trainer drops its group instead of scoring it 0.
 
 Departures from the paper:
 1. Several tool calls in one turn: only the first runs (the paper's rule) unless `all_calls=True`.
-2. A malformed call ends the episode (the paper's rule) unless `malformed="observe"`, which returns the parse
-   error to the agent as a tool message instead.
+2. A malformed call ends the episode (the paper's rule) unless `malformed="observe"`: the parse error goes back to
+   the agent as a tool message.
 3. A turn cut off by `max_new_tokens` without its end-of-turn token is closed with that token at mask 0 (the
    policy did not sample it, so it is not trained) and handled like any other turn.
 """
@@ -56,6 +52,7 @@ from user_sim import OUT_OF_SCOPE, STOP, TRANSFER, UserError, is_terminal
 
 AGENT, USER, DONE = "agent", "user", "done"  # whom an episode waits on
 ABORTED = ("user_error", "agent_error")  # stop reasons that say nothing about the agent: never scored
+ENDS = {STOP: "user_stop", OUT_OF_SCOPE: "user_stop", TRANSFER: "transfer"}  # the customer's end markers
 
 # ---------------------------------------------------------------------------------------------------------------
 # The episode record
@@ -86,29 +83,27 @@ class Episode:
         return self.stop_reason in ABORTED
 
     def append(self, ids: list[int], mask: int | list[int], logprobs: list[float] | None = None,
-               who: str = "context") -> dict:
-        """Grow ids, mask and logprobs together (the mask is built here, never inferred later) and record the
-        piece as a span: who is "prompt", "agent" (a sampled turn), "tool" or "user" (what came back). Returns the
-        span, so the loop can note on an agent span the tool calls it made and whether they succeeded."""
-        span = {"who": who, "start": len(self.ids), "end": len(self.ids) + len(ids)}
+               who: str = "context") -> None:
+        """Grow ids, mask and logprobs together (the mask is built here, never inferred) and record the piece as a
+        span: who is "prompt", "agent" (a sampled turn), "tool" or "user" (what came back)."""
+        self.spans.append({"who": who, "start": len(self.ids), "end": len(self.ids) + len(ids)})
         self.ids += ids
         self.mask += mask if isinstance(mask, list) else [mask] * len(ids)
         self.logprobs += logprobs if logprobs is not None else [0.0] * len(ids)
-        self.spans.append(span)
-        return span
 
     def customer_history(self) -> list[dict]:
         """The conversation as the customer lives it: text turns only, no tool calls or results."""
         return [{"role": m["role"], "content": m["content"]} for m in self.messages
                 if m["role"] == "user" or (m["role"] == "assistant" and not m.get("tool_calls") and m.get("content"))]
 
-    def stop(self, reason: str) -> None:
+    def stop(self, reason: str, error: str | None = None) -> None:
         self.state, self.stop_reason = DONE, reason
+        if error is not None:  # an aborted episode keeps why, as info["user_error"] or info["agent_error"]
+            self.info[reason] = error
 
     def to_json(self, with_tokens: bool = False) -> dict:
-        keys = ("group", "seed", "reward", "info", "stop_reason", "turns", "agent_turns", "tool_calls", "timings",
-                "messages")
-        d = {"task_id": self.task.id, **{k: getattr(self, k) for k in keys},
+        keys = ("group", "seed", "reward", "info", "stop_reason", "turns", "agent_turns", "tool_calls", "timings")
+        d = {"task_id": self.task.id, **{k: getattr(self, k) for k in keys}, "messages": self.messages,
              "tokens": len(self.ids), "trained_tokens": sum(self.mask)}
         if with_tokens:
             d.update(ids=self.ids, mask=self.mask, logprobs=self.logprobs, spans=self.spans)
@@ -133,10 +128,9 @@ class RolloutConfig:
 
 
 class Agent(Protocol):
-    """The agent side of the loop. rollout() calls begin() once per episode, act() once per round with every
-    episode waiting on the agent, and observe() with the messages that came back (tool results, or the customer's
-    reply). act() returns, per episode in order, the turn as a tools.ParsedTurn (text, well-formed calls, parse
-    errors), or an Exception when the agent itself failed (the episode is then aborted as agent_error)."""
+    """The agent side of the loop: rollout() calls begin() once per episode, act() once per round with every episode
+    waiting on the agent, observe() with what came back (tool results, or the customer's reply). act() returns, per
+    episode in order, a tools.ParsedTurn (text, calls, parse errors) or, if the agent itself failed, an Exception."""
 
     def begin(self, ep: Episode, rules: str, schemas: list[dict], first: str) -> None: ...
 
@@ -164,11 +158,9 @@ class PolicyAgent:
         for e, s, b in zip(episodes, samples, budget):
             ids, lps = list(s.token_ids)[:b], list(s.logprobs)[:b]  # one engine call serves many budgets
             closed = bool(ids) and ids[-1] == self.eot
-            if closed:
-                e.append(ids, 1, lps, who="agent")
-            else:  # cut off by max_new_tokens: close the turn; the policy did not sample this token (mask 0)
-                e.append(ids + [self.eot], [1] * len(ids) + [0], lps + [0.0], who="agent")
             text = self.tok.decode(ids[:-1] if closed else ids, skip_special_tokens=False)
+            shut = [] if closed else [self.eot]  # cut off by max_new_tokens: close the turn, unsampled (mask 0)
+            e.append(ids + shut, [1] * len(ids) + [0] * len(shut), lps + [0.0] * len(shut), who="agent")
             turns.append(parse_tool_calls(text, set(e.env.world.tools)))
         return turns
 
@@ -178,7 +170,7 @@ class PolicyAgent:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# One round's pieces
+# The rollout: one round's pieces, the loop, then the score
 
 
 def _apply_turn(ep: Episode, turn: ParsedTurn, cfg: RolloutConfig) -> list[dict]:
@@ -186,16 +178,13 @@ def _apply_turn(ep: Episode, turn: ParsedTurn, cfg: RolloutConfig) -> list[dict]
     or [] when the turn is a message to the customer or ends the episode."""
     ep.agent_turns += 1
     calls = turn.calls if cfg.all_calls else turn.calls[:1]
-    msg: dict = {"role": "assistant", "content": turn.content}
-    if calls:
-        msg["tool_calls"] = [{"type": "function", "function": c} for c in calls]
-    if turn.errors:
-        msg["malformed"] = turn.errors
-    ep.messages.append(msg)
-    if turn.errors and (cfg.malformed == "end" or not calls):
-        if cfg.malformed == "end":
-            ep.stop("malformed_call")
-            return []
+    ep.messages.append({"role": "assistant", "content": turn.content}
+                       | ({"tool_calls": [{"type": "function", "function": c} for c in calls]} if calls else {})
+                       | ({"malformed": turn.errors} if turn.errors else {}))
+    if turn.errors and cfg.malformed == "end":
+        ep.stop("malformed_call")
+        return []
+    if turn.errors and not calls:  # malformed="observe": the parse error goes back to the agent
         obs = [{"role": "tool", "name": "error", "content": "Error: " + "; ".join(turn.errors)}]
         ep.messages += obs
         ep.turns += 1  # an observation, like a tool execution: counted, so a model stuck on bad calls hits the cap
@@ -203,8 +192,7 @@ def _apply_turn(ep: Episode, turn: ParsedTurn, cfg: RolloutConfig) -> list[dict]
     if not calls:  # a message to the customer
         ep.state = USER
         return []
-    results, t0 = [], time.perf_counter()
-    n_calls = len(ep.env.calls)
+    results, t0, n_calls = [], time.perf_counter(), len(ep.env.calls)
     for c in calls:
         results.append({"role": "tool", "name": c["name"], "content": ep.env.call(c["name"], c["arguments"])})
         ep.tool_calls.append(c["name"])
@@ -222,6 +210,8 @@ def _apply_turn(ep: Episode, turn: ParsedTurn, cfg: RolloutConfig) -> list[dict]
 
 
 def _check_caps(ep: Episode, cfg: RolloutConfig) -> None:
+    if ep.state == DONE:  # stopped already, for its own reason
+        return
     if ep.turns >= cfg.max_turns:
         ep.stop("max_turns")
     elif len(ep.ids) >= cfg.max_context:
@@ -237,15 +227,10 @@ def _first_message(user, task):
         return UserError(f"{type(err).__name__}: {err}")
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# The rollout, then the score
-
-
 def rollout(tasks: list[Task], group_size: int, worlds: dict[str, World], agent: Agent, user, cfg: RolloutConfig,
             progress=None, seeds: list[int] | None = None) -> list[Episode]:
-    """Play len(tasks) x group_size episodes, group by group (G consecutive per task). The episodes come back
-    unscored, their databases still open: call score() next. `seeds`: one per episode, in order, instead of those
-    derived from cfg.seed (an Episode's .seed, from a log, replays that episode alone)."""
+    """Play len(tasks) x group_size episodes, G consecutive per task; they come back unscored, databases open: call
+    score() next. `seeds`: one per episode, in order, for those from cfg.seed (a logged .seed replays its episode)."""
     if seeds is not None and len(seeds) != len(tasks) * group_size:
         raise ValueError(f"rollout: {len(seeds)} seeds for {len(tasks) * group_size} episodes")
     # the first customer message: generated once per task and shared by the task's G episodes (user_sim caches it)
@@ -263,8 +248,7 @@ def rollout(tasks: list[Task], group_size: int, worlds: dict[str, World], agent:
             ep = Episode(task=task, group=gi, env=world.new_env(), seed=seed)
             ep.messages.append({"role": "system", "content": world.rules})
             if isinstance(first, UserError):
-                ep.stop("user_error")
-                ep.info["user_error"] = str(first)
+                ep.stop("user_error", str(first))
             else:
                 ep.messages.append({"role": "user", "content": first})
                 agent.begin(ep, world.rules, world.tool_schemas() if cfg.tools_in_prompt else [], first)
@@ -281,15 +265,11 @@ def rollout(tasks: list[Task], group_size: int, worlds: dict[str, World], agent:
             for e, turn in zip(live, turns):
                 e.timings["generate"] += dt
                 if isinstance(turn, Exception):
-                    e.stop("agent_error")
-                    e.info["agent_error"] = f"{type(turn).__name__}: {turn}"
+                    e.stop("agent_error", f"{type(turn).__name__}: {turn}")
                     continue
-                new = _apply_turn(e, turn, cfg)
-                if new:
+                if new := _apply_turn(e, turn, cfg):
                     agent.observe(e, new)
-                    _check_caps(e, cfg)
-                elif e.state == USER and len(e.ids) >= cfg.max_context:
-                    e.stop("context_full")
+                _check_caps(e, cfg)
         # 3. every episode waiting on the customer: concurrent replies
         waiting = [e for e in episodes if e.state == USER]
         if waiting:
@@ -299,16 +279,12 @@ def rollout(tasks: list[Task], group_size: int, worlds: dict[str, World], agent:
             for e, r in zip(waiting, replies):
                 e.timings["user"] += dt
                 if isinstance(r, UserError):
-                    e.stop("user_error")
-                    e.info["user_error"] = str(r)
+                    e.stop("user_error", str(r))
                     continue
                 e.turns += 1
                 e.messages.append({"role": "user", "content": r})
-                marker = is_terminal(r)
-                if marker in (STOP, OUT_OF_SCOPE):
-                    e.stop("user_stop")
-                elif marker == TRANSFER:
-                    e.stop("transfer")
+                if marker := is_terminal(r):
+                    e.stop(ENDS[marker])
                 else:
                     e.state = AGENT
                     agent.observe(e, [{"role": "user", "content": r}])
@@ -322,9 +298,7 @@ def score(episodes: list[Episode], worlds: dict[str, World], check_outputs: bool
     """The outcome reward, its own step: r = 1 iff the final database equals the one the task's gold actions
     produce [and the required outputs were said]. Sets each episode's reward and info, closes its database.
     Aborted episodes are not scored (reward stays 0, and the trainer drops their groups)."""
-    for e in episodes:
-        if e.env is None:  # scored already
-            continue
+    for e in [e for e in episodes if e.env is not None]:  # (env None: scored already)
         if not e.aborted:
             e.reward, info = worlds[e.task.domain].score(e.task, e.env, e.messages, check_outputs=check_outputs)
             e.info.update(info)
@@ -342,9 +316,7 @@ class TrajectoryLog:
 
     def write(self, episodes: list[Episode], **extra) -> None:
         with open(self.path, "a") as f:
-            for e in episodes:
-                f.write(json.dumps({**extra, **e.to_json(self.with_tokens)}) + "\n")
-            f.flush()
+            f.writelines(json.dumps({**extra, **e.to_json(self.with_tokens)}) + "\n" for e in episodes)
 
 
 if __name__ == "__main__":
