@@ -109,7 +109,8 @@ def main(argv=None):
     p.add_argument("--check_outputs", type=int, default=1)
     for name, default in (("max_turns", 30), ("max_new_tokens", 1024), ("max_context", 32768), ("tools_in_prompt", 1)):
         p.add_argument(f"--{name}", type=int, default=default)  # as in training (config.py; the paper's caps)
-    p.add_argument("--temperature", type=float, default=0.0, help="the agent's: 0 greedy, > 0 sampled")
+    p.add_argument("--temperature", type=float, default=0.0, help="the agent's: 0 greedy (k trials differ only "
+                   "through the customer); > 0 sampled, so pass^k measures consistency over k sampled conversations")
     p.add_argument("--top_p", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0, help="sampling seed (trial j of a task: sampling.episode_seed)")
     p.add_argument("--synthetic_seed", type=int, default=0, help="seed of the synthetic / shop world (as in muarl.py)")
