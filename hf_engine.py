@@ -1,8 +1,7 @@
 """HFEngine: batched sampling with a transformers model, keeping each conversation's keys/values across turns.
 
-engine.py states the contract and holds ReferenceEngine, the same loop one prompt at a time: read it first. This
-is the fast version: a hand-written decode loop over the keys/values kept by kv_store.KVStore, so a conversation's
-next turn runs only what was appended (exact: greedy outputs equal a full re-prefill, tests/test_engine.py).
+engine.py states the contract and holds ReferenceEngine, the same loop one prompt at a time: read it first. Here
+it is made fast, and stays exact: greedy outputs equal a full re-prefill (tests/test_engine.py).
 
 Symbols: B = prompts in a batch, c_i = tokens of prompt i whose keys/values are reused (stored or shared), C = max
 c_i, r_i = the rest of prompt i (run in this call), R = max r_i, H = key/value heads, D = head size, V = vocab.
@@ -55,9 +54,7 @@ def sdpa_gqa_attention(module, query, key, value, attention_mask, dropout=0.0, s
 
 
 class HFEngine:
-    """Batched sampling with a transformers causal LM, reusing each conversation's keys/values across calls.
-
-    Why not `model.generate`? We need each token's log-prob under the exact distribution it was drawn from, finished
+    """Why not `model.generate`? We need each token's log-prob under the exact distribution it was drawn from, finished
     rows to stop costing compute, and the next turn to start from this turn's keys/values. A short loop does all
     three. Its phases, and what each device buys on a CPU (demo model size, 1 thread; bench/bench_rollout.py):
 
@@ -79,10 +76,9 @@ class HFEngine:
     3.87x on the synthetic one (~1,000-token contexts make each row dearer). Not measured alone: the shared prefix,
     the prefill groups, rows leaving the batch, BufferLayer.
 
-    The store is valid only for the weights that filled it: it is emptied when `weights_version` changes, on
-    `sleep()` (after each rollout, freeing memory for the update) and on `reset_cache()`; `cache_gib` bounds it
-    (0: no reuse across calls). If `model` is the trainer's own, the weights are always current and
-    `update_weights` copies nothing (it checks); give it a separate copy to mimic a separate rollout engine.
+    The store is valid only for the weights that filled it: it is emptied when `weights_version` changes, on `sleep()`
+    (after each rollout, freeing memory for the update) and `reset_cache()`; `cache_gib` bounds it (0: no reuse). With
+    the trainer's own `model`, `update_weights` copies nothing (it checks); give it a copy to mimic a separate engine.
     """
 
     def __init__(self, model, tokenizer=None, stop_token_ids: list[int] | None = None, min_shared_prefix: int = 16,
@@ -174,8 +170,7 @@ class HFEngine:
             for i, (s, m) in enumerate(hits):  # right-aligned: row i's cached tokens end at column C
                 k[i, :, : C - m], v[i, :, : C - m] = 0, 0
                 if m:
-                    k[i, :, C - m : C] = s.keys[li][:, :m]
-                    v[i, :, C - m : C] = s.values[li][:, :m]
+                    k[i, :, C - m : C], v[i, :, C - m : C] = s.keys[li][:, :m], s.values[li][:, :m]
             bufs.append((k, v))
         cached = (torch.arange(C, device=dev) >= C - c[:, None]).long()  # (B, C) 1 = a reused column
         t1 = time.perf_counter()
@@ -198,18 +193,16 @@ class HFEngine:
                                      past_key_values=view, logits_to_keep=1).logits[:, -1])  # (b, V): last only
             masks.append(mask)
             self.stats.update(prefill_tokens=int(own.sum()), prefill_padded=own.numel())  # Counter.update adds
-        self.stats["store_s"] += t1 - t0
-        self.stats["prefill_s"] += time.perf_counter() - t1
+        self.stats.update(store_s=t1 - t0, prefill_s=time.perf_counter() - t1)
         return self._new_cache(bufs, C + R), torch.cat(masks), torch.cat(logits)  # (B, C + R), (B, V)
 
     @staticmethod
     def _layout(cache, attends: torch.Tensor, n: int) -> tuple[int, bool]:
-        """Before a decode step: (start, padded). start = the first column a live row attends to (the columns before
-        it are padding for every row: the cache stops showing them), padded = whether any row has padding left."""
+        """Before a decode step: (start, padded). The cache hides the columns before start: padding in every row."""
         start = int(attends[:, :n].any(0).long().argmax())  # the first column some row attends to
         for layer in cache.layers:
             layer.skip_padding(start)
-        return start, not bool(attends[:, start:n].all())
+        return start, not bool(attends[:, start:n].all())  # padded: some row still has padding
 
     def _cut(self, cache, mask, j: int, tokens: list[int]) -> CachedSeq:
         """Row j's keys/values, real columns only (a copy: the batch's buffers are freed after the call)."""
@@ -236,9 +229,8 @@ class HFEngine:
         samples = [Sample() for _ in prompts]
         if not prompts or max_new_tokens <= 0:
             return samples
-        dev = self.model.device
         uniforms = torch.stack([torch.rand(max_new_tokens, dtype=torch.float64, generator=g) for g in gens])  # (B, N)
-        uniforms = uniforms.to(dev)  # uniforms[i, t]: prompt i's draw for its t-th token
+        uniforms = uniforms.to(self.model.device)  # uniforms[i, t]: prompt i's draw for its t-th token
         t0 = time.perf_counter()
         # 1. what earlier calls computed, then 2. the prefix shared within this call
         hits = [self._lookup(p) for p in prompts]  # (CachedSeq | None, cached tokens) per prompt
@@ -253,14 +245,11 @@ class HFEngine:
         groups = [(j, j + size.count(z)) for j, z in enumerate(size) if j == 0 or size[j - 1] != z]
         cache, mask, logits = self._prefill([prompts[i] for i in rows], [hits[i] for i in rows], max_new_tokens, groups)
         next_pos = mask.sum(-1)  # (B,) position of the token about to be sampled
-        # The decode mask, with room for the budget; each step marks one more column. attends: 1 = a real column
-        # (what _cut keeps); bias: 0 / -inf, what SDPA adds to the scores: our attention gets a view of it, not a
-        # mask rebuilt every step and layer. An unpadded batch (one row) needs no mask.
+        # Decode masks with room for the budget (a step marks one more column). attends: 1 = a real column (what _cut
+        # keeps); bias = log(mask), 0 / -inf, what SDPA adds to the scores: a view of it, not a mask rebuilt per layer.
         n = mask.shape[1]
-        attends = torch.zeros(len(rows), n + max_new_tokens, dtype=torch.bool, device=dev)  # (B, capacity)
-        attends[:, :n] = mask.bool()
-        bias = torch.zeros(attends.shape, dtype=self._kv_shape()[2], device=dev)  # (B, capacity); decode columns: 0
-        bias[:, :n].masked_fill_(~attends[:, :n], float("-inf"))
+        attends = F.pad(mask.bool(), (0, max_new_tokens))  # (B, capacity)
+        bias = F.pad(mask.to(self._kv_shape()[2]).log(), (0, max_new_tokens))  # (B, capacity)
         start, padded = self._layout(cache, attends, n)
 
         # 4. decode: every row in the batch is still sampling (finished rows leave at once, below)
@@ -287,8 +276,7 @@ class HFEngine:
                 keep = [dict(zip(holes, movers)).get(j, j) for j in range(b)]  # keep[new row] = old row
                 for layer in cache.layers:
                     layer.move_rows(holes, movers, b)
-                idx = torch.tensor(keep, device=dev)
-                tok, next_pos, attends, bias = tok[idx], next_pos[idx], attends[idx], bias[idx]
+                tok, next_pos, attends, bias = tok[keep], next_pos[keep], attends[keep], bias[keep]
                 rows = [rows[j] for j in keep]
                 start, padded = self._layout(cache, attends, n)
             attends[:, n] = True  # the column the token fed now writes (bias is already 0 there)
@@ -300,10 +288,9 @@ class HFEngine:
             next_pos = next_pos + 1
             # decode_columns: the keys/values attention read, padding included
             self.stats.update(decode_steps=1, decode_row_steps=len(rows), decode_columns=len(rows) * (n - start))
-        self.stats["decode_s"] += time.perf_counter() - t1
+        self.stats.update(decode_s=time.perf_counter() - t1, calls=1)
         # 5. the rows still sampling at the end
         self._keep(cache, attends[:, :n], [j for j in range(len(rows)) if j not in done], rows, prompts, samples, hits)
-        self.stats["calls"] += 1
         return samples
 
     @torch.no_grad()
@@ -317,9 +304,7 @@ class HFEngine:
                 params[name].copy_(t)  # casts dtype / moves device as needed
                 self.reset_cache()  # (weights_version would notice too: copy_ bumps the version)
 
-    def sleep(self) -> None:
-        """Free the stored keys/values (the trainer calls this after a rollout; the weights change next)."""
-        self.reset_cache()
+    sleep = reset_cache  # the trainer calls it after a rollout: the weights change next, the update needs the memory
 
     def wake_up(self) -> None:  # same surface as VLLMEngine; nothing to restore
         pass
@@ -335,9 +320,8 @@ if __name__ == "__main__":
 
     model, tok = build_tiny(tempfile.mkdtemp(prefix="muarl-tiny-"))
     hf = HFEngine(model, tok)
-    prompts = [tok.encode(tok.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
-                                                  add_generation_prompt=True, enable_thinking=False))
-               for text in ("Cancel order #W1234567, please.", "Hello")]
+    turn = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"  # a user turn in Qwen's chat markup
+    prompts = [tok.encode(turn.format(text)) for text in ("Cancel order #W1234567, please.", "Hello")]
     first = hf.generate(prompts, max_new_tokens=12, temperature=1.0, seed=0)
     # A second turn, as rollout.py makes it: prompt + what was sampled + a delta; only the delta runs.
     delta = tok.encode("<|im_end|>\n<|im_start|>user\nYes, go ahead.<|im_end|>\n<|im_start|>assistant\n")

@@ -27,12 +27,9 @@ def weights_version(model) -> tuple:
 
 @dataclass
 class CachedSeq:
-    """The keys/values an earlier call computed for `tokens`: keys[l] and values[l] are layer l's, each (H, n, D)
-    for the n tokens at positions 0 .. n-1 (H = key/value heads, D = head size)."""
-
-    tokens: np.ndarray  # (n,) int64
-    keys: list[torch.Tensor]
-    values: list[torch.Tensor]
+    tokens: np.ndarray  # (n,) int64: the sequence an earlier call computed keys/values for
+    keys: list[torch.Tensor]  # keys[l]: layer l's, (H, n, D) (H = key/value heads, D = head size)
+    values: list[torch.Tensor]  # values[l]: likewise
 
     def __post_init__(self):
         self.key = self.tokens.tobytes()  # the store's dict key: equal token sequences are one entry
@@ -40,14 +37,11 @@ class CachedSeq:
 
 
 class KVStore:
-    """A bounded LRU of CachedSeq, looked up by the longest common prefix with a new prompt.
-
-    After each call it holds every row's prompt + sampled tokens but the last (sampled, never fed: no keys/values);
-    the episode's next prompt is this + the last sampled token + a delta (tool result or user message), so the next
-    call prefills only the delta. An entry's first m tokens serve any prompt starting with them (causal attention:
-    G episodes of a task share a first prompt, a domain's episodes the system prompt). The least recently used go
-    beyond `max_bytes`, and an entry a newer one extends goes at once: a conversation holds one entry, not one a turn.
-    """
+    """After each call: every row's prompt + sampled tokens but the last (sampled, never fed: no keys/values). The
+    episode's next prompt is that + the last sampled token + a delta, so the next call prefills only the delta. An
+    entry's first m tokens serve any prompt starting with them (causal attention: G episodes of a task share a first
+    prompt, a domain's episodes the system prompt). Beyond `max_bytes` the least recently used go; an entry a newer
+    one extends goes at once: a conversation holds one entry, not one a turn."""
 
     def __init__(self, max_bytes: int):
         self.max_bytes = max_bytes
@@ -100,19 +94,20 @@ class BufferLayer(DynamicLayer):
         super().__init__()
         self.lazy_initialization(k_buf, v_buf)  # dtype, device, is_initialized
         self._k, self._v = k_buf, v_buf  # (B, H, capacity, D)
-        self.start, self.end = start, n  # the model sees columns start .. end - 1
-        self._views()
+        self.end = n
+        self.skip_padding(start)  # self.keys, self.values: views of the filled columns
 
-    def _views(self) -> None:
-        """What transformers sees: (B, H, end - start, D) views; before `start`, every row is padding (skip_padding)."""
-        self.keys, self.values = self._k[:, :, self.start : self.end], self._v[:, :, self.start : self.end]
+    def skip_padding(self, start: int) -> None:
+        """Show the model columns start .. end - 1 (no row has a real one before start), (B, H, end - start, D)."""
+        self.start = start
+        self.keys, self.values = self._k[:, :, start : self.end], self._v[:, :, start : self.end]
 
     def update(self, key_states, value_states, *args, **kwargs):
         n, k = self.end, key_states.shape[-2]
         self._k[:, :, n : n + k] = key_states  # a full buffer is a shape error here, never a silent copy
         self._v[:, :, n : n + k] = value_states
         self.end = n + k
-        self._views()
+        self.skip_padding(self.start)  # the views, over the grown columns
         return self.keys, self.values
 
     def move_rows(self, holes: list[int], movers: list[int], b: int) -> None:
@@ -121,16 +116,11 @@ class BufferLayer(DynamicLayer):
         self._k[holes, :, : self.end] = self._k[movers, :, : self.end]  # holes < b <= movers: no overlap
         self._v[holes, :, : self.end] = self._v[movers, :, : self.end]
         self._k, self._v = self._k[:b], self._v[:b]  # (b, H, capacity, D)
-        self._views()
+        self.skip_padding(self.start)
 
     def copy_row(self, j: int, spans: list[tuple[int, int]]) -> tuple[torch.Tensor, torch.Tensor]:
         """Row j's keys and values in the buffer columns [a, b) of each span, in order: a copy, (H, n, D) each."""
         return tuple(torch.cat([buf[j][:, a:b] for a, b in spans], dim=1) for buf in (self._k, self._v))  # (H, n, D)
-
-    def skip_padding(self, start: int) -> None:
-        """From now on, show the model columns start .. end - 1 only (no row has a real column before start)."""
-        self.start = start
-        self._views()
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -1,11 +1,8 @@
 """How a token is drawn, and from which random stream: the sampling step every engine shares, and the seeds.
 
-An engine (engine.py) turns logits into tokens here. Two things are decided in this file and nowhere else:
-
     sample_step       logits (B, V) -> a token per row and its log-prob under the distribution it was drawn from
                       (temperature, then the top-p nucleus, renormalised). GRPO's `old_logp` is this log-prob.
-    episode_seed      THE seed function: a 63-bit int hashed from any parts. rollout.py seeds episode j of a task with
-                      episode_seed(run_seed, task_id, occurrence, j), each turn episode_seed(that, turn)
+    episode_seed      THE seed function: a 63-bit int hashed from any parts (rollout.py: one per episode and turn)
     prompt_seeds      one generator seed per prompt of a generate() call (a list, an int, or None)
     Sample            what an engine returns per prompt: token_ids, logprobs, finish_reason
     default_stop_ids  the ids that end an agent turn
@@ -13,9 +10,8 @@ An engine (engine.py) turns logits into tokens here. Two things are decided in t
 Symbols: B = prompts (rows) in a batch, V = vocabulary size.
 
 Departures from the paper's setup (verl + vLLM sample with vLLM's own sampler):
-1. The draw is an inverse-CDF lookup with one uniform u per row per step, not torch.multinomial: the same
-   distribution, ~20x cheaper on a CPU, and the uniforms can be drawn ahead from the prompt's own stream (as the
-   HF engines do), so what a prompt samples does not depend on the other prompts of its batch.
+1. An inverse-CDF draw from one uniform u per row and step, not torch.multinomial: the same distribution, ~20x
+   cheaper on a CPU, and the HF engines draw a prompt's u's ahead from its own stream: its tokens ignore its batch.
 2. Seeds are hashed (blake2b), not added: episode_seed(7, "shop/3", 0, 1) and episode_seed(7, "shop/3", 1, 0)
    are unrelated streams, where a sum like seed + j would make neighbouring runs replay each other's episodes.
 
@@ -50,8 +46,7 @@ def default_stop_ids(tokenizer=None, model=None) -> list[int]:
 
 def sample_step(logits: torch.Tensor, temperature: float, top_p: float, gen: torch.Generator | None = None,
                 u: torch.Tensor | None = None):
-    """logits (B, V) -> (tokens (B,), logprobs (B,)) of the tokens under the distribution they were drawn from.
-    u: (B,) uniform draws in [0, 1), one per row (drawn from `gen` when not given)."""
+    """logits (B, V) -> (tokens (B,), their logprobs (B,)); u (B,): a uniform in [0, 1) per row, else drawn from gen."""
     logits = logits.float()  # sample in float32 whatever the model dtype
     if temperature == 0:  # greedy: the log-prob is that of the untempered model
         tok = logits.argmax(-1)  # (B,)
@@ -64,13 +59,12 @@ def sample_step(logits: torch.Tensor, temperature: float, top_p: float, gen: tor
         drop_sorted = mass_before >= top_p  # (B, V); the top token always has mass_before 0, so it stays
         drop = drop_sorted.scatter(-1, order, drop_sorted)  # (B, V) back in vocabulary order
         logp = logp.masked_fill(drop, float("-inf")).log_softmax(-1)  # (B, V) renormalised over the nucleus
-    # Inverse-CDF draw: u ~ U[0, 1), take the first token whose cumulative probability exceeds u * total (~20x
-    # cheaper than multinomial's ~45 us a row). A probability-0 token never has cdf[i] > u * total >= cdf[i-1] = cdf[i].
+    # Inverse CDF (multinomial: ~45 us a row): the first token whose cumulative probability exceeds u * total. Never a
+    # probability-0 token: it needs cdf[i] > u * total >= cdf[i-1] = cdf[i]. Clamp: u * total may round up to cdf[-1].
     cdf = logp.exp().double().cumsum(-1)  # (B, V) in float64: no drift over a 150k vocabulary
     if u is None:
         u = torch.rand(len(cdf), generator=gen, dtype=torch.float64, device=cdf.device)  # (B,)
-    tok = torch.searchsorted(cdf, u[:, None] * cdf[:, -1:], right=True)  # (B, 1)
-    tok = tok.clamp(max=cdf.shape[-1] - 1)[:, 0]  # (B,) u * total can round to the last cdf entry
+    tok = torch.searchsorted(cdf, u[:, None] * cdf[:, -1:], right=True).clamp(max=cdf.shape[-1] - 1)[:, 0]  # (B,)
     return tok, logp.gather(-1, tok[:, None])[:, 0]
 
 
@@ -92,9 +86,7 @@ def prompt_seeds(seed: int | list[int] | None, n: int) -> list[int]:
         if len(seed) != n:
             raise ValueError(f"generate: {len(seed)} seeds for {n} prompts (give one per prompt, or one int)")
         return [int(s) % 2**63 for s in seed]
-    if seed is not None:  # hashed: calls seeded s and s + 1 never replay each other's streams on other rows
-        return [episode_seed(seed, i) for i in range(n)]
-    return torch.randint(2**62, (n,)).tolist()
+    return torch.randint(2**62, (n,)).tolist() if seed is None else [episode_seed(seed, i) for i in range(n)]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -107,7 +99,6 @@ if __name__ == "__main__":
         gen = torch.Generator().manual_seed(0)
         draws = [sample_step(logits, temperature, top_p, gen) for _ in range(2000)]
         counts = torch.bincount(torch.cat([t for t, _ in draws]), minlength=5)  # (V,)
-        # the log-prob reported for a token is of the distribution it was drawn from (tempered, nucleus)
         lps = {int(t): round(float(lp), 3) for t, lp in draws}
         print(f"T={temperature} top_p={top_p}: frequencies {[round(c / 2000, 3) for c in counts.tolist()]}, "
               f"log-probs {dict(sorted(lps.items()))}")
