@@ -148,7 +148,8 @@ def validate(cfg: Config, world_size: int = 1) -> None:
     domains, scripted = cfg.domains.split(","), [d for d in DOMAINS if DOMAINS[d].script is not None]
     generators = [d for d in DOMAINS if DOMAINS[d].generator]
     choices = {"advantage": tuple(ADVANTAGES), "user": ("scripted", "llm"), "tasks": ("train", "synthetic"),
-               "malformed": ("end", "observe"), "engine": ("auto", "hf", "vllm")}
+               "malformed": ("end", "observe"), "engine": ("auto", "hf", "vllm"),
+               "dtype": ("auto", "float32", "bfloat16")}
     # (holds, what to say otherwise), checked in order: the first one that fails is reported
     checks = [
         (cfg.group_size >= 2, f"group_size must be >= 2 (GRPO compares rollouts within a group), got {cfg.group_size}"),
@@ -164,30 +165,29 @@ def validate(cfg: Config, world_size: int = 1) -> None:
          f"the scripted user only plays generated tasks ({', '.join(scripted)}); use --user llm for the others "
          "(or --tasks synthetic)"),
         (0 <= cfg.lazy_rate <= 1, f"--lazy_rate must be in [0, 1], got {cfg.lazy_rate}"),
-        (cfg.copy_warmup >= 0, "--copy_warmup must be >= 0"),
-        *[(getattr(cfg, k) > 0, f"--{k} must be positive")
-          for k in ("lr", "max_new_tokens", "max_context", "micro_batch_tokens", "max_turns")],
-        (0 < cfg.top_p <= 1 and cfg.temperature >= 0,
-         f"--top_p must be in (0, 1] and --temperature >= 0, got {cfg.top_p}, {cfg.temperature}"),
-        (0 <= cfg.clip_low < 1 and cfg.clip_high >= 0, "clip_low must be in [0, 1) and clip_high >= 0"),
-        # a turn must fit in the conversation with room for its prompt
-        (cfg.max_new_tokens < cfg.max_context, "max_new_tokens must be smaller than max_context"),
+        # NaN fails every comparison: `--kl_coef nan` is refused like `--kl_coef -1` (or a gradient-flipping clip)
+        *[(getattr(cfg, k) >= 0, f"--{k} must be >= 0, got {getattr(cfg, k)}") for k in ("copy_warmup", "steps",
+          "grad_clip", "temperature", "clip_high", "kl_coef", "weight_decay", "eval_tasks", "eval_every", "save_every",
+          "sft_epochs", "threads", "turn_bonus", "user_temperature", "synthetic_train", "synthetic_test", "copy_lr",
+          "sft_lr")],
+        *[(getattr(cfg, k) > 0, f"--{k} must be positive, got {getattr(cfg, k)}") for k in ("lr", "max_new_tokens",
+          "max_context", "micro_batch_tokens", "max_turns", "logprob_chunk", "sft_batch", "tiny_hidden",
+          "tiny_layers", "tiny_vocab", "tiny_intermediate", "synthetic_users")],
+        (0 < cfg.top_p <= 1, f"--top_p must be in (0, 1], got {cfg.top_p}"),
+        (0 <= cfg.clip_low < 1, f"--clip_low must be in [0, 1), got {cfg.clip_low}"),
+        (cfg.max_new_tokens < cfg.max_context, "max_new_tokens must be smaller than max_context (a turn needs room)"),
     ]
-    for ok, message in checks:
-        if not ok:
-            raise ConfigError(message)
+    if (message := next((m for ok, m in checks if not ok), None)) is not None:  # the first check that failed
+        raise ConfigError(message)
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # Demo: python config.py --model tiny --steps 5
 
 if __name__ == "__main__":
-    import sys
-
     try:
         validate(cfg := parse_config())
     except ConfigError as e:
-        print(f"config error: {e}", file=sys.stderr)
-        sys.exit(2)
+        raise SystemExit(f"config error: {e}")  # one line on stderr, exit status 1
     for f in dataclasses.fields(cfg):
         print(f"{f.name:22s} {getattr(cfg, f.name)!r}")
