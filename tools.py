@@ -156,15 +156,15 @@ class ParsedTurn:
 def _parse_one(body: str, known: set[str] | None) -> dict | str:  # the call, or what is wrong with it
     try:
         obj = json.loads(body)
-    except json.JSONDecodeError as e:
-        return f"the tool call is not valid JSON ({e.msg} at position {e.pos})"
+    except (ValueError, RecursionError) as e:  # bad JSON; also an int of > 4,300 digits, or nesting past the stack
+        return f"the tool call is not valid JSON ({getattr(e, 'msg', type(e).__name__)} at {getattr(e, 'pos', 0)})"
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
         return 'a tool call must be a JSON object with a string "name" and an object "arguments"'
     args = obj.get("arguments", {})
     if isinstance(args, str):  # some models put the arguments in a JSON string; accept it when it parses
         try:
             args = json.loads(args)
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):
             return f'the "arguments" of {obj["name"]} are a string that is not JSON'
     if not isinstance(args, dict):
         return f'the "arguments" of {obj["name"]} must be a JSON object'
