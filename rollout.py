@@ -320,21 +320,21 @@ class TrajectoryLog:
 
 
 if __name__ == "__main__":
-    # Two synthetic tasks x G = 2, the scripted expert as the "policy" (agents.ExpertEngine replays its tokens)
-    # and the scripted customer: every episode should score 1. Then one episode, its trained tokens in [[...]].
+    # A tiny untrained model as the policy, the scripted customer, two shop tasks x G = 2: watch the token stream, its
+    # spans and its mask (rewards are chance). `python agents.py` plays the oracle through this loop: all score 1.
     import tempfile
 
-    from agents import ExpertEngine
     from domains import load_world
+    from hf_engine import HFEngine
     from models import build_tiny
     from user_sim import ScriptedUser
 
-    world = load_world("synthetic", seed=0, n_train=20, n_test=10)
+    world = load_world("shop", seed=0, n_train=20, n_test=20)
     tasks = world.tasks("test")[:2]
-    _, tok = build_tiny(tempfile.mkdtemp(), texts=[world.rules] + [json.dumps(t.expert) for t in tasks])
-    cfg = RolloutConfig(tools_in_prompt=False)
-    eps = rollout(tasks, 2, {"synthetic": world}, PolicyAgent(ExpertEngine(tok, tasks), tok), ScriptedUser(), cfg)
-    for e in score(eps, {"synthetic": world}, check_outputs=True):
+    model, tok = build_tiny(tempfile.mkdtemp(), texts=[world.rules] + [json.dumps(t.expert) for t in tasks])
+    cfg = RolloutConfig(tools_in_prompt=False, max_turns=6, max_new_tokens=32, max_context=1024, seed=0)
+    eps = rollout(tasks, 2, {"shop": world}, PolicyAgent(HFEngine(model, tok), tok), ScriptedUser(), cfg)
+    for e in score(eps, {"shop": world}, check_outputs=True):
         print(f"{e.task.id}: reward {e.reward}  stop {e.stop_reason}  turns {e.turns}  calls {e.tool_calls}  "
               f"tokens {len(e.ids)} (trained {sum(e.mask)})  spans {[s['who'] for s in e.spans]}")
     print("\n" + chat.show_mask(tok, eps[0].ids, eps[0].mask))
