@@ -245,7 +245,7 @@ def rollout(tasks: list[Task], group_size: int, worlds: dict[str, World], agent:
         for j in range(group_size):
             seed = seeds[len(episodes)] if seeds is not None else None if cfg.seed is None else \
                 episode_seed(cfg.seed, task.id, k, j)
-            ep = Episode(task=task, group=gi, env=world.new_env(), seed=seed)
+            ep = Episode(task=task, group=gi, env=world.new_env(task), seed=seed)
             ep.messages.append({"role": "system", "content": world.rules})
             if isinstance(first, UserError):
                 ep.stop("user_error", str(first))

@@ -215,6 +215,7 @@ class Call:
     output: str
     error: bool
     write: bool  # was this a write tool (by the domain's declaration, whether or not it succeeded)
+    requestor: str = "assistant"  # who called: "assistant" (the agent) or "user" (the customer, dual-control domains)
 
 
 class Env:
@@ -230,13 +231,16 @@ class Env:
         self.db = Store(self.con, world.collections)
         self.calls: list[Call] = []
 
-    def call(self, name: str, arguments: Any) -> str:
-        """Run tool `name` with keyword `arguments`; return the string the agent sees. Never raises.
+    def call(self, name: str, arguments: Any, requestor: str = "assistant") -> str:
+        """Run tool `name` with keyword `arguments`; return the string the caller sees. Never raises.
 
         Like tau2, an exception inside a tool becomes the observation "Error: <message>"; objects are returned as
-        their JSON (json.dumps with default separators), strings as they are.
+        their JSON (json.dumps with default separators), strings as they are. `requestor` picks the toolkit, as in
+        tau2: "assistant" calls the company's tools, "user" the customer's own (world.user_tools; dual-control
+        domains such as telecom), and a name from the other side's toolkit is "not found".
         """
-        fn = self.world.tools.get(name) if isinstance(name, str) else None
+        toolkit = self.world.user_tools if requestor == "user" else self.world.tools
+        fn = toolkit.get(name) if isinstance(name, str) else None
         if fn is None:
             out, err = f"Error: Tool '{name}' not found.", True
         elif not isinstance(arguments, dict):
@@ -249,7 +253,9 @@ class Env:
                 out, err = (result if isinstance(result, str) else json.dumps(result)), False
             except Exception as e:  # noqa: BLE001 - every failure is an observation for the agent, as in tau2
                 out, err = f"Error: {e}", True
-        self.calls.append(Call(name, arguments, out, err, name in self.world.write_tools))
+        self.calls.append(Call(name, arguments, out, err, name in self.world.write_tools, requestor))
+        if not err:
+            self.world.after_call(self)  # e.g. telecom's sync between the agent's database and the customer's phone
         return out
 
     def export(self) -> dict[str, dict[str, dict]]:
@@ -296,10 +302,30 @@ class World:
         self.write_tools = set(write_tools)
         self.rules = rules
         self._tasks = list(tasks or [])
+        self.user_tools: dict[str, Callable] = {}  # the customer's own tools (dual-control domains set them)
         self._gold_cache: dict[str, dict[str, dict[str, str | None]]] = {}
 
-    def new_env(self) -> Env:
-        return Env(self)
+    def new_env(self, task: Task | None = None) -> Env:
+        """A fresh private database for one rollout; with `task`, in that task's initial state (init_env)."""
+        env = Env(self)
+        if task is not None:
+            self.init_env(env, task)
+        return env
+
+    def init_env(self, env: Env, task: Task) -> None:
+        """Put a new env in the task's initial state. Nothing to do for retail / airline (every task starts from the
+        template); telecom overrides it (tau2's initialization_actions on both sides)."""
+
+    def after_call(self, env: Env) -> None:
+        """Runs after every successful tool call of either side. Nothing by default; telecom syncs its two sides."""
+
+    def user_tool_schemas(self) -> list[dict]:
+        """The customer's tools' JSON schemas ([] for single-control domains), for the OpenAI tools API."""
+        if not hasattr(self, "_user_schemas"):
+            from tools import function_schema
+
+            self._user_schemas = [function_schema(fn) for fn in self.user_tools.values()]
+        return self._user_schemas
 
     def tasks(self, split: str = "all") -> list[Task]:
         return [t for t in self._tasks if split == "all" or t.split == split]

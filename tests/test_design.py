@@ -257,4 +257,6 @@ def test_core_file_keeps_the_house_style(name):
 
 def test_the_core_fits_its_line_budget():
     total = sum(_style(REPO / f"{name}.py")["nonblank"] for name in CORE)
-    assert total <= 3000, f"the core modules hold {total} non-blank lines (budget 3,000)"
+    # 3,000 until the dual-control customer, the other benchmarks and the hardening of issues 13-16 (raised once, to
+    # 3,500; a new concept still gets its own file, and domains/ is not the core)
+    assert total <= 3500, f"the core modules hold {total} non-blank lines (budget 3,500)"
