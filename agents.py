@@ -33,7 +33,9 @@ class MessageAgent:
         self.make_act, self.workers, self.acts, self.tools = make_act, workers, {}, {}
 
     def begin(self, ep, rules, schemas, first):
-        self.acts[id(ep)] = self.make_act(ep.task)
+        self.acts[id(ep)] = act = self.make_act(ep.task)
+        if hasattr(act, "env"):  # the oracle also plays the customer's gold actions (dual control: telecom)
+            act.env = ep.env
         self.tools[id(ep)] = ep.env.world.tool_schemas()  # the endpoint's tool calling needs the schemas
 
     def _one(self, ep) -> ParsedTurn | Exception:
@@ -88,12 +90,16 @@ def openai_act(model: str, base_url: str | None, api_key: str | None, temperatur
 
 
 class OracleAgent:
-    """Replays the task's gold actions one per turn, then states the required outputs and says it is done."""
+    """Replays the task's gold actions one per turn, then states the required outputs and says it is done. A gold
+    action of the customer's ("requestor": "user") runs on the customer's side of the env, in order, between them."""
 
     def __init__(self, task):
-        self.todo, self.outputs = list(task.actions), list(task.outputs)
+        self.todo, self.outputs, self.env = list(task.actions), list(task.outputs), None
 
     def __call__(self, messages, tools):
+        while self.todo and self.todo[0].get("requestor") == "user":
+            a = self.todo.pop(0)
+            self.env.call(a["name"], json.loads(json.dumps(a["arguments"])), requestor="user")
         if self.todo:
             a = self.todo.pop(0)
             return {"content": "", "tool_calls": [{"function": {"name": a["name"], "arguments": a["arguments"]}}]}
