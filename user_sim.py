@@ -99,11 +99,21 @@ _HIDDEN = re.compile(r"<(tool_call|tool_response|think)>.*?(</\1>|$)", re.S)
 _LEADING_THINK = re.compile(r"^\s*<think>.*?</think>", re.S)
 
 
-def simulator_messages(instructions: str, history: list[dict]) -> list[dict]:
+def simulator_messages(instructions: str, history: list[dict], variant: dict | None = None) -> list[dict]:
     """Agent-side text conversation -> the simulator's API messages (system prompt + roles swapped).
 
     history: [{"role": "user" | "assistant", "content": str}, ...] as the agent saw it (user = customer).
-    Returns [system, user: GREETING, assistant: <customer's 1st msg>, user: <agent's reply>, ...]."""
+    Returns [system, user: GREETING, assistant: <customer's 1st msg>, user: <agent's reply>, ...].
+    `variant` (a benchmark's own customer, carried by task.spec["simulator"], e.g. ACEBench's): its system text,
+    greeting, the role of the customer's own turns and prefixes cut from the agent's, verbatim, nothing else."""
+    if variant is not None:
+        msgs = [{"role": "system", "content": variant["system"]}, {"role": "user", "content": variant["greeting"]}]
+        for m in history:
+            text = m["content"]
+            if m["role"] == "assistant":
+                text = next((text[len(p):] for p in variant.get("strip", []) if text.startswith(p)), text)
+            msgs.append({"role": variant["own_role"] if m["role"] == "user" else "user", "content": text})
+        return msgs
     swap = {"user": "assistant", "assistant": "user"}
     msgs: list[dict] = []
     for m in history:
@@ -170,9 +180,10 @@ class LLMUser:
         with self._guard:
             self.stats[key] += 1
 
-    def complete(self, messages: list[dict]) -> str:
+    def complete(self, messages: list[dict], sampling: dict | None = None) -> str:
         """One chat completion with retries; returns the reply text or raises UserError."""
         kwargs = dict(model=self.model, messages=messages, temperature=self.temperature, max_tokens=self.max_tokens)
+        kwargs.update(sampling or {})  # a benchmark's own customer settings (ACEBench: temperature 0.001, top_p 1)
         if self.seed is not None:
             kwargs["seed"] = self.seed
         oa, last, who = self._openai, None, f"user simulator {self.model!r} at {self.base_url}"
@@ -203,17 +214,25 @@ class LLMUser:
             lock = self._locks.setdefault(task.id, threading.Lock())
         with lock:  # concurrent callers for one task queue here; the first one generates, the rest read the cache
             if task.id not in self._first:
+                v = _variant(task)  # a fixed opening (ACEBench's multi-step question) needs no model
                 # Not cached on failure: a later call (e.g. next epoch) tries again instead of failing forever.
-                self._first[task.id] = self.complete(simulator_messages(task.instructions, []))
+                self._first[task.id] = v["opening"] if v and "opening" in v else self.complete(
+                    simulator_messages(task.instructions, [], v), (v or {}).get("sampling"))
             return self._first[task.id]
 
     def reply(self, task, history: list[dict]) -> str:
         """The customer's next message, given the agent-side text conversation so far."""
-        return self.complete(simulator_messages(task.instructions, history))
+        v = _variant(task)
+        return self.complete(simulator_messages(task.instructions, history, v), (v or {}).get("sampling"))
 
     def replies(self, requests: list[tuple]) -> list:
         """reply() for many (task, history) pairs at once; order kept; a failure comes back as a UserError."""
         return _fan_out(self.reply, requests, self.max_workers)
+
+
+def _variant(task) -> dict | None:
+    spec = getattr(task, "spec", None)
+    return spec.get("simulator") if isinstance(spec, dict) else None
 
 
 def _fan_out(fn, requests: list[tuple], max_workers: int) -> list:

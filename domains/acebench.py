@@ -403,8 +403,12 @@ def process_accuracy(process: list[str], milestones: list, passed: bool) -> floa
 # 4. The world: tasks, prompts, the router and stop rule, the reward
 
 
+DEFAULT_DIR = Path(__file__).resolve().parents[2] / "shared" / "acebench"  # ../shared/acebench beside the repo
+
+
 def find_data(data_dir=None) -> Path:
-    for d in (data_dir, os.environ.get("ACEBENCH_DIR"), Path(__file__).resolve().parents[2] / "shared" / "acebench"):
+    """The ACEBench folder: `data_dir`, else $ACEBENCH_DIR, else ../shared/acebench; missing: one clear line."""
+    for d in (data_dir, os.environ.get("ACEBENCH_DIR"), DEFAULT_DIR):
         if d and (Path(d) / "data" / "data_agent_multi_turn.json").is_file():
             return Path(d)
     raise FileNotFoundError(HOW_TO_GET)
