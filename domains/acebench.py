@@ -52,9 +52,8 @@ PLEASE = "Please do not ask me any questions, use the known conditions to solve 
 ERROR_CHARS = list("Error during execution: {str(e)}")
 CALL_NAME = re.compile(r"\b([a-zA-Z_]\w*)\s*(?=\()")  # how ACEBench finds the method name in a call's text
 GREETING = "Is there anything you need help with today?"
-HOW_TO_GET = ("ACEBench Agent data not found: put ACEBench's data (github.com/ACEBench/ACEBench, MIT; the layout of "
-              "../shared/acebench: data/*.json, data/possible_answer/, data/prompts/) in ../shared/acebench "
-              "or point $ACEBENCH_DIR at it")
+HOW_TO_GET = ("ACEBench Agent data not found: put ACEBench's Agent data (github.com/ACEBench/ACEBench, MIT) laid out "
+              "as data/*.json, data/possible_answer/, data/prompts/ in ../shared/acebench, or set $ACEBENCH_DIR")
 
 # ---------------------------------------------------------------------------------------------------------------
 # 1. Decoding an agent message (AGENT.md 5.1): text -> [(name, {keyword: value})], or an exception
@@ -408,10 +407,10 @@ DEFAULT_DIR = Path(__file__).resolve().parents[2] / "shared" / "acebench"  # ../
 
 def find_data(data_dir=None) -> Path:
     """The ACEBench folder: `data_dir`, else $ACEBENCH_DIR, else ../shared/acebench; missing: one clear line."""
-    for d in (data_dir, os.environ.get("ACEBENCH_DIR"), DEFAULT_DIR):
-        if d and (Path(d) / "data" / "data_agent_multi_turn.json").is_file():
-            return Path(d)
-    raise FileNotFoundError(HOW_TO_GET)
+    d = Path(data_dir or os.environ.get("ACEBENCH_DIR") or DEFAULT_DIR)
+    if (d / "data" / "data_agent_multi_turn.json").is_file():
+        return d
+    raise FileNotFoundError(f"{HOW_TO_GET} (looked in {d})")
 
 
 def _lines(path: Path) -> list[dict]:
