@@ -4,7 +4,8 @@
     from domains import load_world
     world = load_world("acebench_agent")          # data from $ACEBENCH_DIR or ../shared/acebench
     env = world.new_env(task)
-    env.call("execute", {"message": "[turn_on_wifi()]"})   # -> "[{'status': True, 'message': 'Wi-Fi has been turned on'}]"
+    env.call("execute", {"message": "[turn_on_wifi()]"})
+    # -> "[{'status': True, 'message': 'Wi-Fi has been turned on'}]"  (what the agent reads)
 
 How ACEBench's conversation maps onto rollout.rollout() (AGENT.md section 4 tells the original):
 - The agent speaks Python-like text, `[name(key='value'), ...]`. `parse_turn` is ACEBench's router: in multi-turn a
@@ -315,7 +316,8 @@ class AceEnv:
                 failed = True
             else:
                 results.append(f"Error during execution: {last_error}")
-            self.calls.append(Call(name, args, str(rec.get("error") or rec.get("return")), last_error is not None, False))
+            said = str(rec.get("error") or rec.get("return"))
+            self.calls.append(Call(name, args, said, last_error is not None, False))
         if failed:
             step.update(observation=ERROR_CHARS, instance="list")
         else:
@@ -539,4 +541,5 @@ if __name__ == "__main__":
     env = world.new_env(task)
     for a in task.actions:
         print(a["arguments"]["message"], "->", env.call(EXECUTE, a["arguments"]))
-    print(world.score(task, env)[0], world.agent_messages(task, [{"role": "user", "content": "Hi"}])[1]["content"][-60:])
+    print("reward", world.score(task, env)[0])
+    print(world.agent_messages(task, [{"role": "user", "content": "Hi"}])[1]["content"][-60:])

@@ -29,20 +29,24 @@ from domains.acebench import EXECUTE, FINISH, AceWorld, build_world as _build, r
 _MEETING = "Hey Frank, don't forget about our meeting on 2024-06-11 at 4 PM in Conference Room 1."
 _PIZZA = "[add_food_delivery_order(username='Eve', merchant_name=\"Domino's\", items=[{'product': 'Super Supreme " \
          "Pizza', 'quantity': 1}])]"
-_SPENT = "[add_reminder(title=\"Today's spending\", description=\"Today's spending 88.0 yuan\", time='2024-07-15 09:30')]"
+_SPENT = "[add_reminder(title=\"Today's spending\", description=\"Today's spending 88.0 yuan\", " \
+         "time='2024-07-15 09:30')]"
 _TEA = ["[login_food_platform(username='Helen', password='password321')]", "[get_products(merchant_name='Heytea')]",
         "[add_food_delivery_order(username='Helen', merchant_name='Heytea', items=[{'product': 'Four Seasons Spring "
         "Milk Tea', 'quantity': 1}])]", "[get_latest_message_id()]", "[delete_message(message_id=4)]",
         "[send_message(sender_name='Helen', receiver_name='Grace', message='Already bought.')]"]
-_GIFT = ["[view_reminder_by_title(title='To-do list')]", "[login_food_platform(username='Eve', password='password123')]",
+_GIFT = ["[view_reminder_by_title(title='To-do list')]",
+         "[login_food_platform(username='Eve', password='password123')]",
          "[add_food_delivery_order(username='Eve', merchant_name='Hema Fresh', items=[{'product': 'Fresh Gift Pack', "
          "'quantity': 2}])]", "[get_latest_message_id()]", "[delete_message(message_id=4)]",
          "[send_message(sender_name='Eve', receiver_name='Frank', message='The price of the purchased goods is 198.0 "
          "yuan')]"]
 _GRACE = "[view_messages_between_users(sender_name='Grace', receiver_name='Helen')]"
 REFERENCE = {  # task -> messages that reach its ground truth where no answer path does (written for muarl)
-    "agent_multi_turn_6": ["[login_device()]", "[view_messages_between_users(sender_name='Eve', receiver_name='Frank')]",
-                           f"[add_reminder(title='Meeting Reminder', description=\"{_MEETING}\", time='2024-06-11 16:00')]"],
+    "agent_multi_turn_6": ["[login_device()]",
+                           "[view_messages_between_users(sender_name='Eve', receiver_name='Frank')]",
+                           f"[add_reminder(title='Meeting Reminder', description=\"{_MEETING}\", "
+                           "time='2024-06-11 16:00')]"],
     "agent_multi_step_0": ["[login_food_platform(username='Eve', password='password123')]", _PIZZA, _SPENT],
     "agent_multi_step_1": ["[turn_on_wifi()]", "[login_food_platform(username='Eve', password='password123')]", _PIZZA,
                            _SPENT],

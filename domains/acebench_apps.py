@@ -25,7 +25,8 @@ from datetime import datetime, timedelta
 # The fixed data every task starts from (AGENT.md section 3), as (key, value) rows expanded by the constructors.
 PEOPLE = [("Eve", "USR100", "123-456-7890", "Software Engineer"), ("Frank", "USR101", "234-567-8901", "Data Scientist"),
           ("Grace", "USR102", "345-678-9012", "Product Manager"), ("Helen", "USR103", "456-789-0123", "UX Designer"),
-          ("Isaac", "USR104", "567-890-1234", "DevOps Engineer"), ("Jack", "USR105", "678-901-2345", "Marketing Specialist")]
+          ("Isaac", "USR104", "567-890-1234", "DevOps Engineer"),
+          ("Jack", "USR105", "678-901-2345", "Marketing Specialist")]
 INBOX = [("USR100", "USR101", "Hey Frank, don't forget about our meeting on 2024-06-11 at 4 PM in Conference Room 1.",
           "2024-06-09"),
          ("USR101", "USR102", 'Can you help me order a "Margherita Pizza" delivery? The merchant is Domino\'s.',
@@ -37,14 +38,15 @@ INBOX = [("USR100", "USR101", "Hey Frank, don't forget about our meeting on 2024
          ("USR105", "USR104", "Yes Jack, let's do it in 30 minutes.", "2024-01-15")]
 REMINDERS = [(1001, "Doctor's Appointment", "Visit Dr. Smith for a checkup.", "2024-07-15 09:30"),
              (1002, "Team Meeting", "Monthly project review with the team.", "2024-07-17 11:00"),
-             (1003, "To-do list", 'First, help Frank place a food delivery order at "Hema Fresh," ordering two "Fresh '
-              'Gift Packs." Then, send a message to Frank saying, "The price of the purchased goods is () yuan." Replace '
-              "the parentheses with the actual amount, keeping one decimal place.", "2024-07-16 11:00")]
+             (1003, "To-do list", 'First, help Frank place a food delivery order at "Hema Fresh," ordering two '
+              '"Fresh Gift Packs." Then, send a message to Frank saying, "The price of the purchased goods is () '
+              'yuan." Replace the parentheses with the actual amount, keeping one decimal place.', "2024-07-16 11:00")]
 FOOD_USERS = [("Eve", "U100", "password123", 500.0), ("Frank", "U101", "password456", 300.0),
               ("Grace", "U102", "password789", 150.0), ("Helen", "U103", "password321", 800.0),
               ("Isaac", "U104", "password654", 400.0), ("Jack", "U105", "password654", 120.0)]
 MERCHANTS = [("Domino's", "M100", "Pizza", [("Margherita Pizza", 68.0), ("Super Supreme Pizza", 88.0)]),
-             ("Rice Village Bibimbap", "M101", "Bibimbap", [("Stone Pot Bibimbap", 35.0), ("Korean Beef Bibimbap", 45.0)]),
+             ("Rice Village Bibimbap", "M101", "Bibimbap",
+              [("Stone Pot Bibimbap", 35.0), ("Korean Beef Bibimbap", 45.0)]),
              ("Haidilao", "M102", "Hotpot", [("Beef Rolls", 68.0), ("Seafood Platter", 88.0)]),
              ("Heytea", "M103", "Milk Tea", [("Cheese Milk Tea", 25.0), ("Four Seasons Spring Milk Tea", 22.0)]),
              ("Hema Fresh", "M104", "Fresh Grocery", [("Organic Vegetable Pack", 15.0), ("Fresh Gift Pack", 99.0)]),
@@ -92,10 +94,12 @@ class BaseApi:
         self.logged_in = scenario.get("logged_in", True)
 
     def turn_on_wifi(self):
+        """Wi-Fi on (on every app that inherits it: the executor calls each one)."""
         self.wifi = True
         return {"status": True, "message": "Wi-Fi has been turned on"}
 
     def login_device(self):
+        """Log the device in (there is no way to log out)."""
         self.logged_in = True
         return {"status": True, "message": "Device has been logged in"}
 
@@ -112,6 +116,7 @@ class MessageApi(BaseApi):
         self.message_id_counter = 6
 
     def send_message(self, sender_name, receiver_name, message):
+        """Checks run in this order: login, Wi-Fi, a full inbox (6), both names known."""
         if self.logged_in == False:  # noqa: E712 - ACEBench compares with ==, and so do we
             return _fail("Device not logged in, unable to send message")
         if self.wifi == False:  # noqa: E712
@@ -127,6 +132,7 @@ class MessageApi(BaseApi):
         return {"status": True, "message": f"Message successfully sent to {receiver_name}."}
 
     def delete_message(self, message_id):
+        """Delete by key; the reply echoes the id as given (3.0, True ...)."""
         if self.logged_in == False:  # noqa: E712
             return _fail("Device not logged in, unable to delete message")
         if message_id not in self.inbox:  # dict membership: "3" misses, 3.0 and True hit keys 3 and 1
@@ -135,6 +141,7 @@ class MessageApi(BaseApi):
         return {"status": True, "message": f"Message ID {message_id} has been successfully deleted."}
 
     def view_messages_between_users(self, sender_name, receiver_name):
+        """Messages from sender to receiver only (one direction), in inbox order."""
         if self.logged_in == False:  # noqa: E712
             return _fail("Device not logged in, unable to view message information")
         if sender_name not in self.user_list:
@@ -147,6 +154,7 @@ class MessageApi(BaseApi):
         return {"status": True, "messages": found} if found else _fail("No related message records found")
 
     def search_messages(self, user_name, keyword):
+        """Case-insensitive keyword over the messages the user sent or received."""
         if user_name not in self.user_list:  # (no login check here)
             return _fail("User does not exist")
         uid, found = self.user_list[user_name]["user_id"], []
@@ -158,16 +166,20 @@ class MessageApi(BaseApi):
         return {"status": True, "messages": found} if found else _fail("No messages found containing the keyword")
 
     def get_all_message_times_with_ids(self):
+        """{id: time} with int keys (the agent sees them as strings, after JSON)."""
         if self.logged_in == False:  # noqa: E712
-            return _fail("Device not logged in, unable to retrieve all message times and their corresponding message IDs.")
+            return _fail("Device not logged in, unable to retrieve all message times and their corresponding "
+                         "message IDs.")
         return {i: m["time"] for i, m in self.inbox.items()}
 
     def get_latest_message_id(self):
+        """The newest message by its date (KeyError 'time' once a sent message is in the inbox)."""
         if self.logged_in == False:  # noqa: E712
             return _fail("Device not logged in, unable to retrieve the latest sent message ID.")
         return self._extreme_id("latest", lambda new, best: new > best)
 
     def get_earliest_message_id(self):
+        """The oldest message by its date (same KeyError as above)."""
         if self.logged_in == False:  # noqa: E712
             return _fail("Device not logged in, unable to retrieve the earliest sent message ID.")
         return self._extreme_id("earliest", lambda new, best: new < best)
@@ -193,6 +205,7 @@ class ReminderApi(BaseApi):
         self.reminder_id_counter = 3
 
     def view_reminder_by_title(self, title):
+        """The first reminder whose title is exactly `title`."""
         if self.logged_in == False:  # noqa: E712
             return _fail("The device is not logged in, so you cannot view notifications")
         for reminder in self.reminder_list.values():
@@ -201,6 +214,7 @@ class ReminderApi(BaseApi):
         return _fail(f"No reminder found with the title '{title}'.")
 
     def add_reminder(self, title, description, time):
+        """A new reminder at key = reminder_id = the next counter value (4 first)."""
         if self.logged_in == False:  # noqa: E712
             return _fail("Device not logged in. Unable to add a new reminder.")
         if len(self.reminder_list) >= self.max_capacity:
@@ -212,6 +226,7 @@ class ReminderApi(BaseApi):
         return {"status": True, "message": f"Reminder '{title}' was successfully added."}
 
     def delete_reminder(self, reminder_id):
+        """Delete by dict key (1..3 for the first three, not their reminder_id 1001..1003)."""
         if self.logged_in == False:  # noqa: E712
             return _fail("Device not logged in. Unable to delete the specified reminder.")
         if reminder_id not in self.reminder_list:
@@ -220,6 +235,7 @@ class ReminderApi(BaseApi):
         return {"status": True, "message": f"Reminder ID {reminder_id} was successfully deleted."}
 
     def view_all_reminders(self):
+        """Every reminder without its ids."""
         if not self.reminder_list:  # (no login check here)
             return _fail("No reminders found.")
         return {"status": True, "reminders": [{k: r[k] for k in ("title", "description", "time", "notified")}
@@ -244,6 +260,7 @@ class FoodPlatform(BaseApi):
         self.logged_in_users = scenario.get("logged_in_users", [])
 
     def login_food_platform(self, username, password):
+        """Log a user into the platform (needs this app's own Wi-Fi flag)."""
         if self.wifi == False:  # noqa: E712 - this app's own flag; the device login is not checked
             return _fail("Wi-Fi is not enabled, unable to login")
         if username not in self.users:
@@ -256,17 +273,20 @@ class FoodPlatform(BaseApi):
         return {"status": True, "message": f"User {username} has successfully logged in!"}
 
     def view_logged_in_users(self):
+        """Who is logged in to the platform."""
         if not self.logged_in_users:
             return _fail("No users are currently logged in to the food platform")
         return {"status": True, "logged_in_users": self.logged_in_users}
 
     def check_balance(self, user_name):
+        """The bare float balance; an unknown user prints a line and gets 0.0."""
         if user_name in self.users:
             return self.users[user_name]["balance"]  # a bare float: the agent sees e.g. [500.0]
         self._console.append(f"User {user_name} does not exist!")
         return 0.0
 
     def add_food_delivery_order(self, username, merchant_name, items):
+        """Order items [{product, quantity}] from one merchant; the balance pays."""
         if username not in self.logged_in_users:
             return _fail(f"User {username} is not logged in to the food platform")
         if merchant_name not in self.merchant_list:
@@ -284,21 +304,25 @@ class FoodPlatform(BaseApi):
         if total > self.users[username]["balance"]:
             return _fail("Insufficient balance to place the order")
         self.users[username]["balance"] -= total
-        self.orders.append({"user_name": username, "merchant_name": merchant_name, "items": lines, "total_price": total})
+        self.orders.append({"user_name": username, "merchant_name": merchant_name, "items": lines,
+                            "total_price": total})
         return {"status": True, "message": f"Food delivery order successfully placed with {merchant_name}. "
                                            f"Total amount: {total} yuan"}
 
     def get_products(self, merchant_name):
+        """A merchant's menu (a list), or an error dict."""
         merchant = self.merchant_list.get(merchant_name)
         if merchant:
             return merchant["menu"]  # a list: the agent sees its Python repr, as one string
         return _fail(f"Merchant '{merchant_name}' does not exist")
 
     def view_orders(self, user_name):
+        """A user's orders."""
         mine = [o for o in self.orders if o["user_name"] == user_name]
         return {"status": True, "orders": mine} if mine else _fail("User has no order records")
 
     def search_orders(self, keyword):
+        """Orders whose merchant or any product contains the keyword (case-insensitive)."""
         hits = [o for o in self.orders if keyword.lower() in o["merchant_name"].lower()  # (lowered per order)
                 or any(keyword.lower() in i["product"].lower() for i in o.get("items", []))]
         return {"status": True, "orders": hits} if hits else _fail("No matching orders found")
@@ -333,6 +357,7 @@ class Travel:
                     None)
 
     def get_flight_details(self, origin=None, destination=None):
+        """Flights filtered by exact origin / destination (empty arguments do not filter)."""
         flights = [f for f in self.flights if (not origin or f["origin"] == origin)
                    and (not destination or f["destination"] == destination)]
         if len(flights) == 0:
@@ -340,12 +365,14 @@ class Travel:
         return [dict(f) for f in flights]
 
     def get_user_details(self, user_id, password):
+        """The user without the password, or an error dict with status "error"."""
         user = self.users.get(user_id)
         if user and user["password"] == password:
             return {k: v for k, v in user.items() if k != "password"}
         return {"status": "error", "message": "Incorrect username or password."}
 
     def get_reservation_details(self, reservation_id=None, user_id=None):
+        """Reservations by id (else by user), each with the first flight of its number."""
         if reservation_id:
             found = [r for r in self.reservations if r["reservation_id"] == reservation_id]
         elif user_id:
@@ -355,15 +382,18 @@ class Travel:
         return [{**r, "flight_info": self._first_flight(r["flight_no"])} for r in found]
 
     def authenticate_user(self, user_id, password):
+        """Not listed in any task, but callable: the stored user, password included."""
         user = self.users.get(user_id)
         if user and user["password"] == password:
             return user  # the stored dict, password included
         return {"status": "error", "message": "Incorrect username or password."}
 
     def get_baggage_allowance(self, membership_level, cabin_class):
+        """Free bags for a level and cabin; 0 when either is unknown."""
         return FREE_BAGS.get(membership_level, {}).get(cabin_class, 0)
 
     def find_transfer_flights(self, origin_city, transfer_city, destination_city):
+        """Pairs of available legs via a city, the first landing before the second leaves."""
         first = [f for f in self.flights if f["origin"] == origin_city and f["destination"] == transfer_city
                  and f["status"] == "available"]
         second = [f for f in self.flights if f["origin"] == transfer_city and f["destination"] == destination_city
@@ -374,10 +404,12 @@ class Travel:
         return pairs or "No connecting flights that meet the criteria were found."
 
     def calculate_baggage_fee(self, membership_level, cabin_class, baggage_count):
+        """50 per bag above the allowance."""
         free = FREE_BAGS[membership_level][cabin_class]  # KeyError on an unknown level or cabin
         return max(baggage_count - free, 0) * 50
 
     def update_balance(self, user, payment_method, amount):
+        """Move money on a user dict (from the agent: a str, so TypeError)."""
         if payment_method == "cash":
             if user["cash_balance"] + amount < 0:
                 return False
@@ -389,6 +421,7 @@ class Travel:
         return True  # any other method: True, and nothing moves
 
     def reserve_flight(self, user_id, password, flight_no, cabin, payment_method, baggage_count):
+        """Book: ticket plus baggage fee from cash or bank; seats drop by one; id res_<count+1>."""
         user = self.authenticate_user(user_id, password)
         if not user:  # unreachable: a failed authentication is a (truthy) error dict, which fails below
             return "Authentication failed. Please check your user ID and password."
@@ -409,6 +442,7 @@ class Travel:
 
     def modify_flight(self, user_id, reservation_id, new_flight_no=None, new_cabin=None, add_baggage=0,
                       new_payment_method=None):
+        """Change flight (same route), cabin (priced on the original flight) and/or add bags, paying or refunding."""
         res = self._reservation(user_id, reservation_id)
         if not res:
             return "Reservation not found or user ID does not match."
@@ -448,6 +482,7 @@ class Travel:
         return " ".join(notes or ["Modification completed with no additional fees."])
 
     def cancel_reservation(self, user_id, reservation_id, reason):
+        """Refund the flight's current price to cash; the reservation stays (cancelling twice refunds twice)."""
         user = self.users.get(user_id, None)
         if not user:
             return "Invalid user ID."
@@ -474,11 +509,13 @@ class Travel:
                 f"{price - fee} yuan has been refunded.")  # the reservation itself is never removed
 
     def process_refund(self, user, amount):
+        """Add a refund to the cash balance, and say so on the console."""
         user["cash_balance"] += amount  # to cash, however the ticket was paid
         self._console.append(f"Refund has been successfully processed. {user['user_name']}'s cash balance has been "
                              f"increased by {amount} yuan.")
 
     def calculate_price_difference(self, flight, old_cabin, new_cabin):
+        """New cabin price minus old on `flight` (an unknown cabin costs 0)."""
         prices = {"Economy Class": flight["economy_price"], "Business Class": flight["business_price"]}
         return prices.get(new_cabin, 0) - prices.get(old_cabin, 0)
 

@@ -15,7 +15,8 @@ from domains import acebench, acebench_agents
 
 REPO = Path(__file__).resolve().parents[1]
 HAVE = (acebench.DEFAULT_DIR / "data" / "data_agent_multi_turn.json").is_file() or bool(os.environ.get("ACEBENCH_DIR"))
-needs_data = pytest.mark.skipif(not HAVE, reason=f"ACEBench data not found at {acebench.DEFAULT_DIR} (../shared is absent)")
+needs_data = pytest.mark.skipif(not HAVE, reason=f"ACEBench data not found at {acebench.DEFAULT_DIR} "
+                                "(../shared is absent)")
 
 
 @pytest.fixture(scope="module")
@@ -116,7 +117,7 @@ def test_acebench_summary_is_acebench_arithmetic():
                                          ep("multi_turn", 0.0, 0.0), ep("multi_step", 1.0, 1.0),
                                          ep("multi_step", 0.0, 0.5)])
     assert (m["multi_turn_end_to_end"], m["multi_turn_process"]) == (0.333, 0.444)
-    assert (m["multi_step_end_to_end"], m["multi_step_process"], m["agent"]) == (0.5, 0.75, 0.416)  # round(0.4165, 3) in binary floating point
+    assert (m["multi_step_end_to_end"], m["multi_step_process"], m["agent"]) == (0.5, 0.75, 0.416)
     assert "41.6" in text
     assert acebench.process_accuracy(["a", "x", "c"], ["a", "b", "c"], False) == pytest.approx(1 / 3)
     assert acebench.process_accuracy(["a", "b"], [["a", "c"], ["a", " b "]], False) == 1.0
