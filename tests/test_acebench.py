@@ -153,3 +153,36 @@ def test_muarl_trains_one_grpo_step_on_acebench(tmp_path):
     recs = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
     grpo = [r for r in recs if r["phase"] == "grpo"]
     assert len(grpo) == 1 and grpo[0]["episodes"] == 4 and grpo[0]["turns"] > 0 and "GRPO (1 steps)" in res
+    # the trained model evaluated through ACEBench's protocol (AceAgent over the local engine, ACEBench's prompts)
+    import eval as ev
+
+    m = ev.main(["--bench", "acebench_agent", "--agent", "local", "--model", str(out / "final"), "--tasks", "2",
+                 "--max_new_tokens", "8", "--out", os.devnull])
+    assert m["multi_turn_n"] == 2 and m["aborted"] == 0
+
+
+@needs_data
+def test_an_endpoint_agent_sees_acebench_s_prompt(monkeypatch):
+    import openai
+
+    import eval as ev
+
+    seen = []
+
+    class Stub:  # an OpenAI-compatible endpoint: the oracle's first message, then the end marker
+        def __init__(self, **kwargs):
+            self.chat = SimpleNamespace(completions=SimpleNamespace(create=self.create))
+
+        def create(self, model, messages, **kw):
+            seen.append((messages, kw))
+            text = "[turn_on_wifi()]" if len(seen) % 2 else "finish conversation"
+            return SimpleNamespace(choices=[SimpleNamespace(message=SimpleNamespace(content=text))])
+
+    monkeypatch.setattr(openai, "OpenAI", Stub)
+    m = ev.main(["--bench", "acebench_agent", "--agent", "openai", "--agent_model", "stub", "--user", "fixed",
+                 "--tasks", "1", "--out", os.devnull])
+    assert m["episodes"] == 1 and m["aborted"] == 0 and len(seen) >= 2
+    messages, kw = seen[0]
+    assert [x["role"] for x in messages] == ["system", "user"] and kw == {"temperature": 0.001, "top_p": 1,
+                                                                           "max_tokens": 1000}
+    assert messages[1]["content"].startswith("Below is the list of APIs you can use:\n [{'name': 'turn_on_wifi'")
