@@ -143,8 +143,8 @@ def main(argv=None):
     else:
         act = openai_act(a.agent_model, a.agent_base_url, a.agent_api_key, a.temperature, a.max_new_tokens)
         agent, name = MessageAgent(lambda task: act), a.agent_model
-    bench = DOMAINS.get(a.domain, DOMAINS["shop"])  # a benchmark speaking its own protocol brings its own agent
-    if bench.agent is not None:
+    bench = DOMAINS.get(a.domain)  # one benchmark speaking its own protocol brings its own agent and summary
+    if bench is not None and bench.agent is not None:
         agent = bench.agent(a.agent, engine=getattr(agent, "engine", None), tokenizer=getattr(agent, "tok", None),
                             model=a.agent_model, base_url=a.agent_base_url, api_key=a.agent_api_key,
                             max_new_tokens=a.max_new_tokens, temperature=a.temperature)
@@ -153,7 +153,7 @@ def main(argv=None):
     print(f"{len(tasks)} tasks x {a.trials} trials on {a.domain}/{a.split} in {time.time() - t0:.1f}s; "
           f"transcripts: {a.out}")
     print(format_table([(name, metrics)], a.trials))
-    if bench.summary is not None:  # the benchmark's own scores, computed as it computes them
+    if bench is not None and bench.summary is not None:  # the benchmark's own scores, computed as it computes them
         extra, text = bench.summary(eps)
         metrics.update(extra)
         print(text)
