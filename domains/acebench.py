@@ -535,11 +535,12 @@ def scripted_reply(spec: dict, history: list[dict]) -> str:
 
 
 if __name__ == "__main__":
-    # The multi-turn task 0 played by its oracle path through the executor; then the score ACEBench would give.
+    # Multi-turn task 0's answer path through the executor, then the score ACEBench would give; then the end of the
+    # prompt the agent would see first.
     world = build_world()
     task = world.tasks()[0]
     env = world.new_env(task)
-    for a in task.actions:
-        print(a["arguments"]["message"], "->", env.call(EXECUTE, a["arguments"]))
+    for message in task.raw["answer"]["mile_stone"]:
+        print(message, "->", env.call(EXECUTE, {"message": message}))
     print("reward", world.score(task, env)[0])
     print(world.agent_messages(task, [{"role": "user", "content": "Hi"}])[1]["content"][-60:])

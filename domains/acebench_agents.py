@@ -10,7 +10,8 @@ agent_messages), asks a `complete` function for the text, and lets the world rou
     oracle   replays the task's ground-truth messages (task.actions), then says "finish conversation"
     openai   any OpenAI-compatible endpoint, with ACEBench's sampling (temperature 0.001, top_p 1, 1,000 tokens)
     engine   a local model through muarl's engines, with the chat template over the same two messages (ACEBench's
-             local-model settings: greedy, top_p 0.9, 1,024 tokens; English multi-step prompts, as its local path)
+             local-model settings: greedy, top_p 0.9, 1,024 tokens; English multi-step prompts, as its local path;
+             departure: a leading <think> block is dropped before routing)
 
 The oracle's messages: ACEBench's answer file gives milestone paths, but not all of them reach the ground truth
 (AGENT.md 9). Per task we take the first path that does when replayed through our executor, as written or repaired
@@ -144,8 +145,12 @@ def openai_complete(model: str, base_url=None, api_key=None, workers: int = 8, *
     return complete
 
 
+_THINK = re.compile(r"^\s*<think>.*?</think>\s*", re.S)
+
+
 def engine_complete(engine, tokenizer, max_new_tokens: int = 1024, temperature: float = 0.0, top_p: float = 0.9):
-    """A local model: the chat template over ACEBench's two messages, one batched generate for every episode."""
+    """A local model: the chat template over ACEBench's two messages, one batched generate for every episode; a
+    leading <think>...</think> block (Qwen3's thinking mode) is removed before ACEBench's router reads the text."""
     eot = chat.end_of_turn_id(tokenizer)
 
     def complete(episodes, prompts):
@@ -153,7 +158,8 @@ def engine_complete(engine, tokenizer, max_new_tokens: int = 1024, temperature: 
                                 add_special_tokens=False) for p in prompts]
         samples = engine.generate(ids, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
                                   stop_token_ids=[eot])
-        return [tokenizer.decode([t for t in s.token_ids if t != eot], skip_special_tokens=True) for s in samples]
+        texts = [tokenizer.decode([t for t in s.token_ids if t != eot], skip_special_tokens=True) for s in samples]
+        return [_THINK.sub("", t, count=1) for t in texts]  # a reasoning model's think block is not its answer
 
     return complete
 
