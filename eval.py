@@ -28,7 +28,7 @@ from tqdm import tqdm
 
 from agents import FixedUser, MessageAgent, OracleAgent, openai_act
 from config import Config
-from domains import load_worlds
+from domains import DOMAINS, load_worlds
 from engine import make_engine
 from models import load_policy
 from rollout import Episode, PolicyAgent, RolloutConfig, TrajectoryLog, rollout, score
@@ -107,6 +107,8 @@ def main(argv=None):
     for name in ("agent_base_url", "agent_api_key", "user_model", "user_base_url", "user_api_key", "data_dir"):
         p.add_argument(f"--{name}", default="")  # empty: the environment's ($OPENAI_BASE_URL, ...) or the default
     p.add_argument("--domain", default="shop", help="comma-separated names from domains.DOMAINS")
+    p.add_argument("--bench", default="", help="a benchmark of domains.DOMAINS with its own agent protocol and scores "
+                   "(acebench_agent): all its tasks, its own summary")
     p.add_argument("--split", default="test")
     p.add_argument("--tasks", type=int, default=0, help="first N tasks of the split (0 = all)")
     p.add_argument("--trials", type=int, default=1, help="k: runs per task (pass^1 ... pass^k)")
@@ -125,8 +127,12 @@ def main(argv=None):
     if a.temperature < 0 or not 0 < a.top_p <= 1:
         p.error(f"--temperature must be >= 0 and --top_p in (0, 1], got {a.temperature} and {a.top_p}")
     # the worlds as muarl.py builds them (generated worlds: the held-out tasks are a function of the seed alone)
-    worlds = load_worlds(Config(domains=a.domain, data_dir=a.data_dir, synthetic_seed=a.synthetic_seed,
-                                synthetic_train=0))
+    a.domain = a.bench or a.domain
+    try:
+        worlds = load_worlds(Config(domains=a.domain, data_dir=a.data_dir, synthetic_seed=a.synthetic_seed,
+                                    synthetic_train=0))
+    except (FileNotFoundError, ValueError) as e:  # missing data, an unknown domain: one line, not a traceback
+        raise SystemExit(f"eval: {e}")
     tasks = [t for w in worlds.values() for t in w.tasks(a.split)][: a.tasks or None]  # --tasks 0: all
     cfg = RolloutConfig(max_turns=a.max_turns, max_new_tokens=a.max_new_tokens, max_context=a.max_context,
                         temperature=a.temperature, top_p=a.top_p, seed=a.seed, tools_in_prompt=bool(a.tools_in_prompt))
@@ -142,11 +148,20 @@ def main(argv=None):
     else:
         act = openai_act(a.agent_model, a.agent_base_url, a.agent_api_key, a.temperature, a.max_new_tokens)
         agent, name = MessageAgent(lambda task: act), a.agent_model
+    bench = DOMAINS.get(a.domain)  # one benchmark speaking its own protocol brings its own agent and summary
+    if bench is not None and bench.agent is not None:
+        agent = bench.agent(a.agent, engine=getattr(agent, "engine", None), tokenizer=getattr(agent, "tok", None),
+                            model=a.agent_model, base_url=a.agent_base_url, api_key=a.agent_api_key,
+                            max_new_tokens=a.max_new_tokens, temperature=a.temperature)
     metrics, eps = evaluate(tasks, worlds, agent, user, cfg, trials=a.trials, check_outputs=bool(a.check_outputs))
     TrajectoryLog(a.out).write(eps, phase="eval", agent=name)
     print(f"{len(tasks)} tasks x {a.trials} trials on {a.domain}/{a.split} in {time.time() - t0:.1f}s; "
           f"transcripts: {a.out}")
     print(format_table([(name, metrics)], a.trials))
+    if bench is not None and bench.summary is not None:  # the benchmark's own scores, computed as it computes them
+        extra, text = bench.summary(eps)
+        metrics.update(extra)
+        print(text)
     return metrics
 
 

@@ -47,7 +47,7 @@ from typing import Protocol
 import chat
 from domains.base import Env, Task, World
 from sampling import episode_seed
-from tools import TRANSFER_TOOL, ParsedTurn, parse_tool_calls
+from tools import TRANSFER_TOOL, ParsedTurn
 from user_sim import OUT_OF_SCOPE, STOP, TRANSFER, UserError, is_terminal
 
 AGENT, USER, DONE = "agent", "user", "done"  # whom an episode waits on
@@ -161,7 +161,7 @@ class PolicyAgent:
             text = self.tok.decode(ids[:-1] if closed else ids, skip_special_tokens=False)
             shut = [] if closed else [self.eot]  # cut off by max_new_tokens: close the turn, unsampled (mask 0)
             e.append(ids + shut, [1] * len(ids) + [0] * len(shut), lps + [0.0] * len(shut), who="agent")
-            turns.append(parse_tool_calls(text, set(e.env.world.tools)))
+            turns.append(e.env.world.parse_turn(e.env, text))  # <tool_call> JSON, or a benchmark's own syntax
         return turns
 
     def observe(self, ep, messages):
@@ -181,6 +181,9 @@ def _apply_turn(ep: Episode, turn: ParsedTurn, cfg: RolloutConfig) -> list[dict]
     ep.messages.append({"role": "assistant", "content": turn.content}
                        | ({"tool_calls": [{"type": "function", "function": c} for c in calls]} if calls else {})
                        | ({"malformed": turn.errors} if turn.errors else {}))
+    if why := ep.env.world.ends(ep):  # a domain's own stop rule, after every message (ACEBench: "finish conversation")
+        ep.stop(why)
+        return []
     if turn.errors and cfg.malformed == "end":
         ep.stop("malformed_call")
         return []
@@ -203,8 +206,8 @@ def _apply_turn(ep: Episode, turn: ParsedTurn, cfg: RolloutConfig) -> list[dict]
     if ep.spans and ep.spans[-1]["who"] == "agent":  # for turn-level rewards: which calls this turn made, and
         ep.spans[-1]["calls"] = [(c.name, not c.error) for c in ep.env.calls[n_calls:]]  # whether each succeeded
     ep.messages += results
-    if ep.tool_calls[-1] == TRANSFER_TOOL:
-        ep.stop("transfer")
+    if ep.tool_calls[-1] == TRANSFER_TOOL or (why := ep.env.world.ends(ep)):
+        ep.stop("transfer" if ep.tool_calls[-1] == TRANSFER_TOOL else why)
         return []
     return results
 
@@ -285,6 +288,8 @@ def rollout(tasks: list[Task], group_size: int, worlds: dict[str, World], agent:
                 e.messages.append({"role": "user", "content": r})
                 if marker := is_terminal(r):
                     e.stop(ENDS[marker])
+                elif why := e.env.world.ends(e):
+                    e.stop(why)
                 else:
                     e.state = AGENT
                     agent.observe(e, [{"role": "user", "content": r}])

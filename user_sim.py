@@ -99,11 +99,22 @@ _HIDDEN = re.compile(r"<(tool_call|tool_response|think)>.*?(</\1>|$)", re.S)
 _LEADING_THINK = re.compile(r"^\s*<think>.*?</think>", re.S)
 
 
-def simulator_messages(instructions: str, history: list[dict]) -> list[dict]:
+def simulator_messages(instructions: str, history: list[dict], variant: dict | None = None) -> list[dict]:
     """Agent-side text conversation -> the simulator's API messages (system prompt + roles swapped).
 
     history: [{"role": "user" | "assistant", "content": str}, ...] as the agent saw it (user = customer).
-    Returns [system, user: GREETING, assistant: <customer's 1st msg>, user: <agent's reply>, ...]."""
+    Returns [system, user: GREETING, assistant: <customer's 1st msg>, user: <agent's reply>, ...].
+    `variant` (a benchmark's own customer, carried by task.spec["simulator"], e.g. ACEBench's): its system text,
+    greeting, the role of the customer's own turns and prefixes cut from the agent's, verbatim, nothing else (its
+    replies are then kept as they come, unstripped)."""
+    if variant is not None:
+        msgs = [{"role": "system", "content": variant["system"]}, {"role": "user", "content": variant["greeting"]}]
+        for m in history:
+            text = m["content"]
+            if m["role"] == "assistant":
+                text = next((text[len(p):] for p in variant.get("strip", []) if text.startswith(p)), text)
+            msgs.append({"role": variant["own_role"] if m["role"] == "user" else "user", "content": text})
+        return msgs
     swap = {"user": "assistant", "assistant": "user"}
     msgs: list[dict] = []
     for m in history:
@@ -134,7 +145,7 @@ class _Garbage(Exception):
     """The server answered 200 but the answer holds no usable message (retried like a 5xx)."""
 
 
-def _content_of(resp) -> str:
+def _content_of(resp, verbatim: bool = False) -> str:
     # The openai client returns the raw body text (a str) when the server does not send JSON, so every step here
     # uses getattr: anything that is not "choices[0].message.content is a non-empty string" is garbage.
     choices = getattr(resp, "choices", None)
@@ -143,6 +154,10 @@ def _content_of(resp) -> str:
     content = getattr(getattr(choices[0], "message", None), "content", None)
     if not isinstance(content, str):
         raise _Garbage(f"message content is {type(content).__name__}, not a string")
+    if not content.strip():
+        raise _Garbage("empty message content")
+    if verbatim:  # a benchmark that passes the reply on as it came (ACEBench)
+        return content
     content = _LEADING_THINK.sub("", content).strip()
     if not content:
         raise _Garbage("empty message content")
@@ -170,9 +185,10 @@ class LLMUser:
         with self._guard:
             self.stats[key] += 1
 
-    def complete(self, messages: list[dict]) -> str:
+    def complete(self, messages: list[dict], sampling: dict | None = None, verbatim: bool = False) -> str:
         """One chat completion with retries; returns the reply text or raises UserError."""
         kwargs = dict(model=self.model, messages=messages, temperature=self.temperature, max_tokens=self.max_tokens)
+        kwargs.update(sampling or {})  # a benchmark's own customer settings (ACEBench: temperature 0.001, top_p 1)
         if self.seed is not None:
             kwargs["seed"] = self.seed
         oa, last, who = self._openai, None, f"user simulator {self.model!r} at {self.base_url}"
@@ -182,7 +198,7 @@ class LLMUser:
                 time.sleep(self.backoff * 2 ** (attempt - 1) * (1 + 0.25 * random.random()))
             self._count("calls")
             try:
-                return _content_of(self.client.chat.completions.create(**kwargs))
+                return _content_of(self.client.chat.completions.create(**kwargs), verbatim)
             except _Garbage as e:
                 last = f"garbage reply: {e}"
             except oa.APIStatusError as e:
@@ -203,17 +219,25 @@ class LLMUser:
             lock = self._locks.setdefault(task.id, threading.Lock())
         with lock:  # concurrent callers for one task queue here; the first one generates, the rest read the cache
             if task.id not in self._first:
+                v = _variant(task)  # a fixed opening (ACEBench's multi-step question) needs no model
                 # Not cached on failure: a later call (e.g. next epoch) tries again instead of failing forever.
-                self._first[task.id] = self.complete(simulator_messages(task.instructions, []))
+                self._first[task.id] = v["opening"] if v and "opening" in v else self.complete(
+                    simulator_messages(task.instructions, [], v), (v or {}).get("sampling"), bool(v))
             return self._first[task.id]
 
     def reply(self, task, history: list[dict]) -> str:
         """The customer's next message, given the agent-side text conversation so far."""
-        return self.complete(simulator_messages(task.instructions, history))
+        v = _variant(task)
+        return self.complete(simulator_messages(task.instructions, history, v), (v or {}).get("sampling"), bool(v))
 
     def replies(self, requests: list[tuple]) -> list:
         """reply() for many (task, history) pairs at once; order kept; a failure comes back as a UserError."""
         return _fan_out(self.reply, requests, self.max_workers)
+
+
+def _variant(task) -> dict | None:
+    spec = getattr(task, "spec", None)
+    return spec.get("simulator") if isinstance(spec, dict) else None
 
 
 def _fan_out(fn, requests: list[tuple], max_workers: int) -> list:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import random
 
-from domains import airline, retail, shop, synthetic, telecom
+from domains import acebench, acebench_agents, airline, retail, shop, synthetic, telecom
 from domains.base import Domain, Env, Task, World
 
 
@@ -35,6 +35,9 @@ DOMAINS: dict[str, Domain] = {
         seed=c.synthetic_seed, n_train=c.synthetic_train, n_test=c.synthetic_test, n_users=c.synthetic_users,
         n_test_users=c.synthetic_test_users), script=synthetic, generator=True),
     "shop": Domain(shop.build_world, _shop_settings, script=shop),
+    # ACEBench's Agent category (its own protocol and scores; data: ../shared/acebench or $ACEBENCH_DIR)
+    "acebench_agent": Domain(acebench_agents.build_world, script=acebench, agent=acebench_agents.make_agent,
+                             summary=acebench_agents.summarize),
 }
 
 _WORLDS: dict[tuple, World] = {}

@@ -52,7 +52,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from tools import check_arguments
+from tools import ParsedTurn, check_arguments, parse_tool_calls
 
 # ---------------------------------------------------------------------------------------------------------------
 # Where built templates live. One file per (domain, source data, normaliser version); safe to delete.
@@ -202,6 +202,8 @@ class Domain:
     settings: Callable[[Any], dict] = lambda cfg: {}  # the run's Config -> build's keyword arguments
     script: Any = None  # module with scripted_first_message(spec), scripted_reply(spec, history), or None
     generator: bool = False  # --tasks synthetic can generate tasks over this world (domains/synthetic.py)
+    agent: Any = None  # a benchmark with its own agent protocol: (kind, **settings) -> rollout Agent (eval.py)
+    summary: Any = None  # a benchmark's own scores: episodes -> (metrics dict, printable text) (eval.py)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -323,6 +325,15 @@ class World:
 
     def after_call(self, env: Env) -> None:
         """Runs after every successful tool call of either side. Nothing by default; telecom syncs its two sides."""
+
+    def parse_turn(self, env: Env, text: str) -> ParsedTurn:
+        """An agent's text -> its tool calls: Qwen3 <tool_call> JSON here; a benchmark may speak its own syntax."""
+        return parse_tool_calls(text, set(self.tools))
+
+    def ends(self, ep) -> str | None:
+        """A stop reason once the newest message of episode `ep` ends the conversation by this domain's own rule
+        (rollout.py asks after every message); None: tau2's markers and caps alone decide."""
+        return None
 
     def user_tool_schemas(self) -> list[dict]:
         """The customer's tools' JSON schemas ([] for single-control domains), for the OpenAI tools API."""

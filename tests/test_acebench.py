@@ -1,0 +1,188 @@
+"""ACEBench Agent in muarl: the oracle scores 100 % through eval.py, ACEBench's stop rule and scores, hostile agent
+messages, the customer's prompt variant, missing data in one line, and one GRPO step of the tiny model on it."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+import domains
+from domains import acebench, acebench_agents
+
+REPO = Path(__file__).resolve().parents[1]
+HAVE = (acebench.DEFAULT_DIR / "data" / "data_agent_multi_turn.json").is_file() or bool(os.environ.get("ACEBENCH_DIR"))
+needs_data = pytest.mark.skipif(not HAVE, reason=f"ACEBench data not found at {acebench.DEFAULT_DIR} "
+                                "(../shared is absent)")
+
+
+@pytest.fixture(scope="module")
+def world():
+    return acebench_agents.build_world()
+
+
+@needs_data
+def test_the_oracle_scores_100_percent_through_eval(capsys):
+    import eval as ev
+
+    m = ev.main(["--bench", "acebench_agent", "--agent", "oracle", "--out", os.devnull])
+    out = capsys.readouterr().out
+    assert m["multi_turn_n"] == 30 and m["multi_step_n"] == 20 and m["aborted"] == 0
+    assert m["agent"] == m["multi_turn_end_to_end"] == m["multi_step_end_to_end"] == 1.0
+    assert m["multi_turn_process"] == m["multi_step_process"] == 1.0
+    assert "ACEBench Agent (headline = mean of the two end-to-end accuracies): 100.0" in out
+
+
+@needs_data
+def test_every_task_has_a_gold_path_and_a_wrong_path_fails(world):
+    lenient = []
+    for t in world.tasks():
+        assert t.actions and acebench_agents.reaches_truth(world, t, [a["arguments"]["message"] for a in t.actions])
+        if acebench_agents.reaches_truth(world, t, [a["arguments"]["message"] for a in t.actions[:-1]] or
+                                         ["[turn_on_wifi()]"]):  # the path without its last message
+            lenient.append(t.id)
+    # only where ACEBench never checks the last step: the reminder of the tasks whose answer misspells ReminderApi
+    assert lenient == ["acebench/agent_multi_turn_7", "acebench/agent_multi_step_0", "acebench/agent_multi_step_1"]
+
+
+def _ep(world, task, msgs, obs=None):
+    env = world.new_env(task)
+    env.last_observation = obs
+    return SimpleNamespace(env=env, task=task, messages=[{"role": "system", "content": ""}] + msgs)
+
+
+@needs_data
+def test_the_stop_rule_is_acebench_s(world):
+    task = world.tasks()[0]
+    u, a = {"role": "user", "content": "hi"}, {"role": "assistant", "content": "finish conversation"}
+    assert world.ends(_ep(world, task, [u, a])) is None  # index 0: too early
+    assert world.ends(_ep(world, task, [u, a, dict(u, content="finish conversation")])) is None  # index 1
+    assert world.ends(_ep(world, task, [u, a, u, a])) == "finished"  # index 2, the agent
+    assert world.ends(_ep(world, task, [u, a, u, dict(u, content="ok. finish conversation")])) == "user_stop"
+    tool = {"role": "tool", "content": "['finish conversation x']"}
+    assert world.ends(_ep(world, task, [u, a, u, tool], ["finish conversation x"])) is None  # list membership
+    assert world.ends(_ep(world, task, [u, a, u, tool], ["finish conversation"])) == "finished"
+    long = [u] + [dict(u, content="go on")] * 40  # the opening, then ACEBench's 40 loop messages
+    assert world.ends(_ep(world, task, long[:-1])) is None and world.ends(_ep(world, task, long)) == "max_turns"
+
+
+@needs_data
+def test_the_router_and_hostile_messages_never_crash(world, tmp_path):
+    mt, ms = world.tasks()[0], world.tasks()[-1]
+    assert acebench.routes_to_execution("[turn_on_wifi()]") and not acebench.routes_to_execution("[turn_on_wifi()] ")
+    assert not acebench.routes_to_execution("Sure: [turn_on_wifi()]") and not acebench.routes_to_execution("hello")
+    marker = tmp_path / "written"
+    evil = ["", " ", "  [f()]", "[" * 5000 + "]" * 5000, "[f(x=2**10**8)]", "[f(x='a'*10**9)]", "\x00",
+            f"[send_message(message=open(file='{marker}', mode='w'))]", f"[x(y=open(file='{marker}', mode='w'))]",
+            "[__import__(name='os').system(command='true')]", "[f(**{'a': 1})]", "[é(x=1)]", "[a.b.turn_on_wifi()]",
+            "[delete_message(message_id=float('inf'))]", "[delete_message(message_id=1e999)]", "[(lambda: 1)()]",
+            "[turn_on_wifi(), 3]", "[f(x={'g': {1: 2}})]", "[f(x={})]", "[f(x=[1, {2: 3}], y=(1,))]", "[]"]
+    for task in (mt, ms):
+        env = world.new_env(task)
+        for m in evil:
+            obs = env.execute(m)
+            assert isinstance(obs, (list, str))
+            assert world.parse_turn(env, m).content == m
+        world.score(task, env)
+    assert not marker.exists()  # nothing the agent writes is evaluated as code
+    env = world.new_env(ms)
+    assert env.execute("[delete_message(message_id=1e999)]") == ["Error during execution: name 'inf' is not defined"]
+    assert env.call("other", {"message": "[f()]"}).startswith("Error") and env.call("execute", [1]).startswith("Error")
+
+
+@needs_data
+def test_the_customer_is_llmuser_with_acebench_s_prompt(world):
+    from user_sim import LLMUser, simulator_messages
+
+    task = world.tasks()[0]
+    sim = task.spec["simulator"]
+    msgs = simulator_messages(task.instructions, [{"role": "user", "content": "Hi"},
+                                                  {"role": "assistant", "content": "agent:Which message?"}], sim)
+    assert msgs == [{"role": "system", "content": sim["system"]},
+                    {"role": "user", "content": "Is there anything you need help with today?"},
+                    {"role": "system", "content": "Hi"}, {"role": "user", "content": "Which message?"}]
+    step = next(t for t in world.tasks() if t.raw["category"] == "multi_step")  # its question, no model call
+    assert LLMUser("m", base_url="http://127.0.0.1/v1", client=object()).first_message(step) == step.instructions
+
+
+def test_acebench_summary_is_acebench_arithmetic():
+    def ep(cat, r, p):
+        return SimpleNamespace(task=SimpleNamespace(raw={"category": cat}), reward=r, aborted=False,
+                               info={"process_accuracy": p})
+
+    m, text = acebench_agents.summarize([ep("multi_turn", 1.0, 1.0), ep("multi_turn", 0.0, 1 / 3),
+                                         ep("multi_turn", 0.0, 0.0), ep("multi_step", 1.0, 1.0),
+                                         ep("multi_step", 0.0, 0.5)])
+    assert (m["multi_turn_end_to_end"], m["multi_turn_process"]) == (0.333, 0.444)
+    assert (m["multi_step_end_to_end"], m["multi_step_process"], m["agent"]) == (0.5, 0.75, 0.416)
+    assert "41.6" in text
+    assert acebench.process_accuracy(["a", "x", "c"], ["a", "b", "c"], False) == pytest.approx(1 / 3)
+    assert acebench.process_accuracy(["a", "b"], [["a", "c"], ["a", " b "]], False) == 1.0
+
+
+def test_missing_data_is_one_clear_line(monkeypatch, tmp_path):
+    monkeypatch.setattr(acebench, "DEFAULT_DIR", tmp_path / "nowhere")
+    monkeypatch.delenv("ACEBENCH_DIR", raising=False)
+    monkeypatch.setattr(domains, "_WORLDS", {})
+    with pytest.raises(FileNotFoundError, match="ACEBench Agent data not found"):
+        acebench.find_data()
+    import eval as ev
+
+    with pytest.raises(SystemExit) as e:
+        ev.main(["--bench", "acebench_agent", "--agent", "oracle"])
+    assert str(e.value).startswith("eval: ACEBench Agent data not found") and "\n" not in str(e.value)
+    env = dict(os.environ, ACEBENCH_DIR=str(tmp_path / "nowhere"))  # an explicit folder is the only one tried
+    run = subprocess.run([sys.executable, "muarl.py", "--domains", "acebench_agent", "--model", "tiny"],
+                         capture_output=True, text=True, env=env, cwd=REPO)
+    assert run.returncode == 2 and run.stderr.startswith("muarl: ACEBench Agent data not found")
+    assert run.stderr.strip().count("\n") == 0, run.stderr
+
+
+@needs_data
+def test_muarl_trains_one_grpo_step_on_acebench(tmp_path):
+    import muarl
+
+    out = tmp_path / "run"
+    res = muarl.main(["--domains", "acebench_agent", "--model", "tiny", "--tiny_hidden", "64", "--tiny_layers", "1",
+                      "--threads", "1", "--copy_warmup", "0", "--sft_epochs", "0", "--steps", "1", "--tasks_per_step",
+                      "2", "--group_size", "2", "--max_new_tokens", "16", "--max_turns", "6", "--eval_tasks", "2",
+                      "--max_context", "16384", "--out_dir", str(out)])
+    recs = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    grpo = [r for r in recs if r["phase"] == "grpo"]
+    assert len(grpo) == 1 and grpo[0]["episodes"] == 4 and grpo[0]["turns"] > 0 and "GRPO (1 steps)" in res
+    # the trained model evaluated through ACEBench's protocol (AceAgent over the local engine, ACEBench's prompts)
+    import eval as ev
+
+    m = ev.main(["--bench", "acebench_agent", "--agent", "local", "--model", str(out / "final"), "--tasks", "2",
+                 "--max_new_tokens", "8", "--out", os.devnull])
+    assert m["multi_turn_n"] == 2 and m["aborted"] == 0
+
+
+@needs_data
+def test_an_endpoint_agent_sees_acebench_s_prompt(monkeypatch):
+    import openai
+
+    import eval as ev
+
+    seen = []
+
+    class Stub:  # an OpenAI-compatible endpoint: the oracle's first message, then the end marker
+        def __init__(self, **kwargs):
+            self.chat = SimpleNamespace(completions=SimpleNamespace(create=self.create))
+
+        def create(self, model, messages, **kw):
+            seen.append((messages, kw))
+            text = "[turn_on_wifi()]" if len(seen) % 2 else "finish conversation"
+            return SimpleNamespace(choices=[SimpleNamespace(message=SimpleNamespace(content=text))])
+
+    monkeypatch.setattr(openai, "OpenAI", Stub)
+    m = ev.main(["--bench", "acebench_agent", "--agent", "openai", "--agent_model", "stub", "--user", "fixed",
+                 "--tasks", "1", "--out", os.devnull])
+    assert m["episodes"] == 1 and m["aborted"] == 0 and len(seen) >= 2
+    messages, kw = seen[0]
+    assert [x["role"] for x in messages] == ["system", "user"] and kw == {"temperature": 0.001, "top_p": 1,
+                                                                           "max_tokens": 1000}
+    assert messages[1]["content"].startswith("Below is the list of APIs you can use:\n [{'name': 'turn_on_wifi'")
