@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import random
 
-from domains import airline, retail, shop, synthetic
-from domains.base import Domain, Env, Task, World
+from domains import airline, bfcl, retail, shop, synthetic
+from domains.base import Bench, Domain, Env, Task, World
 
 
 def _shop_settings(c) -> dict:
@@ -33,7 +33,11 @@ DOMAINS: dict[str, Domain] = {
         seed=c.synthetic_seed, n_train=c.synthetic_train, n_test=c.synthetic_test, n_users=c.synthetic_users,
         n_test_users=c.synthetic_test_users), script=synthetic, generator=True),
     "shop": Domain(shop.build_world, _shop_settings, script=shop),
+    bfcl.NAME: Domain(bfcl.build_world, script=bfcl),  # BFCL-v3 multi-turn (the bfcl-eval wheel); its customer: a script
 }
+
+# Benchmarks `eval.py --bench NAME` runs: a domain above, the conversation rules it fixes, and its own figures.
+BENCHES: dict[str, Bench] = {bfcl.NAME: bfcl.BENCH}
 
 _WORLDS: dict[tuple, World] = {}
 
@@ -85,4 +89,4 @@ def script_for(task: Task):
     return DOMAINS[task.spec["world"]].script
 
 
-__all__ = ["DOMAINS", "Domain", "load_world", "load_worlds", "task_sets", "script_for", "World", "Env", "Task"]
+__all__ = ["DOMAINS", "BENCHES", "Bench", "Domain", "load_world", "load_worlds", "task_sets", "script_for", "World", "Env", "Task"]

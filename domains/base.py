@@ -204,6 +204,18 @@ class Domain:
     generator: bool = False  # --tasks synthetic can generate tasks over this world (domains/synthetic.py)
 
 
+@dataclass(frozen=True)
+class Bench:
+    """One row of domains.BENCHES: a benchmark `eval.py --bench NAME` runs on a domain of DOMAINS, with the
+    conversation rules it fixes and the figures it reports (e.g. BFCL's accuracy per category)."""
+
+    domain: str  # the DOMAINS row whose world and tasks it runs
+    summary: Callable[[list], dict]  # scored episodes -> its figures, e.g. {category: accuracy %} (eval.py prints)
+    select: Callable[[list, str], list] = lambda tasks, category: tasks  # --category: which tasks
+    oracle: Callable | None = None  # task -> act(messages, tools): the gold replay (agents.MessageAgent)
+    rollout: dict = field(default_factory=dict)  # RolloutConfig fields the benchmark fixes (e.g. all_calls)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Env: one rollout
 
@@ -257,6 +269,11 @@ class Env:
         if not err:
             self.world.after_call(self)  # e.g. telecom's sync between the agent's database and the customer's phone
         return out
+
+    def tool_schemas(self, messages: list[dict] | None = None) -> list[dict]:
+        """The tools the agent sees at this point of its conversation (`messages`): the world's, for every domain
+        whose toolkit is fixed; BFCL's env shows its own task's tools, and a held-out one once it is revealed."""
+        return self.world.tool_schemas()
 
     def export(self) -> dict[str, dict[str, dict]]:
         """The whole database in tau2's shape: collection -> id -> record (every field, nulls included)."""
