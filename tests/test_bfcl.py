@@ -121,6 +121,50 @@ def test_env_answers_what_bfcl_shows_and_never_evaluates_model_text(world):
     assert bfcl.call_string({"name": "print", "arguments": {}}, methods) is None
 
 
+@needs_bfcl
+def test_env_matches_bfcls_own_executor_on_gold_and_perturbed_calls(world):
+    # Differential: every task's gold calls, each turn preceded by perturbed copies (an argument dropped, a bogus
+    # one added, a value changed, an unknown name), run on BFCLEnv and through BFCL's execute_multi_turn_func_call
+    # (which eval()s the call string on its own instances): every answer must be the same string.
+    import copy
+    import random
+    import uuid
+
+    from bfcl_eval.eval_checker.multi_turn_eval import multi_turn_utils as utils
+
+    rng = random.Random(0)
+
+    def perturb(c):
+        c, r = copy.deepcopy(c), rng.random()
+        args = c["arguments"]
+        if r < 0.2 and args:
+            args.pop(rng.choice(list(args)))
+        elif r < 0.35:
+            args["bogus"] = 1
+        elif r < 0.6 and args:
+            k = rng.choice(list(args))
+            args[k] = "nonexistent" if isinstance(args[k], str) else args[k]
+        elif r < 0.65:
+            c["name"] = "not_a_tool"
+        return c
+
+    n, differ = 0, []
+    for t in world.tasks():
+        env, name, entry = world.new_env(t), "parity_" + uuid.uuid4().hex, t.raw["entry"]
+        for turn in t.raw["gold"]:
+            for c in [perturb(c) for c in turn] + turn:
+                ours = env.call(c["name"], c["arguments"])
+                s = f"{c['name']}({','.join(f'{k}={v!r}' for k, v in c['arguments'].items())})"
+                theirs = utils.execute_multi_turn_func_call([s], entry["initial_config"], entry["involved_classes"],
+                                                            name, entry["id"], "long_context" in entry["id"])[0][0]
+                n += 1
+                if ours != theirs:
+                    differ.append((t.id, s, ours[:100], theirs[:100]))
+        for key in [k for k in vars(utils) if name in k]:
+            del vars(utils)[key]
+    assert n > 9000 and differ == []
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # The score: BFCL's own checker
 
@@ -213,6 +257,10 @@ def test_missing_wheel_is_one_line_saying_how_to_get_it():
             f"'{bfcl.NAME}', '--agent', 'oracle']; runpy.run_path('eval.py', run_name='__main__')")
     r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert r.returncode != 0 and r.stderr.strip().count("\n") == 0, r.stderr
+    assert "pip install --no-deps bfcl-eval==2026.3.23" in r.stderr and "Traceback" not in r.stderr
+    code = code.replace("eval.py", "muarl.py").replace("'--bench'", "'--domains'").replace(", '--agent', 'oracle'", "")
+    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and r.stderr.strip().count("\n") == 0, r.stderr
     assert "pip install --no-deps bfcl-eval==2026.3.23" in r.stderr and "Traceback" not in r.stderr
 
 
