@@ -199,6 +199,8 @@ class BFCLEnv(Env):
             out = f"Error during execution: name '{name}' is not defined"
         elif not isinstance(arguments, dict):
             out = f"Error during execution: arguments of {name} must be a JSON object"
+        elif (word := _non_finite(list(arguments.values()))) is not None:  # JSON's NaN / Infinity: their repr
+            out = f"Error during execution: name '{word}' is not defined"  # is a name BFCL's eval() cannot read
         else:
             try:  # a copy: a backend may keep or mutate what it is given, the episode's record must not change
                 result = fn(**copy.deepcopy(arguments))
@@ -220,6 +222,16 @@ class BFCLEnv(Env):
 
     def close(self) -> None:
         self.instances, self.methods = {}, {}
+
+
+def _non_finite(values: list) -> str | None:
+    # the first NaN / infinity in repr order, as the word its repr starts with ("nan", "inf"; "-inf" is -inf)
+    for v in values:
+        if isinstance(v, float) and v != v or v in (float("inf"), float("-inf")):
+            return "nan" if v != v else "inf"
+        if isinstance(v, (list, dict)) and (word := _non_finite(list(v.values() if isinstance(v, dict) else v))):
+            return word
+    return None
 
 
 def _as_json(d: dict) -> str:

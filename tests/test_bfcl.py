@@ -146,6 +146,8 @@ def test_env_matches_bfcls_own_executor_on_gold_and_perturbed_calls(world):
             args[k] = "nonexistent" if isinstance(args[k], str) else args[k]
         elif r < 0.65:
             c["name"] = "not_a_tool"
+        elif r < 0.7 and args:
+            args[rng.choice(list(args))] = [1, {"x": float(rng.choice(["nan", "inf", "-inf"]))}]
         return c
 
     n, differ = 0, []
