@@ -46,127 +46,27 @@ Departures from BFCL's own harness (the score itself is BFCL's checker, unchange
    are dropped afterwards (tests/test_bfcl.py measures what happens otherwise).
 6. `excluded_function` (18 entries per category) is ignored, as BFCL's own pipeline ignores it. BFCL has no
    training split: `tasks("train")` is the benchmark itself (training on it is for trying the pipeline, not for
-   reporting the benchmark).
+   reporting the benchmark), and training runs muarl's rule of one call per step (RolloutConfig.all_calls off).
+
+Where the data comes from, and how BFCL's function docs become tool schemas and its gold call strings become tool
+calls: domains/bfcl_data.py.
 """
 
 from __future__ import annotations
 
-import ast
 import copy
-import importlib
-import inspect
 import json
 import uuid
-from pathlib import Path
 
 from domains.base import Bench, Call, Env, Task, World
+from domains.bfcl_data import (CATEGORIES, NAME, _jsonl, _methods, load_classes, load_tasks, openai_schema,
+                               wheel_root)
 
-NAME = "bfcl_multi_turn"
-CATEGORIES = ("base", "miss_func", "miss_param", "long_context")
-WHEEL = "bfcl-eval==2026.3.23"
 STOP = "###STOP###"  # user_sim.STOP (user_sim imports domains, so this file cannot import it)
 BLOCKED = ("kill", "exit", "quit", "remove", "unlink", "popen", "Popen", "run")  # BFCL refuses them before eval
-PKG = "bfcl_eval.eval_checker.multi_turn_eval"
-
-# ---------------------------------------------------------------------------------------------------------------
-# Finding the wheel, and the OpenAI schema of a BFCL function doc
-
-
-def wheel_root() -> Path:
-    """The installed bfcl_eval package folder; FileNotFoundError (one line: how to get it) when it is missing."""
-    try:
-        import bfcl_eval
-    except ImportError:
-        raise FileNotFoundError(f"BFCL multi-turn data not found: the bfcl-eval wheel is not installed; get it "
-                                f"with `pip install --no-deps {WHEEL}`") from None
-    return Path(bfcl_eval.__file__).parent
-
-
-def _jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def _cast(properties: dict, mapping: dict) -> dict:
-    # BFCL's _cast_to_openai_type (model_handler/utils.py, which imports tenacity, so it is copied, not imported):
-    # its types (dict, float, tuple, any ...) -> JSON-schema types; a float says so in its description.
-    for value in properties.values():
-        kind = value.get("type", "string")
-        if kind == "float":
-            value["format"], value["description"] = "float", value["description"] + " This is a float type value."
-        value["type"] = mapping.get(kind, "string")
-        if value["type"] in ("array", "object"):
-            if "properties" in value:
-                value["properties"] = _cast(value["properties"], mapping)
-            elif "items" in value:
-                items = value["items"]
-                items["type"] = mapping[items["type"]]
-                if items["type"] == "array" and "items" in items:
-                    items["items"]["type"] = mapping[items["items"]["type"]]
-                elif items["type"] == "object" and "properties" in items:
-                    items["properties"] = _cast(items["properties"], mapping)
-    return properties
-
-
-def openai_schema(doc: dict) -> dict:
-    """A BFCL function doc as BFCL's OpenAI handler sends it (convert_to_tool, OPENAI_COMPLETIONS style)."""
-    from bfcl_eval.constants.type_mappings import GORILLA_TO_OPENAPI
-
-    item = copy.deepcopy(doc)
-    item["name"] = item["name"].replace(".", "_")  # OpenAI names allow no dot (multi-turn names have none)
-    item["parameters"]["type"] = "object"
-    item["parameters"]["properties"] = _cast(item["parameters"]["properties"], GORILLA_TO_OPENAPI)
-    return {"type": "function", "function": item}
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Tasks: BFCL's entries, their gold calls as {"name", "arguments"}, and what the customer says
-
-
-def _gold_call(text: str, params: dict[str, list[str]]) -> dict:
-    """A gold call string ("sort('final_report.pdf')") -> {"name", "arguments"}: positional arguments get their
-    parameter's name from the method's signature, so an agent can replay it as a tool call."""
-    node = ast.parse(text.strip(), mode="eval").body
-    assert isinstance(node, ast.Call) and isinstance(node.func, ast.Name), f"not a plain call: {text}"
-    name = node.func.id
-    args = {params[name][i]: ast.literal_eval(a) for i, a in enumerate(node.args)}
-    return {"name": name, "arguments": args | {k.arg: ast.literal_eval(k.value) for k in node.keywords}}
-
-
-def load_tasks(root: Path, classes: dict[str, type], categories=CATEGORIES) -> list[Task]:
-    from bfcl_eval.constants.default_prompts import DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_FC as REVEAL
-    from bfcl_eval.constants.executable_backend_config import MULTI_TURN_FUNC_DOC_FILE_MAPPING as DOC_FILES
-
-    docs = {c: _jsonl(root / "data" / "multi_turn_func_doc" / DOC_FILES[c]) for c in classes}
-    params = {n: list(inspect.signature(f).parameters)[1:] for cls in classes.values() for n, f in _methods(cls)}
-    tasks = []
-    for cat in categories:
-        (qfile,) = (root / "data").glob(f"BFCL_v*_multi_turn_{cat}.json")  # BFCL_v4_...: v3's multi-turn set
-        answers = {a["id"]: a["ground_truth"] for a in _jsonl(root / "data" / "possible_answer" / qfile.name)}
-        for e in _jsonl(qfile):
-            # as BFCL's populate_test_cases_with_predefined_functions: the classes' docs, held-out ones removed
-            funcs = [d for c in e["involved_classes"] for d in docs[c]]
-            held = {int(k): [d for d in funcs if d["name"] in names] for k, names in e.get("missed_function", {}).items()}
-            shown = [openai_schema(d) for d in funcs if not any(d in ds for ds in held.values())]
-            revealed = {k: [openai_schema(d) for d in ds] for k, ds in held.items()}
-            # a held-out turn has no request in the data: BFCL's customer says the functions were updated
-            turns = [" ".join(m["content"] for m in q) if k not in held else
-                     "\n".join(json.dumps(s) for s in revealed[k]) + "\n" + REVEAL for k, q in enumerate(e["question"])]
-            gold = [[_gold_call(c, params) for c in turn] for turn in answers[e["id"]]]
-            tasks.append(Task(id=e["id"], domain=NAME, split="test", instructions="\n".join(turns),
-                              actions=[c for turn in gold for c in turn], spec={"world": NAME, "turns": turns},
-                              raw={"entry": e, "ground_truth": answers[e["id"]], "gold": gold, "category": cat,
-                                   "shown": shown, "revealed": revealed}))
-    return tasks
-
 
 # ---------------------------------------------------------------------------------------------------------------
 # The environment: one episode's backend instances
-
-
-def _methods(obj) -> list[tuple[str, object]]:
-    # the public methods BFCL maps a call name to (execute_multi_turn_func_call: inspect.getmembers, no "_")
-    pred = inspect.ismethod if not isinstance(obj, type) else inspect.isfunction
-    return [(n, f) for n, f in inspect.getmembers(obj, predicate=pred) if not n.startswith("_")]
 
 
 class BFCLEnv(Env):
@@ -235,9 +135,9 @@ def _non_finite(values: list) -> str | None:
 
 
 def _as_json(d: dict) -> str:
-    try:
+    try:  # an object inside: BFCL falls back to str()
         return json.dumps(d)
-    except (TypeError, ValueError):  # an object inside: BFCL falls back to str()
+    except (TypeError, ValueError):
         return str(d)
 
 
@@ -303,9 +203,7 @@ class BFCLWorld(World):
 
     def new_env(self, task: Task | None = None) -> BFCLEnv:
         env = BFCLEnv(self)
-        if task is not None:
-            self.init_env(env, task)
-        return env
+        return env if task is None else (self.init_env(env, task) or env)
 
     def init_env(self, env: BFCLEnv, task: Task) -> None:
         env.load(task)
@@ -333,12 +231,8 @@ class BFCLWorld(World):
 
 
 def build_world(categories: tuple = CATEGORIES) -> BFCLWorld:
-    root = wheel_root()
-    from bfcl_eval.constants.executable_backend_config import CLASS_FILE_PATH_MAPPING
-
-    names = ("GorillaFileSystem", "MathAPI", "MessageAPI", "TwitterAPI", "TicketAPI", "TradingBot", "TravelAPI",
-             "VehicleControlAPI")  # the eight multi-turn classes (the mapping also holds BFCL v4's memory / web)
-    classes = {c: getattr(importlib.import_module(CLASS_FILE_PATH_MAPPING[c]), c) for c in names}
+    root = wheel_root()  # first: a missing wheel is one FileNotFoundError line saying how to install it
+    classes = load_classes()
     return BFCLWorld(load_tasks(root, classes, categories), classes)
 
 
@@ -397,8 +291,8 @@ BENCH = Bench(domain=NAME, summary=summary, select=select, oracle=oracle,
 
 
 if __name__ == "__main__":
-    # Replay two tasks' gold calls by hand (rollout.rollout() plays them in eval.py; importing it here would make a
-    # circle), show what the agent would see, and score them with BFCL's checker; then drop one call: it fails.
+    # Replay two tasks' gold calls by hand (eval.py plays them through rollout.rollout(); importing it here would make
+    # an import circle), show what the agent would see, score them with BFCL's checker; then drop the first call.
     world = build_world(("base", "miss_func"))
     for task in [world.tasks()[0], world.tasks()[200]]:
         env, messages = world.new_env(task), [{"role": "system", "content": ""}]
@@ -407,10 +301,9 @@ if __name__ == "__main__":
             messages.append({"role": "user", "content": task.spec["turns"][k]})
             print(f"  user: {task.spec['turns'][k][:100]}")
             for c in turn:
-                messages.append({"role": "assistant", "content": "", "tool_calls": [{"function": c}]})
-                messages.append({"role": "tool", "content": env.call(c["name"], c["arguments"])})
+                messages += [{"role": "assistant", "content": "", "tool_calls": [{"function": c}]},
+                             {"role": "tool", "content": env.call(c["name"], c["arguments"])}]
                 print(f"    {c['name']}({json.dumps(c['arguments'])}) -> {messages[-1]['content'][:80]}")
             messages.append({"role": "assistant", "content": "Done."})
         print(f"  BFCL's checker: {world.score(task, env, messages)}")
-        cut = [m for m in messages if m is not messages[3] and m is not messages[4]] if len(messages) > 4 else messages
-        print(f"  without the first call: {world.score(task, world.new_env(task), cut)[0]}")
+        print(f"  without the first call: {world.score(task, world.new_env(task), messages[:3] + messages[5:])[0]}")
