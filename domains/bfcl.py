@@ -59,8 +59,8 @@ import json
 import uuid
 
 from domains.base import Bench, Call, Env, Task, World
-from domains.bfcl_data import (CATEGORIES, NAME, _jsonl, _methods, load_classes, load_tasks, openai_schema,
-                               wheel_root)
+from domains.bfcl_data import (CATEGORIES, NAME, _jsonl, _methods, backend_config, load_classes, load_tasks,
+                               openai_schema, wheel_root)
 
 STOP = "###STOP###"  # user_sim.STOP (user_sim imports domains, so this file cannot import it)
 BLOCKED = ("kill", "exit", "quit", "remove", "unlink", "popen", "Popen", "run")  # BFCL refuses them before eval
@@ -78,12 +78,11 @@ class BFCLEnv(Env):
         self.world, self.calls, self.task, self.instances, self.methods = world, [], None, {}, {}
 
     def load(self, task: Task) -> None:
-        from bfcl_eval.constants.executable_backend_config import STATELESS_CLASSES
-
+        stateless = backend_config()[1]  # MathAPI: no state to load
         entry, self.task = task.raw["entry"], task
         for cls in entry["involved_classes"]:  # in BFCL's order: a later class's method name wins (none collide)
             inst = self.world.classes[cls]()
-            if cls not in STATELESS_CLASSES:
+            if cls not in stateless:
                 inst._load_scenario(copy.deepcopy(entry["initial_config"].get(cls, {})),
                                     long_context="long_context" in entry["id"])
             self.instances[cls] = inst
@@ -211,8 +210,7 @@ class BFCLWorld(World):
     def tool_schemas(self) -> list[dict]:
         """Every class's tools (an episode shows only its task's: BFCLEnv.tool_schemas)."""
         if self._schemas is None:
-            from bfcl_eval.constants.executable_backend_config import MULTI_TURN_FUNC_DOC_FILE_MAPPING as DOC_FILES
-
+            DOC_FILES = backend_config()[2]
             folder = wheel_root() / "data" / "multi_turn_func_doc"
             self._schemas = [openai_schema(d) for c in self.classes for d in _jsonl(folder / DOC_FILES[c])]
         return self._schemas

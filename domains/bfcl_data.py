@@ -12,6 +12,13 @@ BFCL's populate_test_cases_with_predefined_functions builds them. Two conversion
                     {"file_name": "final_report.pdf"}}: positional arguments named from the method's signature, so an
                     agent can replay it as a tool call (domains/bfcl.py's oracle)
 
+Which data: the pinned wheel's files are BFCL v4's revision of the v3 multi-turn set, not the v3-era files byte for
+byte. Measured against bfcl-eval 2025.6.8 (files still named BFCL_v3_): per category of 200, 71-73 questions,
+72-75 initial configs and 67-70 gold answers differ, 18 tasks gained `excluded_function`, 11 miss_func tasks changed
+`missed_function`; 6 of the 8 function-doc files and 7 of the 8 backend modules (not MathAPI's) differ;
+multi_turn_checker.py is identical. `backend_config` reads both layouts, so `pip install --no-deps bfcl-eval==2025.6.8` runs the older
+set (the oracle scores 100 % on both).
+
 Departures: none; this file only reads. A missing wheel is one FileNotFoundError line saying how to install it.
 """
 
@@ -93,21 +100,35 @@ def _gold_call(text: str, params: dict[str, list[str]]) -> dict:
     return {"name": name, "arguments": args | {k.arg: ast.literal_eval(k.value) for k in node.keywords}}
 
 
+def backend_config() -> tuple[dict, list, dict]:
+    """(class -> module, stateless classes, class -> doc file), from the wheel. Older wheels (e.g. 2025.6.8, whose
+    files are still named BFCL_v3_) keep them elsewhere; reading both lets a user run on that data too."""
+    wheel_root()  # a missing wheel: one clear line, not an ImportError
+    try:
+        from bfcl_eval.constants import executable_backend_config as c
+
+        return c.CLASS_FILE_PATH_MAPPING, c.STATELESS_CLASSES, c.MULTI_TURN_FUNC_DOC_FILE_MAPPING
+    except ImportError:
+        from bfcl_eval.constants.category_mapping import MULTI_TURN_FUNC_DOC_FILE_MAPPING as docs
+        from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_utils import CLASS_FILE_PATH_MAPPING as paths
+        from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_utils import STATELESS_CLASSES as stateless
+
+        return paths, stateless, docs
+
+
 def load_classes() -> dict[str, type]:
     """The eight multi-turn backend classes, by name (the wheel's mapping also holds BFCL v4's memory / web ones)."""
     import importlib
 
-    wheel_root()  # a missing wheel: one clear line, not an ImportError
-    from bfcl_eval.constants.executable_backend_config import CLASS_FILE_PATH_MAPPING as PATHS
-
+    paths = backend_config()[0]
     names = ("GorillaFileSystem", "MathAPI", "MessageAPI", "TwitterAPI", "TicketAPI", "TradingBot", "TravelAPI",
              "VehicleControlAPI")
-    return {c: getattr(importlib.import_module(PATHS[c]), c) for c in names}
+    return {c: getattr(importlib.import_module(paths[c]), c) for c in names}
 
 
 def load_tasks(root: Path, classes: dict[str, type], categories=CATEGORIES) -> list[Task]:
     from bfcl_eval.constants.default_prompts import DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_FC as REVEAL
-    from bfcl_eval.constants.executable_backend_config import MULTI_TURN_FUNC_DOC_FILE_MAPPING as DOC_FILES
+    DOC_FILES = backend_config()[2]
 
     docs = {c: _jsonl(root / "data" / "multi_turn_func_doc" / DOC_FILES[c]) for c in classes}
     params = {n: list(inspect.signature(f).parameters)[1:] for cls in classes.values() for n, f in _methods(cls)}
