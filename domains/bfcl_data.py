@@ -16,8 +16,8 @@ Which data: the pinned wheel's files are BFCL v4's revision of the v3 multi-turn
 byte. Measured against bfcl-eval 2025.6.8 (files still named BFCL_v3_): per category of 200, 71-73 questions,
 72-75 initial configs and 67-70 gold answers differ, 18 tasks gained `excluded_function`, 11 miss_func tasks changed
 `missed_function`; 6 of the 8 function-doc files and 7 of the 8 backend modules (not MathAPI's) differ;
-multi_turn_checker.py is identical. `backend_config` reads both layouts, so `pip install --no-deps bfcl-eval==2025.6.8` runs the older
-set (the oracle scores 100 % on both).
+multi_turn_checker.py is identical. `backend_config` reads both layouts, so
+`pip install --no-deps bfcl-eval==2025.6.8` runs the older set (the oracle scores 100 % on both).
 
 Departures: none; this file only reads. A missing wheel is one FileNotFoundError line saying how to install it.
 """
