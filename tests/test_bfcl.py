@@ -303,9 +303,15 @@ def test_tiny_local_model_plays_five_tasks_and_the_token_path_can_score(world, t
             self.engine.live = episodes
             return super().act(episodes, cfg)
 
-    m, eps = _play(world, tasks, Agent(GoldEngine(), tok), _bench_cfg(max_new_tokens=512, max_context=10 ** 6,
-                                                                       tools_in_prompt=False))
+    m, eps = _play(world, tasks, Agent(GoldEngine(), tok), _bench_cfg(max_new_tokens=512, max_context=10 ** 6))
     assert m["pass^1"] == 1.0, [e.info for e in eps]
+    for e in eps:  # the prompt shows the task's own tools (rendered by the template), a held-out one only later
+        prompt = tok.decode(e.ids[: e.spans[1]["start"]])
+        shown = {s["function"]["name"] for s in e.task.raw["shown"]}
+        assert all(f'"name": "{n}"' in prompt for n in shown)
+        assert all(f'"name": "{s["function"]["name"]}"' not in prompt for ss in e.task.raw["revealed"].values()
+                   for s in ss)
+        assert all(f'"name": "{n}"' not in prompt for n in world.tools if n not in shown)
 
 
 class _Endpoint(BaseHTTPRequestHandler):
