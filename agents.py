@@ -30,17 +30,16 @@ class MessageAgent:
     "arguments"}}]} as a rollout Agent. Each episode gets its own act (the oracle keeps per-task state)."""
 
     def __init__(self, make_act, workers: int = 8):
-        self.make_act, self.workers, self.acts, self.tools = make_act, workers, {}, {}
+        self.make_act, self.workers, self.acts = make_act, workers, {}
 
     def begin(self, ep, rules, schemas, first):
         self.acts[id(ep)] = act = self.make_act(ep.task)
         if hasattr(act, "env"):  # the oracle also plays the customer's gold actions (dual control: telecom)
             act.env = ep.env
-        self.tools[id(ep)] = ep.env.world.tool_schemas()  # the endpoint's tool calling needs the schemas
 
     def _one(self, ep) -> ParsedTurn | Exception:
-        try:
-            msg = self.acts[id(ep)](ep.messages, self.tools[id(ep)])
+        try:  # the endpoint's tool calling needs the schemas: those the episode shows now (BFCL reveals some later)
+            msg = self.acts[id(ep)](ep.messages, ep.env.tool_schemas(ep.messages))
         except Exception as e:  # noqa: BLE001 - an endpoint failure aborts this episode, not the evaluation
             return e
         calls, errors = [], []

@@ -20,7 +20,9 @@ the required-output check; tau2's newest NL assertions need an LLM judge and are
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
+import sys
 import time
 from collections import Counter
 
@@ -28,7 +30,7 @@ from tqdm import tqdm
 
 from agents import FixedUser, MessageAgent, OracleAgent, openai_act
 from config import Config
-from domains import DOMAINS, load_worlds
+from domains import BENCHES, load_worlds
 from engine import make_engine
 from models import load_policy
 from rollout import Episode, PolicyAgent, RolloutConfig, TrajectoryLog, rollout, score
@@ -107,8 +109,10 @@ def main(argv=None):
     for name in ("agent_base_url", "agent_api_key", "user_model", "user_base_url", "user_api_key", "data_dir"):
         p.add_argument(f"--{name}", default="")  # empty: the environment's ($OPENAI_BASE_URL, ...) or the default
     p.add_argument("--domain", default="shop", help="comma-separated names from domains.DOMAINS")
-    p.add_argument("--bench", default="", help="a benchmark of domains.DOMAINS with its own agent protocol and scores "
-                   "(acebench_agent): all its tasks, its own summary")
+    p.add_argument("--bench", default="", choices=["", *BENCHES], help="a benchmark of domains.BENCHES: its domain, "
+                   "its conversation rules, its figures (e.g. BFCL's accuracy per category); replaces --domain")
+    p.add_argument("--category", default="", help="--bench: comma-separated categories (bfcl_multi_turn: base, "
+                   "miss_func, miss_param, long_context; empty = all)")
     p.add_argument("--split", default="test")
     p.add_argument("--tasks", type=int, default=0, help="first N tasks of the split (0 = all)")
     p.add_argument("--trials", type=int, default=1, help="k: runs per task (pass^1 ... pass^k)")
@@ -126,30 +130,33 @@ def main(argv=None):
 
     if a.temperature < 0 or not 0 < a.top_p <= 1:
         p.error(f"--temperature must be >= 0 and --top_p in (0, 1], got {a.temperature} and {a.top_p}")
+    bench = BENCHES.get(a.bench)
+    a.domain = bench.domain if bench else a.domain
     # the worlds as muarl.py builds them (generated worlds: the held-out tasks are a function of the seed alone)
-    a.domain = a.bench or a.domain
     try:
         worlds = load_worlds(Config(domains=a.domain, data_dir=a.data_dir, synthetic_seed=a.synthetic_seed,
                                     synthetic_train=0))
     except (FileNotFoundError, ValueError) as e:  # missing data, an unknown domain: one line, not a traceback
         raise SystemExit(f"eval: {e}")
-    tasks = [t for w in worlds.values() for t in w.tasks(a.split)][: a.tasks or None]  # --tasks 0: all
+    tasks = [t for w in worlds.values() for t in w.tasks(a.split)]
+    tasks = (bench.select(tasks, a.category) if bench else tasks)[: a.tasks or None]  # --tasks 0: all
     cfg = RolloutConfig(max_turns=a.max_turns, max_new_tokens=a.max_new_tokens, max_context=a.max_context,
                         temperature=a.temperature, top_p=a.top_p, seed=a.seed, tools_in_prompt=bool(a.tools_in_prompt))
-    # The oracle's conversation needs no customer beyond its opening line: FixedUser only says it is done.
-    user = FixedUser() if a.agent == "oracle" or a.user == "fixed" else \
+    cfg = dataclasses.replace(cfg, **bench.rollout) if bench else cfg  # e.g. BFCL runs every call of a step
+    # The oracle's conversation needs no customer beyond its opening line: FixedUser only says it is done (a bench's
+    # customer, e.g. BFCL's scripted turns, plays it to the end).
+    user = FixedUser() if (a.agent == "oracle" and not (bench and bench.oracle)) or a.user == "fixed" else \
         make_user(a.user, model=a.user_model or None, base_url=a.user_base_url or None, api_key=a.user_api_key or None)
     t0 = time.time()
     if a.agent == "local":
         model, tok = load_policy(a.model)
         agent, name = PolicyAgent(make_engine(a.engine, model=model, tokenizer=tok, model_path=a.model), tok), a.model
     elif a.agent == "oracle":
-        agent, name = MessageAgent(OracleAgent), "oracle (gold actions)"
+        agent, name = MessageAgent(bench.oracle if bench and bench.oracle else OracleAgent), "oracle (gold actions)"
     else:
         act = openai_act(a.agent_model, a.agent_base_url, a.agent_api_key, a.temperature, a.max_new_tokens)
         agent, name = MessageAgent(lambda task: act), a.agent_model
-    bench = DOMAINS.get(a.domain)  # one benchmark speaking its own protocol brings its own agent and summary
-    if bench is not None and bench.agent is not None:
+    if bench is not None and bench.agent is not None:  # a benchmark speaking its own protocol brings its agent
         agent = bench.agent(a.agent, engine=getattr(agent, "engine", None), tokenizer=getattr(agent, "tok", None),
                             model=a.agent_model, base_url=a.agent_base_url, api_key=a.agent_api_key,
                             max_new_tokens=a.max_new_tokens, temperature=a.temperature)
@@ -158,7 +165,7 @@ def main(argv=None):
     print(f"{len(tasks)} tasks x {a.trials} trials on {a.domain}/{a.split} in {time.time() - t0:.1f}s; "
           f"transcripts: {a.out}")
     print(format_table([(name, metrics)], a.trials))
-    if bench is not None and bench.summary is not None:  # the benchmark's own scores, computed as it computes them
+    if bench is not None:  # the benchmark's own figures, computed as it computes them (BFCL: accuracy per category)
         extra, text = bench.summary(eps)
         metrics.update(extra)
         print(text)
@@ -166,4 +173,7 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except (FileNotFoundError, ValueError) as e:  # bad input or missing data: one line (how to get it), status 2
+        sys.exit(f"eval: {e}")

@@ -254,7 +254,7 @@ def rollout(tasks: list[Task], group_size: int, worlds: dict[str, World], agent:
                 ep.stop("user_error", str(first))
             else:
                 ep.messages.append({"role": "user", "content": first})
-                agent.begin(ep, world.rules, world.tool_schemas() if cfg.tools_in_prompt else [], first)
+                agent.begin(ep, world.rules, ep.env.tool_schemas(ep.messages) if cfg.tools_in_prompt else [], first)
                 _check_caps(ep, cfg)
             episodes.append(ep)
 

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import random
 
-from domains import acebench, acebench_agents, airline, retail, shop, synthetic, telecom
-from domains.base import Domain, Env, Task, World
+from domains import acebench, acebench_agents, airline, bfcl, retail, shop, synthetic, telecom
+from domains.base import Bench, Domain, Env, Task, World
 
 
 def _shop_settings(c) -> dict:
@@ -35,10 +35,12 @@ DOMAINS: dict[str, Domain] = {
         seed=c.synthetic_seed, n_train=c.synthetic_train, n_test=c.synthetic_test, n_users=c.synthetic_users,
         n_test_users=c.synthetic_test_users), script=synthetic, generator=True),
     "shop": Domain(shop.build_world, _shop_settings, script=shop),
-    # ACEBench's Agent category (its own protocol and scores; data: ../shared/acebench or $ACEBENCH_DIR)
-    "acebench_agent": Domain(acebench_agents.build_world, script=acebench, agent=acebench_agents.make_agent,
-                             summary=acebench_agents.summarize),
+    "acebench_agent": Domain(acebench_agents.build_world, script=acebench),  # ACEBench Agent (its data: see there)
+    bfcl.NAME: Domain(bfcl.build_world, script=bfcl),  # BFCL-v3 multi-turn (the bfcl-eval wheel); its customer: a script
 }
+
+# Benchmarks `eval.py --bench NAME` runs: a domain above, the conversation rules it fixes, and its own figures.
+BENCHES: dict[str, Bench] = {bfcl.NAME: bfcl.BENCH, "acebench_agent": acebench_agents.BENCH}
 
 _WORLDS: dict[tuple, World] = {}
 
@@ -90,4 +92,4 @@ def script_for(task: Task):
     return DOMAINS[task.spec["world"]].script
 
 
-__all__ = ["DOMAINS", "Domain", "load_world", "load_worlds", "task_sets", "script_for", "World", "Env", "Task"]
+__all__ = ["DOMAINS", "BENCHES", "Bench", "Domain", "load_world", "load_worlds", "task_sets", "script_for", "World", "Env", "Task"]

@@ -254,6 +254,9 @@ class AceEnv:
                 self.apps[name] = app
         return self.apps
 
+    def tool_schemas(self, messages: list[dict] | None = None) -> list[dict]:
+        return self.world.tool_schemas()  # the episode's tools are the world's (base.Env.tool_schemas' contract)
+
     def call(self, name, arguments, requestor: str = "assistant") -> str:
         """rollout's tool interface: only `execute` exists; it returns the execution message as the agent reads it."""
         if name != EXECUTE or requestor != "assistant" or not isinstance(arguments, dict) \

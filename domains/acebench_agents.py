@@ -26,6 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import chat
 from domains.acebench import EXECUTE, FINISH, AceWorld, build_world as _build, routes_to_execution
+from domains.base import Bench
 
 _MEETING = "Hey Frank, don't forget about our meeting on 2024-06-11 at 4 PM in Conference Room 1."
 _PIZZA = "[add_food_delivery_order(username='Eve', merchant_name=\"Domino's\", items=[{'product': 'Super Supreme " \
@@ -196,6 +197,9 @@ def summarize(episodes) -> tuple[dict, str]:
                       for c in ("multi_turn", "multi_step"))
             + f"aborted episodes (not scored): {m['aborted']}")
     return m, text
+
+
+BENCH = Bench(domain="acebench_agent", summary=summarize, agent=make_agent)  # eval.py --bench acebench_agent
 
 
 if __name__ == "__main__":

@@ -202,8 +202,19 @@ class Domain:
     settings: Callable[[Any], dict] = lambda cfg: {}  # the run's Config -> build's keyword arguments
     script: Any = None  # module with scripted_first_message(spec), scripted_reply(spec, history), or None
     generator: bool = False  # --tasks synthetic can generate tasks over this world (domains/synthetic.py)
-    agent: Any = None  # a benchmark with its own agent protocol: (kind, **settings) -> rollout Agent (eval.py)
-    summary: Any = None  # a benchmark's own scores: episodes -> (metrics dict, printable text) (eval.py)
+
+
+@dataclass(frozen=True)
+class Bench:
+    """One row of domains.BENCHES: a benchmark `eval.py --bench NAME` runs on a domain of DOMAINS, with the
+    conversation rules it fixes and the figures it reports (e.g. BFCL's accuracy per category)."""
+
+    domain: str  # the DOMAINS row whose world and tasks it runs
+    summary: Callable[[list], tuple[dict, str]]  # scored episodes -> (its figures, the text eval.py prints)
+    select: Callable[[list, str], list] = lambda tasks, category: tasks  # --category: which tasks
+    oracle: Callable | None = None  # task -> act(messages, tools): the gold replay (agents.MessageAgent)
+    rollout: dict = field(default_factory=dict)  # RolloutConfig fields the benchmark fixes (e.g. all_calls)
+    agent: Callable | None = None  # its own agent protocol (ACEBench): (kind, **settings) -> a rollout Agent
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -260,6 +271,11 @@ class Env:
                 out, err = f"Error: {e}", True
         self.calls.append(Call(name, arguments, out, err, name in self.world.write_tools, requestor))
         return out
+
+    def tool_schemas(self, messages: list[dict] | None = None) -> list[dict]:
+        """The tools the agent sees at this point of its conversation (`messages`): the world's, for every domain
+        whose toolkit is fixed; BFCL's env shows its own task's tools, and a held-out one once it is revealed."""
+        return self.world.tool_schemas()
 
     def export(self) -> dict[str, dict[str, dict]]:
         """The whole database in tau2's shape: collection -> id -> record (every field, nulls included)."""
