@@ -19,7 +19,8 @@ from concurrent.futures import ThreadPoolExecutor
 import chat
 from sampling import Sample
 from tools import ParsedTurn
-from user_sim import STOP
+from domains.dual_control import customer_only, gold_requestors
+from user_sim import STOP, ScriptedUser
 
 # ---------------------------------------------------------------------------------------------------------------
 # Message-level agents
@@ -38,7 +39,8 @@ class MessageAgent:
 
     def _one(self, ep) -> ParsedTurn | Exception:
         try:
-            msg = self.acts[id(ep)](ep.messages, self.tools[id(ep)])
+            # the agent's view: never the customer's own tool calls and results (dual-control worlds)
+            msg = self.acts[id(ep)]([m for m in ep.messages if not customer_only(m)], self.tools[id(ep)])
         except Exception as e:  # noqa: BLE001 - an endpoint failure aborts this episode, not the evaluation
             return e
         calls, errors = [], []
@@ -88,29 +90,36 @@ def openai_act(model: str, base_url: str | None, api_key: str | None, temperatur
 
 
 class OracleAgent:
-    """Replays the task's gold actions one per turn, then states the required outputs and says it is done."""
+    """Replays the task's gold actions one per turn, then states the required outputs and says it is done. A gold
+    action of the customer's (dual-control worlds) is asked for in words: only the customer can run it."""
 
     def __init__(self, task):
-        self.todo, self.outputs = list(task.actions), list(task.outputs)
+        self.todo, self.outputs = list(zip(task.actions, gold_requestors(task))), list(task.outputs)
 
     def __call__(self, messages, tools):
         if self.todo:
-            a = self.todo.pop(0)
+            a, who = self.todo.pop(0)
+            if who == "user":
+                return {"content": f"Please do this on your phone: {a['name']} {json.dumps(a['arguments'])}",
+                        "tool_calls": []}
             return {"content": "", "tool_calls": [{"function": {"name": a["name"], "arguments": a["arguments"]}}]}
         return {"content": "Done. " + " ".join(self.outputs), "tool_calls": []}
 
 
 class FixedUser:
-    """A customer that states the task's request and stops at the agent's first text reply (for the oracle)."""
+    """A customer that states the task's request and stops at the agent's first text reply (for the oracle). In a
+    dual-control world (a phone comes with the request) the customer must act, so its domain's script plays it."""
 
-    def first_message(self, task):
+    def first_message(self, task, tools=False):
+        if tools:
+            return ScriptedUser().first_message(task)
         return task.instructions.split("\n\n")[1] if "\n\n" in task.instructions else task.instructions
 
-    def reply(self, task, history):
-        return "Thanks, that's all. " + STOP
+    def reply(self, task, history, phone=None):
+        return "Thanks, that's all. " + STOP if phone is None else ScriptedUser().reply(task, history, phone)
 
     def replies(self, requests):
-        return [self.reply(t, h) for t, h in requests]
+        return [self.reply(*r) for r in requests]
 
 
 # ---------------------------------------------------------------------------------------------------------------

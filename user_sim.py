@@ -16,6 +16,16 @@ The first message is fixed per task. The paper starts all G rollouts of a task f
 the group's reward differences come from the agent, not from a different first request: `first_message` asks
 the model once per task id, and a per-task lock makes 8 rollouts asking at once cost one API call.
 
+The customer acts (dual-control worlds, tau2's telecom). When the episode's world gives the customer tools of its own
+(`world.user_tools`: toggle airplane mode, reseat the SIM, run a speed test...), a customer turn may call them before
+it speaks: `LLMUser` offers them through the OpenAI tools API (`tools=` in the request, `tool_calls` in the reply, the
+results sent back as `tool` messages, then it asks again until the customer writes text), the mechanism a hosted model
+or `vllm serve --enable-auto-tool-choice --tool-call-parser hermes` speaks. The calls run on the episode's own env as
+`requestor="user"` through a `Phone`, which logs them in the episode's readable messages: the customer remembers
+what it did (its later requests carry its calls and their results, role-swapped), the agent never sees them. tau2's
+limits apply: each customer tool execution counts as a turn, and 10 tool errors in all, from either side, end the
+episode (`too_many_errors`, which scores 0).
+
 Failures abort, they do not score zero. If the simulator's API fails for good, the episode says nothing about the
 policy: rollout.py drops it (UserError) instead of training on reward 0. Before giving up we retry transient
 errors (connection errors, timeouts, 408, 429, 5xx) and garbage replies with exponential backoff.
@@ -27,6 +37,9 @@ Departures from the paper / tau2-bench:
 3. A reply's leading `<think>...</think>` block (a reasoning model served without a reasoning parser) is removed.
 4. Consecutive messages of the same role are merged into one, so the request always alternates user/assistant
    (some chat templates refuse anything else); an agent turn with no text becomes NO_REPLY for the same reason.
+5. Dual-control: the opening message is text only (no tools offered), since the G rollouts of a task share it;
+   tools are offered from the customer's second turn on. Tool-call ids are renumbered call_0, call_1, ... per request.
+   A malformed call (arguments that are not JSON, an unknown tool) runs as an error observation, as in tau2.
 """
 
 from __future__ import annotations
@@ -42,6 +55,7 @@ from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import urlparse
 
 from domains import script_for
+from domains.dual_control import Phone, customer_only
 
 STOP, TRANSFER, OUT_OF_SCOPE = "###STOP###", "###TRANSFER###", "###OUT-OF-SCOPE###"
 
@@ -65,8 +79,21 @@ def is_terminal(text: str | None) -> str | None:
 # The customer's prompt and its view of the conversation
 
 
-def system_prompt(instructions: str) -> str:
-    """The simulator's system prompt: who it is, what it wants (the hidden instructions), and the house rules."""
+# tau2's guidelines for a customer with tools (simulation_guidelines_tools.md), in this project's words.
+PHONE_RULES = """
+
+Your phone: you have tools that act on your own device. The agent cannot see them, nor what you do with them.
+- In one turn, either call tools or write a message to the agent, never both. Only your messages reach the agent.
+- Use a tool only when the agent asks you to do something on your device, or when you need it to answer the \
+agent's question. If you are unsure what the agent wants you to do, ask.
+- Do one action at a time. If the agent asks for several at once, say you can only do one at a time and ask \
+which comes first.
+- Report only what the tools actually returned; never invent a result. If a call fails, correct it and try again."""
+
+
+def system_prompt(instructions: str, tools: bool = False) -> str:
+    """The simulator's system prompt: who it is, what it wants (the hidden instructions), and the house rules
+    (with `tools`, also the rules for the customer's own tools)."""
     return f"""You are playing a customer who has contacted a company's customer service. The other side of this \
 chat is the company's support agent. You are the customer, never the agent: you cannot see or use the company's \
 systems, and you only know what your situation below tells you.
@@ -90,7 +117,7 @@ How to end the chat (write the marker at the end of your message):
 - {STOP} once everything you came for is done, or once it is clear it cannot be done.
 - {TRANSFER} if the agent hands you over to a human agent.
 - {OUT_OF_SCOPE} if the chat reaches a point your situation gives you no information to handle, so you \
-cannot go on."""
+cannot go on.{PHONE_RULES if tools else ""}"""
 
 
 # Tool-call markup, tool results and reasoning that might sit inside an agent's text: never shown to the customer.
@@ -99,22 +126,42 @@ _HIDDEN = re.compile(r"<(tool_call|tool_response|think)>.*?(</\1>|$)", re.S)
 _LEADING_THINK = re.compile(r"^\s*<think>.*?</think>", re.S)
 
 
-def simulator_messages(instructions: str, history: list[dict]) -> list[dict]:
+def _own_call(m: dict, ids: list[str], n: int) -> dict:
+    # The customer's own tool call or result, in its (swapped) view: its calls are the model's "assistant" calls,
+    # their results "tool" messages tied to them by id. The wire carries arguments as a JSON string; a malformed
+    # call's arguments were kept as the raw text the model wrote, and go back as they came.
+    if m["role"] == "tool":
+        return {"role": "tool", "tool_call_id": ids.pop(0) if ids else "call_x", "content": m["content"]}
+    calls = []
+    for c in m["tool_calls"]:
+        args = c["function"]["arguments"]
+        ids.append(f"call_{n + len(calls)}")  # n: calls earlier in this request
+        calls.append({"id": ids[-1], "type": "function", "function": {
+            "name": str(c["function"]["name"]), "arguments": args if isinstance(args, str) else json.dumps(args)}})
+    return {"role": "assistant", "content": m.get("content") or "", "tool_calls": calls}
+
+
+def simulator_messages(instructions: str, history: list[dict], tools: bool = False) -> list[dict]:
     """Agent-side text conversation -> the simulator's API messages (system prompt + roles swapped).
 
-    history: [{"role": "user" | "assistant", "content": str}, ...] as the agent saw it (user = customer).
+    history: [{"role": "user" | "assistant", "content": str}, ...] as the agent saw it (user = customer), plus, in
+    a dual-control world, the customer's own tool calls and results (customer_only), which stay in its view.
     Returns [system, user: GREETING, assistant: <customer's 1st msg>, user: <agent's reply>, ...]."""
     swap = {"user": "assistant", "assistant": "user"}
     msgs: list[dict] = []
+    pending: list[str] = []  # ids of the customer's calls whose results have not come yet
     for m in history:
         role, content = m.get("role"), m.get("content")
+        if customer_only(m):
+            msgs.append(_own_call(m, pending, sum(len(x.get("tool_calls", ())) for x in msgs)))
+            continue
         if role not in swap or not isinstance(content, str):
             continue  # system prompts, tool messages and tool-call-only turns are the agent's business
         content = (_HIDDEN.sub("", content) if role == "assistant" else content).strip()  # hide stray tool markup
         if not content:
             continue
-        if msgs and msgs[-1]["role"] == swap[role]:  # two agent texts in a row (e.g. around a tool call)
-            msgs[-1]["content"] += "\n\n" + content
+        if msgs and msgs[-1]["role"] == swap[role] and "tool_calls" not in msgs[-1]:  # two agent texts in a row
+            msgs[-1]["content"] += "\n\n" + content  # (e.g. around a tool call)
         else:
             msgs.append({"role": swap[role], "content": content})
     if not msgs or msgs[0]["role"] != "user":  # the customer's opening answered the greeting; say the greeting
@@ -123,7 +170,7 @@ def simulator_messages(instructions: str, history: list[dict]) -> list[dict]:
         # The agent's last turn had no text (a bare tool call, or nothing), yet rollout.py handed over. Say so, not
         # refuse: a real customer would nudge, and aborting would hide the very turns RL should learn to avoid.
         msgs.append({"role": "user", "content": NO_REPLY})
-    return [{"role": "system", "content": system_prompt(instructions)}] + msgs
+    return [{"role": "system", "content": system_prompt(instructions, tools)}] + msgs
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -149,6 +196,26 @@ def _content_of(resp) -> str:
     return content  # a reply cut by max_tokens (finish_reason "length") is still a usable customer message
 
 
+def _turn_of(resp) -> tuple[str, list[tuple]]:
+    """A reply to a request that offered tools: (text, [(name, arguments), ...]). With no calls it must be text
+    (_content_of); with calls, any text beside them stays private to the customer (as in tau2)."""
+    msg = getattr((getattr(resp, "choices", None) or [None])[0], "message", None)
+    raw = getattr(msg, "tool_calls", None)
+    calls = []
+    for c in raw if isinstance(raw, list) else []:
+        fn = getattr(c, "function", None)
+        name, args = getattr(fn, "name", None), getattr(fn, "arguments", None)
+        try:  # bad JSON stays the raw text: env.call answers it with an error observation (counted, as in tau2)
+            args = json.loads(args) if isinstance(args, str) else args
+        except (RecursionError, ValueError):
+            pass
+        calls.append((name, args))
+    if not calls:
+        return _content_of(resp), []
+    text = getattr(msg, "content", None)
+    return (_LEADING_THINK.sub("", text).strip() if isinstance(text, str) else ""), calls
+
+
 class LLMUser:
     """A simulated customer played by a chat model behind any OpenAI-compatible /v1/chat/completions."""
 
@@ -170,9 +237,12 @@ class LLMUser:
         with self._guard:
             self.stats[key] += 1
 
-    def complete(self, messages: list[dict]) -> str:
-        """One chat completion with retries; returns the reply text or raises UserError."""
+    def complete(self, messages: list[dict], tools: list[dict] | None = None):
+        """One chat completion with retries; returns the reply text or raises UserError. With `tools` (the OpenAI
+        tools API), returns (text, calls) instead: see _turn_of."""
         kwargs = dict(model=self.model, messages=messages, temperature=self.temperature, max_tokens=self.max_tokens)
+        if tools:
+            kwargs["tools"] = tools
         if self.seed is not None:
             kwargs["seed"] = self.seed
         oa, last, who = self._openai, None, f"user simulator {self.model!r} at {self.base_url}"
@@ -182,7 +252,8 @@ class LLMUser:
                 time.sleep(self.backoff * 2 ** (attempt - 1) * (1 + 0.25 * random.random()))
             self._count("calls")
             try:
-                return _content_of(self.client.chat.completions.create(**kwargs))
+                resp = self.client.chat.completions.create(**kwargs)
+                return _content_of(resp) if not tools else _turn_of(resp)
             except _Garbage as e:
                 last = f"garbage reply: {e}"
             except oa.APIStatusError as e:
@@ -197,22 +268,35 @@ class LLMUser:
         self._count("failures")
         raise UserError(f"{who} failed after {self.max_retries + 1} attempts; last error: {last}")
 
-    def first_message(self, task) -> str:
-        """The customer's opening for this task: generated once, then shared by every rollout of the task."""
+    def first_message(self, task, tools: bool = False) -> str:
+        """The customer's opening for this task: generated once, then shared by every rollout of the task (`tools`:
+        the customer has a phone; its rules are in the prompt, but the opening is text, see departure 5)."""
         with self._guard:
             lock = self._locks.setdefault(task.id, threading.Lock())
         with lock:  # concurrent callers for one task queue here; the first one generates, the rest read the cache
             if task.id not in self._first:
                 # Not cached on failure: a later call (e.g. next epoch) tries again instead of failing forever.
-                self._first[task.id] = self.complete(simulator_messages(task.instructions, []))
+                self._first[task.id] = self.complete(simulator_messages(task.instructions, [], tools))
             return self._first[task.id]
 
-    def reply(self, task, history: list[dict]) -> str:
-        """The customer's next message, given the agent-side text conversation so far."""
-        return self.complete(simulator_messages(task.instructions, history))
+    def reply(self, task, history: list[dict], phone: Phone | None = None) -> str | None:
+        """The customer's next message, given the agent-side text conversation so far. With a `phone` (dual-control)
+        the model may first call its tools: they run, their results go back, and it is asked again until it writes
+        text. None: the phone hit a cap mid-turn (phone.stop says which) and the customer says nothing more."""
+        if phone is None:
+            return self.complete(simulator_messages(task.instructions, history))
+        while True:  # bounded: every round runs >= 1 call, and the phone stops at the episode's turns left
+            text, calls = self.complete(simulator_messages(task.instructions, history + phone.new, tools=True),
+                                        tools=phone.env.world.user_tool_schemas())
+            if not calls:
+                return text
+            phone.run(calls, text)
+            if phone.stop:
+                return None
 
     def replies(self, requests: list[tuple]) -> list:
-        """reply() for many (task, history) pairs at once; order kept; a failure comes back as a UserError."""
+        """reply() for many (task, history[, phone]) requests at once; order kept; a failure comes back as a
+        UserError."""
         return _fan_out(self.reply, requests, self.max_workers)
 
 
@@ -233,12 +317,16 @@ def _fan_out(fn, requests: list[tuple], max_workers: int) -> list:
 
 
 class ScriptedUser:
-    """Plays a generated task's spec deterministically with its domain's script (domains/synthetic.py, shop.py)."""
+    """Plays a generated task's spec deterministically with its domain's script (domains/synthetic.py, shop.py). A
+    task with no spec (tau2's own) is played by its domain's script from the task itself, with the phone in
+    dual-control worlds (domains/telecom_user.py: it performs the task's user-side gold actions when asked)."""
 
-    def first_message(self, task) -> str:
-        return script_for(task).scripted_first_message(task.spec)
+    def first_message(self, task, tools: bool = False) -> str:
+        return script_for(task).scripted_first_message(task.spec if task.spec is not None else task)
 
-    def reply(self, task, history: list[dict]) -> str:
+    def reply(self, task, history: list[dict], phone: Phone | None = None) -> str | None:
+        if phone is not None:
+            return script_for(task).scripted_reply(task, history, phone)
         return script_for(task).scripted_reply(task.spec, history)
 
     def replies(self, requests: list[tuple]) -> list:

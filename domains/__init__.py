@@ -79,10 +79,12 @@ def task_sets(cfg, worlds: dict[str, World]) -> tuple[list[Task], list[Task]]:
 
 
 def script_for(task: Task):
-    """The scripted customer that plays a generated task (its spec names the domain whose script wrote it)."""
-    if task.spec is None or task.spec.get("world") not in DOMAINS or DOMAINS[task.spec["world"]].script is None:
+    """The scripted customer that plays a task: a generated task's spec names the domain whose script wrote it; a
+    task without one (tau2's own) is played by its own domain's script, if it has one (telecom's)."""
+    name = task.spec.get("world") if task.spec is not None else getattr(task, "domain", None)
+    if name not in DOMAINS or DOMAINS[name].script is None:
         raise ValueError(f"task {task.id!r} has no scripted customer; use the LLM customer (--user llm) for it")
-    return DOMAINS[task.spec["world"]].script
+    return DOMAINS[name].script
 
 
 __all__ = ["DOMAINS", "Domain", "load_world", "load_worlds", "task_sets", "script_for", "World", "Env", "Task"]
