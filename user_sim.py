@@ -16,15 +16,11 @@ The first message is fixed per task. The paper starts all G rollouts of a task f
 the group's reward differences come from the agent, not from a different first request: `first_message` asks
 the model once per task id, and a per-task lock makes 8 rollouts asking at once cost one API call.
 
-The customer acts (dual-control worlds, tau2's telecom). When the episode's world gives the customer tools of its own
-(`world.user_tools`: toggle airplane mode, reseat the SIM, run a speed test...), a customer turn may call them before
-it speaks: `LLMUser` offers them through the OpenAI tools API (`tools=` in the request, `tool_calls` in the reply, the
-results sent back as `tool` messages, then it asks again until the customer writes text), the mechanism a hosted model
-or `vllm serve --enable-auto-tool-choice --tool-call-parser hermes` speaks. The calls run on the episode's own env as
-`requestor="user"` through a `Phone`, which logs them in the episode's readable messages: the customer remembers
-what it did (its later requests carry its calls and their results, role-swapped), the agent never sees them. tau2's
-limits apply: each customer tool execution counts as a turn, and 10 tool errors in all, from either side, end the
-episode (`too_many_errors`, which scores 0).
+The customer acts (dual-control worlds, tau2's telecom: `world.user_tools`). A customer turn may call its own tools
+before it speaks: `LLMUser` offers them through the OpenAI tools API (`tools=`, `tool_calls`, `tool` messages back,
+asked again until it writes text), as a hosted model or `vllm serve --enable-auto-tool-choice --tool-call-parser
+hermes` speaks it. The calls run on the episode's env as requestor "user" (domains/dual_control.Phone, with tau2's
+caps); the customer remembers them (its later requests carry them, role-swapped), the agent never sees them.
 
 Failures abort, they do not score zero. If the simulator's API fails for good, the episode says nothing about the
 policy: rollout.py drops it (UserError) instead of training on reward 0. Before giving up we retry transient
