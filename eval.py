@@ -53,6 +53,9 @@ def summarize(episodes: list[Episode], trials: int) -> dict:
     for e in scored:
         by_task.setdefault(e.task.id, []).append(e.reward == 1.0)
     calls, n = Counter(c for e in scored for c in e.tool_calls), max(1, len(scored))
+    shares: dict[str, list[float]] = {}  # the paper's task completion rate: share of a task's assertions met (telecom)
+    for e in (e for e in scored if "completion" in e.info):
+        shares.setdefault(e.task.domain, []).append(e.info["completion"])
     n_calls = max(1, sum(calls.values()))
     # The paper's Table 3 diagnostics: how long conversations run, and the share of think / calculate / transfer
     # among tool calls (RL raised think use and lowered needless transfers to a human).
@@ -61,19 +64,21 @@ def summarize(episodes: list[Episode], trials: int) -> dict:
             "avg_turns": sum(e.turns for e in scored) / n, "avg_agent_turns": sum(e.agent_turns for e in scored) / n,
             "calls_per_episode": sum(calls.values()) / n, "think_rate": calls["think"] / n_calls,
             "calculate_rate": calls["calculate"] / n_calls, "transfer_rate": calls[TRANSFER_TOOL] / n_calls,
-            "stop_reasons": dict(Counter(e.stop_reason for e in episodes)), "tool_mix": dict(calls.most_common())}
+            "stop_reasons": dict(Counter(e.stop_reason for e in episodes)), "tool_mix": dict(calls.most_common()),
+            "completion": {d: sum(v) / len(v) for d, v in shares.items()}}
 
 
 def format_table(rows: list[tuple[str, dict]], trials: int = 1) -> str:
     """Paper-style table: one row per (model, metrics); pass^k in percent, rates to 3 places, counts as they are."""
     cols = [f"pass^{k}" for k in range(1, trials + 1)] + ["avg_turns", "calls_per_episode", "think_rate",
                                                            "calculate_rate", "transfer_rate", "aborted"]
-    lines = ["| model | " + " | ".join(cols) + " | stop reasons |", "|" + "---|" * (len(cols) + 2)]
+    lines = ["| model | " + " | ".join(cols) + " | completion % | stop reasons |", "|" + "---|" * (len(cols) + 3)]
     for name, m in rows:
         cells = [f"{100 * v:.1f}" if c.startswith("pass") else f"{v:.3f}" if isinstance(v, float) else str(v)
                  for c, v in zip(cols, (m.get(c, float("nan")) for c in cols))]
+        done = ", ".join(f"{d}:{100 * v:.1f}" for d, v in sorted(m.get("completion", {}).items())) or "-"
         stops = ", ".join(f"{k}:{v}" for k, v in sorted(m.get("stop_reasons", {}).items(), key=lambda kv: -kv[1]))
-        lines.append(f"| {name} | " + " | ".join(cells) + f" | {stops} |")
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {done} | {stops} |")
     return "\n".join(lines)
 
 

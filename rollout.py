@@ -320,7 +320,8 @@ def score(episodes: list[Episode], worlds: dict[str, World], check_outputs: bool
     Aborted episodes are not scored (reward stays 0, and the trainer drops their groups)."""
     for e in [e for e in episodes if e.env is not None]:  # (env None: scored already)
         if not e.aborted:
-            e.reward, info = worlds[e.task.domain].score(e.task, e.env, e.messages, check_outputs=check_outputs)
+            e.reward, info = worlds[e.task.domain].score(e.task, e.env, e.messages, check_outputs=check_outputs,
+                                                         stop_reason=e.stop_reason)  # telecom scores the ending
             e.info.update(info)
             if e.stop_reason == "too_many_errors":  # tau2 scores that ending 0, whatever the state reached
                 e.reward = 0.0

@@ -1,7 +1,8 @@
 """Domains: the company databases, tools, tasks and rewards the agent is trained and evaluated on.
 
     from domains import DOMAINS, load_world
-    world = load_world("retail")            # or "airline", "synthetic" (a small seeded retail world), "shop" (the demo's)
+    world = load_world("retail")            # or "airline", "telecom", "synthetic" (a small seeded retail world),
+                                            # "shop" (the demo's)
     env = world.new_env()                   # a private database for one rollout (~0.1 ms)
     env.call("get_order_details", {"order_id": "#W2378156"})   # -> the JSON string tau2 would return
     reward, info = world.score(task, env, messages)
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 import random
 
-from domains import airline, retail, shop, synthetic
+from domains import airline, retail, shop, synthetic, telecom, telecom_user
 from domains.base import Domain, Env, Task, World
 
 
@@ -29,6 +30,8 @@ def _shop_settings(c) -> dict:
 DOMAINS: dict[str, Domain] = {
     "retail": Domain(retail.build_world, lambda c: {"data_dir": c.data_dir or None}, generator=True),
     "airline": Domain(airline.build_world, lambda c: {"data_dir": c.data_dir or None}),
+    "telecom": Domain(telecom.build_world, lambda c: {"data_dir": c.data_dir or None},  # dual control (phone.py)
+                      script=telecom_user),  # the scripted customer acts on its phone when asked
     "synthetic": Domain(synthetic.build_world, lambda c: dict(
         seed=c.synthetic_seed, n_train=c.synthetic_train, n_test=c.synthetic_test, n_users=c.synthetic_users,
         n_test_users=c.synthetic_test_users), script=synthetic, generator=True),

@@ -248,17 +248,18 @@ class Env:
             out, err = f"Error: Tool '{name}' not found.", True
         elif not isinstance(arguments, dict):
             out, err = f"Error: arguments of {name} must be a JSON object, got {type(arguments).__name__}", True
-        elif (bad := check_arguments(fn, arguments)) is not None:
+        elif self.world.refuse_bad_arguments and (bad := check_arguments(fn, arguments)) is not None:
             out, err = bad, True
         else:
             try:
                 result = fn(self.db, **arguments)
                 out, err = (result if isinstance(result, str) else json.dumps(result)), False
+                # After every successful call (e.g. telecom's sync between the agent's database and the customer's
+                # phone). Inside the try, as in tau2: if it fails, the call is answered with its error.
+                self.world.after_call(self)
             except Exception as e:  # noqa: BLE001 - every failure is an observation for the agent, as in tau2
                 out, err = f"Error: {e}", True
         self.calls.append(Call(name, arguments, out, err, name in self.world.write_tools, requestor))
-        if not err:
-            self.world.after_call(self)  # e.g. telecom's sync between the agent's database and the customer's phone
         return out
 
     def export(self) -> dict[str, dict[str, dict]]:
@@ -285,6 +286,10 @@ def _canon(doc_text: str | None) -> str | None:
 class World:
     """A domain: template database + tools + rules (the company policy the agent reads) + tasks.
     Build one per process; make an Env per rollout."""
+
+    # Refuse calls whose arguments do not bind to the tool's signature with our own message (retail, airline).
+    # telecom turns it off: tau2's telecom fixtures pin Python's own TypeError texts for such calls.
+    refuse_bad_arguments = True
 
     def __init__(
         self,
@@ -350,10 +355,11 @@ class World:
     # --- reward ---------------------------------------------------------------------------------------------
 
     def replay(self, actions: list[dict], env: Env | None = None) -> Env:
-        """Run gold actions in order on a fresh env (some fail on purpose in tau2's data; they fail the same way)."""
+        """Run gold actions in order on a fresh env (some fail on purpose in tau2's data; they fail the same way).
+        An action with "requestor": "user" is the customer's (dual-control domains) and runs on the user's side."""
         env = env or self.new_env()
         for a in actions:
-            env.call(a["name"], copy.deepcopy(a.get("arguments", {})))
+            env.call(a["name"], copy.deepcopy(a.get("arguments", {})), requestor=a.get("requestor", "assistant"))
         return env
 
     def _delta(self, env: Env) -> dict[str, dict[str, str | None]]:
@@ -389,8 +395,10 @@ class World:
             self._tcon = sqlite3.connect(f"file:{self.template_path}?mode=ro&immutable=1", uri=True, check_same_thread=False)
         return self._tcon
 
-    def score(self, task: Task, env: Env, messages: list[dict] | None = None, check_outputs: bool = False):
+    def score(self, task: Task, env: Env, messages: list[dict] | None = None, check_outputs: bool = False,
+              stop_reason: str | None = None):
         """Outcome reward. r = 1 iff final DB == gold DB [and every required output was said, if switched on].
+        `stop_reason` (the episode's) is unused here, as in MUA-RL; telecom's tau2 scoring needs it.
 
         MUA-RL trains on the DB check alone (the output check hurt learning); tau2's evaluation adds the output
         check: each required string must appear, case-insensitively and with commas removed, in some assistant

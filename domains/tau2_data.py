@@ -1,4 +1,4 @@
-"""Finding and reading tau2-bench's data: db.json, tasks.json, split_tasks.json, policy.md.
+"""Finding and reading tau2-bench's data: db.json (telecom: db.toml), tasks.json, split_tasks.json, policy.md.
 
 Where the data comes from, first hit wins:
   1. the `data_dir` argument (a tau2-bench `data/tau2` folder, its `domains/` folder, or one domain's folder);
@@ -46,7 +46,8 @@ class DataSource:
 
 def _domain_folder(root: Path, domain: str) -> Path | None:
     for cand in (root / "domains" / domain, root / domain, root / "data" / "tau2" / "domains" / domain, root):
-        if (cand / "db.json").is_file() and (cand / "tasks.json").is_file() and cand.name == domain:
+        has_db = (cand / "db.json").is_file() or (cand / "db.toml").is_file()  # telecom's databases are TOML
+        if has_db and (cand / "tasks.json").is_file() and cand.name == domain:
             return cand
     return None
 

@@ -52,20 +52,11 @@ def look_at_lamp(db) -> str:
     return "The lamp is " + ("on." if db.get("lamps", "lamp")["on"] else "off.")
 
 
-class LampWorld(World):
-    def replay(self, actions, env=None):
-        # gold actions on both sides, each through its own toolkit (a telecom-like world replays by requestor)
-        env = env or self.new_env()
-        for a in actions:
-            env.call(a["name"], copy.deepcopy(a["arguments"]), requestor=a.get("requestor", "assistant"))
-        return env
-
-
-def lamp_world() -> LampWorld:
+def lamp_world() -> World:
     db = {"lamps": {"lamp": {"id": "lamp", "on": False}}}
     task = Task(id="lamp/[service_issue]lamp_off", domain="lamp", split="test", instructions="Your lamp is off.",
                 actions=[{"name": "switch_lamp", "arguments": {"on": True}, "requestor": "user"}])
-    w = LampWorld("lamp", db, content_key(json.dumps(db), "lamp-test-1"), [lamp_state], set(), "Help with lamps.",
+    w = World("lamp", db, content_key(json.dumps(db), "lamp-test-1"), [lamp_state], set(), "Help with lamps.",
                   [task])
     w.user_tools = {"switch_lamp": switch_lamp, "look_at_lamp": look_at_lamp}
     return w
