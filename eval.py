@@ -146,7 +146,10 @@ def main(argv=None):
     TrajectoryLog(a.out).write(eps, phase="eval", agent=name)
     print(f"{len(tasks)} tasks x {a.trials} trials on {a.domain}/{a.split} in {time.time() - t0:.1f}s; "
           f"transcripts: {a.out}")
-    print(format_table([(name, metrics)], a.trials))
+    # one row per domain, as the paper's table has (pass^1..k, completion rate), then all domains together
+    domains = sorted({t.domain for t in tasks})
+    rows = [(f"{name} [{d}]", summarize([e for e in eps if e.task.domain == d], a.trials)) for d in domains]
+    print(format_table(rows + [(f"{name} [all]", metrics)] if len(domains) > 1 else [(name, metrics)], a.trials))
     return metrics
 
 

@@ -17,6 +17,7 @@ from types import SimpleNamespace
 import pytest
 
 import chat
+from conftest import TAU2
 from agents import FixedUser, MessageAgent, OracleAgent
 from domains import DOMAINS, Domain, script_for, telecom_user
 from domains.base import Task, World, content_key
@@ -359,3 +360,106 @@ def test_phone_counts_and_caps():
         env.call("nope", {})
     phone = Phone(env, [], 30)
     assert phone.run([("look_at_lamp", {})]) == ["The lamp is on."] and phone.stop == "too_many_errors"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# On tau2's telecom domain (needs ../shared/tau2)
+
+HAVE_TELECOM = (TAU2 / "data" / "domains" / "telecom" / "db.toml").is_file()
+needs_telecom = pytest.mark.skipif(not HAVE_TELECOM, reason=f"tau2 telecom data not found under {TAU2}")
+DATA_OFF = "telecom/[mobile_data_issue]data_mode_off|data_usage_exceeded[PERSONA:None]"
+
+
+@pytest.fixture(scope="module")
+def telecom():
+    from domains import load_world
+
+    return load_world("telecom", data_dir=str(TAU2 / "data"))
+
+
+def phone_customer(acting: bool):
+    """Asked to turn mobile data on, the customer (acting) toggles it on its phone, then reads the result back."""
+    def answer(body):
+        msgs, last = body["messages"], body["messages"][-1]
+        if len(msgs) == 2:
+            return text("Hi, my mobile data does not work.")
+        if last["role"] == "tool":
+            return text("I turned it on; the status bar says data is enabled.")
+        if "mobile data" in last["content"]:
+            return calls(("toggle_data", "{}")) if acting else text("I turned it on; the status bar says data is "
+                                                                   "enabled.")
+        return text("Okay, thanks. " + STOP)
+    return answer
+
+
+@needs_telecom
+def test_telecom_customer_calls_run_on_the_phone_and_never_reach_the_agent(telecom, tok, serve):
+    task = telecom.task(DATA_OFF)
+    refuel = '{"name": "refuel_data", "arguments": {"customer_id": "C1001", "line_id": "L1002", "gb_amount": 2.0}}'
+    agent = ["Please turn your mobile data on.", f"<tool_call>{refuel}</tool_call>", "Good. Anything else?"]
+
+    def run(acting):
+        srv, user = serve(phone_customer(acting))
+        ep = rollout([task], 1, {"telecom": telecom}, PolicyAgent(Turns(tok, agent), tok), user,
+                     RolloutConfig(max_context=100_000))[0]
+        return srv, ep
+
+    srv, ep = run(acting=True)
+    _, plain = run(acting=False)
+    assert ep.stop_reason == plain.stop_reason == "user_stop"
+    assert ep.env.db.get("phone", "device")["data_enabled"] is True  # the call changed the phone
+    assert plain.env.db.get("phone", "device")["data_enabled"] is False  # the task starts with data off
+    assert [(c.name, c.requestor, c.error) for c in ep.env.calls] == \
+        [("toggle_data", "user", False), ("refuel_data", "assistant", False)]
+    assert "Status Bar:" in [m for m in ep.messages if customer_only(m)][1]["content"]
+    assert ep.ids == plain.ids and ep.mask == plain.mask and ep.spans == plain.spans  # the agent never saw it
+    stream = tok.decode(ep.ids, skip_special_tokens=False)  # (the policy text itself names toggle_data)
+    assert '"toggle_data"' not in stream and "Mobile Data" not in stream.split("<|im_start|>user")[-1]
+    assert len(srv.requests[1]["tools"]) == len(telecom.user_tools) == 30
+    score([ep, plain], {"telecom": telecom})
+    # the task needs both sides: data on (the customer) and 2 GB refuelled (the agent)
+    assert (ep.reward, plain.reward) == (1.0, 0.0) and ep.info["completion"] > plain.info["completion"]
+
+
+@needs_telecom
+def test_telecom_scripted_customer_plays_the_oracle_and_a_silent_agent(telecom):
+    tasks = telecom.tasks("test")
+    user = ScriptedUser()  # --user scripted: the DOMAINS row's script
+    eps = score(rollout(tasks, 1, {"telecom": telecom}, MessageAgent(OracleAgent), user, RolloutConfig()),
+                {"telecom": telecom})
+    assert all(e.reward == 1.0 for e in eps), [(e.task.id, e.stop_reason) for e in eps if e.reward < 1]
+    user_calls = sum(customer_only(m) and m["role"] == "tool" for e in eps for m in e.messages)
+    assert user_calls == sum(a["requestor"] == "user" for t in tasks for a in t.actions)
+    silent = score(rollout(tasks[:5], 1, {"telecom": telecom}, MessageAgent(lambda t: lambda m, s: {
+        "content": "Please wait.", "tool_calls": []}), user, RolloutConfig(max_turns=6)), {"telecom": telecom})
+    assert all(e.stop_reason == "max_turns" and e.reward == 0.0 for e in silent)
+
+
+@needs_telecom
+@pytest.mark.parametrize("domains", ["telecom", "retail,telecom"])
+def test_eval_on_telecom_alone_or_mixed(domains, tmp_path, capsys):
+    import eval as evaluation
+
+    evaluation.main(["--agent", "oracle", "--domain", domains, "--split", "test", "--tasks", "50", "--trials", "2",
+                     "--data_dir", str(TAU2 / "data"), "--out", str(tmp_path / "t.jsonl")])
+    out = capsys.readouterr().out
+    assert "pass^1 | pass^2" in out and "completion %" in out
+    rows = [line for line in out.splitlines() if line.startswith("| oracle")]
+    assert len(rows) == (3 if "," in domains else 1) and all("| 100.0 | 100.0 |" in r for r in rows)
+    assert any("telecom:100.0" in r for r in rows)
+
+
+@needs_telecom
+@pytest.mark.slow
+def test_muarl_trains_on_telecom_with_the_scripted_customer(tmp_path):
+    import muarl
+
+    out = tmp_path / "run"
+    muarl.main(["--domains", "telecom", "--model", "tiny", "--tiny_hidden", "64", "--tiny_layers", "1", "--threads",
+                "1", "--copy_warmup", "0", "--sft_epochs", "0", "--steps", "2", "--tasks_per_step", "2",
+                "--group_size", "2", "--max_new_tokens", "16", "--max_turns", "6", "--max_context", "12000",
+                "--eval_tasks", "2", "--data_dir", str(TAU2 / "data"), "--out_dir", str(out)])
+    recs = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    steps = [r for r in recs if r["phase"] == "grpo"]
+    assert len(steps) == 2 and all(r["episodes"] == 4 and r["aborted"] == 0 for r in steps)
+    assert all("context_full" not in r["stop_reasons"] for r in steps)
