@@ -2,7 +2,7 @@
 
 MUA-RL (Zhao et al. 2025, section "Environment") gives every rollout its own copy of the company database and
 scores the rollout by comparing the final database with the one the task's gold actions produce. This file is
-that machinery, shared by every domain (retail.py, airline.py, synthetic.py):
+that machinery, shared by every domain (retail.py, airline.py, telecom.py, synthetic.py):
 
     World   one domain: a read-only SQLite *template* of its database, its tools, its rules (policy text), its tasks
     Env     one rollout's private database + the log of the calls it made;   env.call(name, arguments) -> str

@@ -1,9 +1,10 @@
-"""The customer's phone in tau2-bench's telecom domain: its state, its 30 tools, and the functions tasks use on it.
+"""The customer's phone in tau2-bench's telecom domain: its state, its simulation and its 30 tools.
 
 Telecom is tau2's *dual-control* domain: the agent cannot fix a phone it cannot touch, so it has to talk the
 customer through toggling airplane mode, reseating the SIM, resetting the APN settings... The customer acts on
 the phone through tools of their own. This file is that phone, re-written from tau2's `TelecomUserDB` and
-`TelecomUserTools` (see ../shared/tau2/TELECOM.md, sections 3, 4, 6, 7 and 9):
+`TelecomUserTools` (see ../shared/tau2/TELECOM.md, sections 3, 4, 6 and 9; phone_tasks.py has section 7's
+functions, which set a task's faults up and check them):
 
     device        the phone's settings and what it shows (SIM, airplane mode, signal, data, APN, Wi-Fi, VPN, apps)
     surroundings  what the phone cannot change: the user's line number, abroad or not, the signal per technology,
@@ -296,13 +297,15 @@ def _on_off(x: Any) -> str:
 
 @phone_function
 def check_status_bar(ph: Phone, /) -> str:
-    """Shows what icons are currently visible in your phone's status bar (the area at the top of the screen). Displays network signal strength, mobile data status (enabled, disabled, data saver), Wi-Fi status, and battery level."""  # noqa: E501
+    """Shows what icons are currently visible in your phone's status bar (the area at the top of the screen). Displays
+    network signal strength, mobile data status (enabled, disabled, data saver), Wi-Fi status, and battery level."""
     return f"Status Bar: {status_bar(ph.dev)}"
 
 
 @phone_function
 def check_network_status(ph: Phone, /) -> str:
-    """Checks your phone's connection status to cellular networks and Wi-Fi. Shows airplane mode status, signal strength, network type, whether mobile data is enabled, and whether data roaming is enabled."""  # noqa: E501
+    """Checks your phone's connection status to cellular networks and Wi-Fi. Shows airplane mode status, signal
+    strength, network type, whether mobile data is enabled, and whether data roaming is enabled."""
     d = ph.dev
     lines = [f"Airplane Mode: {_on_off(d['airplane_mode'])}", f"SIM Card Status: {_value(_sim(d))}",
              f"Cellular Connection: {_value(d['network_connection_status'])}",
@@ -324,11 +327,12 @@ def check_network_mode_preference(ph: Phone, /) -> str:
 
 @phone_function
 def set_network_mode_preference(ph: Phone, /, mode: str) -> str:
-    """Changes the type of cellular network your phone prefers to connect to (e.g., 5G, LTE/4G, 3G). Higher-speed networks (LTE/5G) provide faster data but may use more battery.
+    """Changes the type of cellular network your phone prefers to connect to (e.g., 5G, LTE/4G, 3G). Higher-speed
+    networks (LTE/5G) provide faster data but may use more battery.
 
     Args:
         mode: The network mode to set: 4g_5g_preferred, 4g_only, 3g_only or 2g_only.
-    """  # noqa: E501
+    """
     if isinstance(mode, str) and mode not in MODES:  # an invalid string: nothing stored, no search
         return _sb(ph, f"Failed to set network mode: '{mode}' is not a valid option. Please use one of: "
                        f"{', '.join(MODES)}")
@@ -342,7 +346,8 @@ def set_network_mode_preference(ph: Phone, /, mode: str) -> str:
 
 @phone_function
 def run_speed_test(ph: Phone, /) -> str:
-    """Measures your current internet connection speed (download speed). Provides information about connection quality and what activities it can support."""  # noqa: E501
+    """Measures your current internet connection speed (download speed). Provides information about connection quality
+    and what activities it can support."""
     speed, label = speed_test(ph)
     if speed is None:
         return f"Speed test failed: {label}."
@@ -351,17 +356,20 @@ def run_speed_test(ph: Phone, /) -> str:
 
 @phone_function
 def toggle_airplane_mode(ph: Phone, /) -> str:
-    """Toggles Airplane Mode ON or OFF. When ON, it disconnects all wireless communications including cellular, Wi-Fi, and Bluetooth."""  # noqa: E501
+    """Toggles Airplane Mode ON or OFF. When ON, it disconnects all wireless communications including cellular, Wi-Fi,
+    and Bluetooth."""
     return _sb(ph, f"Airplane Mode is now {_on_off(_toggle_airplane(ph))}.")
 
 
 SIM_TEXT = {"active": "Your SIM card is active and working.", "missing": "No SIM card detected in the phone.",
-            "locked_pin": "The SIM card is locked with a PIN code.", "locked_puk": "The SIM card is locked with a PUK code."}
+            "locked_pin": "The SIM card is locked with a PIN code.",
+            "locked_puk": "The SIM card is locked with a PUK code."}
 
 
 @phone_function
 def check_sim_status(ph: Phone, /) -> str:
-    """Checks if your SIM card is working correctly and displays its current status. Shows if the SIM is active, missing, or locked with a PIN or PUK code."""  # noqa: E501
+    """Checks if your SIM card is working correctly and displays its current status. Shows if the SIM is active,
+    missing, or locked with a PIN or PUK code."""
     return SIM_TEXT[_sim(ph.dev)]
 
 
@@ -375,13 +383,15 @@ def reseat_sim_card(ph: Phone, /) -> str:
 
 @phone_function
 def toggle_data(ph: Phone, /) -> str:
-    """Toggles your phone's mobile data connection ON or OFF. Controls whether your phone can use cellular data for internet access when Wi-Fi is unavailable."""  # noqa: E501
+    """Toggles your phone's mobile data connection ON or OFF. Controls whether your phone can use cellular data for
+    internet access when Wi-Fi is unavailable."""
     return _sb(ph, f"Mobile Data is now {_on_off(_flip(ph, 'data_enabled', search=True))}.")
 
 
 @phone_function
 def toggle_roaming(ph: Phone, /) -> str:
-    """Toggles Data Roaming ON or OFF. When ON, your phone can use data networks in areas outside your carrier's coverage."""  # noqa: E501
+    """Toggles Data Roaming ON or OFF. When ON, your phone can use data networks in areas outside your carrier's
+    coverage."""
     return _sb(ph, f"Data Roaming is now {_on_off(_flip(ph, 'roaming_enabled', search=True))}.")
 
 
@@ -399,7 +409,8 @@ def toggle_data_saver_mode(ph: Phone, /) -> str:
 
 @phone_function
 def check_apn_settings(ph: Phone, /) -> str:
-    """Checks the technical APN settings your phone uses to connect to your carrier's mobile data network. Shows current APN name and MMSC URL for picture messaging."""  # noqa: E501
+    """Checks the technical APN settings your phone uses to connect to your carrier's mobile data network. Shows
+    current APN name and MMSC URL for picture messaging."""
     _apn(ph.dev, "model_copy")  # tau2 copies the settings first: a string stored by a bad call fails here
     apn = ph.dev["active_apn_settings"]
     return (f"Current APN Name: {apn['apn_name'] or 'Not Set'}\nMMSC URL (for picture messages): "
@@ -468,7 +479,8 @@ def reset_apn_settings(ph: Phone, /) -> str:
 
 @phone_function
 def check_wifi_status(ph: Phone, /) -> str:
-    """Checks your Wi-Fi connection status. Shows if Wi-Fi is turned on, which network you're connected to (if any), and the signal strength."""  # noqa: E501
+    """Checks your Wi-Fi connection status. Shows if Wi-Fi is turned on, which network you're connected to (if any),
+    and the signal strength."""
     d = ph.dev
     if not d["wifi_enabled"]:
         return "Wi-Fi is turned OFF."
@@ -479,7 +491,8 @@ def check_wifi_status(ph: Phone, /) -> str:
 
 @phone_function
 def toggle_wifi(ph: Phone, /) -> str:
-    """Toggles your phone's Wi-Fi radio ON or OFF. Controls whether your phone can discover and connect to wireless networks for internet access."""  # noqa: E501
+    """Toggles your phone's Wi-Fi radio ON or OFF. Controls whether your phone can discover and connect to wireless
+    networks for internet access."""
     if ph.dev["airplane_mode"]:
         return _sb(ph, "Cannot change Wi-Fi settings while Airplane Mode is ON.")
     on = _flip(ph, "wifi_enabled", search=False)
@@ -490,13 +503,15 @@ def toggle_wifi(ph: Phone, /) -> str:
 
 @phone_function
 def check_wifi_calling_status(ph: Phone, /) -> str:
-    """Checks if Wi-Fi Calling is enabled on your device. This feature allows you to make and receive calls over a Wi-Fi network instead of using the cellular network."""  # noqa: E501
+    """Checks if Wi-Fi Calling is enabled on your device. This feature allows you to make and receive calls over a Wi-
+    Fi network instead of using the cellular network."""
     return f"Wi-Fi Calling is currently turned {_on_off(ph.dev['wifi_calling_enabled'])}."
 
 
 @phone_function
 def toggle_wifi_calling(ph: Phone, /) -> str:
-    """Toggles Wi-Fi Calling ON or OFF. This feature allows you to make and receive calls over Wi-Fi instead of the cellular network, which can help in areas with weak cellular signal."""  # noqa: E501
+    """Toggles Wi-Fi Calling ON or OFF. This feature allows you to make and receive calls over Wi-Fi instead of the
+    cellular network, which can help in areas with weak cellular signal."""
     return _sb(ph, f"Wi-Fi Calling is now {_on_off(_flip(ph, 'wifi_calling_enabled', search=False))}.")
 
 
@@ -509,7 +524,8 @@ def _vpn_repr(details: dict) -> str:
 
 @phone_function
 def check_vpn_status(ph: Phone, /) -> str:
-    """Checks if you're using a VPN (Virtual Private Network) connection. Shows if a VPN is active, connected, and displays any available connection details."""  # noqa: E501
+    """Checks if you're using a VPN (Virtual Private Network) connection. Shows if a VPN is active, connected, and
+    displays any available connection details."""
     d = ph.dev
     if d["vpn_connected"]:
         if d["vpn_details"]:
@@ -536,7 +552,8 @@ def connect_vpn(ph: Phone, /) -> str:
 
 @phone_function
 def disconnect_vpn(ph: Phone, /) -> str:
-    """Disconnects any active VPN (Virtual Private Network) connection. Stops routing your internet traffic through a VPN server, which might affect connection speed or access to content."""  # noqa: E501
+    """Disconnects any active VPN (Virtual Private Network) connection. Stops routing your internet traffic through a
+    VPN server, which might affect connection speed or access to content."""
     done = _disconnect_vpn(ph.dev)
     return _sb(ph, "VPN disconnected successfully." if done else "No active VPN connection to disconnect.")
 
@@ -569,11 +586,12 @@ def check_app_status(ph: Phone, /, app_name: str) -> str:
 
 @phone_function
 def check_app_permissions(ph: Phone, /, app_name: str) -> str:
-    """Checks what permissions a specific app currently has. Shows if the app has access to features like storage, camera, location, etc.
+    """Checks what permissions a specific app currently has. Shows if the app has access to features like storage,
+    camera, location, etc.
 
     Args:
         app_name: The name of the app, such as 'messaging' or 'browser'.
-    """  # noqa: E501
+    """
     app = ph.dev["app_statuses"].get(app_name)
     if app is None:
         return f"App '{app_name}' not found on this phone."
@@ -585,12 +603,13 @@ def check_app_permissions(ph: Phone, /, app_name: str) -> str:
 
 @phone_function
 def grant_app_permission(ph: Phone, /, app_name: str, permission: str) -> str:
-    """Gives a specific permission to an app (like access to storage, camera, or location). Required for some app functions to work properly.
+    """Gives a specific permission to an app (like access to storage, camera, or location). Required for some app
+    functions to work properly.
 
     Args:
         app_name: The name of the app to grant the permission to.
         permission: The permission to grant, should be lowercase.
-    """  # noqa: E501
+    """
     app = ph.dev["app_statuses"].get(app_name)
     permission = permission.lower()
     if app is None:
@@ -610,7 +629,8 @@ def can_send_mms(ph: Phone, /) -> str:
 
 @phone_function
 def reboot_device(ph: Phone, /) -> str:
-    """Restarts your phone completely. This can help resolve many temporary software glitches by refreshing all running services and connections."""  # noqa: E501
+    """Restarts your phone completely. This can help resolve many temporary software glitches by refreshing all
+    running services and connections."""
     lines = []
     if _apn(ph.dev, "reset_at_reboot"):  # a pending reset_apn_settings: back to the defaults (fixes a broken APN)
         lines.append("Resetting APN settings...")
@@ -652,192 +672,8 @@ USER_WRITE_TOOLS = {"set_network_mode_preference", "toggle_airplane_mode", "rese
                     "toggle_wifi_calling", "connect_vpn", "disconnect_vpn", "grant_app_permission", "reboot_device",
                     "make_payment"}
 
-# ---------------------------------------------------------------------------------------------------------------
-# Functions only task initialisation and the evaluator call (tau2 reaches any method of the toolkit by name)
-
-
-@phone_function
-def set_user_info(ph: Phone, /, name: str, phone_number: str) -> None:
-    ph.sur["name"], ph.sur["phone_number"] = name, phone_number
-
-
-@phone_function
-def set_user_location(ph: Phone, /, abroad: bool) -> None:
-    ph.sur["is_abroad"] = abroad
-
-
-def _until(ph: Phone, flip: Callable[[], bool], want: bool) -> None:
-    # tau2's turn_*_on/off: toggle (with the toggle's side effects), and once more if that gave the wrong state
-    if flip() != want:
-        flip()
-
-
-@phone_function
-def turn_airplane_mode_on(ph: Phone, /) -> str:
-    _until(ph, lambda: _toggle_airplane(ph), True)
-    return "Airplane Mode is now ON."
-
-
-@phone_function
-def turn_airplane_mode_off(ph: Phone, /) -> str:
-    _until(ph, lambda: _toggle_airplane(ph), False)
-    return "Airplane Mode is now OFF."
-
-
-@phone_function
-def turn_data_off(ph: Phone, /) -> str:
-    _until(ph, lambda: _flip(ph, "data_enabled", search=True), False)
-    return "Data connection broken."
-
-
-@phone_function
-def turn_data_on(ph: Phone, /) -> str:
-    ph.dev["data_enabled"] = True  # no search, unlike toggle_data
-    return "Data connection restored."
-
-
-@phone_function
-def turn_roaming_on(ph: Phone, /) -> str:
-    _until(ph, lambda: _flip(ph, "roaming_enabled", search=True), True)
-    return "Data Roaming is now ON."
-
-
-@phone_function
-def turn_roaming_off(ph: Phone, /) -> str:
-    _until(ph, lambda: _flip(ph, "roaming_enabled", search=True), False)
-    return "Data Roaming is now OFF."
-
-
-@phone_function
-def turn_data_saver_mode_on(ph: Phone, /) -> str:
-    _until(ph, lambda: _flip(ph, "data_saver_mode", search=False), True)
-    return "Data Saver Mode is now ON."
-
-
-@phone_function
-def turn_data_saver_mode_off(ph: Phone, /) -> str:
-    _until(ph, lambda: _flip(ph, "data_saver_mode", search=False), False)
-    return "Data Saver Mode is now OFF."
-
-
-@phone_function
-def unseat_sim_card(ph: Phone, /) -> str:
-    ph.dev["sim_card_missing"] = True
-    network_search(ph)
-    return "SIM card un-seated successfully."
-
-
-@phone_function
-def lock_sim_card(ph: Phone, /, mode: str) -> str:
-    if mode in ("pin", "puk"):
-        ph.dev["sim_card_status"] = f"locked_{mode}"
-    network_search(ph)
-    return f"SIM card locked successfully in {mode} mode."
-
-
-@phone_function
-def break_apn_settings(ph: Phone, /) -> str:
-    _apn(ph.dev, "apn_name")
-    ph.dev["active_apn_settings"]["apn_name"] = "broken"
-    network_search(ph)
-    assert ph.dev["network_connection_status"] == "no_service"
-    return "APN settings broken. Please call reset_apn_settings() to fix."
-
-
-@phone_function
-def break_apn_mms_setting(ph: Phone, /) -> str:
-    _apn(ph.dev, "mmsc_url")
-    ph.dev["active_apn_settings"]["mmsc_url"] = None
-    assert not mms_works(ph)
-    return "APN MMS setting broken. Please call reset_apn_settings() to fix."
-
-
-@phone_function
-def break_vpn(ph: Phone, /) -> str:
-    _connect_vpn(ph)
-    details = ph.dev["vpn_details"]
-    if details is None:
-        raise AttributeError("'NoneType' object has no attribute 'server_performance'")
-    details["server_performance"] = "poor"  # on the phone and, being one object in tau2, on the shared default
-    ph.db.put("phone", "vpn_default", dict(details))
-    return "VPN connection broken."
-
-
-@phone_function
-def remove_app_permission(ph: Phone, /, app_name: str, permission: str) -> tuple[bool, str]:
-    app = ph.dev["app_statuses"].get(app_name)
-    permission = permission.lower()
-    if app is None:
-        return False, f"App '{app_name}' not found. Cannot remove permission."
-    if permission not in app["permissions"]:
-        return False, f"Permission '{permission}' not tracked for app '{app_name}'."
-    app["permissions"][permission] = False
-    return True, f"Permission '{permission}' removed from app '{app_name}'."
-
-
-@phone_function
-def set_wifi_calling(ph: Phone, /, enabled: bool, mms_over_wifi: bool | None = None) -> str:
-    if ph.dev["wifi_calling_enabled"] != enabled:
-        _flip(ph, "wifi_calling_enabled", search=False)
-    if mms_over_wifi is not None:
-        ph.dev["wifi_calling_mms_over_wifi"] = mms_over_wifi
-    return f"Wi-Fi Calling is now {_on_off(enabled)}."
-
-
-@phone_function
-def simulate_network_search(ph: Phone, /) -> None:
-    network_search(ph)
-
-
-# The evaluator's assertions: each returns a bool that is compared with the task's assert_value.
-
-STATUSES = ("connected", "searching", "no_service", "emergency_only")
-
-
-@phone_function
-def assert_service_status(ph: Phone, /, expected_status: str) -> bool:
-    if expected_status not in STATUSES:
-        raise ValueError(f"{expected_status!r} is not a valid NetworkStatus")
-    return ph.dev["network_connection_status"] == expected_status
-
-
-@phone_function
-def assert_mobile_data_status(ph: Phone, /, expected_status: bool) -> bool:
-    return data_works(ph) == expected_status
-
-
-@phone_function
-def assert_internet_speed(ph: Phone, /, expected_speed: float, expected_desc: str | None = None) -> bool:
-    speed, label = speed_test(ph)
-    speed = speed or 0.0
-    return speed >= expected_speed and (expected_desc is None or label.lower() == expected_desc.lower())
-
-
-@phone_function
-def assert_can_send_mms(ph: Phone, /, expected_status: bool) -> bool:
-    return mms_works(ph) == expected_status
-
-
-@phone_function
-def assert_airplane_mode_status(ph: Phone, /, expected_status: bool) -> bool:
-    return ph.dev["airplane_mode"] == expected_status
-
-
-@phone_function
-def assert_mobile_data_usage_exceeded(ph: Phone, /, expected_status: bool) -> bool:
-    return ph.sur["mobile_data_usage_exceeded"] == expected_status
-
-
-USER_FUNCTIONS = {fn.__name__: fn for fn in USER_TOOLS + [
-    set_user_info, set_user_location, turn_airplane_mode_on, turn_airplane_mode_off, turn_data_off, turn_data_on,
-    turn_roaming_on, turn_roaming_off, turn_data_saver_mode_on, turn_data_saver_mode_off, unseat_sim_card,
-    lock_sim_card, break_apn_settings, break_apn_mms_setting, break_vpn, remove_app_permission, set_wifi_calling,
-    simulate_network_search, assert_service_status, assert_mobile_data_status, assert_internet_speed,
-    assert_can_send_mms, assert_airplane_mode_status, assert_mobile_data_usage_exceeded]}
-
-
-if __name__ == "__main__":
-    # A phone on its own (no company database, so no sync): break it the way a task does, then fix it by hand.
+def scratch_store() -> Store:
+    """A phone alone in an in-memory database (no company side, so no sync): for the demos."""
     import sqlite3
 
     con = sqlite3.connect(":memory:", isolation_level=None)
@@ -847,7 +683,15 @@ if __name__ == "__main__":
     db = Store(con, ["phone"])
     for rid, doc in normalise_user_db({}).items():
         db.put("phone", rid, doc)
-    for name, args in [("turn_airplane_mode_on", {}), ("break_apn_mms_setting", {}), ("check_status_bar", {}),
-                       ("toggle_airplane_mode", {}), ("run_speed_test", {}), ("can_send_mms", {}),
-                       ("reset_apn_settings", {}), ("reboot_device", {}), ("can_send_mms", {})]:
-        print(f"{name}() ->", USER_FUNCTIONS[name](db, **args))
+    return db
+
+
+if __name__ == "__main__":
+    # The customer's side of a slow-data call: what each tool answers, as the customer's model would read it.
+    db = scratch_store()
+    tools = {fn.__name__: fn for fn in USER_TOOLS}
+    for name, args in [("set_network_mode_preference", {"mode": "2g_only"}), ("run_speed_test", {}),
+                       ("can_send_mms", {}), ("toggle_data_saver_mode", {}), ("run_speed_test", {}),
+                       ("set_network_mode_preference", {"mode": "4g_5g_preferred"}), ("toggle_data_saver_mode", {}),
+                       ("run_speed_test", {}), ("check_network_status", {})]:
+        print(f"{name}({args or ''}) ->", tools[name](db, **args))

@@ -10,7 +10,8 @@ send a payment request and resume the line). Everything here re-implements tau2'
 ../shared/tau2/TELECOM.md:
 
     the company DB   plans, customers, lines, bills, devices: SQLite documents in tau2's model_dump() form
-    the phone        the `phone` collection of the same per-rollout database (phone.py)
+    the phone        the `phone` collection of the same per-rollout database (phone.py; phone_tasks.py holds
+                     the functions tasks use to break it and the evaluator's checks)
     sync             after every successful call of either side (World.after_call), tau2's `sync_tools` copies the
                      line's state onto the phone's surroundings and moves payments between the two sides
     init_env         a task's initialization_actions, on both sides (cached per task: a new env copies the rows)
@@ -42,7 +43,7 @@ import uuid
 from datetime import date, datetime
 from typing import Any, Callable
 
-from domains import phone
+from domains import phone, phone_tasks
 from domains.base import Env, Store, Task, World, content_key
 from domains.tau2_data import find_data, render_instructions
 
@@ -65,7 +66,7 @@ def _datetime(x: Any) -> str | None:
 
 
 def _fields(rec: dict, spec: list[tuple[str, Any, Callable]]) -> dict:
-    return {k: (conv(rec[k]) if k in rec else default) for k, default, conv in spec}
+    return {k: (conv(rec[k]) if k in rec else copy.deepcopy(default)) for k, default, conv in spec}
 
 
 _same = lambda x: x  # noqa: E731
@@ -211,13 +212,14 @@ def get_details_by_id(db: Store, /, id: str) -> str:  # noqa: A002 - tau2's argu
 
 @_agent_tool
 def suspend_line(db: Store, /, customer_id: str, line_id: str, reason: str) -> str:
-    """Suspends a specific line (max 6 months). Checks: Line status must be Active. Logic: Sets line status to Suspended, records suspension_start_date.
+    """Suspends a specific line (max 6 months). Checks: Line status must be Active. Logic: Sets line status to
+    Suspended, records suspension_start_date.
 
     Args:
         customer_id: ID of the customer who owns the line.
         line_id: ID of the line to suspend.
         reason: Reason for suspension.
-    """  # noqa: E501
+    """
     line = _target_line(db, customer_id, line_id)
     if line["status"] != "Active":
         raise ValueError("Line must be active to suspend")
@@ -228,12 +230,13 @@ def suspend_line(db: Store, /, customer_id: str, line_id: str, reason: str) -> s
 
 @_agent_tool
 def resume_line(db: Store, /, customer_id: str, line_id: str) -> str:
-    """Resumes a suspended line. Checks: Line status must be Suspended or Pending Activation. Logic: Sets line status to Active, clears suspension_start_date.
+    """Resumes a suspended line. Checks: Line status must be Suspended or Pending Activation. Logic: Sets line status
+    to Active, clears suspension_start_date.
 
     Args:
         customer_id: ID of the customer who owns the line.
         line_id: ID of the line to resume.
-    """  # noqa: E501
+    """
     line = _target_line(db, customer_id, line_id)
     if line["status"] not in ("Suspended", "Pending Activation"):  # bills and contract dates are not checked
         raise ValueError("Line must be suspended to resume")
@@ -260,12 +263,15 @@ def get_bills_for_customer(db: Store, /, customer_id: str, limit: int = 12) -> s
 
 @_agent_tool
 def send_payment_request(db: Store, /, customer_id: str, bill_id: str) -> str:
-    """Sends a payment request to the customer for a specific bill. Checks: Customer exists; Bill exists and belongs to the customer; No other bills are already awaiting payment for this customer. Logic: Sets bill status to AWAITING_PAYMENT and notifies customer. Warning: This method does not check if the bill is already PAID. Always check the bill status before calling this method.
+    """Sends a payment request to the customer for a specific bill. Checks: Customer exists; Bill exists and belongs
+    to the customer; No other bills are already awaiting payment for this customer. Logic: Sets bill status to
+    AWAITING_PAYMENT and notifies customer. Warning: This method does not check if the bill is already PAID. Always
+    check the bill status before calling this method.
 
     Args:
         customer_id: ID of the customer who owns the bill.
         bill_id: ID of the bill to send payment request for.
-    """  # noqa: E501
+    """
     customer = _customer(db, customer_id)
     if any(b["status"] == "Awaiting Payment" for b in _bills(db, customer)):
         raise ValueError("A bill is already awaiting payment for this customer")
@@ -279,12 +285,13 @@ def send_payment_request(db: Store, /, customer_id: str, bill_id: str) -> str:
 
 @_agent_tool
 def get_data_usage(db: Store, /, customer_id: str, line_id: str) -> str:
-    """Retrieves current billing cycle data usage for a line, including data refueling amount, data limit, and cycle end date.
+    """Retrieves current billing cycle data usage for a line, including data refueling amount, data limit, and cycle
+    end date.
 
     Args:
         customer_id: ID of the customer who owns the line.
         line_id: ID of the line to check usage for.
-    """  # noqa: E501
+    """
     line = _target_line(db, customer_id, line_id)
     plan = _get(db, "plans", line["plan_id"], "Plan")
     return _dumps({"line_id": _plain(line_id), "data_used_gb": _plain(line["data_used_gb"]),
@@ -354,13 +361,14 @@ def _charge(db: Store, customer_id: Any, amount: float, description: str) -> Non
 
 @_agent_tool
 def refuel_data(db: Store, /, customer_id: str, line_id: str, gb_amount: float) -> str:
-    """Refuels data for a specific line, adding to the customer's bill. Checks: Line status must be Active, Customer owns the line. Logic: Adds data to the line and charges customer based on the plan's refueling rate.
+    """Refuels data for a specific line, adding to the customer's bill. Checks: Line status must be Active, Customer
+    owns the line. Logic: Adds data to the line and charges customer based on the plan's refueling rate.
 
     Args:
         customer_id: ID of the customer who owns the line.
         line_id: ID of the line to refuel data for.
         gb_amount: Amount of data to add in gigabytes.
-    """  # noqa: E501
+    """
     line = _target_line(db, customer_id, line_id)  # QUIRK: the line's status is not checked, nor a 2 GB cap
     if gb_amount <= 0:  # a string fails here with Python's "'<=' not supported ..."
         raise ValueError("Refuel amount must be positive")
@@ -474,7 +482,7 @@ def sync(db: Store) -> None:
 def run_function(env: Env, env_type: str, name: str, arguments: dict) -> Any:
     """tau2's run_env_function_call: any function of either side by name (tools, init helpers, assertions), then a
     sync. Raises what the function raises."""
-    funcs = phone.USER_FUNCTIONS if env_type == "user" else AGENT_FUNCTIONS
+    funcs = phone_tasks.USER_FUNCTIONS if env_type == "user" else AGENT_FUNCTIONS
     if name not in funcs:
         raise ValueError(f"Function {name} not found in {env_type} tools")
     result = funcs[name](env.db, **copy.deepcopy(arguments))
@@ -523,6 +531,7 @@ class TelecomWorld(World):
         self.user_tools = {fn.__name__: fn for fn in phone.USER_TOOLS}
         self.write_tools |= phone.USER_WRITE_TOOLS
         self._init_rows: dict[str, list[tuple[str, int, str, str]]] = {}
+        self._gold: dict[str, tuple[str, str]] = {}
 
     def after_call(self, env: Env) -> None:
         sync(env.db)
@@ -551,6 +560,14 @@ class TelecomWorld(World):
                 pass
         return env
 
+    def gold_hashes(self, task: Task) -> tuple[str, str]:
+        """Both hashes of the gold environment, computed once per task (its gold actions depend on nothing else)."""
+        if task.id not in self._gold:
+            gold = self.gold_env(task)
+            self._gold[task.id] = (agent_db_hash(gold), user_db_hash(gold))
+            gold.close()
+        return self._gold[task.id]
+
     def score(self, task: Task, env: Env, messages: list[dict] | None = None, check_outputs: bool = False,
               stop_reason: str | None = None):
         """tau2's evaluate_simulation for telecom. reward = product of the env assertions' met flags [x 1 iff every
@@ -570,9 +587,7 @@ class TelecomWorld(World):
             except Exception:  # noqa: BLE001 - an assertion that raises is not met
                 met.append(False)
         matches = [any(action_matches(g, c.name, c.arguments) for c in env.calls) for g in task.actions]
-        gold = self.gold_env(task)  # tau2 compares both databases with its reference; telecom rewards never use it
-        db_match = agent_db_hash(env) == agent_db_hash(gold) and user_db_hash(env) == user_db_hash(gold)
-        gold.close()
+        db_match = (agent_db_hash(env), user_db_hash(env)) == self.gold_hashes(task)  # tau2's db_check (info only)
         breakdown = {}
         if "DB" in basis:
             breakdown["DB"] = float(db_match)
@@ -630,6 +645,7 @@ def build_world(data_dir: str | None = None) -> TelecomWorld:
 
 
 if __name__ == "__main__":
+    import statistics
     import time
 
     ap = argparse.ArgumentParser(description="Replay one telecom task's gold actions (both sides); time env creation.")
@@ -642,13 +658,26 @@ if __name__ == "__main__":
     env = world.replay(task.actions, world.new_env(task))
     for c in env.calls:
         print(f"[{c.requestor}] {c.name}({json.dumps(c.arguments)})\n  -> {c.output[:200]}")
-    reward, info = world.score(task, env)
-    print(f"\nreward = {reward}  completion = {info['completion']}  breakdown = {info['reward_breakdown']}")
-    for t in world.tasks():
-        world.new_env(t).close()  # fill the per-task initialisation cache
-    t0, n = time.perf_counter(), 0
-    for _ in range(5):
+    reward, info = world.score(task, env, stop_reason="user_stop")
+    print(f"\nreward = {reward}  completion = {info['completion']}  breakdown = {info['reward_breakdown']}\n")
+
+    # Timings over all 114 tasks, beside tau2's own (TELECOM.md section 10, same machine, medians of its ranges).
+    def per_task_ms(fn) -> float:
+        times = []
         for t in world.tasks():
-            world.new_env(t).close()
-            n += 1
-    print(f"fresh env + task initialisation: {1000 * (time.perf_counter() - t0) / n:.3f} ms mean over {n}")
+            t0 = time.perf_counter()
+            fn(t)
+            times.append(1000 * (time.perf_counter() - t0))
+        return statistics.median(times)
+
+    cold = per_task_ms(lambda t: world.new_env(t).close())  # first env of each task: runs the initialisation
+    warm = min(per_task_ms(lambda t: world.new_env(t).close()) for _ in range(3))  # later envs copy its rows
+    envs = {t.id: world.replay(t.actions, world.new_env(t)) for t in world.tasks()}
+    first = per_task_ms(lambda t: world.score(t, envs[t.id], stop_reason="user_stop"))  # builds the gold hashes
+    scoring = per_task_ms(lambda t: world.score(t, envs[t.id], stop_reason="user_stop"))
+    print("tau2: the middle of TELECOM.md's measured ranges (4.3-8.4 ms per env + init, 43-79 ms per scoring)")
+    for name, ours, theirs in (("fresh env + task initialisation (first, per task)", cold, 6.35),
+                               ("fresh env + task initialisation (later)", warm, 6.35),
+                               ("scoring one episode (first, per task)", first, 61.0),
+                               ("scoring one episode (later)", scoring, 61.0)):
+        print(f"{name:52s} {ours:7.3f} ms median   tau2 ~{theirs} ms   ratio {theirs / ours:6.1f}x")

@@ -257,3 +257,15 @@ def test_registered_and_module_demo_runs():
                          timeout=300)
     assert out.returncode == 0, out.stderr
     assert "reward = 1.0" in out.stdout and "fresh env + task initialisation" in out.stdout
+
+
+def test_a_failing_sync_turns_the_call_into_an_error(world):
+    # tau2 runs sync_tools inside the same try as the tool: if it raises, the caller gets its error instead of the
+    # tool's output (and the tool's change stays). Only a phone number with no line can make it raise.
+    env = world.new_env()
+    sur = env.db.get("phone", "surroundings")
+    env.db.put("phone", "surroundings", sur | {"phone_number": "555-000-0000"})
+    out = env.call("toggle_data", {}, requestor="user")
+    assert out == "Error: Line with phone number 555-000-0000 not found" and env.calls[-1].error
+    assert env.db.get("phone", "device")["data_enabled"] is False
+    env.close()
