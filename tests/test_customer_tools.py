@@ -524,3 +524,34 @@ def test_customer_over_a_vllm_server_with_tool_calling(tmp_path):
             proc.wait(30)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+@needs_telecom
+@pytest.mark.slow
+def test_muarl_trains_on_telecom_mixed_with_retail_with_an_llm_customer(tmp_path, serve):
+    import muarl
+
+    def answer(body):  # a customer that checks its phone once (telecom: tools offered), then ends the chat
+        last = body["messages"][-1]
+        if len(body["messages"]) == 2:
+            return text("Hi, I need help.")
+        if "tools" in body and last["role"] != "tool":
+            return calls(("check_status_bar", "{}"))
+        return text("Thanks, bye. " + STOP)
+
+    srv, _ = serve(answer)
+    out = tmp_path / "run"
+    muarl.main(["--domains", "telecom,retail", "--model", "tiny", "--tiny_hidden", "64", "--tiny_layers", "1",
+                "--threads", "1", "--copy_warmup", "0", "--sft_epochs", "0", "--steps", "1", "--tasks_per_step", "4",
+                "--group_size", "2", "--max_new_tokens", "8", "--max_turns", "4", "--max_context", "12000",
+                "--eval_tasks", "2", "--user", "llm", "--user_model", "stub", "--user_base_url", srv.url,
+                "--seed", "1", "--data_dir", str(TAU2 / "data"), "--out_dir", str(out)])  # seed 1: both domains drawn
+    eps = [json.loads(line) for line in (out / "episodes-rank0.jsonl").read_text().splitlines()]
+    train = [e for e in eps if e.get("phase") != "eval"]
+    assert len(train) == 8 and not any(e["stop_reason"] in ("user_error", "agent_error") for e in eps)
+    assert {e["task_id"].split("/")[0] for e in train} == {"telecom", "retail"}
+    for e in eps:  # the customer used its phone in telecom only, and its calls are in the transcript
+        own = [m for m in e["messages"] if customer_only(m)]
+        assert bool(own) == (e["task_id"].startswith("telecom/") and len(e["messages"]) > 3), e["messages"]
+    recs = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    assert [r["phase"] for r in recs if r["phase"] == "grpo"] == ["grpo"]
