@@ -34,7 +34,7 @@ Departures from the paper:
 3. A turn cut off by `max_new_tokens` without its end-of-turn token is closed with that token at mask 0 (the
    policy did not sample it, so it is not trained) and handled like any other turn.
 
-Dual-control worlds (telecom: `world.user_tools`): the customer's turn may run its own tools first (user_sim.Phone).
+Dual-control worlds (telecom: `world.user_tools`): the customer's turn may run its own tools first (dual_control.Phone).
 Those calls and results go into the episode's readable `messages` (transcripts show them) and into the customer's
 own view, never into the agent's token stream, mask or messages: the agent hears only the customer's text.
 """
