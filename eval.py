@@ -13,6 +13,10 @@ Every conversation runs through rollout.rollout(), the loop training uses, then 
 (agents.py): local, a model through an engine (rollout.PolicyAgent, as in training); openai, any OpenAI-compatible
 endpoint, message-level with its own tool calling; oracle, the gold actions replayed (a harness check: all score 1).
 
+With several domains (`--domain retail,telecom`) the table has one row per domain, then all of them together; its
+completion column is telecom's task completion rate (the share of a task's assertions met, the paper's second figure).
+In telecom the customer acts on its phone: the scripted one (domains/telecom_user.py) or an LLM with the user tools.
+
 Departure from tau2's evaluation: the reward is the DB check plus, with --check_outputs (default on here),
 the required-output check; tau2's newest NL assertions need an LLM judge and are not run.
 """
