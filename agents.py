@@ -19,7 +19,8 @@ from concurrent.futures import ThreadPoolExecutor
 import chat
 from sampling import Sample
 from tools import ParsedTurn
-from user_sim import STOP
+from domains.dual_control import customer_only, gold_requestors
+from user_sim import STOP, ScriptedUser
 
 # ---------------------------------------------------------------------------------------------------------------
 # Message-level agents
@@ -33,13 +34,12 @@ class MessageAgent:
         self.make_act, self.workers, self.acts = make_act, workers, {}
 
     def begin(self, ep, rules, schemas, first):
-        self.acts[id(ep)] = act = self.make_act(ep.task)
-        if hasattr(act, "env"):  # the oracle also plays the customer's gold actions (dual control: telecom)
-            act.env = ep.env
+        self.acts[id(ep)] = self.make_act(ep.task)
 
     def _one(self, ep) -> ParsedTurn | Exception:
-        try:  # the endpoint's tool calling needs the schemas: those the episode shows now (BFCL reveals some later)
-            msg = self.acts[id(ep)](ep.messages, ep.env.tool_schemas(ep.messages))
+        try:  # the agent's view: never the customer's own tool calls and results (dual-control worlds); the tools
+            # the episode shows now (BFCL reveals some later): an endpoint's tool calling needs their schemas
+            msg = self.acts[id(ep)]([m for m in ep.messages if not customer_only(m)], ep.env.tool_schemas(ep.messages))
         except Exception as e:  # noqa: BLE001 - an endpoint failure aborts this episode, not the evaluation
             return e
         calls, errors = [], []
@@ -90,32 +90,35 @@ def openai_act(model: str, base_url: str | None, api_key: str | None, temperatur
 
 class OracleAgent:
     """Replays the task's gold actions one per turn, then states the required outputs and says it is done. A gold
-    action of the customer's ("requestor": "user") runs on the customer's side of the env, in order, between them."""
+    action of the customer's (dual-control worlds) is asked for in words: only the customer can run it."""
 
     def __init__(self, task):
-        self.todo, self.outputs, self.env = list(task.actions), list(task.outputs), None
+        self.todo, self.outputs = list(zip(task.actions, gold_requestors(task))), list(task.outputs)
 
     def __call__(self, messages, tools):
-        while self.todo and self.todo[0].get("requestor") == "user":
-            a = self.todo.pop(0)
-            self.env.call(a["name"], json.loads(json.dumps(a["arguments"])), requestor="user")
         if self.todo:
-            a = self.todo.pop(0)
+            a, who = self.todo.pop(0)
+            if who == "user":
+                return {"content": f"Please do this on your phone: {a['name']} {json.dumps(a['arguments'])}",
+                        "tool_calls": []}
             return {"content": "", "tool_calls": [{"function": {"name": a["name"], "arguments": a["arguments"]}}]}
         return {"content": "Done. " + " ".join(self.outputs), "tool_calls": []}
 
 
 class FixedUser:
-    """A customer that states the task's request and stops at the agent's first text reply (for the oracle)."""
+    """A customer that states the task's request and stops at the agent's first text reply (for the oracle). In a
+    dual-control world (a phone comes with the request) the customer must act, so its domain's script plays it."""
 
-    def first_message(self, task):
+    def first_message(self, task, tools=False):
+        if tools:
+            return ScriptedUser().first_message(task)
         return task.instructions.split("\n\n")[1] if "\n\n" in task.instructions else task.instructions
 
-    def reply(self, task, history):
-        return "Thanks, that's all. " + STOP
+    def reply(self, task, history, phone=None):
+        return "Thanks, that's all. " + STOP if phone is None else ScriptedUser().reply(task, history, phone)
 
     def replies(self, requests):
-        return [self.reply(t, h) for t, h in requests]
+        return [self.reply(*r) for r in requests]
 
 
 # ---------------------------------------------------------------------------------------------------------------

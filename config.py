@@ -48,7 +48,7 @@ class Config:
     eval_tasks: int = flag(200, "held-out tasks per evaluation (test split), 0 = all")
     # The simulated customer: a script (for generated tasks, whose goal is structured) or a language model behind
     # any OpenAI-compatible endpoint (the paper's idea: it omits details, changes its mind, insists).
-    user: str = flag("scripted", "scripted (synthetic tasks only) | llm (any OpenAI-compatible endpoint)")
+    user: str = flag("scripted", "scripted (generated tasks, and telecom) | llm (any OpenAI-compatible endpoint)")
     user_model: str = flag("", "LLM user model name (or $MUARL_USER_MODEL)")
     user_base_url: str = flag("", "LLM user endpoint (or $OPENAI_BASE_URL)")
     user_api_key: str = flag("", "LLM user API key (or $OPENAI_API_KEY)")

@@ -13,6 +13,10 @@ Every conversation runs through rollout.rollout(), the loop training uses, then 
 (agents.py): local, a model through an engine (rollout.PolicyAgent, as in training); openai, any OpenAI-compatible
 endpoint, message-level with its own tool calling; oracle, the gold actions replayed (a harness check: all score 1).
 
+With several domains (`--domain retail,telecom`) the table has one row per domain, then all of them together; its
+completion column is telecom's task completion rate (the share of a task's assertions met, the paper's second figure).
+In telecom the customer acts on its phone: the scripted one (domains/telecom_user.py) or an LLM with the user tools.
+
 Departure from tau2's evaluation: the reward is the DB check plus, with --check_outputs (default on here),
 the required-output check; tau2's newest NL assertions need an LLM judge and are not run.
 """
@@ -164,7 +168,10 @@ def main(argv=None):
     TrajectoryLog(a.out).write(eps, phase="eval", agent=name)
     print(f"{len(tasks)} tasks x {a.trials} trials on {a.domain}/{a.split} in {time.time() - t0:.1f}s; "
           f"transcripts: {a.out}")
-    print(format_table([(name, metrics)], a.trials))
+    # one row per domain, as the paper's table has (pass^1..k, completion rate), then all domains together
+    domains = sorted({t.domain for t in tasks})
+    rows = [(f"{name} [{d}]", summarize([e for e in eps if e.task.domain == d], a.trials)) for d in domains]
+    print(format_table(rows + [(f"{name} [all]", metrics)] if len(domains) > 1 else [(name, metrics)], a.trials))
     if bench is not None:  # the benchmark's own figures, computed as it computes them (BFCL: accuracy per category)
         extra, text = bench.summary(eps)
         metrics.update(extra)

@@ -23,7 +23,8 @@ so evaluation and training give identical episodes on the same seed.
 
 Stop reasons: user_stop (the customer said ###STOP### or ###OUT-OF-SCOPE###), transfer (transfer_to_human_agents
 called, or the customer said ###TRANSFER###), max_turns (tool executions + customer replies reached the cap, as in
-the paper), context_full, malformed_call; user_error / agent_error (the customer simulator or an agent endpoint
+the paper), context_full, malformed_call, too_many_errors (dual-control worlds only: tau2's rule, 10 failed tool calls
+from either side; it scores 0); user_error / agent_error (the customer simulator or an agent endpoint
 failed for good): the episode is *aborted*, never scored, and the trainer drops its group instead of scoring it 0.
 
 Departures from the paper:
@@ -32,6 +33,10 @@ Departures from the paper:
    the agent as a tool message.
 3. A turn cut off by `max_new_tokens` without its end-of-turn token is closed with that token at mask 0 (the
    policy did not sample it, so it is not trained) and handled like any other turn.
+
+Dual-control worlds (telecom: `world.user_tools`): the customer's turn may run its own tools first (dual_control.Phone).
+Those calls and results go into the episode's readable `messages` (transcripts show them) and into the customer's
+own view, never into the agent's token stream, mask or messages: the agent hears only the customer's text.
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ from typing import Protocol
 
 import chat
 from domains.base import Env, Task, World
+from domains.dual_control import Phone, customer_only, too_many_errors
 from sampling import episode_seed
 from tools import TRANSFER_TOOL, ParsedTurn
 from user_sim import OUT_OF_SCOPE, STOP, TRANSFER, UserError, is_terminal
@@ -92,9 +98,11 @@ class Episode:
         self.logprobs += logprobs if logprobs is not None else [0.0] * len(ids)
 
     def customer_history(self) -> list[dict]:
-        """The conversation as the customer lives it: text turns only, no tool calls or results."""
-        return [{"role": m["role"], "content": m["content"]} for m in self.messages
-                if m["role"] == "user" or (m["role"] == "assistant" and not m.get("tool_calls") and m.get("content"))]
+        """The conversation as the customer lives it: text turns, no agent tool calls or results; in a dual-control
+        world, also the customer's own tool calls and results (customer_only), kept as such, never as text."""
+        return [m if customer_only(m) else {"role": m["role"], "content": m["content"]} for m in self.messages
+                if customer_only(m) or m["role"] == "user"
+                or (m["role"] == "assistant" and not m.get("tool_calls") and m.get("content"))]
 
     def stop(self, reason: str, error: str | None = None) -> None:
         self.state, self.stop_reason = DONE, reason
@@ -215,15 +223,17 @@ def _apply_turn(ep: Episode, turn: ParsedTurn, cfg: RolloutConfig) -> list[dict]
 def _check_caps(ep: Episode, cfg: RolloutConfig) -> None:
     if ep.state == DONE:  # stopped already, for its own reason
         return
-    if ep.turns >= cfg.max_turns:
+    if ep.env.world.user_tools and too_many_errors(ep.env):  # tau2's rule, in the dual-control worlds it comes with
+        ep.stop("too_many_errors")
+    elif ep.turns >= cfg.max_turns:
         ep.stop("max_turns")
     elif len(ep.ids) >= cfg.max_context:
         ep.stop("context_full")
 
 
-def _first_message(user, task):
-    try:
-        return user.first_message(task)
+def _first_message(user, task, tools: bool = False):
+    try:  # tools: the customer has a phone (its opening is still text: user_sim departure 5)
+        return user.first_message(task, tools=True) if tools else user.first_message(task)
     except UserError as err:
         return err
     except Exception as err:  # noqa: BLE001 - a broken user simulator aborts the task's episodes, not the run
@@ -238,7 +248,8 @@ def rollout(tasks: list[Task], group_size: int, worlds: dict[str, World], agent:
         raise ValueError(f"rollout: {len(seeds)} seeds for {len(tasks) * group_size} episodes")
     # the first customer message: generated once per task and shared by the task's G episodes (user_sim caches it)
     with ThreadPoolExecutor(max_workers=max(1, min(16, len(tasks)))) as pool:
-        firsts = list(pool.map(_first_message, [user] * len(tasks), tasks))
+        firsts = list(pool.map(_first_message, [user] * len(tasks), tasks,
+                               [bool(worlds[t.domain].user_tools) for t in tasks]))
 
     episodes: list[Episode] = []
     seen: Counter = Counter()  # a task drawn twice in one call gets other seeds the second time
@@ -277,13 +288,22 @@ def rollout(tasks: list[Task], group_size: int, worlds: dict[str, World], agent:
         waiting = [e for e in episodes if e.state == USER]
         if waiting:
             t0 = time.perf_counter()
-            replies = user.replies([(e.task, e.customer_history()) for e in waiting])
+            # dual-control: a phone per episode, to run the customer's own tool calls on its env (as "user")
+            phones = [Phone(e.env, e.messages, cfg.max_turns - e.turns) if e.env.world.user_tools else None
+                      for e in waiting]
+            replies = user.replies([(e.task, e.customer_history()) + ((p,) if p else ())
+                                    for e, p in zip(waiting, phones)])
             dt = (time.perf_counter() - t0) / len(waiting)
-            for e, r in zip(waiting, replies):
+            for e, p, r in zip(waiting, phones, replies):
                 e.timings["user"] += dt
                 if isinstance(r, UserError):
                     e.stop("user_error", str(r))
                     continue
+                if p is not None:  # the customer's tool executions are turns, like the agent's; a cap can end it
+                    e.turns += p.calls
+                    if p.stop or r is None:
+                        e.stop(p.stop or "max_turns")
+                        continue
                 e.turns += 1
                 e.messages.append({"role": "user", "content": r})
                 if marker := is_terminal(r):
@@ -305,8 +325,11 @@ def score(episodes: list[Episode], worlds: dict[str, World], check_outputs: bool
     Aborted episodes are not scored (reward stays 0, and the trainer drops their groups)."""
     for e in [e for e in episodes if e.env is not None]:  # (env None: scored already)
         if not e.aborted:
-            e.reward, info = worlds[e.task.domain].score(e.task, e.env, e.messages, check_outputs=check_outputs)
+            e.reward, info = worlds[e.task.domain].score(e.task, e.env, e.messages, check_outputs=check_outputs,
+                                                         stop_reason=e.stop_reason)  # telecom scores the ending
             e.info.update(info)
+            if e.stop_reason == "too_many_errors":  # tau2 scores that ending 0, whatever the state reached
+                e.reward = 0.0
         e.env.close()
         e.env = None
     return episodes

@@ -16,6 +16,12 @@ The first message is fixed per task. The paper starts all G rollouts of a task f
 the group's reward differences come from the agent, not from a different first request: `first_message` asks
 the model once per task id, and a per-task lock makes 8 rollouts asking at once cost one API call.
 
+The customer acts (dual-control worlds, tau2's telecom: `world.user_tools`). A customer turn may call its own tools
+before it speaks: `LLMUser` offers them through the OpenAI tools API (`tools=`, `tool_calls`, `tool` messages back,
+asked again until it writes text), as a hosted model or `vllm serve --enable-auto-tool-choice --tool-call-parser
+hermes` speaks it. The calls run on the episode's env as requestor "user" (domains/dual_control.Phone, with tau2's
+caps); the customer remembers them (its later requests carry them, role-swapped), the agent never sees them.
+
 Failures abort, they do not score zero. If the simulator's API fails for good, the episode says nothing about the
 policy: rollout.py drops it (UserError) instead of training on reward 0. Before giving up we retry transient
 errors (connection errors, timeouts, 408, 429, 5xx) and garbage replies with exponential backoff.
@@ -27,6 +33,9 @@ Departures from the paper / tau2-bench:
 3. A reply's leading `<think>...</think>` block (a reasoning model served without a reasoning parser) is removed.
 4. Consecutive messages of the same role are merged into one, so the request always alternates user/assistant
    (some chat templates refuse anything else); an agent turn with no text becomes NO_REPLY for the same reason.
+5. Dual-control: the opening message is text only (no tools offered), since the G rollouts of a task share it;
+   tools are offered from the customer's second turn on. Tool-call ids are renumbered call_0, call_1, ... per request.
+   A malformed call (arguments that are not JSON, an unknown tool) runs as an error observation, as in tau2.
 """
 
 from __future__ import annotations
@@ -35,106 +44,18 @@ import ipaddress
 import json
 import os
 import random
-import re
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import urlparse
 
 from domains import script_for
-
-STOP, TRANSFER, OUT_OF_SCOPE = "###STOP###", "###TRANSFER###", "###OUT-OF-SCOPE###"
-
-# What the customer "hears" before its first message. The agent never says it (its conversation starts with the
-# customer's), but a chat model answers better when it has something to answer; one greeting keeps it reproducible.
-GREETING = "Hi! How can I help you today?"
-NO_REPLY = "(the agent sent an empty message)"  # what it "hears" after an agent turn with no text (see below)
-
+from domains.dual_control import Phone
+from user_prompt import (GREETING, NO_REPLY, OUT_OF_SCOPE, STOP, TRANSFER, _LEADING_THINK,  # noqa: F401 (re-exported)
+                         is_terminal, simulator_messages, system_prompt)
 
 class UserError(Exception):
     """The user simulator failed for good (retries exhausted or a non-retryable API error): abort the episode."""
-
-
-def is_terminal(text: str | None) -> str | None:
-    """The end marker a user message carries (the earliest, if it somehow carries several), or None."""
-    found = [(text.find(m), m) for m in (STOP, TRANSFER, OUT_OF_SCOPE) if m in text] if isinstance(text, str) else []
-    return min(found)[1] if found else None
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# The customer's prompt and its view of the conversation
-
-
-def system_prompt(instructions: str) -> str:
-    """The simulator's system prompt: who it is, what it wants (the hidden instructions), and the house rules."""
-    return f"""You are playing a customer who has contacted a company's customer service. The other side of this \
-chat is the company's support agent. You are the customer, never the agent: you cannot see or use the company's \
-systems, and you only know what your situation below tells you.
-
-Your situation (private; the agent cannot see it):
-<situation>
-{instructions.strip()}
-</situation>
-
-How to write:
-- Write exactly one message: your next turn in the chat, nothing else. Keep it short and natural, like a \
-real person typing to support.
-- Begin with why you are getting in touch; after that, give details only when the agent asks for them, a \
-little at a time.
-- Use only facts from your situation. If the agent asks for something your situation does not mention, say \
-you don't know or don't have it. Never make up names, numbers, ids, addresses, dates or preferences.
-- Say things in your own words; do not copy sentences from your situation.
-- Stay in character. Only agree to an action if it is what your situation asks for.
-
-How to end the chat (write the marker at the end of your message):
-- {STOP} once everything you came for is done, or once it is clear it cannot be done.
-- {TRANSFER} if the agent hands you over to a human agent.
-- {OUT_OF_SCOPE} if the chat reaches a point your situation gives you no information to handle, so you \
-cannot go on."""
-
-
-# Tool-call markup, tool results and reasoning that might sit inside an agent's text: never shown to the customer.
-_HIDDEN = re.compile(r"<(tool_call|tool_response|think)>.*?(</\1>|$)", re.S)
-# A leading reasoning block in the simulator's own reply (a thinking model served without a reasoning parser).
-_LEADING_THINK = re.compile(r"^\s*<think>.*?</think>", re.S)
-
-
-def simulator_messages(instructions: str, history: list[dict], variant: dict | None = None) -> list[dict]:
-    """Agent-side text conversation -> the simulator's API messages (system prompt + roles swapped).
-
-    history: [{"role": "user" | "assistant", "content": str}, ...] as the agent saw it (user = customer).
-    Returns [system, user: GREETING, assistant: <customer's 1st msg>, user: <agent's reply>, ...].
-    `variant` (a benchmark's own customer, carried by task.spec["simulator"], e.g. ACEBench's): its system text,
-    greeting, the role of the customer's own turns and prefixes cut from the agent's, verbatim, nothing else (its
-    replies are then kept as they come, unstripped)."""
-    if variant is not None:
-        msgs = [{"role": "system", "content": variant["system"]}, {"role": "user", "content": variant["greeting"]}]
-        for m in history:
-            text = m["content"]
-            if m["role"] == "assistant":
-                text = next((text[len(p):] for p in variant.get("strip", []) if text.startswith(p)), text)
-            msgs.append({"role": variant["own_role"] if m["role"] == "user" else "user", "content": text})
-        return msgs
-    swap = {"user": "assistant", "assistant": "user"}
-    msgs: list[dict] = []
-    for m in history:
-        role, content = m.get("role"), m.get("content")
-        if role not in swap or not isinstance(content, str):
-            continue  # system prompts, tool messages and tool-call-only turns are the agent's business
-        content = (_HIDDEN.sub("", content) if role == "assistant" else content).strip()  # hide stray tool markup
-        if not content:
-            continue
-        if msgs and msgs[-1]["role"] == swap[role]:  # two agent texts in a row (e.g. around a tool call)
-            msgs[-1]["content"] += "\n\n" + content
-        else:
-            msgs.append({"role": swap[role], "content": content})
-    if not msgs or msgs[0]["role"] != "user":  # the customer's opening answered the greeting; say the greeting
-        msgs.insert(0, {"role": "user", "content": GREETING})
-    if msgs[-1]["role"] == "assistant":
-        # The agent's last turn had no text (a bare tool call, or nothing), yet rollout.py handed over. Say so, not
-        # refuse: a real customer would nudge, and aborting would hide the very turns RL should learn to avoid.
-        msgs.append({"role": "user", "content": NO_REPLY})
-    return [{"role": "system", "content": system_prompt(instructions)}] + msgs
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -164,6 +85,26 @@ def _content_of(resp, verbatim: bool = False) -> str:
     return content  # a reply cut by max_tokens (finish_reason "length") is still a usable customer message
 
 
+def _turn_of(resp) -> tuple[str, list[tuple]]:
+    """A reply to a request that offered tools: (text, [(name, arguments), ...]). With no calls it must be text
+    (_content_of); with calls, any text beside them stays private to the customer (as in tau2)."""
+    msg = getattr((getattr(resp, "choices", None) or [None])[0], "message", None)
+    raw = getattr(msg, "tool_calls", None)
+    calls = []
+    for c in raw if isinstance(raw, list) else []:
+        fn = getattr(c, "function", None)
+        name, args = getattr(fn, "name", None), getattr(fn, "arguments", None)
+        try:  # bad JSON stays the raw text: env.call answers it with an error observation (counted, as in tau2)
+            args = json.loads(args) if isinstance(args, str) else args
+        except (RecursionError, ValueError):
+            pass
+        calls.append((name, args))
+    if not calls:
+        return _content_of(resp), []
+    text = getattr(msg, "content", None)
+    return (_LEADING_THINK.sub("", text).strip() if isinstance(text, str) else ""), calls
+
+
 class LLMUser:
     """A simulated customer played by a chat model behind any OpenAI-compatible /v1/chat/completions."""
 
@@ -185,10 +126,14 @@ class LLMUser:
         with self._guard:
             self.stats[key] += 1
 
-    def complete(self, messages: list[dict], sampling: dict | None = None, verbatim: bool = False) -> str:
-        """One chat completion with retries; returns the reply text or raises UserError."""
+    def complete(self, messages: list[dict], tools: list[dict] | None = None, sampling: dict | None = None,
+                 verbatim: bool = False):
+        """One chat completion with retries; returns the reply text or raises UserError. With `tools` (the OpenAI
+        tools API), returns (text, calls) instead: see _turn_of."""
         kwargs = dict(model=self.model, messages=messages, temperature=self.temperature, max_tokens=self.max_tokens)
         kwargs.update(sampling or {})  # a benchmark's own customer settings (ACEBench: temperature 0.001, top_p 1)
+        if tools:
+            kwargs["tools"] = tools
         if self.seed is not None:
             kwargs["seed"] = self.seed
         oa, last, who = self._openai, None, f"user simulator {self.model!r} at {self.base_url}"
@@ -198,7 +143,8 @@ class LLMUser:
                 time.sleep(self.backoff * 2 ** (attempt - 1) * (1 + 0.25 * random.random()))
             self._count("calls")
             try:
-                return _content_of(self.client.chat.completions.create(**kwargs), verbatim)
+                resp = self.client.chat.completions.create(**kwargs)
+                return _content_of(resp, verbatim) if not tools else _turn_of(resp)
             except _Garbage as e:
                 last = f"garbage reply: {e}"
             except oa.APIStatusError as e:
@@ -213,8 +159,9 @@ class LLMUser:
         self._count("failures")
         raise UserError(f"{who} failed after {self.max_retries + 1} attempts; last error: {last}")
 
-    def first_message(self, task) -> str:
-        """The customer's opening for this task: generated once, then shared by every rollout of the task."""
+    def first_message(self, task, tools: bool = False) -> str:
+        """The customer's opening for this task: generated once, then shared by every rollout of the task (`tools`:
+        the customer has a phone; its rules are in the prompt, but the opening is text, see departure 5)."""
         with self._guard:
             lock = self._locks.setdefault(task.id, threading.Lock())
         with lock:  # concurrent callers for one task queue here; the first one generates, the rest read the cache
@@ -222,16 +169,30 @@ class LLMUser:
                 v = _variant(task)  # a fixed opening (ACEBench's multi-step question) needs no model
                 # Not cached on failure: a later call (e.g. next epoch) tries again instead of failing forever.
                 self._first[task.id] = v["opening"] if v and "opening" in v else self.complete(
-                    simulator_messages(task.instructions, [], v), (v or {}).get("sampling"), bool(v))
+                    simulator_messages(task.instructions, [], v, tools), sampling=(v or {}).get("sampling"),
+                    verbatim=bool(v))
             return self._first[task.id]
 
-    def reply(self, task, history: list[dict]) -> str:
-        """The customer's next message, given the agent-side text conversation so far."""
-        v = _variant(task)
-        return self.complete(simulator_messages(task.instructions, history, v), (v or {}).get("sampling"), bool(v))
+    def reply(self, task, history: list[dict], phone: Phone | None = None) -> str | None:
+        """The customer's next message, given the agent-side text conversation so far. With a `phone` (dual-control)
+        the model may first call its tools: they run, their results go back, and it is asked again until it writes
+        text. None: the phone hit a cap mid-turn (phone.stop says which) and the customer says nothing more."""
+        if phone is None:
+            v = _variant(task)
+            return self.complete(simulator_messages(task.instructions, history, v), sampling=(v or {}).get("sampling"),
+                                 verbatim=bool(v))
+        while True:  # bounded: every round runs >= 1 call, and the phone stops at the episode's turns left
+            text, calls = self.complete(simulator_messages(task.instructions, history + phone.new, tools=True),
+                                        tools=phone.env.world.user_tool_schemas())
+            if not calls:
+                return text
+            phone.run(calls, text)
+            if phone.stop:
+                return None
 
     def replies(self, requests: list[tuple]) -> list:
-        """reply() for many (task, history) pairs at once; order kept; a failure comes back as a UserError."""
+        """reply() for many (task, history[, phone]) requests at once; order kept; a failure comes back as a
+        UserError."""
         return _fan_out(self.reply, requests, self.max_workers)
 
 
@@ -257,12 +218,16 @@ def _fan_out(fn, requests: list[tuple], max_workers: int) -> list:
 
 
 class ScriptedUser:
-    """Plays a generated task's spec deterministically with its domain's script (domains/synthetic.py, shop.py)."""
+    """Plays a generated task's spec deterministically with its domain's script (domains/synthetic.py, shop.py). A
+    task with no spec (tau2's own) is played by its domain's script from the task itself, with the phone in
+    dual-control worlds (domains/telecom_user.py: it performs the task's user-side gold actions when asked)."""
 
-    def first_message(self, task) -> str:
-        return script_for(task).scripted_first_message(task.spec)
+    def first_message(self, task, tools: bool = False) -> str:
+        return script_for(task).scripted_first_message(task.spec if task.spec is not None else task)
 
-    def reply(self, task, history: list[dict]) -> str:
+    def reply(self, task, history: list[dict], phone: Phone | None = None) -> str | None:
+        if phone is not None:
+            return script_for(task).scripted_reply(task, history, phone)
         return script_for(task).scripted_reply(task.spec, history)
 
     def replies(self, requests: list[tuple]) -> list:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import random
 
-from domains import acebench, acebench_agents, airline, bfcl, retail, shop, synthetic, telecom
+from domains import acebench, acebench_agents, airline, bfcl, retail, shop, synthetic, telecom, telecom_user
 from domains.base import Bench, Domain, Env, Task, World
 
 
@@ -30,7 +30,8 @@ def _shop_settings(c) -> dict:
 DOMAINS: dict[str, Domain] = {
     "retail": Domain(retail.build_world, lambda c: {"data_dir": c.data_dir or None}, generator=True),
     "airline": Domain(airline.build_world, lambda c: {"data_dir": c.data_dir or None}),
-    "telecom": Domain(telecom.build_world, lambda c: {"data_dir": c.data_dir or None}),  # dual control (phone.py)
+    "telecom": Domain(telecom.build_world, lambda c: {"data_dir": c.data_dir or None},  # dual control (phone.py)
+                      script=telecom_user),  # the scripted customer acts on its phone when asked
     "synthetic": Domain(synthetic.build_world, lambda c: dict(
         seed=c.synthetic_seed, n_train=c.synthetic_train, n_test=c.synthetic_test, n_users=c.synthetic_users,
         n_test_users=c.synthetic_test_users), script=synthetic, generator=True),
@@ -86,10 +87,12 @@ def task_sets(cfg, worlds: dict[str, World]) -> tuple[list[Task], list[Task]]:
 
 
 def script_for(task: Task):
-    """The scripted customer that plays a generated task (its spec names the domain whose script wrote it)."""
-    if task.spec is None or task.spec.get("world") not in DOMAINS or DOMAINS[task.spec["world"]].script is None:
+    """The scripted customer that plays a task: a generated task's spec names the domain whose script wrote it; a
+    task without one (tau2's own) is played by its own domain's script, if it has one (telecom's)."""
+    name = task.spec.get("world") if task.spec is not None else getattr(task, "domain", None)
+    if name not in DOMAINS or DOMAINS[name].script is None:
         raise ValueError(f"task {task.id!r} has no scripted customer; use the LLM customer (--user llm) for it")
-    return DOMAINS[task.spec["world"]].script
+    return DOMAINS[name].script
 
 
 __all__ = ["DOMAINS", "BENCHES", "Bench", "Domain", "load_world", "load_worlds", "task_sets", "script_for", "World", "Env", "Task"]

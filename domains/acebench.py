@@ -483,7 +483,7 @@ class AceWorld(World):
             return "user_stop" if last["role"] == "user" else "finished"
         return "max_turns" if index >= MAX_MESSAGES - 1 else None
 
-    def score(self, task: Task, env: AceEnv, messages=None, check_outputs: bool = False):
+    def score(self, task: Task, env: AceEnv, messages=None, check_outputs: bool = False, stop_reason=None):
         """Reward 1 iff ACEBench's end-to-end check passes; info carries process accuracy and the errors."""
         state = env.end_state()
         verdict = check_end_state(state, task.raw["answer"]["ground_truth"])

@@ -200,7 +200,10 @@ class Domain:
 
     build: Callable[..., "World"]  # keyword arguments -> the World (load_world caches it per arguments)
     settings: Callable[[Any], dict] = lambda cfg: {}  # the run's Config -> build's keyword arguments
-    script: Any = None  # module with scripted_first_message(spec), scripted_reply(spec, history), or None
+    # module with scripted_first_message(spec), scripted_reply(spec, history), or None; a script for tasks with no
+    # spec (tau2's) gets the task instead of its spec, and in a dual-control world the customer's phone as well:
+    # scripted_reply(task, history, phone) (user_sim.Phone; domains/telecom_user.py)
+    script: Any = None
     generator: bool = False  # --tasks synthetic can generate tasks over this world (domains/synthetic.py)
 
 

@@ -218,7 +218,7 @@ class BFCLWorld(World):
     def tasks(self, split: str = "all") -> list[Task]:
         return list(self._tasks) if split in ("all", "test", "train") else []  # departure 6: no training split
 
-    def score(self, task, env, messages=None, check_outputs=False):
+    def score(self, task, env, messages=None, check_outputs=False, stop_reason=None):
         """(1.0 iff BFCL's checker accepts the episode, info). There are no required outputs to check."""
         result = official_check(episode_turns(messages or [], env.methods), task)
         info = {"valid": result["valid"], "category": task.raw["category"], "calls": len(env.calls),
