@@ -368,7 +368,7 @@ def test_nan_loss_skips_the_step(tmp_path, tiny_init, monkeypatch):
     muarl.main(TINY + ["--out_dir", str(out), "--steps", "2", "--save_every", "1"])
 
     s0, s1 = grpo_records(out)
-    assert s0["skipped"] is True and s0["loss"] != s0["loss"]  # NaN logged as NaN
+    assert s0["skipped"] is True and s0["loss"] is None and "loss" in s0["nonfinite"]  # NaN: null (strict JSON)
     assert s1["skipped"] is False and s1["loss"] == s1["loss"]
     init = load_file(out / "tiny-init" / "model.safetensors")
     after0 = torch.load(out / "checkpoints" / "step-000001" / "model.pt")

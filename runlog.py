@@ -1,0 +1,102 @@
+"""Watching a run: log.jsonl with one global step, strictly valid JSON, optional TensorBoard / wandb, rollout progress.
+
+    log = RunLog(out / "log.jsonl", logger="tensorboard")   # "none" (default) | "tensorboard" | "wandb"
+    log({"phase": "sft", "loss": 0.4})                      # a training record: global_step 1, 2, ...
+    log({"phase": "eval", "name": "cold start", ...})       # an evaluation: keyed by the global step it measured
+
+One counter, `global_step`, runs across the phases (copy drills, the cold start, GRPO): every training record is one
+optimizer step and advances it; an evaluation record carries the value of the model it measured, so a plot of
+eval/pass^1 against global_step lines up with the losses. Each phase still logs its own `step` beside it.
+
+Strict JSON: Python's json writes NaN and Infinity, which are not JSON (`jq` and most JSON readers refuse the line).
+A non-finite number is logged as null instead, and its key is listed under "nonfinite".
+
+TensorBoard (torch's own SummaryWriter, which needs the `tensorboard` package) and wandb are imported only when asked
+for, so neither is a dependency; every numeric field of a record becomes the scalar "<phase>/<key>".
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+
+from tqdm import tqdm
+
+TRAINING = ("copy_warmup", "sft", "grpo")  # phases whose every record is one optimizer step
+
+
+def finite(record: dict) -> dict:
+    """The record with every non-finite float (also inside dicts) replaced by None, their keys under "nonfinite"."""
+    bad = [k for k, v in record.items() if isinstance(v, float) and not math.isfinite(v)]
+    out = {k: (None if k in bad else finite(v) if isinstance(v, dict) else v) for k, v in record.items()}
+    return {**out, "nonfinite": bad} if bad else out
+
+
+def _hook(kind: str, out: Path, config: dict | None):
+    """The optional logger: a function record -> None, or None for "none". Imported here, only when asked for."""
+    if kind == "none":
+        return None
+    if kind not in ("tensorboard", "wandb"):
+        raise ValueError(f"--logger must be one of none, tensorboard, wandb, got {kind!r}")
+    try:
+        if kind == "tensorboard":
+            from torch.utils.tensorboard import SummaryWriter
+
+            writer = SummaryWriter(str(out / "tensorboard"))
+            return lambda name, value, step: writer.add_scalar(name, value, step)
+        import wandb
+
+        wandb.init(project="muarl", dir=str(out), config=config or {})
+        return lambda name, value, step: wandb.log({name: value}, step=step)
+    except ImportError as e:
+        raise ValueError(f"--logger {kind} needs the {kind} package ({e}): pip install {kind}") from None
+
+
+class RunLog:
+    """Append-only JSONL (rank 0 only) with the global step; an optional logger mirrors the numbers."""
+
+    def __init__(self, path: Path, rank: int = 0, logger: str = "none", config: dict | None = None):
+        self.path, self.rank, self.global_step = Path(path), rank, 0
+        self.scalar = _hook(logger, self.path.parent, config) if rank == 0 else None
+
+    def __call__(self, record: dict) -> None:
+        if record.get("phase") in TRAINING:
+            self.global_step += 1
+        if self.rank != 0:
+            return
+        rec = finite({"time": time.time(), "global_step": self.global_step, **record})
+        with open(self.path, "a") as f:
+            f.write(json.dumps(rec, allow_nan=False) + "\n")  # allow_nan=False: a NaN we missed fails loudly
+        if self.scalar is not None:
+            for k, v in rec.items():
+                if isinstance(v, (int, float)) and not isinstance(v, bool) and k not in ("time", "global_step"):
+                    self.scalar(f"{rec.get('phase', 'run')}/{k}", v, self.global_step)
+
+
+def progress(desc: str, enabled: bool = True, every: float = 10.0):
+    """A callback for rollout(progress=...): a bar of finished episodes, redrawn at most every `every` seconds (so a
+    log file, not a terminal, gets a line every so often instead of a minute of silence)."""
+    bar = tqdm(desc=desc, disable=not enabled, leave=False, mininterval=every, unit="episode")
+
+    def update(done: int, total: int) -> None:
+        bar.total = total
+        bar.update(done - bar.n)
+        if done == total:
+            bar.close()
+
+    return update
+
+
+if __name__ == "__main__":
+    import tempfile
+
+    log = RunLog(Path(tempfile.mkdtemp()) / "log.jsonl")
+    for phase, extra in (("sft", {"loss": 0.5}), ("sft", {"loss": float("nan")}), ("eval", {"pass^1": 0.6}),
+                         ("grpo", {"ratio_min": float("inf"), "reward": 0.7})):
+        log({"phase": phase, **extra})
+    print(log.path.read_text())
+    report = progress("rollout", every=0)
+    for done in range(1, 5):
+        report(done, 4)
