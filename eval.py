@@ -13,6 +13,10 @@ Every conversation runs through rollout.rollout(), the loop training uses, then 
 (agents.py): local, a model through an engine (rollout.PolicyAgent, as in training); openai, any OpenAI-compatible
 endpoint, message-level with its own tool calling; oracle, the gold actions replayed (a harness check: all score 1).
 
+Before any episode, every endpoint in use (customer, agent) is checked once (preflight.py), and the run says where
+the tau2 data came from; transcripts are written batch by batch. An evaluation in which every episode aborted
+(an endpoint failed throughout) exits non-zero with the first error.
+
 Departure from tau2's evaluation: the reward is the DB check plus, with --check_outputs (default on here),
 the required-output check; tau2's newest NL assertions need an LLM judge and are not run.
 """
@@ -20,6 +24,8 @@ the required-output check; tau2's newest NL assertions need an LLM judge and are
 from __future__ import annotations
 
 import argparse
+import functools
+import json
 import math
 import time
 from collections import Counter
@@ -29,8 +35,10 @@ from tqdm import tqdm
 from agents import FixedUser, MessageAgent, OracleAgent, openai_act
 from config import Config
 from domains import load_worlds
+from domains.tau2_data import provenance
 from engine import make_engine
 from models import load_policy
+from preflight import PreflightError, check_customer, check_endpoint, prompt_warning
 from rollout import Episode, PolicyAgent, RolloutConfig, TrajectoryLog, rollout, score
 from tools import TRANSFER_TOOL
 from user_sim import make_user
@@ -82,14 +90,19 @@ def format_table(rows: list[tuple[str, dict]], trials: int = 1) -> str:
 
 
 def evaluate(tasks, worlds, agent, user, cfg: RolloutConfig, trials: int = 1, batch: int = 64,
-             check_outputs: bool = True, progress: bool = True) -> tuple[dict, list[Episode]]:
+             check_outputs: bool = True, progress: bool = True, log: TrajectoryLog | None = None):
     """Run every task `trials` times through rollout() (batches of `batch` tasks), score; (metrics, episodes).
-    Episode seeds depend on (cfg.seed, task, trial) only, so batching changes nothing a trial samples."""
+    Episode seeds depend on (cfg.seed, task, trial) only, so batching changes nothing a trial samples. `log`: each
+    batch's transcripts are written as soon as it is scored. The bar counts finished episodes, inside a batch too."""
     episodes = []
-    with tqdm(total=len(tasks) * trials, desc="eval", disable=not progress, leave=False) as bar:
+    with tqdm(total=len(tasks) * trials, desc="eval", disable=not progress, leave=False, mininterval=10) as bar:
         for s in range(0, len(tasks), batch):
-            episodes += score(rollout(tasks[s : s + batch], trials, worlds, agent, user, cfg), worlds, check_outputs)
-            bar.update(trials * len(tasks[s : s + batch]))
+            done = len(episodes)
+            eps = rollout(tasks[s : s + batch], trials, worlds, agent, user, cfg,
+                          progress=lambda k, n: bar.update(done + k - bar.n))
+            episodes += score(eps, worlds, check_outputs)
+            if log is not None:
+                log.write(eps)
     return summarize(episodes, trials), episodes
 
 
@@ -101,6 +114,9 @@ def main(argv=None):
     p.add_argument("--agent_model", default="", help="model name at the endpoint (agent=openai)")
     for name in ("agent_base_url", "agent_api_key", "user_model", "user_base_url", "user_api_key", "data_dir"):
         p.add_argument(f"--{name}", default="")  # empty: the environment's ($OPENAI_BASE_URL, ...) or the default
+    p.add_argument("--user_temperature", type=float, default=0.0)
+    p.add_argument("--user_max_tokens", type=int, default=512, help="tokens per customer reply (LLM customer)")
+    p.add_argument("--preflight", type=int, default=1, help="check each endpoint once before any episode (0: skip)")
     p.add_argument("--domain", default="shop", help="comma-separated names from domains.DOMAINS")
     p.add_argument("--split", default="test")
     p.add_argument("--tasks", type=int, default=0, help="first N tasks of the split (0 = all)")
@@ -123,25 +139,49 @@ def main(argv=None):
     worlds = load_worlds(Config(domains=a.domain, data_dir=a.data_dir, synthetic_seed=a.synthetic_seed,
                                 synthetic_train=0))
     tasks = [t for w in worlds.values() for t in w.tasks(a.split)][: a.tasks or None]  # --tasks 0: all
+    if a.user == "scripted" and a.agent != "oracle" and any(t.spec is None for t in tasks):  # else: all aborted
+        raise SystemExit(f"eval: the scripted customer only plays generated tasks, not {a.domain}'s: use --user llm")
+    for source in provenance(worlds):  # where the tau2 data came from
+        print(f"[data] {source['domain']}: {source['path']} (sha256 {source['sha256']}; {source['revision']})")
     cfg = RolloutConfig(max_turns=a.max_turns, max_new_tokens=a.max_new_tokens, max_context=a.max_context,
                         temperature=a.temperature, top_p=a.top_p, seed=a.seed, tools_in_prompt=bool(a.tools_in_prompt))
     # The oracle's conversation needs no customer beyond its opening line: FixedUser only says it is done.
     user = FixedUser() if a.agent == "oracle" or a.user == "fixed" else \
-        make_user(a.user, model=a.user_model or None, base_url=a.user_base_url or None, api_key=a.user_api_key or None)
+        make_user(a.user, model=a.user_model or None, base_url=a.user_base_url or None, api_key=a.user_api_key or None,
+                  temperature=a.user_temperature, max_tokens=a.user_max_tokens)
+    try:  # each endpoint once, before any episode: a misconfigured one is one line, not a table of aborted episodes
+        if a.preflight and a.user == "llm" and a.agent != "oracle":
+            check_customer(user, tasks)
+        if a.preflight and a.agent == "openai":
+            w = max(worlds.values(), key=lambda w: len(json.dumps(w.tool_schemas())))  # the longest prompt
+            first = [{"role": "system", "content": w.rules}, {"role": "user", "content": "Hello"}]
+            check_endpoint("agent", a.agent_model, first, a.max_new_tokens, w.tool_schemas(),
+                           a.agent_base_url or None, a.agent_api_key or None)
+    except PreflightError as e:
+        raise SystemExit(f"eval: {e}") from None
     t0 = time.time()
     if a.agent == "local":
         model, tok = load_policy(a.model)
         agent, name = PolicyAgent(make_engine(a.engine, model=model, tokenizer=tok, model_path=a.model), tok), a.model
+        if warning := prompt_warning(tok, worlds, a.max_context, a.max_new_tokens, bool(a.tools_in_prompt)):
+            print(warning)
     elif a.agent == "oracle":
         agent, name = MessageAgent(OracleAgent), "oracle (gold actions)"
     else:
         act = openai_act(a.agent_model, a.agent_base_url, a.agent_api_key, a.temperature, a.max_new_tokens)
         agent, name = MessageAgent(lambda task: act), a.agent_model
-    metrics, eps = evaluate(tasks, worlds, agent, user, cfg, trials=a.trials, check_outputs=bool(a.check_outputs))
-    TrajectoryLog(a.out).write(eps, phase="eval", agent=name)
+    log = TrajectoryLog(a.out)
+    log.write = functools.partial(log.write, phase="eval", agent=name)  # every line says what it evaluated
+    metrics, eps = evaluate(tasks, worlds, agent, user, cfg, trials=a.trials, check_outputs=bool(a.check_outputs),
+                            log=log)
     print(f"{len(tasks)} tasks x {a.trials} trials on {a.domain}/{a.split} in {time.time() - t0:.1f}s; "
           f"transcripts: {a.out}")
     print(format_table([(name, metrics)], a.trials))
+    errors = [e.info.get(e.stop_reason) for e in eps if e.aborted]
+    if errors and len(errors) == len(eps):  # nothing was measured: say why, and fail
+        raise SystemExit(f"eval: every episode ({len(eps)}) aborted; first error: {errors[0]}")
+    if errors:
+        print(f"warning: {len(errors)} of {len(eps)} episodes aborted (not scored); first error: {errors[0]}")
     return metrics
 
 
