@@ -105,7 +105,8 @@ def update(policy, reference, episodes, advantages, opt, cfg: Config, world_size
         loss, st = grpo_loss(logp, old_logp, ref_logp, row["adv"], mask, cfg.clip_low, cfg.clip_high,
                              cfg.kl_coef, num_tokens=max(n_tok, 1.0), entropy=ent)
         loss.backward()
-        gap = ((row["sample_logp"] - logp_seen).abs() * mask).sum().item()  # engine vs trainer, like for like
+        # engine vs trainer, like for like; clamped: a token outside the trainer's nucleus is -inf (masked or not)
+        gap = ((row["sample_logp"] - logp_seen).abs().clamp(max=1e3) * mask).sum().item()
         stats.append({**st, "loss": loss.item(), "logp_gap": gap})
     gnorm = float(torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.grad_clip))
     out = reduce_stats(stats, world_size)  # token-weighted means over every row of every rank

@@ -9,7 +9,7 @@ optimizer step and advances it; an evaluation record carries the value of the mo
 eval/pass^1 against global_step lines up with the losses. Each phase still logs its own `step` beside it.
 
 Strict JSON: Python's json writes NaN and Infinity, which are not JSON (`jq` and most JSON readers refuse the line).
-A non-finite number is logged as null instead, and its key is listed under "nonfinite".
+A non-finite number is logged as null instead, and its record's key is listed under "nonfinite".
 
 TensorBoard (torch's own SummaryWriter, which needs the `tensorboard` package) and wandb are imported only when asked
 for, so neither is a dependency; every numeric field of a record becomes the scalar "<phase>/<key>".
@@ -28,9 +28,16 @@ TRAINING = ("copy_warmup", "sft", "grpo")  # phases whose every record is one op
 
 
 def finite(record: dict) -> dict:
-    """The record with every non-finite float (also inside dicts) replaced by None, their keys under "nonfinite"."""
-    bad = [k for k, v in record.items() if isinstance(v, float) and not math.isfinite(v)]
-    out = {k: (None if k in bad else finite(v) if isinstance(v, dict) else v) for k, v in record.items()}
+    """The record with every non-finite float (in nested dicts and lists too) replaced by None; the keys that held one
+    are listed under "nonfinite"."""
+    def clean(v):
+        if isinstance(v, float):
+            return v if math.isfinite(v) else None
+        return {k: clean(x) for k, x in v.items()} if isinstance(v, dict) else [clean(x) for x in v] \
+            if isinstance(v, list) else v
+
+    out = {k: clean(v) for k, v in record.items()}
+    bad = [k for k, v in record.items() if out[k] != v or isinstance(v, float) and not math.isfinite(v)]
     return {**out, "nonfinite": bad} if bad else out
 
 
