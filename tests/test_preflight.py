@@ -13,6 +13,7 @@ import torch
 
 import eval as evaluation
 import muarl
+from conftest import TAU2, needs_tau2
 from fake_openai import FakeServer
 from preflight import Outage, PreflightError, RunStopped, check_endpoint
 from user_sim import UserError
@@ -83,6 +84,17 @@ def test_eval_with_an_agent_endpoint_lacking_tool_flags_is_one_line(tmp_path):
                          "--tasks", "2", "--out", str(tmp_path / "t.jsonl")])
     assert "--enable-auto-tool-choice --tool-call-parser hermes" in str(err.value.code)
     assert not (tmp_path / "t.jsonl").exists()  # stopped before any episode
+
+
+@needs_tau2
+def test_eval_of_tau2_tasks_with_the_scripted_customer_is_one_line(tmp_path, capsys):
+    # before: every episode aborted (the script only plays generated tasks), `pass^1 nan`, exit status 0
+    with pytest.raises(SystemExit, match="the scripted customer only plays generated tasks.*use --user llm"):
+        evaluation.main(["--model", str(tmp_path / "no-model"), "--domain", "retail", "--data_dir", str(TAU2 / "data"),
+                         "--out", str(tmp_path / "t.jsonl")])
+    evaluation.main(["--agent", "oracle", "--domain", "retail", "--data_dir", str(TAU2 / "data"), "--tasks", "2",
+                     "--out", str(tmp_path / "t.jsonl")])
+    assert f"[data] retail: {TAU2 / 'data' / 'domains' / 'retail'} (sha256 " in capsys.readouterr().out  # provenance
 
 
 def test_eval_where_every_episode_aborted_fails_and_keeps_its_transcripts(tmp_path):
@@ -156,8 +168,12 @@ def test_a_run_that_never_updated_is_not_labelled_trained(tmp_path, monkeypatch)
     out = tmp_path / "run"
     monkeypatch.setattr(muarl, "make_user", lambda *a, **k: DownUser())
     with pytest.raises(RunStopped, match="no GRPO step updated the model"):
-        muarl.main(TINY + ["--out_dir", str(out), "--steps", "2", "--eval", "false"])
+        muarl.main(TINY + ["--out_dir", str(out), "--steps", "2", "--eval", "false", "--micro_batch_tokens", "0"])
     assert json.loads((out / "final" / "muarl.json").read_text())["updates"] == 0
+    assert not (out / "results.md").exists()  # --eval false: no evaluation at all
+    # --micro_batch_tokens 0: chosen by device (a CPU here: 7,000), and saved so
+    assert json.loads((out / "config.json").read_text())["micro_batch_tokens"] == (16384 if torch.cuda.is_available()
+                                                                                   else 7000)
     skipped = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
     assert [r["reason"] for r in skipped if r["phase"] == "grpo"] == ["every group had an aborted episode"] * 2
 
