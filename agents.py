@@ -28,10 +28,9 @@ from user_sim import STOP
 
 class MessageAgent:
     """Wraps make_act(task) -> act(messages, tools[, max_tokens]) -> {"content", "tool_calls": [{"id", "function":
-    {"name", "arguments"}}], optionally "context": tokens in the conversation now} as a rollout Agent. Each episode
-    gets its own act (the oracle keeps per-task state). max_tokens is the turn's budget: max_new_tokens, or what is
-    left of max_context by the endpoint's own count (ep.context_tokens); an endpoint that says the context is full
-    ends the episode as context_full, any other failure aborts it (agent_error, the error kept in its transcript)."""
+    {"name", "arguments"}}], "context": tokens so far (optional)} as a rollout Agent; one act per episode (the oracle
+    keeps per-task state). max_tokens: max_new_tokens, or less when the endpoint's count nears max_context; a "context
+    full" answer ends the episode context_full, any other failure aborts it (agent_error, kept in its transcript)."""
 
     def __init__(self, make_act, workers: int = 8):
         self.make_act, self.workers, self.acts, self.tools = make_act, workers, {}, {}

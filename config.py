@@ -62,8 +62,7 @@ class Config:
     user_api_key: str = flag("", "LLM user API key (or $OPENAI_API_KEY)")
     user_temperature: float = flag(0.0, "LLM user sampling temperature (paper: 0)")
     user_max_tokens: int = flag(512, "LLM user: tokens per customer reply")
-    user_down_s: float = flag(600.0, "stop the run (checkpoint saved, exit 3) once the customer has failed every "
-                              "group for this long, in seconds (0: at the first such step)")
+    user_down_s: float = flag(600.0, "stop (checkpoint saved, exit 3) when the customer failed every group this long")
     preflight: bool = flag(True, "check the customer endpoint once before any work (preflight.py)")
     # GRPO. Each step samples B tasks and G episodes of each; an episode's advantage is its reward against its
     # group's, so only groups with mixed outcomes teach anything.
@@ -87,8 +86,7 @@ class Config:
     max_turns: int = flag(30, "turn cap: tool executions + user replies")
     max_new_tokens: int = flag(1024, "new tokens per agent turn")
     max_context: int = flag(32768, "tokens per conversation")
-    micro_batch_tokens: int = flag(0, "tokens per packed micro-batch row (memory knob; the step is unchanged); "
-                                   "0 = by device: 16,384 on a GPU, 7,000 on a CPU")
+    micro_batch_tokens: int = flag(0, "tokens per packed row (memory; the step is unchanged); 0: 16,384 GPU, 7,000 CPU")
     logprob_chunk: int = flag(1024, "tokens per chunk of the memory-bounded log-softmax")
     malformed: str = flag("end", "a malformed tool call: end the episode (paper) | observe (the parse error is shown)")
     tools_in_prompt: bool = flag(True, "render tool schemas into the system prompt (the tiny preset turns it off)")
@@ -148,8 +146,7 @@ def read_settings(path: str) -> dict:
     return data
 
 
-# Flags a resumed run may change without --allow_change: how long it runs, what it evaluates and logs, where the
-# customer is. Everything else shapes the training itself and must match the saved run.
+# What --resume may change without --allow_change; the rest shapes the training and must match the saved run.
 RESUMABLE = {"steps", "resume", "eval", "eval_tasks", "eval_every", "save_every", "threads", "logger", "config",
              "allow_change", "preflight", "user_base_url", "user_api_key", "user_down_s"}
 

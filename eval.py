@@ -24,7 +24,6 @@ the required-output check; tau2's newest NL assertions need an LLM judge and are
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import math
 import time
@@ -90,7 +89,7 @@ def format_table(rows: list[tuple[str, dict]], trials: int = 1) -> str:
 
 
 def evaluate(tasks, worlds, agent, user, cfg: RolloutConfig, trials: int = 1, batch: int = 64,
-             check_outputs: bool = True, progress: bool = True, log: TrajectoryLog | None = None):
+             check_outputs: bool = True, progress: bool = True, log=None):
     """Run every task `trials` times through rollout() (batches of `batch` tasks), score; (metrics, episodes).
     Episode seeds depend on (cfg.seed, task, trial) only, so batching changes nothing a trial samples. `log`: each
     batch's transcripts are written as soon as it is scored. The bar counts finished episodes, inside a batch too."""
@@ -101,8 +100,8 @@ def evaluate(tasks, worlds, agent, user, cfg: RolloutConfig, trials: int = 1, ba
             eps = rollout(tasks[s : s + batch], trials, worlds, agent, user, cfg,
                           progress=lambda k, n: bar.update(done + k - bar.n))
             episodes += score(eps, worlds, check_outputs)
-            if log is not None:
-                log.write(eps)
+            if log is not None:  # a function of a batch of episodes (eval.py: a TrajectoryLog's write)
+                log(eps)
     return summarize(episodes, trials), episodes
 
 
@@ -171,9 +170,8 @@ def main(argv=None):
         act = openai_act(a.agent_model, a.agent_base_url, a.agent_api_key, a.temperature, a.max_new_tokens)
         agent, name = MessageAgent(lambda task: act), a.agent_model
     log = TrajectoryLog(a.out)
-    log.write = functools.partial(log.write, phase="eval", agent=name)  # every line says what it evaluated
     metrics, eps = evaluate(tasks, worlds, agent, user, cfg, trials=a.trials, check_outputs=bool(a.check_outputs),
-                            log=log)
+                            log=lambda batch: log.write(batch, phase="eval", agent=name))
     print(f"{len(tasks)} tasks x {a.trials} trials on {a.domain}/{a.split} in {time.time() - t0:.1f}s; "
           f"transcripts: {a.out}")
     print(format_table([(name, metrics)], a.trials))

@@ -50,13 +50,13 @@ from domains import load_worlds, task_sets
 from domains.tau2_data import provenance
 from engine import check_vllm_model, make_engine
 from eval import evaluate, format_table
-from fsdp import all_sum, barrier, dist_setup, dist_teardown, even_rows, exit_now
-from fsdp import all_gather_episodes, full_state_dict, reduce_stats, shard
+from fsdp import all_gather_episodes, all_sum, barrier, dist_setup, dist_teardown, even_rows, exit_now, full_state_dict
+from fsdp import reduce_stats, shard
 from grpo import ADVANTAGES, grpo_loss, pack_sequences, token_advantages, token_logprobs
 from models import build_tiny, load_policy, load_reference
 from preflight import Outage, RunStopped, check_customer, prompt_warning
 from rollout import PolicyAgent, RolloutConfig, TrajectoryLog, rollout, score
-from runlog import RunLog, progress
+from runlog import RunLog
 from sampling import episode_seed
 from user_sim import make_user
 
@@ -234,9 +234,8 @@ def build_run(cfg: Config) -> SimpleNamespace:
         print(f"[data] {source['domain']}: {source['path']} (sha256 {source['sha256']}; {source['revision']})")
         log({"phase": "data", **source})
     policy, tok, model_path = build_or_load_model(cfg, worlds, out, device, dtype, rank, world_size)
-    if rank == 0 and (warning := prompt_warning(tok, worlds, cfg.max_context, cfg.max_new_tokens,
-                                                cfg.tools_in_prompt)):
-        print(warning, flush=True)
+    if rank == 0 and (warn := prompt_warning(tok, worlds, cfg.max_context, cfg.max_new_tokens, cfg.tools_in_prompt)):
+        print(warn, flush=True)
     run = SimpleNamespace(cfg=cfg, rank=rank, world_size=world_size, out=out, log=log, worlds=worlds, user=user,
                           train_tasks=train_tasks, eval_tasks=eval_tasks[: cfg.eval_tasks or None] if cfg.eval else [],
                           policy=policy, tok=tok, engine=None, results={}, sampler=TaskSampler(train_tasks, cfg.seed),
@@ -295,9 +294,11 @@ def main(argv: list[str] | None = None) -> dict:
         # 1. roll out: B tasks (every rank draws the same B and plays its share) x G conversations each
         tasks = run.sampler.next(cfg.tasks_per_step)[run.rank * per_rank : (run.rank + 1) * per_rank]
         run.policy.eval()
-        episodes = rollout(tasks, cfg.group_size, run.worlds, run.agent, run.user,
+        live = tqdm(desc=f"step {step} rollout", unit="episode", leave=False, mininterval=10, disable=run.rank != 0)
+        episodes = rollout(tasks, cfg.group_size, run.worlds, run.agent, run.user,  # the bar: finished episodes
                            rollout_cfg(cfg, seed=episode_seed(cfg.seed, "grpo", step, run.rank)),
-                           progress=progress(f"step {step} rollout", run.rank == 0))
+                           progress=lambda done, total: live.update(done - live.n))
+        live.close()
         run.engine.sleep()  # vLLM on a GPU frees its memory for the update; HFEngine drops its stored keys/values
         # 2. score: reward 1 iff the final database is the gold one
         score(episodes, run.worlds, check_outputs=cfg.train_check_outputs)

@@ -2,17 +2,12 @@
 
 A misconfigured endpoint (the customer's, or eval.py's agent) used to fail per episode: every conversation aborted,
 training skipped every update, evaluation printed `pass^1 nan%`, both exited 0. So `check_endpoint` asks it once:
-
-    1. reachable?             GET /models   (connection refused; a base URL without /v1 is a 404)
-    2. model served?          the same list (a typo, or a server started without --served-model-name)
-    3. prompt + a turn fit?   one request, the longest prompt, max_tokens=1: usage.prompt_tokens against the
-                              server's context (vLLM lists max_model_len)
-    4. tool calling on?       the agent's request carries the tools: vLLM answers 400 without its tool flags
-
-and a failure is one line saying what to run or change (PreflightError, a ValueError: the callers print it).
+1. reachable? (GET /models; a base URL without /v1 is a 404)  2. the model served? (the same list)  3. the longest
+prompt plus a turn within the server's context? (one real one-token request: usage.prompt_tokens on the server's own
+tokenizer, against the max_model_len vLLM lists)  4. tool calling on? (the agent's request carries the tools: vLLM
+answers 400 without its tool flags). A failure is one line saying what to run or change (PreflightError).
 During a run, `Outage` is the customer's downtime clock: it runs while every group of a step aborts; past its
-budget the run saves a checkpoint and stops (RunStopped, exit 3). Departure from a plain health check: step 3 spends
-one real one-token request, the only way to see the token count on that server's tokenizer and its tool parser.
+budget the run saves a checkpoint and stops (RunStopped, exit 3).
 """
 
 from __future__ import annotations
@@ -93,9 +88,8 @@ def check_customer(user, tasks: list) -> dict | None:
 
 
 def prompt_warning(tok, worlds: dict, max_context: int, max_new_tokens: int, tools_in_prompt: bool) -> str | None:
-    """A warning when the longest system prompt (rules + tool schemas, on this tokenizer) leaves under half the context:
-    the tiny tokenizer turns retail's schemas alone into ~7,700 tokens, and an episode that starts context-full trains
-    nothing."""
+    """A warning when the longest system prompt (rules + tool schemas) plus a turn fills over half the context (the
+    tiny tokenizer makes retail's schemas ~7,700 tokens; an episode that starts context-full trains nothing)."""
     import chat
 
     n = max(len(chat.prompt_ids(tok, w.rules, w.tool_schemas() if tools_in_prompt else [], ""))

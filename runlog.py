@@ -1,11 +1,9 @@
-"""Watching a run: log.jsonl with one global step, strictly valid JSON, optional TensorBoard / wandb, progress.
+"""Watching a run: log.jsonl with one global step, strictly valid JSON, optional TensorBoard / wandb.
 
 One counter, `global_step`, runs across the phases (copy drills, cold start, GRPO): each training record is one
-optimizer step and advances it; an evaluation record carries the value of the model it measured (plus the GRPO
-`step`), so eval/pass^1 plotted against global_step lines up with the losses. Python's json writes NaN and Infinity,
-which are not JSON (jq refuses the line): a non-finite number is logged as null, its key listed under "nonfinite".
-TensorBoard (torch's SummaryWriter; needs the `tensorboard` package) and wandb are imported only when asked for
-(--logger); every number of a record becomes the scalar "<phase>/<key>" at the global step.
+optimizer step; an evaluation record carries the value of the model it measured (and its GRPO `step`). Python's json
+writes NaN and Infinity, which are not JSON (jq refuses the line): they are logged as null, listed under "nonfinite".
+TensorBoard (torch's SummaryWriter; needs `tensorboard`) and wandb are imported only when asked for (--logger).
 """
 
 from __future__ import annotations
@@ -14,8 +12,6 @@ import json
 import math
 import time
 from pathlib import Path
-
-from tqdm import tqdm
 
 TRAINING = ("copy_warmup", "sft", "grpo")  # phases whose every record is one optimizer step
 
@@ -36,10 +32,8 @@ def finite(record: dict) -> dict:
 
 def _hook(kind: str, out: Path, config: dict | None):
     """The optional logger: a function record -> None, or None for "none". Imported here, only when asked for."""
-    if kind == "none":
+    if kind == "none":  # (config.validate allows none, tensorboard, wandb)
         return None
-    if kind not in ("tensorboard", "wandb"):
-        raise ValueError(f"--logger must be one of none, tensorboard, wandb, got {kind!r}")  # (config.py checks too)
     try:
         if kind == "tensorboard":
             from torch.utils.tensorboard import SummaryWriter
@@ -73,19 +67,6 @@ class RunLog:
             for k, v in rec.items():
                 if isinstance(v, (int, float)) and not isinstance(v, bool) and k not in ("time", "global_step"):
                     self.scalar(f"{rec.get('phase', 'run')}/{k}", v, self.global_step)
-
-
-def progress(desc: str, enabled: bool = True, every: float = 10.0):
-    """rollout(progress=...): a bar of finished episodes, redrawn at most every `every` s (a line, in a log file)."""
-    bar = tqdm(desc=desc, disable=not enabled, leave=False, mininterval=every, unit="episode")
-
-    def update(done: int, total: int) -> None:
-        bar.total = total
-        bar.update(done - bar.n)
-        if done == total:
-            bar.close()
-
-    return update
 
 
 if __name__ == "__main__":  # python runlog.py: four records, their global steps, NaN and Infinity as null
