@@ -217,8 +217,6 @@ def build_run(cfg: Config) -> SimpleNamespace:
     random.seed(cfg.seed + rank)
     np.random.seed(cfg.seed + rank)
     torch.manual_seed(cfg.seed)  # the same on every rank: a tiny model is initialised identically everywhere
-    if rank == 0:
-        save_config(out, cfg)  # a changed configuration keeps the previous file beside it (config.py)
     log = RunLog(out / "log.jsonl", rank, cfg.logger, dataclasses.asdict(cfg))  # one global step; strict JSON
 
     worlds = load_worlds(cfg)
@@ -230,6 +228,8 @@ def build_run(cfg: Config) -> SimpleNamespace:
                      max_tokens=cfg.user_max_tokens)
     if cfg.preflight and (ok := check_customer(user, train_tasks + eval_tasks)):  # a bad endpoint stops us here
         print(f"[preflight] customer {ok['model']} at {ok['base_url']}: ok ({ok})", flush=True)
+    if rank == 0:
+        save_config(out, cfg)  # a changed configuration keeps the previous file beside it (config.py)
     for source in provenance(worlds):  # where the tau2 data came from, printed and logged
         print(f"[data] {source['domain']}: {source['path']} (sha256 {source['sha256']}; {source['revision']})")
         log({"phase": "data", **source})

@@ -61,7 +61,13 @@ class DataSource:
         return data
 
     def describe(self) -> dict:
-        """Where this domain's data came from: the path, a hash over the files read, the tasks' known revision."""
+        """Where this domain's data came from: the path, a hash over its files (the four every tau2 domain of this
+        project reads, and any other read), and which known revision its tasks.json is."""
+        for name in {"db.json", "policy.md", "tasks.json", "split_tasks.json"} - set(self.digests):
+            try:
+                self.read_bytes(name)  # records its digest
+            except (FileNotFoundError, KeyError):  # (a zip says KeyError) a domain without that file
+                pass
         content = hashlib.sha256(json.dumps(sorted(self.digests.items())).encode()).hexdigest()[:16]
         tasks = self.digests.get("tasks.json")
         return {"domain": self.domain, "source": "wheel" if self.wheel else "folder", "path": str(self.folder or
