@@ -117,8 +117,8 @@ class Outage:
         if now is None or now - self.since < self.budget_s:
             return None
         return (f"{self.what} has failed every conversation for {now - self.since:.0f} s (budget --user_down_s "
-                f"{self.budget_s:g}); last error: {last_error[:200].rstrip('.')}. Checkpoint saved: fix the endpoint, then rerun "
-                "with --resume")
+                f"{self.budget_s:g}); last error: {last_error[:200].rstrip('.')}. Checkpoint saved: fix the endpoint, "
+                "then rerun with --resume")
 
 
 # ---------------------------------------------------------------------------------------------------------------
