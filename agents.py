@@ -13,6 +13,7 @@ Message-level agents have no token stream: their episodes carry messages, tool c
 
 from __future__ import annotations
 
+import inspect
 import json
 from concurrent.futures import ThreadPoolExecutor
 
@@ -27,8 +28,10 @@ from user_sim import STOP, ScriptedUser
 
 
 class MessageAgent:
-    """Wraps make_act(task) -> act(messages, tools) -> {"content", "tool_calls": [{"id", "function": {"name",
-    "arguments"}}]} as a rollout Agent. Each episode gets its own act (the oracle keeps per-task state)."""
+    """Wraps make_act(task) -> act(messages, tools[, max_tokens]) -> {"content", "tool_calls": [{"id", "function":
+    {"name", "arguments"}}], "context": tokens so far (optional)} as a rollout Agent; one act per episode (the oracle
+    keeps per-task state). max_tokens: max_new_tokens, or less when the endpoint's count nears max_context; a "context
+    full" answer ends the episode context_full, any other failure aborts it (agent_error, kept in its transcript)."""
 
     def __init__(self, make_act, workers: int = 8):
         self.make_act, self.workers, self.acts = make_act, workers, {}
@@ -36,12 +39,18 @@ class MessageAgent:
     def begin(self, ep, rules, schemas, first):
         self.acts[id(ep)] = self.make_act(ep.task)
 
-    def _one(self, ep) -> ParsedTurn | Exception:
-        try:  # the agent's view: never the customer's own tool calls and results (dual-control worlds); the tools
-            # the episode shows now (BFCL reveals some later): an endpoint's tool calling needs their schemas
-            msg = self.acts[id(ep)]([m for m in ep.messages if not customer_only(m)], ep.env.tool_schemas(ep.messages))
+    def _one(self, ep, cfg) -> ParsedTurn | Exception:
+        act, budget = self.acts[id(ep)], max(1, min(cfg.max_new_tokens, cfg.max_context - ep.context_tokens))
+        # the agent's view: never the customer's own tool calls and results (dual-control worlds); the tools the
+        # episode shows now (BFCL reveals some later): an endpoint's tool calling needs their schemas
+        msgs, tools = [m for m in ep.messages if not customer_only(m)], ep.env.tool_schemas(ep.messages)
+        try:  # an act(messages, tools) without a max_tokens parameter (the oracle's) is called without it
+            takes = "max_tokens" in inspect.signature(act).parameters
+            msg = act(msgs, tools, **({"max_tokens": budget} if takes else {}))
         except Exception as e:  # noqa: BLE001 - an endpoint failure aborts this episode, not the evaluation
+            e.context_full = "maximum context length" in str(e)  # the phrase of vLLM's and OpenAI's HTTP 400
             return e
+        ep.context_tokens = msg.get("context") or ep.context_tokens
         calls, errors = [], []
         for c in msg.get("tool_calls") or []:
             name, args = c["function"]["name"], c["function"]["arguments"]
@@ -53,7 +62,7 @@ class MessageAgent:
 
     def act(self, episodes, cfg):
         with ThreadPoolExecutor(max_workers=max(1, min(self.workers, len(episodes)))) as pool:
-            return list(pool.map(self._one, episodes))
+            return list(pool.map(self._one, episodes, [cfg] * len(episodes)))
 
     def observe(self, ep, messages):
         pass  # no token stream: the episode's messages are the whole record
@@ -72,16 +81,18 @@ def _wire(messages: list[dict]) -> list[dict]:
 
 
 def openai_act(model: str, base_url: str | None, api_key: str | None, temperature: float = 0.0, max_tokens: int = 1024):
-    """act() over any OpenAI-compatible chat endpoint, with the endpoint's native tool calling. A `vllm serve`
-    endpoint needs `--enable-auto-tool-choice --tool-call-parser hermes` for tool calls."""
+    """act() over any OpenAI-compatible chat endpoint, with the endpoint's native tool calling. A vLLM server needs
+    `--enable-auto-tool-choice --tool-call-parser hermes` for tool calls (README "Endpoints"; preflight.py checks).
+    Every request sends max_tokens (else a reply may fill the context); "context" is the endpoint's token count."""
     import openai  # optional dependency: only endpoint agents need it
 
     client = openai.OpenAI(base_url=base_url or None, api_key=api_key or "EMPTY", timeout=120, max_retries=3)
 
-    def act(messages, tools):
-        msg = client.chat.completions.create(model=model, messages=_wire(messages), tools=tools,
-                                             temperature=temperature, max_tokens=max_tokens).choices[0].message
-        return {"content": msg.content or "", "tool_calls": [
+    def act(messages, tools, max_tokens=max_tokens):
+        resp = client.chat.completions.create(model=model, messages=_wire(messages), tools=tools,
+                                              temperature=temperature, max_tokens=max_tokens)
+        msg = resp.choices[0].message
+        return {"content": msg.content or "", "context": getattr(resp.usage, "total_tokens", 0), "tool_calls": [
             {"id": c.id, "function": {"name": c.function.name, "arguments": c.function.arguments}}
             for c in (msg.tool_calls or [])]}
 

@@ -23,13 +23,19 @@ from fsdp import barrier, full_state_dict
 
 
 class TaskSampler:
-    """Tasks in epochs, each a shuffle seeded by (seed, epoch), so (epoch, pos) alone is where a run is in them."""
+    """Tasks in epochs, each a shuffle seeded by (seed, epoch), so (epoch, pos) alone is where a run is in them; plus
+    `again`, the ids of tasks handed back (their group aborted: not consumed), drawn first."""
 
     def __init__(self, tasks: list, seed: int):
-        self.tasks, self.seed, self.epoch, self.pos = tasks, seed, 0, 0
+        self.tasks, self.seed, self.epoch, self.pos, self.again = tasks, seed, 0, 0, []
+        self.by_id = {getattr(t, "id", t): t for t in tasks}
+
+    def put_back(self, ids: list) -> None:
+        self.again += ids
 
     def next(self, n: int) -> list:
-        out = []
+        out = [self.by_id[i] for i in self.again[:n]]
+        self.again = self.again[n:]
         while len(out) < n:  # a draw that runs past the end of an epoch goes on into the next one
             order = list(range(len(self.tasks)))
             random.Random(self.seed * 100003 + self.epoch).shuffle(order)  # its own generator: global ones untouched
@@ -60,7 +66,8 @@ def save_checkpoint(out: Path, step: int, policy, opt, sampler: TaskSampler, ext
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     rng = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
-    resume = {"step": step, "sampler": {"epoch": sampler.epoch, "pos": sampler.pos}, "rng": rng, **extra}
+    resume = {"step": step, "sampler": {"epoch": sampler.epoch, "pos": sampler.pos, "again": sampler.again}, "rng": rng,
+              **extra}
     for name, obj in [("model.pt", state), ("optim.pt", optim), ("state.pt", resume)]:
         torch.save(obj, tmp / name)
     if latest.exists() and json.loads(latest.read_text())["path"] == final.name:
@@ -113,7 +120,8 @@ def load_checkpoint(out: Path, policy, opt, sampler: TaskSampler, world_size: in
     else:
         policy.load_state_dict(model_sd)
         opt.load_state_dict(optim_sd)
-    sampler.epoch, sampler.pos = state["sampler"]["epoch"], state["sampler"]["pos"]
+    sampler.epoch, sampler.pos, sampler.again = state["sampler"]["epoch"], state["sampler"]["pos"], \
+        state["sampler"].get("again", [])
     random.setstate(state["rng"]["python"])
     np.random.set_state(state["rng"]["numpy"])
     torch.set_rng_state(state["rng"]["torch"])

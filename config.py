@@ -5,6 +5,11 @@ at most 30 turns, 32,768-token context, 1,024 new tokens per turn). `--model tin
 every field the command line did not set. `validate` rejects a configuration that cannot work with one line,
 before anything is built (muarl.py prints it and exits with status 2).
 
+Where a value comes from, last wins: the default (or the tiny preset), `--config run.json` (a JSON or YAML file of
+field: value), the command line. `--resume` starts from the run's saved config.json instead of the defaults: a flag
+given again must match it unless it is one a resumed run may change (RESUMABLE, e.g. --steps) or named in
+--allow_change; `save_config` never overwrites a different config.json silently (the old one is kept beside it).
+
     python config.py --model tiny --steps 5      # prints the resolved config
 """
 
@@ -12,7 +17,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from domains import DOMAINS
 from grpo import ADVANTAGES
@@ -45,6 +52,7 @@ class Config:
     synthetic_test_users: int = flag(10, "synthetic world: of those, users kept for the held-out tasks")
     lazy_rate: float = flag(0.6, "shop world: how often its cold-start annotator writes the default, not the "
                             "customer's choice")
+    eval: bool = flag(True, "evaluate before and after training (false: never, whatever --eval_tasks says)")
     eval_tasks: int = flag(200, "held-out tasks per evaluation (test split), 0 = all")
     # The simulated customer: a script (for generated tasks, whose goal is structured) or a language model behind
     # any OpenAI-compatible endpoint (the paper's idea: it omits details, changes its mind, insists).
@@ -53,6 +61,9 @@ class Config:
     user_base_url: str = flag("", "LLM user endpoint (or $OPENAI_BASE_URL)")
     user_api_key: str = flag("", "LLM user API key (or $OPENAI_API_KEY)")
     user_temperature: float = flag(0.0, "LLM user sampling temperature (paper: 0)")
+    user_max_tokens: int = flag(512, "LLM user: tokens per customer reply")
+    user_down_s: float = flag(600.0, "stop (checkpoint saved, exit 3) when the customer failed every group this long")
+    preflight: bool = flag(True, "check the customer endpoint once before any work (preflight.py)")
     # GRPO. Each step samples B tasks and G episodes of each; an episode's advantage is its reward against its
     # group's, so only groups with mixed outcomes teach anything.
     group_size: int = flag(8, "G: rollouts per task")
@@ -75,7 +86,7 @@ class Config:
     max_turns: int = flag(30, "turn cap: tool executions + user replies")
     max_new_tokens: int = flag(1024, "new tokens per agent turn")
     max_context: int = flag(32768, "tokens per conversation")
-    micro_batch_tokens: int = flag(16384, "tokens per packed micro-batch row (memory knob; the step is unchanged)")
+    micro_batch_tokens: int = flag(0, "tokens per packed row (memory; the step is unchanged); 0: 16,384 GPU, 7,000 CPU")
     logprob_chunk: int = flag(1024, "tokens per chunk of the memory-bounded log-softmax")
     malformed: str = flag("end", "a malformed tool call: end the episode (paper) | observe (the parse error is shown)")
     tools_in_prompt: bool = flag(True, "render tool schemas into the system prompt (the tiny preset turns it off)")
@@ -103,6 +114,9 @@ class Config:
     copy_lr: float = flag(3e-3, "tiny model: learning rate of the copy drills (cosine)")
     tiny_intermediate: int = flag(768, "tiny model: MLP width")
     threads: int = flag(0, "torch CPU threads (0 = torch's default; 1 is fastest on a busy 2-core machine)")
+    logger: str = flag("none", "also log to: none | tensorboard (torch's SummaryWriter, out_dir/tensorboard) | wandb")
+    config: str = flag("", "a JSON (or YAML) file of field: value; the command line overrides it")
+    allow_change: str = flag("", "--resume: comma-separated flags that may differ from the saved config.json")
 
 
 # The CPU preset of `--model tiny`: applied to every field the command line did not set. A 2-layer model built
@@ -117,6 +131,26 @@ TINY = dict(
 )
 
 
+def read_settings(path: str) -> dict:
+    """A --config file: {field: value} in JSON (or YAML), each checked against Config's fields and types."""
+    types = {f.name: type(f.default) for f in dataclasses.fields(Config)}
+    try:
+        text = Path(path).read_text()
+        data = __import__("yaml").safe_load(text) if path.endswith((".yaml", ".yml")) else json.loads(text)
+        bad = next((k for k, v in data.items() if k not in types or not isinstance(v, types[k])
+                    and not (types[k] is float and type(v) is int)), None)
+    except (OSError, ValueError, ImportError, AttributeError) as e:  # no file, not JSON / YAML, not a mapping
+        raise ConfigError(f"--config {path}: {e}") from None
+    if bad is not None:
+        raise ConfigError(f"--config {path}: {bad!r} is not a setting of type {types.get(bad, '?')}: {data[bad]!r}")
+    return data
+
+
+# What --resume may change without --allow_change; the rest shapes the training and must match the saved run.
+RESUMABLE = {"steps", "resume", "eval", "eval_tasks", "eval_every", "save_every", "threads", "logger", "config",
+             "allow_change", "preflight", "user_base_url", "user_api_key", "user_down_s"}
+
+
 def parse_config(argv: list[str] | None = None) -> Config:
     p = argparse.ArgumentParser(description="MUA-RL: GRPO with a simulated user in the loop", allow_abbrev=False)
     for f in dataclasses.fields(Config):
@@ -125,10 +159,31 @@ def parse_config(argv: list[str] | None = None) -> Config:
             dict(type=type(f.default))
         p.add_argument(f"--{f.name}", default=None, help=f.metadata["help"], **extra)
     # Flags default to None, so "not given" can be told from "given the default value": the tiny preset fills only
-    # what the command line left out.
+    # what the command line (and a --config file under it) left out.
     given = {k: v for k, v in vars(p.parse_args(argv)).items() if v is not None}
+    given = {**read_settings(given["config"]), **given} if given.get("config") else given
     base = dataclasses.replace(Config(), **TINY) if given.get("model", Config.model) == "tiny" else Config()
+    saved_file = Path(given.get("out_dir", base.out_dir)) / "config.json"
+    if given.get("resume") and saved_file.is_file():  # --resume: the saved run's configuration, not the defaults
+        saved = json.loads(saved_file.read_text())
+        free = RESUMABLE | set(given.get("allow_change", "").split(","))
+        for k, v in given.items():
+            if k in saved and k not in free and saved[k] != v:
+                raise ConfigError(f"--{k} {v!r} differs from the resumed run's {saved[k]!r} ({saved_file}): drop the "
+                                  f"flag to resume as saved, or allow the change with --allow_change {k}")
+        known = {f.name for f in dataclasses.fields(Config)}  # a field since removed is ignored
+        base = dataclasses.replace(Config(), **{k: v for k, v in saved.items() if k in known})
     return dataclasses.replace(base, **given)
+
+
+def save_config(out: Path, cfg: Config) -> None:
+    """Write out/config.json; a different one already there is kept as config.N.json, and that is said."""
+    path, text = Path(out) / "config.json", json.dumps(dataclasses.asdict(cfg), indent=2)
+    if path.is_file() and path.read_text() != text:
+        n = next(i for i in range(1, 10**6) if not path.with_name(f"config.{i}.json").exists())
+        path.rename(path.with_name(f"config.{n}.json"))
+        print(f"[config] {path} changed: the previous one is kept as config.{n}.json", flush=True)
+    path.write_text(text)
 
 
 def _bool(s: str) -> bool:
@@ -149,6 +204,7 @@ def validate(cfg: Config, world_size: int = 1) -> None:
     generators = [d for d in DOMAINS if DOMAINS[d].generator]
     choices = {"advantage": tuple(ADVANTAGES), "user": ("scripted", "llm"), "tasks": ("train", "synthetic"),
                "malformed": ("end", "observe"), "engine": ("auto", "hf", "vllm"),
+               "logger": ("none", "tensorboard", "wandb"),
                "dtype": ("auto", "float32", "bfloat16")}
     # (holds, what to say otherwise), checked in order: the first one that fails is reported
     checks = [
@@ -168,10 +224,11 @@ def validate(cfg: Config, world_size: int = 1) -> None:
         # NaN fails every comparison: `--kl_coef nan` is refused like `--kl_coef -1` (or a gradient-flipping clip)
         *[(getattr(cfg, k) >= 0, f"--{k} must be >= 0, got {getattr(cfg, k)}") for k in ("copy_warmup", "steps",
           "grad_clip", "temperature", "clip_high", "kl_coef", "weight_decay", "eval_tasks", "eval_every", "save_every",
+          "micro_batch_tokens", "user_down_s",
           "sft_epochs", "threads", "turn_bonus", "user_temperature", "synthetic_train", "synthetic_test", "copy_lr",
           "sft_lr")],
         *[(getattr(cfg, k) > 0, f"--{k} must be positive, got {getattr(cfg, k)}") for k in ("lr", "max_new_tokens",
-          "max_context", "micro_batch_tokens", "max_turns", "logprob_chunk", "sft_batch", "tiny_hidden",
+          "max_context", "user_max_tokens", "max_turns", "logprob_chunk", "sft_batch", "tiny_hidden",
           "tiny_layers", "tiny_vocab", "tiny_intermediate", "synthetic_users")],
         (0 < cfg.top_p <= 1, f"--top_p must be in (0, 1], got {cfg.top_p}"),
         (0 <= cfg.clip_low < 1, f"--clip_low must be in [0, 1), got {cfg.clip_low}"),

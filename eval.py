@@ -17,6 +17,10 @@ With several domains (`--domain retail,telecom`) the table has one row per domai
 completion column is telecom's task completion rate (the share of a task's assertions met, the paper's second figure).
 In telecom the customer acts on its phone: the scripted one (domains/telecom_user.py) or an LLM with the user tools.
 
+Before any episode, every endpoint in use (customer, agent) is checked once (preflight.py), and the run says where
+the tau2 data came from; transcripts are written batch by batch. An evaluation in which every episode aborted
+(an endpoint failed throughout) exits non-zero with the first error.
+
 Departure from tau2's evaluation: the reward is the DB check plus, with --check_outputs (default on here),
 the required-output check; tau2's newest NL assertions need an LLM judge and are not run.
 """
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import math
 import sys
 import time
@@ -34,9 +39,11 @@ from tqdm import tqdm
 
 from agents import FixedUser, MessageAgent, OracleAgent, openai_act
 from config import Config
-from domains import BENCHES, load_worlds
+from domains import BENCHES, load_worlds, script_for
+from domains.tau2_data import provenance
 from engine import make_engine
 from models import load_policy
+from preflight import PreflightError, check_customer, check_endpoint, prompt_warning
 from rollout import Episode, PolicyAgent, RolloutConfig, TrajectoryLog, rollout, score
 from tools import TRANSFER_TOOL
 from user_sim import make_user
@@ -93,14 +100,19 @@ def format_table(rows: list[tuple[str, dict]], trials: int = 1) -> str:
 
 
 def evaluate(tasks, worlds, agent, user, cfg: RolloutConfig, trials: int = 1, batch: int = 64,
-             check_outputs: bool = True, progress: bool = True) -> tuple[dict, list[Episode]]:
+             check_outputs: bool = True, progress: bool = True, log=None):
     """Run every task `trials` times through rollout() (batches of `batch` tasks), score; (metrics, episodes).
-    Episode seeds depend on (cfg.seed, task, trial) only, so batching changes nothing a trial samples."""
+    Episode seeds depend on (cfg.seed, task, trial) only, so batching changes nothing a trial samples. `log`: each
+    batch's transcripts are written as soon as it is scored. The bar counts finished episodes, inside a batch too."""
     episodes = []
-    with tqdm(total=len(tasks) * trials, desc="eval", disable=not progress, leave=False) as bar:
+    with tqdm(total=len(tasks) * trials, desc="eval", disable=not progress, leave=False, mininterval=10) as bar:
         for s in range(0, len(tasks), batch):
-            episodes += score(rollout(tasks[s : s + batch], trials, worlds, agent, user, cfg), worlds, check_outputs)
-            bar.update(trials * len(tasks[s : s + batch]))
+            done = len(episodes)
+            eps = rollout(tasks[s : s + batch], trials, worlds, agent, user, cfg,
+                          progress=lambda k, n: bar.update(done + k - bar.n))
+            episodes += score(eps, worlds, check_outputs)
+            if log is not None:  # a function of a batch of episodes (eval.py: a TrajectoryLog's write)
+                log(eps)
     return summarize(episodes, trials), episodes
 
 
@@ -112,6 +124,9 @@ def main(argv=None):
     p.add_argument("--agent_model", default="", help="model name at the endpoint (agent=openai)")
     for name in ("agent_base_url", "agent_api_key", "user_model", "user_base_url", "user_api_key", "data_dir"):
         p.add_argument(f"--{name}", default="")  # empty: the environment's ($OPENAI_BASE_URL, ...) or the default
+    p.add_argument("--user_temperature", type=float, default=0.0)
+    p.add_argument("--user_max_tokens", type=int, default=512, help="tokens per customer reply (LLM customer)")
+    p.add_argument("--preflight", type=int, default=1, help="check each endpoint once before any episode (0: skip)")
     p.add_argument("--domain", default="shop", help="comma-separated names from domains.DOMAINS")
     p.add_argument("--bench", default="", choices=["", *BENCHES], help="a benchmark of domains.BENCHES: its domain, "
                    "its conversation rules, its figures (e.g. BFCL's accuracy per category); replaces --domain")
@@ -149,12 +164,33 @@ def main(argv=None):
     cfg = dataclasses.replace(cfg, **bench.rollout) if bench else cfg  # e.g. BFCL runs every call of a step
     # The oracle's conversation needs no customer beyond its opening line: FixedUser only says it is done (a bench's
     # customer, e.g. BFCL's scripted turns, plays it to the end).
+    if a.user == "scripted" and a.agent != "oracle":  # a task no script plays would abort: say so now
+        try:
+            for t in tasks:
+                script_for(t)
+        except ValueError:
+            raise SystemExit(f"eval: the scripted customer does not play {a.domain}'s tasks: use --user llm") from None
+    for source in provenance(worlds):  # where the tau2 data came from
+        print(f"[data] {source['domain']}: {source['path']} (sha256 {source['sha256']}; {source['revision']})")
     user = FixedUser() if (a.agent == "oracle" and not (bench and bench.oracle)) or a.user == "fixed" else \
-        make_user(a.user, model=a.user_model or None, base_url=a.user_base_url or None, api_key=a.user_api_key or None)
+        make_user(a.user, model=a.user_model or None, base_url=a.user_base_url or None, api_key=a.user_api_key or None,
+                  temperature=a.user_temperature, max_tokens=a.user_max_tokens)
+    try:  # each endpoint once, before any episode: a misconfigured one is one line, not a table of aborted episodes
+        if a.preflight and a.user == "llm" and a.agent != "oracle":
+            check_customer(user, tasks)
+        if a.preflight and a.agent == "openai":
+            w = max(worlds.values(), key=lambda w: len(json.dumps(w.tool_schemas())))  # the longest prompt
+            first = [{"role": "system", "content": w.rules}, {"role": "user", "content": "Hello"}]
+            check_endpoint("agent", a.agent_model, first, a.max_new_tokens, None if bench and bench.agent else
+                           w.tool_schemas(), a.agent_base_url or None, a.agent_api_key or None)  # (ACEBench: text)
+    except PreflightError as e:
+        raise SystemExit(f"eval: {e}") from None
     t0 = time.time()
     if a.agent == "local":
         model, tok = load_policy(a.model)
         agent, name = PolicyAgent(make_engine(a.engine, model=model, tokenizer=tok, model_path=a.model), tok), a.model
+        if warning := prompt_warning(tok, worlds, a.max_context, a.max_new_tokens, bool(a.tools_in_prompt)):
+            print(warning)
     elif a.agent == "oracle":
         agent, name = MessageAgent(bench.oracle if bench and bench.oracle else OracleAgent), "oracle (gold actions)"
     else:
@@ -164,8 +200,9 @@ def main(argv=None):
         agent = bench.agent(a.agent, engine=getattr(agent, "engine", None), tokenizer=getattr(agent, "tok", None),
                             model=a.agent_model, base_url=a.agent_base_url, api_key=a.agent_api_key,
                             max_new_tokens=a.max_new_tokens, temperature=a.temperature)
-    metrics, eps = evaluate(tasks, worlds, agent, user, cfg, trials=a.trials, check_outputs=bool(a.check_outputs))
-    TrajectoryLog(a.out).write(eps, phase="eval", agent=name)
+    log = TrajectoryLog(a.out)
+    metrics, eps = evaluate(tasks, worlds, agent, user, cfg, trials=a.trials, check_outputs=bool(a.check_outputs),
+                            log=lambda batch: log.write(batch, phase="eval", agent=name))
     print(f"{len(tasks)} tasks x {a.trials} trials on {a.domain}/{a.split} in {time.time() - t0:.1f}s; "
           f"transcripts: {a.out}")
     # one row per domain, as the paper's table has (pass^1..k, completion rate), then all domains together
@@ -176,6 +213,11 @@ def main(argv=None):
         extra, text = bench.summary(eps)
         metrics.update(extra)
         print(text)
+    errors = [e.info.get(e.stop_reason) for e in eps if e.aborted]
+    if errors and len(errors) == len(eps):  # nothing was measured: say why, and fail
+        raise SystemExit(f"eval: every episode ({len(eps)}) aborted; first error: {errors[0]}")
+    if errors:
+        print(f"warning: {len(errors)} of {len(eps)} episodes aborted (not scored); first error: {errors[0]}")
     return metrics
 
 

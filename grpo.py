@@ -26,6 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from sampling import sampler_logprobs
+
 # ---------------------------------------------------------------------------------------------------------------
 # 1. Group-relative advantages
 
@@ -137,24 +139,31 @@ def pad_sequences(seqs: list[list[int]], masks: list[list[int]], batch_size: int
 # gradient any method needs. Not bounded here: the body's own activations, (B, T, H) per layer.
 
 
-def _chunk_logprobs(head, h, targets, temperature: float, want_entropy: bool):
-    """(log p(target),) for n tokens from their hidden states h (n, H); with want_entropy, (logp, entropy)."""
-    logits = head(h).float() / temperature  # (n, V): fp32 for log_softmax's range; / temperature as the sampler did
-    logp_all = torch.log_softmax(logits, dim=-1)  # (n, V)
+def _chunk_logprobs(head, h, targets, temperature: float, want_entropy: bool, sampler=None):
+    """(log p(target),) for n tokens from their hidden states h (n, H); with want_entropy, (logp, entropy); with
+    sampler = (temperature, top_p) too, (logp, entropy, the target's log-prob under the sampler's distribution)."""
+    raw = head(h).float()  # (n, V): fp32 for log_softmax's range
+    logp_all = torch.log_softmax(raw / temperature, dim=-1)  # (n, V)
     logp = logp_all.gather(-1, targets[:, None]).squeeze(-1)  # (n,)
     if not want_entropy:
         return (logp,)
-    with torch.no_grad():  # entropy is a diagnostic; no gradient flows through it
+    with torch.no_grad():  # diagnostics; no gradient flows through them
         entropy = -(logp_all.exp() * logp_all).sum(-1)  # (n,)
-    return logp, entropy
+        if sampler is None:
+            return logp, entropy
+        same = sampler[1] >= 1.0 and (sampler[0] or 1.0) == temperature  # the sampler drew from this distribution
+        seen = logp.detach() if same else sampler_logprobs(raw, *sampler).gather(-1, targets[:, None]).squeeze(-1)
+    return logp, entropy, seen  # seen: (n,)
 
 
 def token_logprobs(model, input_ids, attention_mask=None, position_ids=None, chunk_size: int = 1024,
-                   temperature: float = 1.0, return_entropy: bool = False):
+                   temperature: float = 1.0, return_entropy: bool = False, sampler: tuple | None = None):
     """(B, T) log-probs: out[:, t] = log p(input_ids[:, t] | input_ids[:, :t]); out[:, 0] = 0. For Hugging Face
     causal LMs with logits = lm_head(final hidden state) (Qwen3, Llama, ...): body = model.get_decoder(), head =
     model.get_output_embeddings(). With position_ids (packed rows) each episode's first token gets 0 too (logp,
-    entropy). chunk_size counts tokens (rows flattened): memory does not grow with B. return_entropy: (logp, ent)."""
+    entropy). chunk_size counts tokens (rows flattened): memory does not grow with B. return_entropy: (logp, ent);
+    with sampler=(temperature, top_p) as well: (logp, ent, log-probs under the rollout sampler's distribution), what
+    the engine reported for the same tokens (their gap checks that the engine holds the trainer's weights)."""
     body, head = model.get_decoder(), model.get_output_embeddings()
     B, T = input_ids.shape
     if T < 2:
@@ -167,7 +176,7 @@ def token_logprobs(model, input_ids, attention_mask=None, position_ids=None, chu
     use_ckpt = torch.is_grad_enabled() and (h.requires_grad or any(p.requires_grad for p in head.parameters()))
     outs = []
     for s in range(0, h.shape[0], chunk_size):
-        args = (head, h[s:s + chunk_size], targets[s:s + chunk_size], temperature, return_entropy)
+        args = (head, h[s:s + chunk_size], targets[s:s + chunk_size], temperature, return_entropy, sampler)
         outs.append(checkpoint(_chunk_logprobs, *args, use_reentrant=False) if use_ckpt else _chunk_logprobs(*args))
     cols = [F.pad(torch.cat(parts).view(B, T - 1), (1, 0)) for parts in zip(*outs)]  # (B, T) each: position 0 -> 0
     if position_ids is not None:

