@@ -53,6 +53,8 @@ from grpo import ADVANTAGES, grpo_loss, pack_sequences, token_advantages, token_
 from models import build_tiny, load_policy, load_reference
 from rollout import PolicyAgent, RolloutConfig, TrajectoryLog, rollout, score
 from sampling import episode_seed
+from customer import serve_customer
+from serve import ServeError
 from user_sim import make_user
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -217,10 +219,13 @@ def build_run(cfg: Config) -> SimpleNamespace:
     train_tasks, eval_tasks = task_sets(cfg, worlds)
     if not train_tasks:
         raise ConfigError(f"no training tasks in {cfg.domains}")
-    user = make_user(cfg.user, model=cfg.user_model or None, base_url=cfg.user_base_url or None,
-                     api_key=cfg.user_api_key or None, temperature=cfg.user_temperature, seed=cfg.seed)
+    server = serve_customer(cfg.user_serve, out, train_tasks, cfg.seed, log) if cfg.user_serve and rank == 0 else None
+    user = make_user(cfg.user, model="customer" if server else cfg.user_model or None, temperature=cfg.user_temperature,
+                     base_url=server.base_url if server else cfg.user_base_url or None, api_key=cfg.user_api_key or None,
+                     seed=None if server else cfg.seed)  # a served customer samples: no two trials need be the same
     policy, tok, model_path = build_or_load_model(cfg, worlds, out, device, dtype, rank, world_size)
     run = SimpleNamespace(cfg=cfg, rank=rank, world_size=world_size, out=out, log=log, worlds=worlds, user=user,
+                          server=server,
                           train_tasks=train_tasks, eval_tasks=eval_tasks[: cfg.eval_tasks or None], policy=policy,
                           tok=tok, engine=None, results={}, sampler=TaskSampler(train_tasks, cfg.seed),
                           episodes_log=TrajectoryLog(out / f"episodes-rank{rank}.jsonl"))
@@ -328,6 +333,8 @@ def finish(run) -> dict:
         save_checkpoint(run.out, cfg.steps, run.policy, run.opt, run.sampler, {"results": run.results},
                         run.world_size, run.rank)
     save_pretrained(run.policy, run.tok, run.out / "final", run.world_size, run.rank)
+    if run.server is not None:
+        run.server.stop()  # (also stopped at exit, on an error or Ctrl-C: serve.ModelServer registers that)
     if run.rank == 0 and run.results:
         table = format_table(list(run.results.items()))
         (run.out / "results.md").write_text(table + "\n")
@@ -340,6 +347,6 @@ if __name__ == "__main__":
     try:
         main()
         exit_now(int(os.environ.get("WORLD_SIZE", 1)))  # under torchrun: leave before gloo's exit-time abort
-    except (FileNotFoundError, ValueError) as e:  # bad input (ConfigError is a ValueError): one line, status 2
+    except (FileNotFoundError, ValueError, ServeError) as e:  # bad input (ConfigError is a ValueError): one line, status 2
         print(f"muarl: {'config error: ' if isinstance(e, ConfigError) else ''}{e}", file=sys.stderr)
         sys.exit(2)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import random
 
-from domains import airline, retail, shop, synthetic
+from domains import airline, retail, shop, store, synthetic
 from domains.base import Domain, Env, Task, World
 
 
@@ -33,6 +33,7 @@ DOMAINS: dict[str, Domain] = {
         seed=c.synthetic_seed, n_train=c.synthetic_train, n_test=c.synthetic_test, n_users=c.synthetic_users,
         n_test_users=c.synthetic_test_users), script=synthetic, generator=True),
     "shop": Domain(shop.build_world, _shop_settings, script=shop),
+    "store": Domain(store.build_world, _shop_settings, script=store),  # the shop with a customer worth simulating
 }
 
 _WORLDS: dict[tuple, World] = {}
