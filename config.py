@@ -53,6 +53,8 @@ class Config:
     user_base_url: str = flag("", "LLM user endpoint (or $OPENAI_BASE_URL)")
     user_api_key: str = flag("", "LLM user API key (or $OPENAI_API_KEY)")
     user_temperature: float = flag(0.0, "LLM user sampling temperature (paper: 0)")
+    drop_customer_faults: bool = flag(False, "leave out of the update every group in which the customer provably "
+                                      "broke its instructions (checkable worlds: store); off: they train as scored")
     user_serve: str = flag("", "--user llm: serve this local model folder as the customer on 127.0.0.1 (vLLM's OpenAI "
                            "server, for the run's duration), or 'train' to train the store's customer model first")
     # GRPO. Each step samples B tasks and G episodes of each; an episode's advantage is its reward against its

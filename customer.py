@@ -78,16 +78,50 @@ def customer_conversations(tasks, per_task: int = 4, noise: float = 0.2, seed: i
     return out
 
 
+def render_customer(tok, messages: list[dict]) -> tuple[list[int], list[int]]:
+    """One conversation in the simulator's view -> (ids, mask), exactly as the server renders each request.
+
+    vLLM's server renders a request with the tokenizer's chat template (add_generation_prompt) and the model writes
+    the reply after it. Qwen3's template renders an assistant turn differently when it is the last one (with an
+    empty <think> block) than in the history (without), so the agent's SFT rendering (chat.conversation_ids: each
+    turn as the last) is not what the server sends. Here the whole conversation is rendered as the request before
+    the customer's last turn, plus that turn: every earlier customer turn then sits in the history exactly as in the
+    request that asked for it, and each turn's text + <|im_end|> is trained (mask 1), its prompt not (mask 0)."""
+    text = tok.apply_chat_template(messages[:-1], add_generation_prompt=True, tokenize=False)
+    end = "<|im_end|>"
+    text += messages[-1]["content"] + end
+    ids, mask, at = [], [], 0
+    for i, m in enumerate(messages):
+        if m["role"] != "assistant":
+            continue
+        request = tok.apply_chat_template(messages[:i], add_generation_prompt=True, tokenize=False)
+        if not text.startswith(request):  # the template must render history the same in every request
+            raise ValueError("chat template renders the history differently per request; cannot train on it")
+        start, stop = len(request), len(request) + len(m["content"]) + len(end)
+        for piece, bit in ((text[at:start], 0), (text[start:stop], 1)):
+            piece_ids = tok.encode(piece, add_special_tokens=False)
+            ids += piece_ids
+            mask += [bit] * len(piece_ids)
+        at = stop
+    return ids, mask
+
+
 def train_customer(conversations: list[dict], out_dir: str | Path, seed: int = 0, hidden: int = 128,
                    layers: int = 2, vocab_size: int = 1024, epochs: float = 2.0, lr: float = 2e-3,
-                   batch_size: int = 16, micro_batch_tokens: int = 1024, log=None) -> Path:
-    """Build a tiny model + tokenizer on the customer data, fine-tune it on the customer's turns, save it."""
+                   batch_size: int = 16, micro_batch_tokens: int = 1024, copy_steps: int = 1000, log=None) -> Path:
+    """Build a tiny model + tokenizer on the customer data, give it copy drills (it must copy its order id from the
+    instructions, like the policy copies it from the conversation: sft.copy_examples), fine-tune it on the
+    customer's turns, save it."""
     out_dir = Path(out_dir)
     texts = [m["content"] for c in conversations[:2000] for m in c["messages"]]
     model, tok = build_tiny(out_dir, seed=seed, texts=texts, vocab_size=vocab_size, hidden=hidden, layers=layers,
                             heads=hidden // 64, kv_heads=1, intermediate=4 * hidden, split_digits=True)
     # the system prompt is the first message of each conversation: render as the agent's SFT does, no tools
-    examples = sft.render_examples(tok, [dict(c, tools=[]) for c in conversations], {})
+    if copy_steps:
+        words = sorted({w for text in texts[:400] for w in re.findall(r"[a-z]+", text.lower())})
+        sft.train(model, sft.copy_examples(tok, 16 * copy_steps, seed=seed, words=words), epochs=1, batch_size=16,
+                  lr=3e-3, warmup=20, seed=seed, desc="customer copy drills", log=log)
+    examples = [render_customer(tok, c["messages"]) for c in conversations]
     sft.train(model, examples, epochs=epochs, batch_size=batch_size, lr=lr, seed=seed, warmup=20,
               micro_batch_tokens=micro_batch_tokens, desc="customer model", log=log)
     model.save_pretrained(out_dir)
@@ -104,14 +138,19 @@ def fidelity(user, tasks) -> dict:
     from collections import Counter
 
     convs, kinds = [], Counter()
-    for task in tasks:
-        history = [{"role": "user", "content": user.first_message(task)}]
-        while STOP not in history[-1]["content"] and len(history) < 2 * task.spec["max_user_turns"]:
-            history.append({"role": "assistant", "content": _right_line(task.spec, history)})
-            history.append({"role": "user", "content": user.reply(task, history)})
-        bad = store.customer_mistakes(task.spec, history)
-        kinds.update(bad)
-        convs.append({"task_id": task.id, "history": history, "mistakes": bad})
+    firsts = [user.first_message(t) for t in tasks]  # (LLMUser caches one opening per task)
+    live = [(t, [{"role": "user", "content": f}]) for t, f in zip(tasks, firsts)]
+    while live:  # all conversations advance together: one concurrent batch of customer replies per round
+        for t, h in live:
+            h.append({"role": "assistant", "content": _right_line(t.spec, h)})
+        for (t, h), r in zip(live, user.replies([(t, h) for t, h in live])):
+            h.append({"role": "user", "content": r if isinstance(r, str) else f"(customer failed: {r})"})
+        done = [(t, h) for t, h in live if STOP in h[-1]["content"] or len(h) >= 2 * t.spec["max_user_turns"]]
+        live = [x for x in live if x not in done]
+        for t, h in done:
+            bad = store.customer_mistakes(t.spec, h)
+            kinds.update(bad)
+            convs.append({"task_id": t.id, "history": h, "mistakes": bad})
     ok = sum(not c["mistakes"] for c in convs)
     return {"fidelity": ok / max(1, len(convs)), "conversations": len(convs), "mistakes": dict(kinds),
             "examples": convs}
@@ -153,5 +192,6 @@ if __name__ == "__main__":
     world = load_world("store", seed=0, n_train=600, n_test=100)
     t0 = time.perf_counter()
     data = customer_conversations(world.tasks("train"), per_task=3)
-    d = train_customer(data, "/tmp/customer-demo" if len(__import__("sys").argv) > 1 else tempfile.mkdtemp(), epochs=2)
+    d = train_customer(data, __import__("sys").argv[1] if len(__import__("sys").argv) > 1 else tempfile.mkdtemp(),
+                       epochs=4)
     print(f"trained on {len(data)} conversations in {time.perf_counter() - t0:.0f} s -> {d}")

@@ -41,12 +41,13 @@ import torch
 from tqdm import tqdm
 
 import chat
+import curves
 import sft
 from checkpoint import TaskSampler, load_checkpoint, save_checkpoint, save_pretrained
 from config import Config, ConfigError, parse_config, validate  # noqa: F401  (muarl.Config stays importable)
 from domains import load_worlds, task_sets
 from engine import check_vllm_model, make_engine
-from eval import evaluate, format_table
+from eval import customer_fidelity, evaluate, format_table
 from fsdp import all_gather_episodes, all_sum, barrier, dist_setup, dist_teardown, even_rows, exit_now
 from fsdp import full_state_dict, reduce_stats, shard
 from grpo import ADVANTAGES, grpo_loss, pack_sequences, token_advantages, token_logprobs
@@ -68,7 +69,8 @@ def advantages(episodes, cfg: Config) -> tuple[list, list]:
     G = cfg.group_size
     for g in range(0, len(episodes), G):
         group = episodes[g : g + G]
-        if any(e.aborted for e in group):
+        if any(e.aborted for e in group) or (cfg.drop_customer_faults and any(
+                e.info.get("customer_mistakes") for e in group)):  # a customer that broke its instructions
             continue
         A = ADVANTAGES[cfg.advantage](torch.tensor([e.reward for e in group]), G).tolist()  # (G,)
         adv += [token_advantages(a, e.spans, len(e.ids), cfg.turn_bonus) for e, a in zip(group, A)]
@@ -115,7 +117,8 @@ def step_stats(episodes, kept_groups: int, group_size: int, world_size: int = 1)
     """What a step's episodes did, over every rank's; means over scored episodes (an aborted one has no reward)."""
     eps = all_gather_episodes([{"reward": e.reward, "turns": e.turns, "agent_tokens": sum(e.mask),
                                 "tokens": len(e.ids), "tool_calls": list(e.tool_calls), "stop_reason": e.stop_reason,
-                                "aborted": e.aborted} for e in episodes], world_size)
+                                "aborted": e.aborted, "mistakes": e.info.get("customer_mistakes")} for e in episodes],
+                               world_size)
     scored = [e for e in eps if not e["aborted"]]
     n, calls = max(1, len(scored)), Counter(c for e in scored for c in e["tool_calls"])
     groups = [g for g in (eps[i : i + group_size] for i in range(0, len(eps), group_size))
@@ -130,6 +133,7 @@ def step_stats(episodes, kept_groups: int, group_size: int, world_size: int = 1)
         **{f"{t}_rate": calls[name] / max(1, sum(calls.values()))
            for t, name in (("think", "think"), ("calculate", "calculate"), ("transfer", "transfer_to_human_agents"))},
         "stop_reasons": dict(Counter(e["stop_reason"] for e in eps)),
+        **customer_fidelity([e["mistakes"] for e in scored], [e["reward"] for e in scored]),
     }
 
 
@@ -335,6 +339,8 @@ def finish(run) -> dict:
     save_pretrained(run.policy, run.tok, run.out / "final", run.world_size, run.rank)
     if run.server is not None:
         run.server.stop()  # (also stopped at exit, on an error or Ctrl-C: serve.ModelServer registers that)
+    if run.rank == 0:
+        curves.draw(run.out)  # runs/<name>/curves.png: the training dynamics (needs matplotlib; else one line)
     if run.rank == 0 and run.results:
         table = format_table(list(run.results.items()))
         (run.out / "results.md").write_text(table + "\n")

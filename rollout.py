@@ -302,6 +302,8 @@ def score(episodes: list[Episode], worlds: dict[str, World], check_outputs: bool
         if not e.aborted:
             e.reward, info = worlds[e.task.domain].score(e.task, e.env, e.messages, check_outputs=check_outputs)
             e.info.update(info)
+            if (bad := worlds[e.task.domain].customer_mistakes(e.task, e.messages)) is not None:
+                e.info["customer_mistakes"] = bad  # the customer's fidelity, where the world can check it
         e.env.close()
         e.env = None
     return episodes

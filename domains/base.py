@@ -319,6 +319,11 @@ class World:
     def after_call(self, env: Env) -> None:
         """Runs after every successful tool call of either side. Nothing by default; telecom syncs its two sides."""
 
+    def customer_mistakes(self, task: Task, messages: list[dict]) -> list[str] | None:
+        """What the simulated customer said against its instructions ([] = faithful), or None when the domain cannot
+        tell (only worlds whose tasks carry a structured spec can: domains/store.py)."""
+        return None
+
     def user_tool_schemas(self) -> list[dict]:
         """The customer's tools' JSON schemas ([] for single-control domains), for the OpenAI tools API."""
         if not hasattr(self, "_user_schemas"):

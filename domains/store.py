@@ -286,7 +286,12 @@ def build_world(seed: int = 0, n_orders: int = 600, n_test_orders: int = 200, n_
     for i in range(n_train):
         o = rng.choice(train_orders)
         tasks.append(make_task(base, o, request(o), rng, f"store/train-{i}", errors))
-    return World("store", db, key, TOOLS, WRITE_TOOLS, POLICY, tasks)
+    return StoreWorld("store", db, key, TOOLS, WRITE_TOOLS, POLICY, tasks)
+
+
+class StoreWorld(World):
+    def customer_mistakes(self, task: Task, messages: list[dict]) -> list[str] | None:
+        return customer_mistakes(task.spec, messages) if task.spec else None
 
 
 if __name__ == "__main__":
