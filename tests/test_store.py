@@ -126,3 +126,23 @@ def test_customer_data_are_the_requests_llmuser_sends(world):
             history.append({"role": "user", "content": user.reply(task, history)})
     assert sent[-1] + [{"role": "assistant", "content": answers[-1]}] == conv["messages"]  # byte for byte
     assert sent[0] == simulator_messages(task.instructions, [])
+
+
+def test_customer_model_trains_on_the_servers_rendering(world, tmp_path):
+    # vLLM's server renders each request with the chat template (add_generation_prompt); the customer model must be
+    # trained on exactly that: every request is a token prefix of the rendered conversation, and the trained tokens
+    # are the customer's turns with their end-of-turn token, nothing else.
+    from models import build_tiny
+
+    convs = customer.customer_conversations(world.tasks("train")[:6], per_task=1, seed=1)
+    _, tok = build_tiny(tmp_path, texts=[m["content"] for c in convs for m in c["messages"]], vocab_size=300,
+                        hidden=64, layers=1, heads=1, kv_heads=1, intermediate=128)
+    for c in convs:
+        ids, mask = customer.render_customer(tok, c["messages"])
+        turns = [i for i, m in enumerate(c["messages"]) if m["role"] == "assistant"]
+        for i in turns:
+            req = tok.apply_chat_template(c["messages"][:i], add_generation_prompt=True, tokenize=False)
+            req_ids = tok.encode(req, add_special_tokens=False)
+            assert ids[: len(req_ids)] == req_ids and mask[len(req_ids) - 1] == 0
+        trained = tok.decode([t for t, m in zip(ids, mask) if m])
+        assert trained == "".join(c["messages"][i]["content"] + "<|im_end|>" for i in turns)
