@@ -64,6 +64,10 @@ class Config:
     user_max_tokens: int = flag(512, "LLM user: tokens per customer reply")
     user_down_s: float = flag(600.0, "stop (checkpoint saved, exit 3) when the customer failed every group this long")
     preflight: bool = flag(True, "check the customer endpoint once before any work (preflight.py)")
+    drop_customer_faults: bool = flag(False, "leave out of the update every group in which the customer provably "
+                                      "broke its instructions (checkable worlds: store); off: they train as scored")
+    user_serve: str = flag("", "--user llm: serve this local model folder as the customer on 127.0.0.1 (vLLM's OpenAI "
+                           "server, for the run's duration), or 'train' to train the store's customer model first")
     # GRPO. Each step samples B tasks and G episodes of each; an episode's advantage is its reward against its
     # group's, so only groups with mixed outcomes teach anything.
     group_size: int = flag(8, "G: rollouts per task")

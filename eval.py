@@ -78,7 +78,18 @@ def summarize(episodes: list[Episode], trials: int) -> dict:
             "calls_per_episode": sum(calls.values()) / n, "think_rate": calls["think"] / n_calls,
             "calculate_rate": calls["calculate"] / n_calls, "transfer_rate": calls[TRANSFER_TOOL] / n_calls,
             "stop_reasons": dict(Counter(e.stop_reason for e in episodes)), "tool_mix": dict(calls.most_common()),
-            "completion": {d: sum(v) / len(v) for d, v in shares.items()}}
+            "completion": {d: sum(v) / len(v) for d, v in shares.items()},
+            **customer_fidelity([e.info.get("customer_mistakes") for e in scored], [e.reward for e in scored])}
+
+
+def customer_fidelity(mistakes: list, rewards: list[float]) -> dict:
+    """Share of checkable episodes whose customer kept to its instructions, and share of all scored episodes that
+    failed with a customer mistake in them (the reward then says nothing sure about the agent). {} if none checkable."""
+    checked = [(m, r) for m, r in zip(mistakes, rewards) if m is not None]
+    if not checked:
+        return {}
+    return {"customer_fidelity": sum(not m for m, _ in checked) / len(checked),
+            "customer_faults": sum(bool(m) and r < 1 for m, r in checked) / len(checked)}
 
 
 def format_table(rows: list[tuple[str, dict]], trials: int = 1) -> str:

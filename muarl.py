@@ -43,13 +43,15 @@ import torch
 from tqdm import tqdm
 
 import chat
+import curves
 import sft
 from checkpoint import TaskSampler, load_checkpoint, save_checkpoint, save_pretrained
 from config import Config, ConfigError, parse_config, save_config, validate  # noqa: F401  (muarl.Config importable)
+from customer import serve_customer
 from domains import load_worlds, task_sets
 from domains.tau2_data import provenance
 from engine import check_vllm_model, make_engine
-from eval import evaluate, format_table
+from eval import customer_fidelity, evaluate, format_table
 from fsdp import all_gather_episodes, all_sum, barrier, dist_setup, dist_teardown, even_rows, exit_now, full_state_dict
 from fsdp import reduce_stats, shard
 from grpo import ADVANTAGES, grpo_loss, pack_sequences, token_advantages, token_logprobs
@@ -58,6 +60,7 @@ from preflight import Outage, RunStopped, check_customer, prompt_warning
 from rollout import PolicyAgent, RolloutConfig, TrajectoryLog, rollout, score
 from runlog import RunLog
 from sampling import episode_seed
+from serve import ServeError
 from user_sim import make_user
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -71,7 +74,8 @@ def advantages(episodes, cfg: Config) -> tuple[list, list]:
     G = cfg.group_size
     for g in range(0, len(episodes), G):
         group = episodes[g : g + G]
-        if any(e.aborted for e in group):
+        if any(e.aborted for e in group) or (cfg.drop_customer_faults and any(
+                e.info.get("customer_mistakes") for e in group)):  # a customer that broke its instructions
             continue
         A = ADVANTAGES[cfg.advantage](torch.tensor([e.reward for e in group]), G).tolist()  # (G,)
         adv += [token_advantages(a, e.spans, len(e.ids), cfg.turn_bonus) for e, a in zip(group, A)]
@@ -121,7 +125,8 @@ def step_stats(episodes, kept_groups: int, group_size: int, world_size: int = 1)
     """What a step's episodes did, over every rank's; means over scored episodes (an aborted one has no reward)."""
     eps = all_gather_episodes([{"reward": e.reward, "turns": e.turns, "agent_tokens": sum(e.mask),
                                 "tokens": len(e.ids), "tool_calls": list(e.tool_calls), "stop_reason": e.stop_reason,
-                                "aborted": e.aborted} for e in episodes], world_size)
+                                "aborted": e.aborted, "mistakes": e.info.get("customer_mistakes")} for e in episodes],
+                               world_size)
     scored = [e for e in eps if not e["aborted"]]
     n, calls = max(1, len(scored)), Counter(c for e in scored for c in e["tool_calls"])
     groups = [g for g in (eps[i : i + group_size] for i in range(0, len(eps), group_size))
@@ -136,6 +141,7 @@ def step_stats(episodes, kept_groups: int, group_size: int, world_size: int = 1)
         **{f"{t}_rate": calls[name] / max(1, sum(calls.values()))
            for t, name in (("think", "think"), ("calculate", "calculate"), ("transfer", "transfer_to_human_agents"))},
         "stop_reasons": dict(Counter(e["stop_reason"] for e in eps)),
+        **customer_fidelity([e["mistakes"] for e in scored], [e["reward"] for e in scored]),
     }
 
 
@@ -223,9 +229,10 @@ def build_run(cfg: Config) -> SimpleNamespace:
     train_tasks, eval_tasks = task_sets(cfg, worlds)
     if not train_tasks:
         raise ConfigError(f"no training tasks in {cfg.domains}")
-    user = make_user(cfg.user, model=cfg.user_model or None, base_url=cfg.user_base_url or None,
-                     api_key=cfg.user_api_key or None, temperature=cfg.user_temperature, seed=cfg.seed,
-                     max_tokens=cfg.user_max_tokens)
+    server = serve_customer(cfg.user_serve, out, train_tasks, cfg.seed, log) if cfg.user_serve and rank == 0 else None
+    user = make_user(cfg.user, model="customer" if server else cfg.user_model or None, api_key=cfg.user_api_key or None,
+                     base_url=server.base_url if server else cfg.user_base_url or None, max_tokens=cfg.user_max_tokens,
+                     temperature=cfg.user_temperature, seed=None if server else cfg.seed)  # (served: sampled)
     if cfg.preflight and (ok := check_customer(user, train_tasks + eval_tasks)):  # a bad endpoint stops us here
         print(f"[preflight] customer {ok['model']} at {ok['base_url']}: ok ({ok})", flush=True)
     if rank == 0:
@@ -237,6 +244,7 @@ def build_run(cfg: Config) -> SimpleNamespace:
     if rank == 0 and (warn := prompt_warning(tok, worlds, cfg.max_context, cfg.max_new_tokens, cfg.tools_in_prompt)):
         print(warn, flush=True)
     run = SimpleNamespace(cfg=cfg, rank=rank, world_size=world_size, out=out, log=log, worlds=worlds, user=user,
+                          server=server,
                           train_tasks=train_tasks, eval_tasks=eval_tasks[: cfg.eval_tasks or None] if cfg.eval else [],
                           policy=policy, tok=tok, engine=None, results={}, sampler=TaskSampler(train_tasks, cfg.seed),
                           episodes_log=TrajectoryLog(out / f"episodes-rank{rank}.jsonl"),
@@ -363,7 +371,10 @@ def finish(run) -> dict:
         # every rank: under FSDP, gathering the full weights for the checkpoint is a collective
         save_checkpoint(run.out, cfg.steps, run.policy, run.opt, run.sampler, state(run), run.world_size, run.rank)
     save_pretrained(run.policy, run.tok, run.out / "final", run.world_size, run.rank)
+    if run.server is not None:
+        run.server.stop()  # (also stopped at exit, on an error or Ctrl-C: serve.ModelServer registers that)
     if run.rank == 0:
+        curves.draw(run.out)  # runs/<name>/curves.png: the training dynamics (needs matplotlib; else one line)
         (run.out / "final" / "muarl.json").write_text(json.dumps({"model": label, "grpo_steps": cfg.steps,
                                                                   "updates": n, "data": provenance(run.worlds)}))
     if run.rank == 0 and run.results:
@@ -381,7 +392,7 @@ if __name__ == "__main__":
     try:
         main()
         exit_now(int(os.environ.get("WORLD_SIZE", 1)))  # under torchrun: leave before gloo's exit-time abort
-    except (FileNotFoundError, ValueError) as e:  # bad input (ConfigError, PreflightError: ValueError): one line, 2
+    except (FileNotFoundError, ValueError, ServeError) as e:  # bad input (ConfigError, PreflightError...): one line, 2
         print(f"muarl: {'config error: ' if isinstance(e, ConfigError) else ''}{e}", file=sys.stderr)
         sys.exit(2)
     except RunStopped as e:  # stopped on purpose, checkpoint saved (the customer is down; nothing trained): 3

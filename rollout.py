@@ -332,6 +332,8 @@ def score(episodes: list[Episode], worlds: dict[str, World], check_outputs: bool
             e.info.update(info)
             if e.stop_reason == "too_many_errors":  # tau2 scores that ending 0, whatever the state reached
                 e.reward = 0.0
+            if (bad := worlds[e.task.domain].customer_mistakes(e.task, e.messages)) is not None:
+                e.info["customer_mistakes"] = bad  # the customer's fidelity, where the world can check it
         e.env.close()
         e.env = None
     return episodes

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import random
 
-from domains import acebench, acebench_agents, airline, bfcl, retail, shop, synthetic, telecom, telecom_user
+from domains import acebench, acebench_agents, airline, bfcl, retail, shop, store, synthetic, telecom, telecom_user
 from domains.base import Bench, Domain, Env, Task, World
 
 
@@ -38,6 +38,7 @@ DOMAINS: dict[str, Domain] = {
     "shop": Domain(shop.build_world, _shop_settings, script=shop),
     "acebench_agent": Domain(acebench_agents.build_world, script=acebench),  # ACEBench Agent (its data: see there)
     bfcl.NAME: Domain(bfcl.build_world, script=bfcl),  # BFCL-v3 multi-turn (the bfcl-eval wheel); its customer: a script
+    "store": Domain(store.build_world, _shop_settings, script=store),  # the shop with a customer worth simulating
 }
 
 # Benchmarks `eval.py --bench NAME` runs: a domain above, the conversation rules it fixes, and its own figures.

@@ -352,6 +352,10 @@ class World:
     def ends(self, ep) -> str | None:
         """A stop reason once the newest message of episode `ep` ends the conversation by this domain's own rule
         (rollout.py asks after every message); None: tau2's markers and caps alone decide."""
+
+    def customer_mistakes(self, task: Task, messages: list[dict]) -> list[str] | None:
+        """What the simulated customer said against its instructions ([] = faithful), or None when the domain cannot
+        tell (only worlds whose tasks carry a structured spec can: domains/store.py)."""
         return None
 
     def user_tool_schemas(self) -> list[dict]:

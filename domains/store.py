@@ -1,0 +1,322 @@
+"""The store: the shop (shop.py) with a customer worth simulating, for the CPU demo against an LLM customer.
+
+MUA-RL's one new idea is the *customer*: a language model plays the user inside every rollout, so the agent trains on
+requests that are "dynamic, uncertain and stochastic". The shop's scripted customer says the same words in the same
+order every time; the store's customer does what the paper's practitioners list as the point of a simulated user:
+
+    omits     the order id is left out of the first message (spec "omit"): the agent must ask for it
+    changes   asked why / where the refund goes, it names one option, then changes its mind (spec "change"): the
+              last word counts, and the gold action follows it
+    insists   told that the policy forbids its request, it insists once and accepts the second refusal (spec
+              "insist"): a human transfer here is a wasted escalation, and the reward sees it (below)
+    phrases   every message comes in several paraphrases, the order id in different places
+
+The same tools as the shop, plus the two generic tools the paper watched RL prune: `think` (tau2's: no effect) and
+`transfer_to_human_agents`, which here files an escalation record, so an unnecessary transfer changes the database
+and scores 0 (tau2's transfer writes nothing; this is the store's way to make a needless hand-off cost something
+the reward can see). The cold-start annotator is *cautious*: it calls `think` needlessly, transfers a customer who
+insists, writes the default option when the customer wants the other (shop's laziness), and follows the first option
+a customer names even when it changes its mind. RL against the database reward has all four to unlearn.
+
+Three customers play it, all from one description of the task (the spec):
+    customer_turn(spec, history, rng)   the scripted customer: rng=None picks the paraphrase by spec["style"]
+                                        (deterministic: `--user scripted`); an rng samples them (training data for
+                                        the customer model, customer.py)
+    instructions (Task.instructions)    what the LLM customer reads: the same behaviours in words
+    customer_mistakes(spec, messages)   the structured check of what a customer said against its instructions
+                                        (customer fidelity: the LLM customer is measured, not trusted)
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+
+from domains import shop
+from domains.base import Store, Task, World, content_key
+from tools import think
+
+STORE_VERSION = "1"
+STOP = shop.STOP
+CHOICES = {"cancel": ("reason", shop.REASONS), "return": ("refund_to", shop.REFUNDS)}  # request -> argument, options
+
+# --- what the customer says: paraphrase banks (each keeps the option's key words, so following it is a copy) -----
+FIRST = {True: ["Hi, I want to {request} my order {oid}.", "Hello! Order {oid}: I'd like to {request} it.",
+                "Can you {request} order {oid} for me?", "I need to {request} an order, it is {oid}."],
+         False: ["Hi, I want to {request} an order.", "Hello! I'd like to {request} one of my orders.",
+                 "Can you help me {request} an order?", "I need to {request} something I ordered."]}
+GIVE_ID = ["It is {oid}.", "{oid}", "Sure, the order id is {oid}.", "My order is {oid}, thanks."]
+SAY = {"no longer needed": ["It is no longer needed.", "I no longer need it: no longer needed.",
+                            "Simply no longer needed."],
+       "ordered by mistake": ["It was ordered by mistake.", "I ordered it by mistake.",
+                              "Honestly, it was ordered by mistake."],
+       "original payment": ["To the original payment, please.", "Back to my original payment, please.",
+                            "The original payment method, please."],
+       "gift card": ["To a gift card, please.", "A gift card, please.", "Put it on a gift card, thanks."]}
+CHANGE = ["{first} Actually, no, sorry: {second}", "{first} Wait, let me correct that. {second}"]
+INSIST = ["But I really need to {request} it. Can't you make an exception?",
+          "Please, I really want to {request} order {oid}. Are you sure?", "Could you {request} it anyway, please?"]
+ACCEPT = ["Okay, I understand. " + STOP, "Fine, thanks anyway. " + STOP, "Alright. " + STOP]
+THANKS = ["Thank you! " + STOP, "Great, thanks. " + STOP, "Perfect, that's all. " + STOP]
+KEYWORDS = {"no longer": "no longer needed", "mistake": "ordered by mistake", "original": "original payment",
+            "gift": "gift card"}  # how a customer's words are read back to an option (the check below)
+
+# --- what the annotator (and a good agent) says ---------------------------------------------------------------
+ASK_ID = "What is your order id?"
+REFUSE_AGAIN = "I am sorry, but the policy does not allow it, so I cannot do that."
+POLICY = shop.POLICY.replace("One tool call per message.", "If the customer does not give the order id, ask for it. "
+                             "Do not transfer to a human agent unless the customer asks for one. One tool call per "
+                             "message.")
+
+
+def transfer_to_human_agents(db: Store, summary: str) -> str:
+    """Transfer the user to a human agent, with a summary of the user's issue.
+
+    Args:
+        summary: A summary of the user's issue.
+    """
+    n = len(db.ids("escalations"))
+    db.put("escalations", f"E{n + 1}", {"summary": summary})  # a hand-off costs a human's time: it is on record
+    return "Transfer successful"
+
+
+TOOLS = shop.TOOLS + [think, transfer_to_human_agents]
+WRITE_TOOLS = shop.WRITE_TOOLS | {"transfer_to_human_agents"}
+
+# ---------------------------------------------------------------------------------------------------------------
+# The customer
+
+
+def _refuses(text: str) -> bool:
+    return bool(re.search(r"\b(sorry|cannot)\b", text.lower()))
+
+
+def _pick(bank: list[str], spec: dict, rng: random.Random | None, salt: int) -> str:
+    # scripted: one fixed paraphrase per task (spec["style"]) and message kind; sampled: any of them
+    return rng.choice(bank) if rng is not None else bank[(spec["style"] + salt) % len(bank)]
+
+
+def _option_words(spec: dict, rng, salt: int) -> str:
+    _, options = CHOICES[spec["request"]]
+    say = _pick(SAY[spec["choice"]], spec, rng, salt)
+    if not spec["change"]:
+        return say
+    other = next(o for o in options if o != spec["choice"])  # first the other option, then the right one
+    return _pick(CHANGE, spec, rng, salt).format(first=_pick(SAY[other], spec, rng, salt + 1), second=say)
+
+
+def customer_turn(spec: dict, history: list[dict], rng: random.Random | None = None) -> str:
+    """The customer's next message, from the agent-side text history (user = customer). Keyword-driven."""
+    mine = [m["content"] for m in history if m["role"] == "user"]
+    agent = [(m.get("content") or "") for m in history if m["role"] == "assistant"]
+    fill = {"request": spec["request"], "oid": spec["order_id"]}
+    if not mine:
+        return _pick(FIRST[not spec["omit"]], spec, rng, 0).format(**fill)
+    if not agent or len(mine) >= spec["max_user_turns"] - 1:
+        return STOP
+    t = agent[-1].lower()
+    if re.search(r"\bdone\b", t):
+        return _pick(THANKS, spec, rng, 3)
+    if _refuses(t):
+        if spec["insist"] and sum(map(_refuses, agent)) == 1:  # the first refusal: insist once
+            return _pick(INSIST, spec, rng, 4).format(**fill)
+        return _pick(ACCEPT, spec, rng, 5)
+    if "order id" in t:
+        return _pick(GIVE_ID, spec, rng, 6).format(**fill)
+    if spec["choice"] and (("mistake" in t) if spec["request"] == "cancel" else ("refund" in t)):
+        return _option_words(spec, rng, 7)
+    if len(mine) >= 2 and mine[-1] == mine[-2]:
+        return STOP  # going in circles
+    return _pick(FIRST[True], spec, rng, 0).format(**fill)  # say it again, with the id this time
+
+
+def scripted_first_message(spec: dict) -> str:
+    return customer_turn(spec, [])
+
+
+def scripted_reply(spec: dict, history: list[dict]) -> str:
+    return customer_turn(spec, history)
+
+
+def instructions(spec: dict) -> str:
+    """The LLM customer's hidden instructions: the spec in words (one sentence per behaviour)."""
+    r, oid = spec["request"], spec["order_id"]
+    lines = [f"You want to {r} your order {oid}."]
+    lines.append("Do not give the order id in your first message; give it when the agent asks for it." if spec["omit"]
+                 else "Give the order id in your first message.")
+    if spec["choice"]:
+        arg, options = CHOICES[r]
+        ask = "why you cancel" if r == "cancel" else "where the refund should go"
+        if spec["change"]:
+            other = next(o for o in options if o != spec["choice"])
+            lines.append(f"When asked {ask}, first say '{other}', then change your mind: '{spec['choice']}'.")
+        else:
+            lines.append(f"When asked {ask}, say '{spec['choice']}'.")
+    else:
+        lines.append("If the agent refuses, insist once, then accept the second refusal." if spec["insist"]
+                     else "If the agent refuses, accept it.")
+    return " ".join(lines)
+
+
+def customer_mistakes(spec: dict, messages: list[dict]) -> list[str]:
+    """What a customer said that its instructions do not allow; [] = faithful. Reads the customer's messages only.
+
+    wrong_id: an order id other than its own; id_too_early / no_id: the first message against "omit";
+    wrong_request: the other request; wrong_choice: its last named option is not the instructed one, or it names one
+    where it has none to give; no_change: instructed to change its mind, it named one option only; no_insist /
+    extra_insist: against the instructed reaction to a refusal."""
+    said = [m.get("content") or "" for m in messages if m.get("role") == "user"]
+    out = []
+    if not said:
+        return out
+    ids = {i for s in said for i in re.findall(r"#W\d+", s)}
+    if ids - {spec["order_id"]}:
+        out.append("wrong_id")
+    if spec["omit"] and spec["order_id"] in said[0]:
+        out.append("id_too_early")
+    if not spec["omit"] and spec["order_id"] not in said[0]:
+        out.append("no_id")
+    other_request = "return" if spec["request"] == "cancel" else "cancel"
+    if re.search(rf"\b{other_request}\b", " ".join(said).lower()):
+        out.append("wrong_request")
+    named = [o for s in said for _, o in sorted((s.lower().find(k), KEYWORDS[k]) for k in KEYWORDS if k in s.lower())]
+    if spec["choice"]:
+        if named and named[-1] != spec["choice"]:
+            out.append("wrong_choice")
+        if spec["change"] and named and len(set(named)) < 2:
+            out.append("no_change")
+    elif named:
+        out.append("wrong_choice")
+    # the reaction to refusals: the customer's answer to the k-th refusal insists iff it does not end the chat
+    answers, refused = [], False
+    for m in messages:
+        if m.get("role") == "assistant" and not m.get("tool_calls"):
+            refused = _refuses(m.get("content") or "")
+        elif m.get("role") == "user" and refused:
+            answers.append(STOP not in (m.get("content") or ""))
+            refused = False
+    if spec["insist"] and answers[:1] == [False]:
+        out.append("no_insist")
+    if sum(answers) > int(spec["insist"] and not spec["choice"]):
+        out.append("extra_insist")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Tasks and the cautious annotator's conversations
+
+
+def make_task(world: World, order: dict, request: str, rng: random.Random, task_id: str, errors: dict) -> Task:
+    """One task on `order`, its behaviours drawn from rng; its cold-start conversation is played against the real
+    tools and the scripted customer by an annotator who makes each mistake of `errors` with its probability."""
+    oid, status = order["order_id"], order["status"]
+    allowed = (request, status) in (("cancel", "pending"), ("return", "delivered"))
+    arg, options = CHOICES[request]
+    spec = {"world": "store", "kind": request if allowed else "refuse", "request": request, "order_id": oid,
+            "status": status, "choice": rng.choice(sorted(options)) if allowed else None, "omit": rng.random() < 0.5,
+            "style": rng.randrange(12), "max_user_turns": 6}
+    spec["change"] = bool(allowed and rng.random() < 0.35)
+    spec["insist"] = bool(not allowed and rng.random() < 0.6)
+    env, msgs = world.new_env(), []
+
+    def call(name, args):
+        msgs.append(shop._call(name, args))
+        msgs.append({"role": "tool", "name": name, "content": env.call(name, args)})
+
+    def say(text):
+        msgs.append({"role": "assistant", "content": text})
+        msgs.append({"role": "user", "content": customer_turn(spec, msgs)})
+
+    msgs.append({"role": "user", "content": customer_turn(spec, [])})
+    if rng.random() < errors.get("think", 0):  # needless: the request is plain, and thinking changes nothing
+        call("think", {"thought": f"The customer wants to {request} an order. I should look it up first."})
+    if spec["omit"]:
+        say(ASK_ID)
+    call("get_order_details", {"order_id": oid})
+    actions = []
+    if allowed:
+        say(shop.ASK_REASON if request == "cancel" else shop.ASK_REFUND)
+        written = spec["choice"]
+        if spec["change"] and rng.random() < errors.get("first_word", 0):
+            written = next(o for o in options if o != spec["choice"])  # took the customer's first word
+        if written != shop.DEFAULT[arg] and rng.random() < errors.get("lazy", 0):
+            written = shop.DEFAULT[arg]  # the shop's lazy default
+        write = "cancel_pending_order" if request == "cancel" else "return_delivered_order"
+        call(write, {"order_id": oid, arg: written})
+        actions = [{"name": write, "arguments": {"order_id": oid, arg: spec["choice"]}}]
+        say(shop.DONE[request].format(oid))
+    else:
+        say(shop.REFUSE[request].format(oid, status))
+        if spec["insist"]:
+            if rng.random() < errors.get("transfer", 0):  # the cautious hand-off: a needless escalation
+                call("transfer_to_human_agents", {"summary": f"The customer insists on {request}ing order {oid}."})
+            else:
+                say(REFUSE_AGAIN)
+    env.close()
+    assert msgs[-1]["role"] == "tool" or STOP in msgs[-1]["content"], msgs
+    return Task(task_id, "store", "train", instructions(spec), actions, [], spec, msgs)
+
+
+def build_world(seed: int = 0, n_orders: int = 600, n_test_orders: int = 200, n_train: int = 1000, n_test: int = 200,
+                lazy_rate: float = 0.6, first_word_rate: float = 0.6, transfer_rate: float = 0.6,
+                think_rate: float = 0.4, refuse_share: float = 0.3) -> World:
+    """The store with tasks. Held-out tasks use n_test_orders orders no training task mentions, and their
+    conversations are written without the annotator's mistakes (they are only used for their spec and gold)."""
+    for name, v in (("lazy_rate", lazy_rate), ("first_word_rate", first_word_rate), ("transfer_rate", transfer_rate),
+                    ("think_rate", think_rate), ("refuse_share", refuse_share)):
+        if not 0 <= v <= 1:
+            raise ValueError(f"{name} must be in [0, 1], got {v}")
+    if n_test > n_test_orders or n_test_orders >= n_orders:
+        raise ValueError("need n_test <= n_test_orders < n_orders")
+    db = shop.build_db(seed, n_orders) | {"escalations": {}}
+    key = content_key(json.dumps(db, sort_keys=True), STORE_VERSION)
+    base = World("store", db, key, TOOLS, WRITE_TOOLS, POLICY)
+    orders = list(db["orders"].values())
+    rng = random.Random(seed + 1)
+    test_orders, train_orders = orders[:n_test_orders], orders[n_test_orders:]
+    allowed = {"pending": "cancel", "delivered": "return"}
+    request = lambda o: (allowed.get(o["status"], "cancel") if rng.random() >= refuse_share  # noqa: E731
+                         else {"cancel": "return", "return": "cancel"}[allowed.get(o["status"], "return")])
+    errors = {"lazy": lazy_rate, "first_word": first_word_rate, "transfer": transfer_rate, "think": think_rate}
+    tasks = []
+    for i, o in enumerate(test_orders[:n_test]):
+        tasks.append(make_task(base, o, request(o), rng, f"store/test-{i}", {}))
+        tasks[-1].split = "test"
+    for i in range(n_train):
+        o = rng.choice(train_orders)
+        tasks.append(make_task(base, o, request(o), rng, f"store/train-{i}", errors))
+    return StoreWorld("store", db, key, TOOLS, WRITE_TOOLS, POLICY, tasks)
+
+
+class StoreWorld(World):
+    def customer_mistakes(self, task: Task, messages: list[dict]) -> list[str] | None:
+        return customer_mistakes(task.spec, messages) if task.spec else None
+
+
+if __name__ == "__main__":
+    from collections import Counter
+
+    world = build_world(0, n_train=400, n_test=50)
+    train = world.tasks("train")
+    scores = []
+    for t in train:  # the annotator's own conversations, replayed: how often are they right?
+        calls = [c["function"] for m in t.expert for c in m.get("tool_calls") or []]
+        env = world.replay([{"name": c["name"], "arguments": c["arguments"]} for c in calls])
+        scores.append(world.score(t, env)[0])
+        env.close()
+    print(f"kinds: {dict(Counter(t.spec['kind'] for t in train))}; omit {sum(t.spec['omit'] for t in train)}, "
+          f"change {sum(t.spec['change'] for t in train)}, insist {sum(t.spec['insist'] for t in train)}")
+    print(f"the cautious annotator's conversations that score 1: {sum(scores):.0f} / {len(scores)}")
+    rng = random.Random(0)
+    print("scripted customer mistakes:", sum(bool(customer_mistakes(t.spec, t.expert)) for t in train))
+    for t in train[:3]:
+        print(f"\n== {t.id} ({t.spec['kind']}): {t.instructions}")
+        for m in t.expert:
+            if m.get("tool_calls"):
+                f = m["tool_calls"][0]["function"]
+                print(f"  agent -> {f['name']}({json.dumps(f['arguments'])})")
+            elif m["role"] != "tool":
+                print(f"  {m['role']:9s} {m['content']}")
+        hist = [{"role": "user", "content": customer_turn(t.spec, [], rng)}]
+        print("  a sampled customer opens:", hist[0]["content"])

@@ -1,0 +1,148 @@
+"""The store (domains/store.py): the customer's behaviours, the cautious annotator, the fidelity check; and the
+customer model's data (customer.py) is exactly what LLMUser sends."""
+
+import random
+
+import pytest
+
+import customer
+from domains import store
+from user_sim import STOP, LLMUser, ScriptedUser, simulator_messages
+
+
+@pytest.fixture(scope="module")
+def world():
+    return store.build_world(seed=0, n_orders=300, n_test_orders=100, n_train=400, n_test=100)
+
+
+def _calls(task):
+    return [{"name": c["function"]["name"], "arguments": c["function"]["arguments"]}
+            for m in task.expert for c in m.get("tool_calls") or []]
+
+
+def _score(world, task, actions):
+    env = world.replay(actions)
+    try:
+        return world.score(task, env)[0]
+    finally:
+        env.close()
+
+
+def test_every_behaviour_occurs_and_gold_scores_one(world):
+    train = world.tasks("train")
+    for key in ("omit", "change", "insist"):
+        assert 0.15 < sum(t.spec[key] for t in train) / len(train) < 0.6, key
+    assert {t.spec["kind"] for t in train} == {"cancel", "return", "refuse"}
+    for t in world.tasks():
+        assert _score(world, t, t.actions) == 1.0
+        if t.actions:
+            assert _score(world, t, []) == 0.0
+
+
+def test_a_needless_transfer_costs_the_reward(world):
+    t = next(t for t in world.tasks("test") if t.spec["insist"])
+    assert _score(world, t, []) == 1.0  # refusing twice is right
+    assert _score(world, t, [{"name": "transfer_to_human_agents", "arguments": {"summary": "insists"}}]) == 0.0
+
+
+def test_the_cautious_annotator_makes_each_mistake(world):
+    calls = {t.id: [c["name"] for c in _calls(t)] for t in world.tasks()}
+    assert any("think" in c for c in calls.values()) and any("transfer_to_human_agents" in c for c in calls.values())
+    changed = [t for t in world.tasks("train") if t.spec["change"]]
+    first_word = [t for t in changed if _calls(t)[-1]["arguments"].get(store.CHOICES[t.spec["request"]][0])
+                  != t.spec["choice"]]
+    assert 0 < len(first_word) < len(changed)
+    right = sum(_score(world, t, _calls(t)) for t in world.tasks("train")) / len(world.tasks("train"))
+    assert 0.4 < right < 0.8  # what the cold start imitates: often right, often not
+    for t in world.tasks("test"):  # held-out conversations are written without the mistakes
+        assert "think" not in calls[t.id] and _score(world, t, _calls(t)) == 1.0
+
+
+def test_the_scripted_customer_keeps_to_its_instructions(world):
+    for t in world.tasks():
+        assert store.customer_mistakes(t.spec, t.expert) == [], t.id
+        assert STOP in t.expert[-1]["content"] or t.expert[-1]["role"] == "tool"
+    assert customer.fidelity(ScriptedUser(), world.tasks("test")[:40])["fidelity"] == 1.0
+
+
+def test_sampled_customers_paraphrase_and_stay_faithful(world):
+    t = next(t for t in world.tasks("test") if t.spec["choice"] and t.spec["omit"])
+    rng = random.Random(0)
+    firsts = {store.customer_turn(t.spec, [], rng) for _ in range(40)}
+    assert len(firsts) >= 3 and not any(t.spec["order_id"] in f for f in firsts)  # omitted, in several ways
+    for c in customer.customer_conversations(world.tasks("test"), per_task=2, noise=0.0):
+        history = [{"role": "user" if m["role"] == "assistant" else "assistant", "content": m["content"]}
+                   for m in c["messages"][2:]]  # back to the agent's view (after the system prompt and greeting)
+        assert store.customer_mistakes(world.task(c["task_id"]).spec, history) == []
+
+
+def test_the_fidelity_check_catches_each_mistake():
+    spec = {"world": "store", "kind": "cancel", "request": "cancel", "order_id": "#W123", "status": "pending",
+            "choice": "ordered by mistake", "omit": True, "change": True, "insist": False, "style": 0,
+            "max_user_turns": 6}
+    good = [{"role": "user", "content": "Hi, I want to cancel an order."},
+            {"role": "assistant", "content": store.ASK_ID}, {"role": "user", "content": "It is #W123."},
+            {"role": "assistant", "content": store.shop.ASK_REASON},
+            {"role": "user", "content": "It is no longer needed. Actually, no: it was ordered by mistake."}]
+    assert store.customer_mistakes(spec, good) == []
+    edit = lambda i, text: good[:i] + [{"role": "user", "content": text}] + good[i + 1:]  # noqa: E731
+    assert store.customer_mistakes(spec, edit(0, "Cancel #W123 please.")) == ["id_too_early"]
+    assert store.customer_mistakes(spec, edit(2, "It is #W124.")) == ["wrong_id"]
+    assert store.customer_mistakes(spec, edit(4, "It was ordered by mistake.")) == ["no_change"]
+    assert store.customer_mistakes(spec, edit(4, "By mistake. No: no longer needed.")) == ["wrong_choice"]
+    assert store.customer_mistakes(spec, edit(0, "I want to return an order.")) == ["wrong_request"]
+    refuse = dict(spec, kind="refuse", choice=None, change=False, insist=True, status="delivered")
+    conv = [{"role": "user", "content": "Hi, I want to cancel an order."}, {"role": "assistant", "content": "Sorry, "
+            "order #W123 is delivered, so it cannot be cancelled."}, {"role": "user", "content": "Okay. " + STOP}]
+    assert store.customer_mistakes(refuse, conv) == ["no_insist"]
+    assert store.customer_mistakes(dict(refuse, insist=False), conv) == []
+    conv[2]["content"] = "Please, cancel it anyway!"
+    assert store.customer_mistakes(dict(refuse, insist=False), conv) == ["extra_insist"]
+    assert store.customer_mistakes(refuse, conv) == []
+
+
+def test_customer_data_are_the_requests_llmuser_sends(world):
+    # The customer model is trained on what LLMUser sends a hosted model: the same function builds both. Replay one
+    # training conversation through LLMUser with a client that records each request and answers with the data.
+    conv = customer.customer_conversations(world.tasks("train")[:1], per_task=1, seed=3)[0]
+    task = world.task(conv["task_id"])
+    answers = [m["content"] for m in conv["messages"] if m["role"] == "assistant"]
+    sent = []
+
+    class Client:  # client.chat.completions.create(**kwargs), recording
+        class chat:
+            class completions:
+                @staticmethod
+                def create(messages, **kw):
+                    sent.append(messages)
+                    from types import SimpleNamespace as NS
+                    return NS(choices=[NS(message=NS(content=answers[len(sent) - 1]))])
+
+    user = LLMUser("customer", base_url="http://127.0.0.1:1/v1", api_key="x", client=Client)
+    history = [{"role": "user", "content": user.first_message(task)}]
+    for m in conv["messages"][3:]:
+        if m["role"] == "user":  # an agent line (roles swapped): the customer answers it
+            history.append({"role": "assistant", "content": m["content"]})
+            history.append({"role": "user", "content": user.reply(task, history)})
+    assert sent[-1] + [{"role": "assistant", "content": answers[-1]}] == conv["messages"]  # byte for byte
+    assert sent[0] == simulator_messages(task.instructions, [])
+
+
+def test_customer_model_trains_on_the_servers_rendering(world, tmp_path):
+    # vLLM's server renders each request with the chat template (add_generation_prompt); the customer model must be
+    # trained on exactly that: every request is a token prefix of the rendered conversation, and the trained tokens
+    # are the customer's turns with their end-of-turn token, nothing else.
+    from models import build_tiny
+
+    convs = customer.customer_conversations(world.tasks("train")[:6], per_task=1, seed=1)
+    _, tok = build_tiny(tmp_path, texts=[m["content"] for c in convs for m in c["messages"]], vocab_size=300,
+                        hidden=64, layers=1, heads=1, kv_heads=1, intermediate=128)
+    for c in convs:
+        ids, mask = customer.render_customer(tok, c["messages"])
+        turns = [i for i, m in enumerate(c["messages"]) if m["role"] == "assistant"]
+        for i in turns:
+            req = tok.apply_chat_template(c["messages"][:i], add_generation_prompt=True, tokenize=False)
+            req_ids = tok.encode(req, add_special_tokens=False)
+            assert ids[: len(req_ids)] == req_ids and mask[len(req_ids) - 1] == 0
+        trained = tok.decode([t for t, m in zip(ids, mask) if m])
+        assert trained == "".join(c["messages"][i]["content"] + "<|im_end|>" for i in turns)
