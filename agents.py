@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import chat
 from sampling import Sample
-from tools import ParsedTurn
+from tools import ParsedTurn, check_call, clean
 from user_sim import STOP
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -41,14 +41,11 @@ class MessageAgent:
             msg = self.acts[id(ep)](ep.messages, self.tools[id(ep)])
         except Exception as e:  # noqa: BLE001 - an endpoint failure aborts this episode, not the evaluation
             return e
-        calls, errors = [], []
-        for c in msg.get("tool_calls") or []:
-            name, args = c["function"]["name"], c["function"]["arguments"]
-            try:  # the wire format carries arguments as a JSON string
-                calls.append({"name": name, "arguments": json.loads(args) if isinstance(args, str) else args})
-            except (RecursionError, ValueError) as e:  # (json.JSONDecodeError is a ValueError)
-                errors.append(f"arguments of {name} are not JSON: {e}")
-        return ParsedTurn(content=msg.get("content") or "", calls=calls, errors=errors)
+        # the endpoint's native calls pass the same check as the <tool_call> text of a local model (tools.check_call)
+        checked = [check_call(c.get("function") if isinstance(c, dict) else None, set(ep.env.world.tools))
+                   for c in msg.get("tool_calls") or []]
+        return ParsedTurn(content=clean(msg.get("content") or ""), calls=[c for c in checked if isinstance(c, dict)],
+                          errors=[c for c in checked if isinstance(c, str)])
 
     def act(self, episodes, cfg):
         with ThreadPoolExecutor(max_workers=max(1, min(self.workers, len(episodes)))) as pool:
