@@ -42,7 +42,7 @@ from tqdm import tqdm
 
 import chat
 import sft
-from checkpoint import TaskSampler, load_checkpoint, save_checkpoint, save_pretrained
+from checkpoint import TaskSampler, load_checkpoint, newest_checkpoint, save_checkpoint, save_pretrained, set_aside
 from config import Config, ConfigError, parse_config, validate  # noqa: F401  (muarl.Config stays importable)
 from domains import load_worlds, task_sets
 from engine import check_vllm_model, make_engine
@@ -202,6 +202,12 @@ def build_run(cfg: Config) -> SimpleNamespace:
         check_vllm_model(cfg.model, on_cpu=not on_gpu)
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    # --resume: the newest checkpoint whose files match its manifest (or one line and a stop); a new run moves an old
+    # one in out_dir aside first, so its logs are never appended to nor its checkpoints overwritten (checkpoint.py)
+    ckpt = newest_checkpoint(out) if cfg.resume else None
+    if ckpt is None and rank == 0 and (aside := set_aside(out)):
+        print(f"muarl: the earlier run in {out} is kept in {aside}", flush=True)
+    barrier(world_size)
     random.seed(cfg.seed + rank)
     np.random.seed(cfg.seed + rank)
     torch.manual_seed(cfg.seed)  # the same on every rank: a tiny model is initialised identically everywhere
@@ -218,13 +224,14 @@ def build_run(cfg: Config) -> SimpleNamespace:
     if not train_tasks:
         raise ConfigError(f"no training tasks in {cfg.domains}")
     user = make_user(cfg.user, model=cfg.user_model or None, base_url=cfg.user_base_url or None,
-                     api_key=cfg.user_api_key or None, temperature=cfg.user_temperature, seed=cfg.seed)
+                     api_key=cfg.user_api_key or None, temperature=cfg.user_temperature, seed=cfg.seed,
+                     timeout=cfg.user_timeout, max_retries=cfg.user_retries, backoff=cfg.user_backoff)
     policy, tok, model_path = build_or_load_model(cfg, worlds, out, device, dtype, rank, world_size)
     run = SimpleNamespace(cfg=cfg, rank=rank, world_size=world_size, out=out, log=log, worlds=worlds, user=user,
                           train_tasks=train_tasks, eval_tasks=eval_tasks[: cfg.eval_tasks or None], policy=policy,
                           tok=tok, engine=None, results={}, sampler=TaskSampler(train_tasks, cfg.seed),
                           episodes_log=TrajectoryLog(out / f"episodes-rank{rank}.jsonl"))
-    fresh = not (cfg.resume and (out / "latest.json").exists())
+    fresh = ckpt is None
     if fresh and rank == 0 and run.eval_tasks and cfg.sft_epochs > 0:
         run_eval(run, "untrained")  # rank 0 alone, on the whole model: before it is sharded
     if world_size > 1:  # under torchrun the policy is sharded now: the cold start and RL both train it with FSDP2
@@ -232,7 +239,7 @@ def build_run(cfg: Config) -> SimpleNamespace:
     elif cfg.activation_checkpointing:
         policy.gradient_checkpointing_enable()
     run.opt = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    run.start, state = load_checkpoint(out, policy, run.opt, run.sampler, world_size) if cfg.resume else (0, {})
+    run.start, state = load_checkpoint(out, policy, run.opt, run.sampler, world_size, ckpt) if ckpt else (0, {})
     run.results.update(state.get("results", {}))
     if fresh and cfg.sft_epochs > 0:
         cold_start(run)
@@ -301,7 +308,8 @@ def main(argv: list[str] | None = None) -> dict:
         # 7. log: the step's numbers, and every 10 steps one whole episode with its mask
         st = step_stats(episodes, len(kept) // cfg.group_size, cfg.group_size, run.world_size)
         run.log({"phase": "grpo", "step": step, **st, **upd, "rollout_s": t1 - t0, "update_s": t2 - t1,
-                 "sync_s": t3 - t2, "tokens_per_s": st["tokens"] / max(1e-9, t3 - t0)})
+                 "sync_s": t3 - t2, "tokens_per_s": st["tokens"] / max(1e-9, t3 - t0),
+                 "user": getattr(run.user, "take_stats", dict)()})  # the customer endpoint's health (rank 0's)
         if run.rank == 0 and step % 10 == 0 and episodes:
             e = episodes[0]
             with open(run.out / "samples.txt", "a") as f:
@@ -340,6 +348,6 @@ if __name__ == "__main__":
     try:
         main()
         exit_now(int(os.environ.get("WORLD_SIZE", 1)))  # under torchrun: leave before gloo's exit-time abort
-    except (FileNotFoundError, ValueError) as e:  # bad input (ConfigError is a ValueError): one line, status 2
+    except (ImportError, OSError, ValueError) as e:  # bad input (ConfigError is a ValueError): one line, status 2
         print(f"muarl: {'config error: ' if isinstance(e, ConfigError) else ''}{e}", file=sys.stderr)
         sys.exit(2)

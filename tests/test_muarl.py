@@ -257,7 +257,7 @@ def test_smoke_cli(tmp_path):
     assert latest_checkpoint(out).name == "step-000002"
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-000001", "step-000002"]
     for ck in (out / "checkpoints").iterdir():
-        assert {p.name for p in ck.iterdir()} == {"model.pt", "optim.pt", "state.pt"}
+        assert {p.name for p in ck.iterdir()} == {"model.pt", "optim.pt", "state.pt", "manifest.json"}
     for d in ("tiny-init", "cold-start", "final"):
         assert (out / d / "model.safetensors").is_file() and (out / d / "tokenizer.json").is_file()
     # the results table, printed and written
