@@ -66,7 +66,7 @@ def _manifest(body: dict) -> str:  # the manifest's text, carrying its own check
 
 
 def damage(path: Path) -> str | None:
-    """What is wrong with the checkpoint folder `path` (a missing, truncated or altered file), or None if it is whole."""
+    """What is wrong with the checkpoint folder `path` (a missing, truncated or altered file), or None if whole."""
     try:
         body = json.loads((path / "manifest.json").read_text())
         check, files = body.pop("check"), body["files"]
@@ -96,7 +96,7 @@ def newest_checkpoint(out: Path) -> Path | None:
         bad.append(f"{path.name}: {why}")
         print(f"checkpoint {path}: {why}; trying the one before it", file=sys.stderr, flush=True)
     if bad:
-        raise ValueError(f"no usable checkpoint in {out / 'checkpoints'} ({'; '.join(bad)}): restore the damaged files, "
+        raise ValueError(f"no usable checkpoint in {out / 'checkpoints'} ({'; '.join(bad)}): restore the damaged files "
                          "or pass --resume false to start a new run (this one is then kept in previous-<k>/)")
     return None
 
@@ -137,7 +137,7 @@ def save_checkpoint(out: Path, step: int, policy, opt, sampler: TaskSampler, ext
     files = {}
     for name, obj in [("model.pt", state), ("optim.pt", optim), ("state.pt", resume)]:
         torch.save(obj, tmp / name)
-        files[name] = [[(tmp / name).stat().st_size, _sha256(tmp / name)]]  # [[bytes, sha256], ...]: versions it accepts
+        files[name] = [[(tmp / name).stat().st_size, _sha256(tmp / name)]]  # [[bytes, sha256], ...]: versions accepted
     logs = {f.name: f.stat().st_size for f in out.iterdir() if f.name in RUN_LOGS or f.match("episodes-rank*.jsonl")}
     (tmp / "manifest.json").write_text(_manifest({"step": step, "files": files, "logs": logs}))
     if latest.exists() and json.loads(latest.read_text())["path"] == final.name:

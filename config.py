@@ -184,8 +184,8 @@ def validate(cfg: Config, world_size: int = 1) -> None:
         # NaN fails every comparison: `--kl_coef nan` is refused like `--kl_coef -1` (or a gradient-flipping clip)
         *[(getattr(cfg, k) >= 0, f"--{k} must be >= 0, got {getattr(cfg, k)}") for k in ("copy_warmup", "steps",
           "grad_clip", "temperature", "clip_high", "kl_coef", "weight_decay", "eval_tasks", "eval_every", "save_every",
-          "sft_epochs", "threads", "turn_bonus", "user_temperature", "user_retries", "user_backoff", "synthetic_train", "synthetic_test", "copy_lr",
-          "sft_lr")],
+          "sft_epochs", "threads", "turn_bonus", "user_temperature", "user_retries", "user_backoff", "synthetic_train",
+          "synthetic_test", "copy_lr", "sft_lr")],
         *[(getattr(cfg, k) > 0, f"--{k} must be positive, got {getattr(cfg, k)}") for k in ("lr", "max_new_tokens",
           "max_context", "micro_batch_tokens", "max_turns", "logprob_chunk", "sft_batch", "tiny_hidden",
           "tiny_layers", "tiny_vocab", "tiny_intermediate", "synthetic_users", "user_timeout")],

@@ -127,3 +127,19 @@ def test_eval_failures_are_one_line_and_exit_2(args, says):
     lines = [line for line in r.stderr.splitlines() if "eval:" in line and "%|" not in line]
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
     assert len(lines) == 1 and says in lines[0], r.stderr[-2000:]
+
+
+def test_step_statistics_count_scored_episodes_only():
+    # issue 14 "honest logs": aborted episodes (a failed customer) are never scored, so they are not zeros in the
+    # step's reward or its group shares; they are counted on their own key
+    import muarl
+
+    def ep(reward, stop):
+        return SimpleNamespace(reward=reward, turns=2, mask=[1], ids=[1, 2], tool_calls=[], stop_reason=stop,
+                               aborted=stop == "user_error")
+
+    eps = [ep(1.0, "user_stop"), ep(1.0, "user_stop"), ep(1.0, "user_stop"), ep(0.0, "user_error"),  # group 2: aborted
+           ep(0.0, "user_stop"), ep(0.0, "max_turns"), ep(0.0, "user_error"), ep(0.0, "user_error")]
+    st = muarl.step_stats(eps, kept_groups=1, group_size=2)
+    assert st["reward"] == pytest.approx(3 / 5) and st["aborted"] == 3 and st["episodes"] == 8
+    assert st["all_correct_groups"] == 0.5 and st["all_wrong_groups"] == 0.5  # over the 2 groups with no abort
