@@ -163,7 +163,7 @@ def run_eval(run, name: str) -> None:
                       rollout_cfg(run.cfg, greedy=True, seed=run.cfg.seed))
     run.episodes_log.write(eps, phase="eval", name=name)
     run.results[name] = m
-    run.log({"phase": "eval", "name": name, **m})
+    run.log({"phase": "eval", "name": name, **m, "user": getattr(run.user, "take_stats", dict)()})
     print(f"[eval] {name}: pass^1 {100 * m['pass^1']:.1f}% over {len(run.eval_tasks)} held-out tasks", flush=True)
 
 

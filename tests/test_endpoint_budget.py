@@ -91,14 +91,18 @@ class Customer(BaseHTTPRequestHandler):
         pass
 
 
+class Server(ThreadingHTTPServer):
+    daemon_threads, request_queue_size = True, 128  # 16 customer threads at once: a backlog of 5 would refuse some
+
+
 def test_customer_statistics_are_in_the_step_log(tmp_path):
     import muarl
     from test_muarl import TINY, grpo_records
 
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), Customer)
+    srv = Server(("127.0.0.1", 0), Customer)
     threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     try:
-        muarl.main(TINY + ["--out_dir", str(tmp_path / "run"), "--steps", "1", "--eval_tasks", "0", "--user", "llm",
+        muarl.main(TINY + ["--out_dir", str(tmp_path / "run"), "--steps", "1", "--user", "llm",
                            "--user_model", "m", "--user_base_url", f"http://127.0.0.1:{srv.server_address[1]}/v1",
                            "--user_timeout", "5", "--user_retries", "1", "--user_backoff", "0.1"])
     finally:
@@ -106,7 +110,10 @@ def test_customer_statistics_are_in_the_step_log(tmp_path):
         srv.server_close()
     (rec,) = grpo_records(tmp_path / "run")
     user = rec["user"]
-    assert user["calls"] >= 2 and user["retries"] == 0 and user["failures"] == 0 and user["deadlines"] == 0
+    assert 2 <= user["calls"] <= 2 + 4 * 6  # the step's own: 2 openings + at most 4 episodes x 6 turns
+    assert user["retries"] == 0 and user["failures"] == 0 and user["deadlines"] == 0
+    evals = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    assert [e["user"]["calls"] >= 1 for e in evals if e["phase"] == "eval"] == [True, True]  # evaluations: their own
     assert 0 < user["latency_p50"] <= user["latency_p90"] <= user["latency_p99"] <= user["latency_max"] < 5
     config = json.loads((tmp_path / "run" / "config.json").read_text())
     assert (config["user_timeout"], config["user_retries"], config["user_backoff"]) == (5.0, 1, 0.1)
