@@ -139,7 +139,9 @@ def fuzz(domain: str, cases: int, seed: int = 0) -> dict:
     agent, before, tasks = PolicyAgent(engine, tok), db_hash(world), world.tasks("test") or world.tasks()
     escaped, first, episodes = 0, None, 0
     while engine.turns + user.replies_made < cases:
-        cfg = RolloutConfig(max_turns=rng.choice([2, 6, 12]), max_new_tokens=1 << 20, max_context=1 << 22,
+        big = rng.random() < 0.2  # room for 120,000-character arguments to arrive whole (else the paper's 32,768)
+        cfg = RolloutConfig(max_turns=rng.choice([2, 6, 12]), max_new_tokens=1 << 20 if big else 1024,
+                            max_context=1 << 22 if big else 32768,
                             malformed=rng.choice(["end", "observe"]), all_calls=rng.random() < 0.3,
                             tools_in_prompt=rng.random() < 0.1, seed=rng.randrange(1 << 30))
         batch = rng.sample(tasks, min(4, len(tasks)))
