@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import chat
 from sampling import Sample
-from tools import ParsedTurn
+from tools import ParsedTurn, check_call, clean
 from domains.dual_control import customer_only, gold_requestors
 from user_sim import STOP, ScriptedUser
 
@@ -51,14 +51,11 @@ class MessageAgent:
             e.context_full = "maximum context length" in str(e)  # the phrase of vLLM's and OpenAI's HTTP 400
             return e
         ep.context_tokens = msg.get("context") or ep.context_tokens
-        calls, errors = [], []
-        for c in msg.get("tool_calls") or []:
-            name, args = c["function"]["name"], c["function"]["arguments"]
-            try:  # the wire format carries arguments as a JSON string
-                calls.append({"name": name, "arguments": json.loads(args) if isinstance(args, str) else args})
-            except (RecursionError, ValueError) as e:  # (json.JSONDecodeError is a ValueError)
-                errors.append(f"arguments of {name} are not JSON: {e}")
-        return ParsedTurn(content=msg.get("content") or "", calls=calls, errors=errors)
+        # the endpoint's native calls pass the same check as the <tool_call> text of a local model (tools.check_call)
+        checked = [check_call(c.get("function") if isinstance(c, dict) else None, set(ep.env.world.tools))
+                   for c in msg.get("tool_calls") or []]
+        return ParsedTurn(content=clean(msg.get("content") or ""), calls=[c for c in checked if isinstance(c, dict)],
+                          errors=[c for c in checked if isinstance(c, str)])
 
     def act(self, episodes, cfg):
         with ThreadPoolExecutor(max_workers=max(1, min(self.workers, len(episodes)))) as pool:

@@ -25,6 +25,8 @@ from __future__ import annotations
 import functools
 import itertools
 
+from tools import clean
+
 STUB = [{"role": "user", "content": "."}, {"role": "assistant", "content": "."}]
 
 
@@ -47,7 +49,8 @@ def render(tokenizer, messages: list[dict], tools: list[dict] | None = None, add
 
 def encode(tokenizer, text: str) -> list[int]:
     # add_special_tokens=False: the template text already carries every special token it needs (no BOS added).
-    return tokenizer.encode(text, add_special_tokens=False)
+    # clean(): a lone surrogate from a tool or a customer (JSON's "\ud800") stays text instead of breaking the encoder
+    return tokenizer.encode(clean(text), add_special_tokens=False)
 
 
 def prompt_ids(tokenizer, system: str, tools: list[dict], first_user: str) -> list[int]:

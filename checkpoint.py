@@ -3,14 +3,22 @@
 Why atomic: a run can die at any instant (SIGKILL, a preempted node), leaving a file written in place truncated
 yet named by latest.json. A rename (os.replace) is atomic: a reader finds the old file or the new, never half. So a
 checkpoint is written to a temporary folder and renamed, and `latest.json`, which --resume reads first, is replaced
-last: a crash loses at most the current step (tests/test_muarl.py kills runs, and fails each file operation)."""
+last: a crash loses at most the current step (tests/test_muarl.py kills runs, and fails each file operation).
+
+Why a manifest: a rename guards against a crash, not against a disk. Each checkpoint holds manifest.json, the size
+and sha256 of each of its files and the length of every log at that step. --resume takes the newest checkpoint whose
+files match it, names each damaged one it passes over, and cuts the logs back to that step, so a step re-run after
+the resume is logged once; with checkpoints but none usable it stops with one line. A new run (not --resume) in a
+folder holding an old one first moves the old one into previous-<k>/: nothing is overwritten or appended to."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
 import shutil
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -48,6 +56,71 @@ class TaskSampler:
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# Trust: the manifest's checksums, the newest checkpoint that matches them, an old run set aside
+
+RUN_LOGS = ("log.jsonl", "samples.txt")  # with episodes-rank*.jsonl: the logs a resume cuts back to its step
+RUN_FILES = RUN_LOGS + ("latest.json", "checkpoints", "config.json", "results.md", "cold-start", "final")
+
+
+def _sha256(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def _manifest(body: dict) -> str:  # the manifest's text, carrying its own checksum (so damage to it is named too)
+    return json.dumps({**body, "check": hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()})
+
+
+def damage(path: Path) -> str | None:
+    """What is wrong with the checkpoint folder `path` (a missing, truncated or altered file), or None if whole."""
+    try:
+        body = json.loads((path / "manifest.json").read_text())
+        check, files = body.pop("check"), body["files"]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return "manifest.json is missing or unreadable"
+    if json.loads(_manifest(body))["check"] != check:
+        return "manifest.json fails its own checksum (damaged on disk)"
+    for name, versions in files.items():
+        if not (path / name).is_file():
+            return f"{name} is missing"
+        if (size := (path / name).stat().st_size) not in [b for b, _ in versions]:
+            return f"{name} is truncated or overwritten ({size} bytes, expected {versions[0][0]})"
+        if _sha256(path / name) not in [h for _, h in versions]:
+            return f"{name} fails its sha256 checksum (damaged on disk)"
+    return None
+
+
+def newest_checkpoint(out: Path) -> Path | None:
+    """The newest checkpoint in out/checkpoints whose files match its manifest; each newer damaged one is named on
+    stderr. None if there is no checkpoint; if there are some but none is usable, a ValueError says what to do.
+    latest.json is not needed: a folder is renamed into place only once complete, manifest included."""
+    folders = sorted((p for p in (out / "checkpoints").glob("step-*") if not p.name.endswith(".tmp")), reverse=True)
+    bad = []
+    for path in folders:
+        if (why := damage(path)) is None:
+            return path
+        bad.append(f"{path.name}: {why}")
+        print(f"checkpoint {path}: {why}; trying the one before it", file=sys.stderr, flush=True)
+    if bad:
+        raise ValueError(f"no usable checkpoint in {out / 'checkpoints'} ({'; '.join(bad)}): restore the damaged files "
+                         "or pass --resume false to start a new run (this one is then kept in previous-<k>/)")
+    return None
+
+
+def set_aside(out: Path) -> Path | None:
+    """Move an earlier run's files (logs, checkpoints, models) into out/previous-<k>/, so a new run in the same folder
+    neither appends to its logs nor overwrites its checkpoints. Returns that folder, or None if there was no run."""
+    found = [p for p in out.iterdir() if p.name in RUN_FILES or p.match("episodes-rank*.jsonl")] if out.is_dir() else []
+    if not found:
+        return None
+    k = 1 + max([int(p.name.split("-")[1]) for p in out.glob("previous-*") if p.name.split("-")[1].isdigit()] + [0])
+    (dest := out / f"previous-{k}").mkdir()
+    for p in found:
+        os.replace(p, dest / p.name)
+    return dest
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # Checkpoints: written aside, renamed, then latest.json replaced (atomic at every step)
 
 
@@ -68,12 +141,22 @@ def save_checkpoint(out: Path, step: int, policy, opt, sampler: TaskSampler, ext
     rng = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
     resume = {"step": step, "sampler": {"epoch": sampler.epoch, "pos": sampler.pos, "again": sampler.again}, "rng": rng,
               **extra}
+    files = {}
     for name, obj in [("model.pt", state), ("optim.pt", optim), ("state.pt", resume)]:
         torch.save(obj, tmp / name)
+        files[name] = [[(tmp / name).stat().st_size, _sha256(tmp / name)]]  # [[bytes, sha256], ...]: versions accepted
+    logs = {f.name: f.stat().st_size for f in out.iterdir() if f.name in RUN_LOGS or f.match("episodes-rank*.jsonl")}
+    (tmp / "manifest.json").write_text(_manifest({"step": step, "files": files, "logs": logs}))
     if latest.exists() and json.loads(latest.read_text())["path"] == final.name:
-        # the same step again (a run's end adds its final evaluation), named by latest.json: never remove the folder
-        for f in tmp.iterdir():
-            os.replace(f, final / f.name)  # one file at a time, each atomically: old and new hold the same step
+        # the same step again (a run's end adds its final evaluation), named by latest.json: never remove the folder.
+        # Its files are replaced one at a time, so the manifest accepts the old and the new version of each until the
+        # last one is in (same step, same weights: any mix of the two is the same checkpoint).
+        both = json.loads((final / "manifest.json").read_text())["files"] if (final / "manifest.json").exists() else {}
+        (tmp / "both.json").write_text(_manifest({"step": step, "logs": logs,
+                                                  "files": {k: v + both.get(k, []) for k, v in files.items()}}))
+        os.replace(tmp / "both.json", final / "manifest.json")
+        for f in [f for f in tmp.iterdir() if f.name != "manifest.json"] + [tmp / "manifest.json"]:
+            os.replace(f, final / f.name)  # one file at a time, each atomically; the manifest last
         tmp.rmdir()
     else:
         shutil.rmtree(final, ignore_errors=True)  # a leftover of a run killed before latest.json pointed to it
@@ -102,16 +185,19 @@ def save_pretrained(policy, tokenizer, path: Path, world_size: int, rank: int) -
     barrier(world_size)  # no rank goes on (e.g. to load the folder) before it is written
 
 
-def load_checkpoint(out: Path, policy, opt, sampler: TaskSampler, world_size: int) -> tuple[int, dict]:
-    """(step, state) of the latest checkpoint, or (0, {}), after restoring what a run needs to go on as if never
-    stopped: weights, AdamW's moments (zero ones would jolt the policy), the sampler's place, every random generator."""
-    latest = out / "latest.json"
-    if not latest.exists():
+def load_checkpoint(out: Path, policy, opt, sampler: TaskSampler, world_size: int,
+                    path: Path | None = None) -> tuple[int, dict]:
+    """(step, state) of the newest usable checkpoint (or `path`), or (0, {}), after restoring what a run needs to go on
+    as if never stopped: weights, AdamW's moments (zero ones would jolt the policy), the sampler's place, every random
+    generator; and the logs, cut back to that step (what was logged after it is logged again as the steps re-run)."""
+    if (path := path or newest_checkpoint(out)) is None:
         return 0, {}
-    path = out / "checkpoints" / json.loads(latest.read_text())["path"]
     state = torch.load(path / "state.pt", weights_only=False)
     model_sd = torch.load(path / "model.pt", weights_only=True)
     optim_sd = torch.load(path / "optim.pt", weights_only=False)
+    for name, size in json.loads((path / "manifest.json").read_text())["logs"].items():
+        if (out / name).is_file() and (out / name).stat().st_size > size:
+            os.truncate(out / name, size)
     if world_size > 1:  # each rank keeps its own shard of the full dicts
         import torch.distributed.checkpoint.state_dict as dcp
 

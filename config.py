@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -68,6 +69,9 @@ class Config:
                                       "broke its instructions (checkable worlds: store); off: they train as scored")
     user_serve: str = flag("", "--user llm: serve this local model folder as the customer on 127.0.0.1 (vLLM's OpenAI "
                            "server, for the run's duration), or 'train' to train the store's customer model first")
+    user_timeout: float = flag(30.0, "LLM user: whole-request deadline of one attempt, seconds (connect + all reads)")
+    user_retries: int = flag(3, "LLM user: retries after a failed attempt (timeout, 408, 429, 5xx, garbage)")
+    user_backoff: float = flag(1.0, "LLM user: first retry's wait, seconds, doubled each retry (with jitter)")
     # GRPO. Each step samples B tasks and G episodes of each; an episode's advantage is its reward against its
     # group's, so only groups with mixed outcomes teach anything.
     group_size: int = flag(8, "G: rollouts per task")
@@ -197,6 +201,18 @@ def _bool(s: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true/false, got {s!r}")
 
 
+def model_problem(name: str) -> str | None:
+    """What is wrong with a --model value, or None: "tiny", a model folder (with config.json), or a hub id (owner/name:
+    fetched later; it cannot be checked offline). A path to nothing is caught here, before any work."""
+    if name == "tiny" or os.path.isfile(os.path.join(os.path.expanduser(name), "config.json")):
+        return None
+    if os.path.isdir(os.path.expanduser(name)):
+        return f"--model {name}: the folder holds no config.json (not a saved model)"
+    if name.startswith(("/", ".", "~")) or name.count("/") > 1 or not name:
+        return f"--model {name!r}: no such model folder (and not a hub id like Qwen/Qwen3-8B)"
+    return None
+
+
 class ConfigError(ValueError):
     """A configuration that cannot work: reported as one line at start, before anything expensive."""
 
@@ -229,14 +245,19 @@ def validate(cfg: Config, world_size: int = 1) -> None:
         *[(getattr(cfg, k) >= 0, f"--{k} must be >= 0, got {getattr(cfg, k)}") for k in ("copy_warmup", "steps",
           "grad_clip", "temperature", "clip_high", "kl_coef", "weight_decay", "eval_tasks", "eval_every", "save_every",
           "micro_batch_tokens", "user_down_s",
-          "sft_epochs", "threads", "turn_bonus", "user_temperature", "synthetic_train", "synthetic_test", "copy_lr",
-          "sft_lr")],
+          "sft_epochs", "threads", "turn_bonus", "user_temperature", "user_retries", "user_backoff", "synthetic_train",
+          "synthetic_test", "copy_lr", "sft_lr")],
         *[(getattr(cfg, k) > 0, f"--{k} must be positive, got {getattr(cfg, k)}") for k in ("lr", "max_new_tokens",
           "max_context", "user_max_tokens", "max_turns", "logprob_chunk", "sft_batch", "tiny_hidden",
-          "tiny_layers", "tiny_vocab", "tiny_intermediate", "synthetic_users")],
+          "tiny_layers", "tiny_vocab", "tiny_intermediate", "synthetic_users", "user_timeout")],
         (0 < cfg.top_p <= 1, f"--top_p must be in (0, 1], got {cfg.top_p}"),
         (0 <= cfg.clip_low < 1, f"--clip_low must be in [0, 1), got {cfg.clip_low}"),
         (cfg.max_new_tokens < cfg.max_context, "max_new_tokens must be smaller than max_context (a turn needs room)"),
+        *[(False, m) for m in [model_problem(cfg.model)] if m],  # paths, then conflicting flags
+        *[(not getattr(cfg, k) or os.path.exists(getattr(cfg, k)), f"--{k} {getattr(cfg, k)}: no such file or folder")
+          for k in ("sft_data", "data_dir")],
+        (cfg.user == "llm" or not (cfg.user_model or cfg.user_base_url or cfg.user_api_key),
+         f"--user_model / --user_base_url / --user_api_key are for --user llm (got --user {cfg.user})"),
     ]
     if (message := next((m for ok, m in checks if not ok), None)) is not None:  # the first check that failed
         raise ConfigError(message)

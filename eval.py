@@ -31,6 +31,7 @@ import argparse
 import dataclasses
 import json
 import math
+import os
 import sys
 import time
 from collections import Counter
@@ -38,8 +39,8 @@ from collections import Counter
 from tqdm import tqdm
 
 from agents import FixedUser, MessageAgent, OracleAgent, openai_act
-from config import Config
-from domains import BENCHES, load_worlds, script_for
+from config import Config, ConfigError, model_problem
+from domains import BENCHES, DOMAINS, load_worlds, script_for
 from domains.tau2_data import provenance
 from engine import make_engine
 from models import load_policy
@@ -127,7 +128,8 @@ def evaluate(tasks, worlds, agent, user, cfg: RolloutConfig, trials: int = 1, ba
     return summarize(episodes, trials), episodes
 
 
-def main(argv=None):
+def parse_args(argv=None) -> argparse.Namespace:
+    """The command line, checked: every bad value or combination is a ConfigError naming the flag, before any work."""
     p = argparse.ArgumentParser(description="Evaluate an agent: pass^k, turns, tool mix, stop reasons")
     p.add_argument("--agent", default="local", choices=["local", "openai", "oracle"])
     p.add_argument("--model", default="", help="local model path / HF id (agent=local)")
@@ -147,6 +149,8 @@ def main(argv=None):
     p.add_argument("--tasks", type=int, default=0, help="first N tasks of the split (0 = all)")
     p.add_argument("--trials", type=int, default=1, help="k: runs per task (pass^1 ... pass^k)")
     p.add_argument("--user", default="scripted", choices=["scripted", "llm", "fixed"])
+    for name in ("user_timeout", "user_retries", "user_backoff"):  # the customer endpoint's budget, as in training
+        p.add_argument(f"--{name}", type=type(getattr(Config, name)), default=getattr(Config, name))
     p.add_argument("--check_outputs", type=int, default=1)
     for name, default in (("max_turns", 30), ("max_new_tokens", 1024), ("max_context", 32768), ("tools_in_prompt", 1)):
         p.add_argument(f"--{name}", type=int, default=default)  # as in training (config.py; the paper's caps)
@@ -156,20 +160,45 @@ def main(argv=None):
     p.add_argument("--seed", type=int, default=0, help="sampling seed (trial j of a task: sampling.episode_seed)")
     p.add_argument("--synthetic_seed", type=int, default=0, help="seed of the synthetic / shop world (as in muarl.py)")
     p.add_argument("--out", default="runs/eval/transcripts.jsonl")
+    p.error = lambda message: (_ for _ in ()).throw(ConfigError(message))  # a bad type: one line, like the rest
     a = p.parse_args(argv)
+    a.domain = BENCHES[a.bench].domain if a.bench else a.domain
+    unknown = [d for d in a.domain.split(",") if d not in DOMAINS]
+    checks = [  # (holds, what to say otherwise): the first that fails is reported, as in config.validate
+        (not unknown, f"--domain: unknown domain(s) {unknown}: choose from {', '.join(DOMAINS)}"),
+        (a.trials >= 1 and a.tasks >= 0, f"--trials must be >= 1 and --tasks >= 0, got {a.trials} and {a.tasks}"),
+        (a.temperature >= 0, f"--temperature must be >= 0, got {a.temperature}"),
+        (0 < a.top_p <= 1, f"--top_p must be in (0, 1], got {a.top_p}"),
+        (min(a.max_turns, a.max_new_tokens) > 0 and a.max_new_tokens < a.max_context,
+         f"--max_turns and --max_new_tokens must be positive and --max_context larger, got {a.max_turns}, "
+         f"{a.max_new_tokens}, {a.max_context}"),
+        (a.check_outputs in (0, 1) and a.tools_in_prompt in (0, 1), "--check_outputs and --tools_in_prompt are 0 or 1"),
+        (a.user_max_tokens > 0 and a.user_temperature >= 0, "--user_max_tokens must be > 0, --user_temperature >= 0"),
+        (a.user_timeout > 0 and a.user_retries >= 0 and a.user_backoff >= 0,
+         f"--user_timeout must be > 0, --user_retries and --user_backoff >= 0, got {a.user_timeout}, "
+         f"{a.user_retries}, {a.user_backoff}"),
+        (a.agent != "local" or a.model, "--agent local needs --model (a model folder or a hub id)"),
+        (a.agent == "local" or not a.model, f"--model is for --agent local (got --agent {a.agent})"),
+        (a.agent != "openai" or a.agent_model, "--agent openai needs --agent_model"),
+        (a.agent == "openai" or not a.agent_model, f"--agent_model is for --agent openai (got --agent {a.agent})"),
+        *[(False, m) for m in [model_problem(a.model) if a.agent == "local" else None] if m],
+        (not a.data_dir or os.path.isdir(a.data_dir), f"--data_dir {a.data_dir}: no such folder"),
+    ]
+    if (message := next((m for ok, m in checks if not ok), None)) is not None:
+        raise ConfigError(message)
+    return a
 
-    if a.temperature < 0 or not 0 < a.top_p <= 1:
-        p.error(f"--temperature must be >= 0 and --top_p in (0, 1], got {a.temperature} and {a.top_p}")
+
+def main(argv=None):
+    a = parse_args(argv)
     bench = BENCHES.get(a.bench)
-    a.domain = bench.domain if bench else a.domain
     # the worlds as muarl.py builds them (generated worlds: the held-out tasks are a function of the seed alone)
-    try:
-        worlds = load_worlds(Config(domains=a.domain, data_dir=a.data_dir, synthetic_seed=a.synthetic_seed,
-                                    synthetic_train=0))
-    except (FileNotFoundError, ValueError) as e:  # missing data, an unknown domain: one line, not a traceback
-        raise SystemExit(f"eval: {e}")
+    worlds = load_worlds(Config(domains=a.domain, data_dir=a.data_dir, synthetic_seed=a.synthetic_seed,
+                                synthetic_train=0))  # (missing data: FileNotFoundError, one line at __main__)
     tasks = [t for w in worlds.values() for t in w.tasks(a.split)]
     tasks = (bench.select(tasks, a.category) if bench else tasks)[: a.tasks or None]  # --tasks 0: all
+    if not tasks:  # an empty set would print pass^1 = nan and exit 0
+        raise ConfigError(f"no tasks in split {a.split!r} of {a.domain} (splits: train, test, all)")
     cfg = RolloutConfig(max_turns=a.max_turns, max_new_tokens=a.max_new_tokens, max_context=a.max_context,
                         temperature=a.temperature, top_p=a.top_p, seed=a.seed, tools_in_prompt=bool(a.tools_in_prompt))
     cfg = dataclasses.replace(cfg, **bench.rollout) if bench else cfg  # e.g. BFCL runs every call of a step
@@ -180,12 +209,13 @@ def main(argv=None):
             for t in tasks:
                 script_for(t)
         except ValueError:
-            raise SystemExit(f"eval: the scripted customer does not play {a.domain}'s tasks: use --user llm") from None
+            raise ConfigError(f"the scripted customer does not play {a.domain}'s tasks: use --user llm") from None
     for source in provenance(worlds):  # where the tau2 data came from
         print(f"[data] {source['domain']}: {source['path']} (sha256 {source['sha256']}; {source['revision']})")
     user = FixedUser() if (a.agent == "oracle" and not (bench and bench.oracle)) or a.user == "fixed" else \
         make_user(a.user, model=a.user_model or None, base_url=a.user_base_url or None, api_key=a.user_api_key or None,
-                  temperature=a.user_temperature, max_tokens=a.user_max_tokens)
+                  temperature=a.user_temperature, max_tokens=a.user_max_tokens, timeout=a.user_timeout,
+                  max_retries=a.user_retries, backoff=a.user_backoff)
     try:  # each endpoint once, before any episode: a misconfigured one is one line, not a table of aborted episodes
         if a.preflight and a.user == "llm" and a.agent != "oracle":
             check_customer(user, tasks)
@@ -195,7 +225,7 @@ def main(argv=None):
             check_endpoint("agent", a.agent_model, first, a.max_new_tokens, None if bench and bench.agent else
                            w.tool_schemas(), a.agent_base_url or None, a.agent_api_key or None)  # (ACEBench: text)
     except PreflightError as e:
-        raise SystemExit(f"eval: {e}") from None
+        raise ConfigError(str(e)) from None
     t0 = time.time()
     if a.agent == "local":
         model, tok = load_policy(a.model)
@@ -226,7 +256,7 @@ def main(argv=None):
         print(text)
     errors = [e.info.get(e.stop_reason) for e in eps if e.aborted]
     if errors and len(errors) == len(eps):  # nothing was measured: say why, and fail
-        raise SystemExit(f"eval: every episode ({len(eps)}) aborted; first error: {errors[0]}")
+        raise ConfigError(f"every episode ({len(eps)}) aborted; first error: {errors[0]} (transcripts: {a.out})")
     if errors:
         print(f"warning: {len(errors)} of {len(eps)} episodes aborted (not scored); first error: {errors[0]}")
     return metrics
@@ -235,5 +265,6 @@ def main(argv=None):
 if __name__ == "__main__":
     try:
         main()
-    except (FileNotFoundError, ValueError) as e:  # bad input or missing data: one line (how to get it), status 2
-        sys.exit(f"eval: {e}")
+    except (ImportError, OSError, ValueError) as e:  # bad input (ConfigError is a ValueError): one line, status 2
+        print(f"eval: {e}", file=sys.stderr)
+        sys.exit(2)

@@ -34,7 +34,6 @@ import random
 import re
 import sys
 import time
-from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -45,20 +44,20 @@ from tqdm import tqdm
 import chat
 import curves
 import sft
-from checkpoint import TaskSampler, load_checkpoint, save_checkpoint, save_pretrained
+from checkpoint import TaskSampler, load_checkpoint, newest_checkpoint, save_checkpoint, save_pretrained, set_aside
 from config import Config, ConfigError, parse_config, save_config, validate  # noqa: F401  (muarl.Config importable)
 from customer import serve_customer
 from domains import load_worlds, task_sets
 from domains.tau2_data import provenance
 from engine import check_vllm_model, make_engine
-from eval import customer_fidelity, evaluate, format_table
+from eval import evaluate, format_table
 from fsdp import all_gather_episodes, all_sum, barrier, dist_setup, dist_teardown, even_rows, exit_now, full_state_dict
 from fsdp import reduce_stats, shard
 from grpo import ADVANTAGES, grpo_loss, pack_sequences, token_advantages, token_logprobs
 from models import build_tiny, load_policy, load_reference
 from preflight import Outage, RunStopped, check_customer, prompt_warning
 from rollout import PolicyAgent, RolloutConfig, TrajectoryLog, rollout, score
-from runlog import RunLog
+from runlog import RunLog, step_stats  # noqa: F401  (muarl.step_stats: tests call it)
 from sampling import episode_seed
 from serve import ServeError
 from user_sim import make_user
@@ -121,30 +120,6 @@ def update(policy, reference, episodes, advantages, opt, cfg: Config, world_size
     return {**out, "grad_norm": gnorm, "skipped": not finite, "trained_tokens": n_tok}
 
 
-def step_stats(episodes, kept_groups: int, group_size: int, world_size: int = 1) -> dict:
-    """What a step's episodes did, over every rank's; means over scored episodes (an aborted one has no reward)."""
-    eps = all_gather_episodes([{"reward": e.reward, "turns": e.turns, "agent_tokens": sum(e.mask),
-                                "tokens": len(e.ids), "tool_calls": list(e.tool_calls), "stop_reason": e.stop_reason,
-                                "aborted": e.aborted, "mistakes": e.info.get("customer_mistakes")} for e in episodes],
-                               world_size)
-    scored = [e for e in eps if not e["aborted"]]
-    n, calls = max(1, len(scored)), Counter(c for e in scored for c in e["tool_calls"])
-    groups = [g for g in (eps[i : i + group_size] for i in range(0, len(eps), group_size))
-              if not any(e["aborted"] for e in g)]
-    return {
-        "reward": sum(e["reward"] for e in scored) / n,
-        "all_correct_groups": sum(all(e["reward"] == 1 for e in g) for g in groups) / max(1, len(groups)),
-        "all_wrong_groups": sum(all(e["reward"] == 0 for e in g) for g in groups) / max(1, len(groups)),
-        "kept_groups": int(all_sum(kept_groups, world_size)), "episodes": len(eps), "aborted": len(eps) - len(scored),
-        "tokens": sum(e["tokens"] for e in eps), "turns": sum(e["turns"] for e in scored) / n,
-        "agent_tokens": sum(e["agent_tokens"] for e in scored) / n, "tool_mix": dict(calls),
-        **{f"{t}_rate": calls[name] / max(1, sum(calls.values()))
-           for t, name in (("think", "think"), ("calculate", "calculate"), ("transfer", "transfer_to_human_agents"))},
-        "stop_reasons": dict(Counter(e["stop_reason"] for e in eps)),
-        **customer_fidelity([e["mistakes"] for e in scored], [e["reward"] for e in scored]),
-    }
-
-
 # ---------------------------------------------------------------------------------------------------------------
 # Setup: everything before the loop
 
@@ -178,7 +153,7 @@ def run_eval(run, name: str, step: int = 0) -> None:
                       rollout_cfg(run.cfg, greedy=True, seed=run.cfg.seed), progress=False)
     run.episodes_log.write(eps, phase="eval", name=name)
     run.results[name] = m
-    run.log({"phase": "eval", "name": name, "step": step, **m})
+    run.log({"phase": "eval", "name": name, "step": step, **m, "user": getattr(run.user, "take_stats", dict)()})
     print(f"[eval] {name}: pass^1 {100 * m['pass^1']:.1f}% over {len(run.eval_tasks)} held-out tasks", flush=True)
 
 
@@ -220,6 +195,12 @@ def build_run(cfg: Config) -> SimpleNamespace:
         check_vllm_model(cfg.model, on_cpu=not on_gpu)
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    # --resume: the newest checkpoint whose files match its manifest (or one line and a stop); a new run moves an old
+    # one in out_dir aside first, so its logs are never appended to nor its checkpoints overwritten (checkpoint.py)
+    ckpt = newest_checkpoint(out) if cfg.resume else None
+    if ckpt is None and rank == 0 and (aside := set_aside(out)):
+        print(f"muarl: the earlier run in {out} is kept in {aside}", flush=True)
+    barrier(world_size)
     random.seed(cfg.seed + rank)
     np.random.seed(cfg.seed + rank)
     torch.manual_seed(cfg.seed)  # the same on every rank: a tiny model is initialised identically everywhere
@@ -232,7 +213,8 @@ def build_run(cfg: Config) -> SimpleNamespace:
     server = serve_customer(cfg.user_serve, out, train_tasks, cfg.seed, log) if cfg.user_serve and rank == 0 else None
     user = make_user(cfg.user, model="customer" if server else cfg.user_model or None, api_key=cfg.user_api_key or None,
                      base_url=server.base_url if server else cfg.user_base_url or None, max_tokens=cfg.user_max_tokens,
-                     temperature=cfg.user_temperature, seed=None if server else cfg.seed)  # (served: sampled)
+                     temperature=cfg.user_temperature, seed=None if server else cfg.seed,  # (served: sampled)
+                     timeout=cfg.user_timeout, max_retries=cfg.user_retries, backoff=cfg.user_backoff)
     if cfg.preflight and (ok := check_customer(user, train_tasks + eval_tasks)):  # a bad endpoint stops us here
         print(f"[preflight] customer {ok['model']} at {ok['base_url']}: ok ({ok})", flush=True)
     if rank == 0:
@@ -249,7 +231,7 @@ def build_run(cfg: Config) -> SimpleNamespace:
                           policy=policy, tok=tok, engine=None, results={}, sampler=TaskSampler(train_tasks, cfg.seed),
                           episodes_log=TrajectoryLog(out / f"episodes-rank{rank}.jsonl"),
                           outage=Outage(cfg.user_down_s))
-    fresh = not (cfg.resume and (out / "latest.json").exists())
+    fresh = ckpt is None
     if fresh and rank == 0 and run.eval_tasks and cfg.sft_epochs > 0:
         run_eval(run, "untrained")  # rank 0 alone, on the whole model: before it is sharded
     if world_size > 1:  # under torchrun the policy is sharded now: the cold start and RL both train it with FSDP2
@@ -257,7 +239,7 @@ def build_run(cfg: Config) -> SimpleNamespace:
     elif cfg.activation_checkpointing:
         policy.gradient_checkpointing_enable()
     run.opt = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    run.start, state = load_checkpoint(out, policy, run.opt, run.sampler, world_size) if cfg.resume else (0, {})
+    run.start, state = load_checkpoint(out, policy, run.opt, run.sampler, world_size, ckpt) if ckpt else (0, {})
     run.results.update(state.get("results", {}))
     run.updates, log.global_step = state.get("updates", run.start), state.get("global_step", 0)  # both go on
     if fresh and cfg.sft_epochs > 0:
@@ -334,7 +316,8 @@ def main(argv: list[str] | None = None) -> dict:
         # 7. log: the step's numbers, and every 10 steps one whole episode with its mask
         st = step_stats(episodes, len(kept) // cfg.group_size, cfg.group_size, run.world_size)
         run.log({"phase": "grpo", "step": step, **st, **upd, "rollout_s": t1 - t0, "update_s": t2 - t1,
-                 "sync_s": t3 - t2, "tokens_per_s": st["tokens"] / max(1e-9, t3 - t0)})
+                 "sync_s": t3 - t2, "tokens_per_s": st["tokens"] / max(1e-9, t3 - t0),
+                 "user": getattr(run.user, "take_stats", dict)()})  # the customer endpoint's health (rank 0's)
         if run.rank == 0 and step % 10 == 0 and episodes:
             e = episodes[0]
             with open(run.out / "samples.txt", "a") as f:
@@ -392,7 +375,7 @@ if __name__ == "__main__":
     try:
         main()
         exit_now(int(os.environ.get("WORLD_SIZE", 1)))  # under torchrun: leave before gloo's exit-time abort
-    except (FileNotFoundError, ValueError, ServeError) as e:  # bad input (ConfigError, PreflightError...): one line, 2
+    except (ImportError, OSError, ValueError, ServeError) as e:  # bad input (ConfigError, PreflightError): 1 line
         print(f"muarl: {'config error: ' if isinstance(e, ConfigError) else ''}{e}", file=sys.stderr)
         sys.exit(2)
     except RunStopped as e:  # stopped on purpose, checkpoint saved (the customer is down; nothing trained): 3

@@ -53,7 +53,7 @@ import chat
 from domains.base import Env, Task, World
 from domains.dual_control import Phone, customer_only, too_many_errors
 from sampling import episode_seed
-from tools import TRANSFER_TOOL, ParsedTurn
+from tools import TRANSFER_TOOL, ParsedTurn, clean
 from user_sim import OUT_OF_SCOPE, STOP, TRANSFER, UserError, is_terminal
 
 AGENT, USER, DONE = "agent", "user", "done"  # whom an episode waits on
@@ -234,7 +234,8 @@ def _check_caps(ep: Episode, cfg: RolloutConfig) -> None:
 
 def _first_message(user, task, tools: bool = False):
     try:  # tools: the customer has a phone (its opening is still text: user_sim departure 5)
-        return user.first_message(task, tools=True) if tools else user.first_message(task)
+        first = user.first_message(task, tools=True) if tools else user.first_message(task)
+        return clean(first) if isinstance(first, str) else UserError(f"the opening is {type(first).__name__}, not text")
     except UserError as err:
         return err
     except Exception as err:  # noqa: BLE001 - a broken user simulator aborts the task's episodes, not the run
@@ -307,6 +308,7 @@ def rollout(tasks: list[Task], group_size: int, worlds: dict[str, World], agent:
                         e.stop(p.stop or "max_turns")
                         continue
                 e.turns += 1
+                r = clean(r) if isinstance(r, str) else str(r)  # the customer's text is data: carried, never trusted
                 e.messages.append({"role": "user", "content": r})
                 if marker := is_terminal(r):
                     e.stop(ENDS[marker])

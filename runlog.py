@@ -4,6 +4,7 @@ One counter, `global_step`, runs across the phases (copy drills, cold start, GRP
 optimizer step; an evaluation record carries the value of the model it measured (and its GRPO `step`). Python's json
 writes NaN and Infinity, which are not JSON (jq refuses the line): they are logged as null, listed under "nonfinite".
 TensorBoard (torch's SummaryWriter; needs `tensorboard`) and wandb are imported only when asked for (--logger).
+`step_stats` is what a GRPO step's record says about its episodes (muarl.py's step 7).
 """
 
 from __future__ import annotations
@@ -11,7 +12,11 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections import Counter
 from pathlib import Path
+
+from eval import customer_fidelity
+from fsdp import all_gather_episodes, all_sum
 
 TRAINING = ("copy_warmup", "sft", "grpo")  # phases whose every record is one optimizer step
 
@@ -46,6 +51,39 @@ def _hook(kind: str, out: Path, config: dict | None):
         return lambda name, value, step: wandb.log({name: value}, step=step)
     except ImportError as e:
         raise ValueError(f"--logger {kind} needs the {kind} package ({e}): pip install {kind}") from None
+
+
+def step_stats(episodes, kept_groups: int, group_size: int, world_size: int = 1) -> dict:
+    """What a step's episodes did, over every rank's; means over scored episodes (an aborted one has no reward).
+
+    The paper's training dynamics are these numbers per step: reward, the groups GRPO cannot learn from (all correct
+    / all wrong), turns, the shares of the generic tools among calls (think, transfer), and where the rollout's time
+    went (policy generation, customer, tools: each episode's share of its rounds, summed). Where the world can check
+    its customer (store), the share of episodes whose customer kept to its instructions, and the share that failed
+    with a customer mistake in them: a reward earned against a customer that broke its instructions is no signal."""
+    # only what the statistics need crosses ranks (all_gather_episodes pickles these small dicts)
+    eps = all_gather_episodes([{"reward": e.reward, "turns": e.turns, "agent_tokens": sum(e.mask),
+                                "tokens": len(e.ids), "tool_calls": list(e.tool_calls), "stop_reason": e.stop_reason,
+                                "aborted": e.aborted, "mistakes": e.info.get("customer_mistakes"),
+                                "timings": dict(getattr(e, "timings", {}))} for e in episodes], world_size)
+    scored = [e for e in eps if not e["aborted"]]
+    n, calls = max(1, len(scored)), Counter(c for e in scored for c in e["tool_calls"])
+    groups = [g for g in (eps[i : i + group_size] for i in range(0, len(eps), group_size))
+              if not any(e["aborted"] for e in g)]
+    return {
+        "reward": sum(e["reward"] for e in scored) / n,
+        "all_correct_groups": sum(all(e["reward"] == 1 for e in g) for g in groups) / max(1, len(groups)),
+        "all_wrong_groups": sum(all(e["reward"] == 0 for e in g) for g in groups) / max(1, len(groups)),
+        "kept_groups": int(all_sum(kept_groups, world_size)), "episodes": len(eps), "aborted": len(eps) - len(scored),
+        "tokens": sum(e["tokens"] for e in eps), "turns": sum(e["turns"] for e in scored) / n,
+        "agent_tokens": sum(e["agent_tokens"] for e in scored) / n, "tool_mix": dict(calls),
+        **{f"{t}_rate": calls[name] / max(1, sum(calls.values()))
+           for t, name in (("think", "think"), ("calculate", "calculate"), ("transfer", "transfer_to_human_agents"))},
+        "stop_reasons": dict(Counter(e["stop_reason"] for e in eps)),
+        **customer_fidelity([e["mistakes"] for e in scored], [e["reward"] for e in scored]),
+        # seconds of this step's rollout by who was working: the policy's engine, the customer, the tools
+        **{f"{k}_s": sum(e["timings"].get(k, 0.0) for e in eps) for k in ("generate", "user", "tools")},
+    }
 
 
 class RunLog:

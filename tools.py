@@ -20,8 +20,10 @@ Departures: none from the paper. `think` is not a tau2 tool (it changes nothing;
 
 from __future__ import annotations
 
+import ast
 import inspect
 import json
+import operator
 import re
 import types
 from dataclasses import dataclass, field
@@ -117,11 +119,37 @@ def calculate(db: Any, expression: str) -> str:
     Returns:
         The result of the expression, rounded to 2 decimal places.
     """
-    # tau2's exact behaviour: a character whitelist, then eval without builtins, then round(float(x), 2) as text.
-    # The whitelist is what makes eval safe here: no names, no attribute access, no calls are expressible.
+    # tau2's behaviour: a character whitelist, then the arithmetic, then round(float(x), 2) as text. The whitelist
+    # leaves no names, attribute access or calls to a builtin. We walk the syntax tree instead of eval(), so that an
+    # int result past CALC_BITS (9**9**8: 136M bits, minutes of CPU) fails at once with the error tau2 reaches
+    # only at float() after those minutes; every answer below that size is tau2's, bit for bit.
     if not isinstance(expression, str) or not all(ch in "0123456789+-*/(). " for ch in expression):
         raise ValueError("Invalid characters in expression")
-    return str(round(float(eval(expression, {"__builtins__": None}, {})), 2))
+    return str(round(float(_arith(compile(expression, "<string>", "eval", ast.PyCF_ONLY_AST).body)), 2))
+
+
+CALC_BITS = 100_000  # the largest int an intermediate result may hold (float() refuses > 1,024 bits anyway)
+_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
+        ast.FloorDiv: operator.floordiv, ast.Pow: operator.pow, ast.UAdd: operator.pos, ast.USub: operator.neg}
+
+
+def _arith(node):  # what eval() would compute from the whitelisted characters, with a bound on int sizes
+    if isinstance(node, ast.Constant):  # a number, or `...` (Ellipsis), which float() then refuses as eval's would
+        return node.value
+    if isinstance(node, ast.UnaryOp):
+        return _OPS[type(node.op)](_arith(node.operand))
+    if isinstance(node, ast.BinOp):
+        a, b = _arith(node.left), _arith(node.right)
+        if type(a) is int and type(b) is int and (  # the result's bits, known before it is computed
+                a.bit_length() + b.bit_length() > CALC_BITS if isinstance(node.op, ast.Mult) else
+                isinstance(node.op, ast.Pow) and b > 0 and abs(a) > 1 and b * a.bit_length() > CALC_BITS):
+            raise OverflowError("int too large to convert to float")
+        return _OPS[type(node.op)](a, b)
+    if isinstance(node, ast.Tuple):  # "()" is the only tuple the whitelist can write
+        return tuple(_arith(e) for e in node.elts)
+    if isinstance(node, ast.Call):  # "(1)(2)": calling a number fails exactly as in eval
+        return _arith(node.func)(*[_arith(a) for a in node.args])
+    raise ValueError("Invalid expression")
 
 
 def transfer_to_human_agents(db: Any, summary: str) -> str:
@@ -153,11 +181,15 @@ class ParsedTurn:
     errors: list[str] = field(default_factory=list)  # one message per malformed block, in order
 
 
-def _parse_one(body: str, known: set[str] | None) -> dict | str:  # the call, or what is wrong with it
-    try:
-        obj = json.loads(body)
-    except (ValueError, RecursionError) as e:  # bad JSON; also an int of > 4,300 digits, or nesting past the stack
-        return f"the tool call is not valid JSON ({getattr(e, 'msg', type(e).__name__)} at {getattr(e, 'pos', 0)})"
+def clean(text):
+    """Text every tokenizer and JSON writer can carry: a lone surrogate (a tool or a customer echoing the JSON escape
+    "\\ud800") becomes its escape again, as text; any other string comes back unchanged, and a non-string as it is."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8") if isinstance(text, str) else text
+
+
+def check_call(obj, known: set[str] | None) -> dict | str:
+    """One decoded call -> {"name", "arguments"}, or what is wrong with it. The one check every agent's calls pass:
+    the <tool_call> text below, and an endpoint's native tool calls (agents.MessageAgent)."""
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
         return 'a tool call must be a JSON object with a string "name" and an object "arguments"'
     args = obj.get("arguments", {})
@@ -165,12 +197,20 @@ def _parse_one(body: str, known: set[str] | None) -> dict | str:  # the call, or
         try:
             args = json.loads(args)
         except (ValueError, RecursionError):
-            return f'the "arguments" of {obj["name"]} are a string that is not JSON'
+            return f'the "arguments" of {clean(obj["name"])} are a string that is not JSON'
     if not isinstance(args, dict):
-        return f'the "arguments" of {obj["name"]} must be a JSON object'
+        return f'the "arguments" of {clean(obj["name"])} must be a JSON object'
     if known is not None and obj["name"] not in known:
-        return f"unknown tool {obj['name']!r}; available: {', '.join(sorted(known))}"
+        return f"unknown tool {clean(obj['name'])!r}; available: {', '.join(sorted(known))}"
     return {"name": obj["name"], "arguments": args}
+
+
+def _parse_one(body: str, known: set[str] | None) -> dict | str:  # the call, or what is wrong with it
+    try:
+        obj = json.loads(body)
+    except (ValueError, RecursionError) as e:  # bad JSON; also an int of > 4,300 digits, or nesting past the stack
+        return f"the tool call is not valid JSON ({getattr(e, 'msg', type(e).__name__)} at {getattr(e, 'pos', 0)})"
+    return check_call(obj, known)
 
 
 def parse_tool_calls(text: str, known_tools: set[str] | None = None) -> ParsedTurn:

@@ -66,6 +66,10 @@ class _Garbage(Exception):
     """The server answered 200 but the answer holds no usable message (retried like a 5xx)."""
 
 
+class _Deadline(Exception):
+    """An attempt ran past the whole-request deadline (retried like a timeout)."""
+
+
 def _content_of(resp, verbatim: bool = False) -> str:
     # The openai client returns the raw body text (a str) when the server does not send JSON, so every step here
     # uses getattr: anything that is not "choices[0].message.content is a non-empty string" is garbage.
@@ -108,23 +112,61 @@ def _turn_of(resp) -> tuple[str, list[tuple]]:
 class LLMUser:
     """A simulated customer played by a chat model behind any OpenAI-compatible /v1/chat/completions."""
 
-    def __init__(self, model, base_url=None, api_key=None, temperature=0.0, seed=None, timeout=60.0,
-                 max_retries=4, backoff=1.0, max_workers=16, max_tokens=512, client=None):
+    def __init__(self, model, base_url=None, api_key=None, temperature=0.0, seed=None, timeout=30.0,
+                 max_retries=3, backoff=1.0, max_workers=16, max_tokens=512, client=None):
         import openai  # imported here so ScriptedUser runs without the package
 
         self._openai = openai
         self.model, self.base_url, self.temperature, self.max_tokens = model, base_url, temperature, max_tokens
         self.seed, self.max_retries, self.backoff, self.max_workers = seed, max_retries, backoff, max_workers
+        self.timeout = timeout  # the whole-request deadline of one attempt (connect + every read), seconds
         # max_retries=0: the client must not retry on its own, or our attempt counts and backoff would be a lie.
         self.client = client or openai.OpenAI(base_url=base_url, api_key=api_key, timeout=timeout, max_retries=0)
         self._first: dict[str, str] = {}  # task id -> the cached opening message
         self._locks: dict[str, threading.Lock] = {}  # task id -> lock held while that opening is generated
         self._guard = threading.Lock()  # protects the two dicts and the counters below
         self.stats = {"calls": 0, "retries": 0, "failures": 0}  # for the training log: API health at a glance
+        self._step: dict = {"calls": 0, "retries": 0, "failures": 0, "deadlines": 0, "latency": []}  # since take_stats
 
     def _count(self, key: str) -> None:
         with self._guard:
-            self.stats[key] += 1
+            if key in self.stats:  # ("deadlines" is counted per step only)
+                self.stats[key] += 1
+            self._step[key] += 1
+
+    def take_stats(self) -> dict:
+        """The customer's API health since the last call, for one log.jsonl record: calls, retries, failures, attempts
+        cut by the deadline, and the latency of an attempt in seconds (p50 / p90 / p99 / max, nearest rank)."""
+        with self._guard:
+            step, lat = self._step, sorted(self._step.pop("latency"))
+            self._step = {"calls": 0, "retries": 0, "failures": 0, "deadlines": 0, "latency": []}
+        pct = {f"latency_{q}": lat[min(len(lat) - 1, int(p * len(lat)))] if lat else None
+               for q, p in (("p50", 0.5), ("p90", 0.9), ("p99", 0.99), ("max", 1.0))}
+        return {**step, **pct}
+
+    def _attempt(self, kwargs: dict):
+        """One request under the whole-request deadline. The client's timeout bounds each read, so a server that
+        trickles a byte a second would hold a request for ever; here the request runs on a daemon thread and is given
+        up at the deadline (the thread ends when the server or the client's own read timeout does)."""
+        box, t0 = {}, time.monotonic()
+
+        def run():
+            try:
+                box["reply"] = self.client.chat.completions.create(**kwargs)
+            except Exception as e:  # noqa: BLE001 - handed to complete(), which sorts retryable from fatal
+                box["error"] = e
+
+        worker = threading.Thread(target=run, daemon=True)
+        worker.start()
+        worker.join(self.timeout)
+        with self._guard:
+            self._step["latency"].append(time.monotonic() - t0)
+        if worker.is_alive():
+            self._count("deadlines")
+            raise _Deadline(f"Timeout: no complete reply within the {self.timeout:g} s deadline")
+        if "error" in box:
+            raise box["error"]
+        return box["reply"]
 
     def complete(self, messages: list[dict], tools: list[dict] | None = None, sampling: dict | None = None,
                  verbatim: bool = False):
@@ -143,10 +185,12 @@ class LLMUser:
                 time.sleep(self.backoff * 2 ** (attempt - 1) * (1 + 0.25 * random.random()))
             self._count("calls")
             try:
-                resp = self.client.chat.completions.create(**kwargs)
+                resp = self._attempt(kwargs)
                 return _content_of(resp, verbatim) if not tools else _turn_of(resp)
             except _Garbage as e:
                 last = f"garbage reply: {e}"
+            except _Deadline as e:  # a hung or trickling server: retried like a timeout
+                last = str(e)
             except oa.APIStatusError as e:
                 last = f"HTTP {e.status_code}: {e}"
                 if e.status_code not in (408, 429) and e.status_code < 500:  # 400/401/404...: asking again cannot help

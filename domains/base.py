@@ -48,11 +48,12 @@ import json
 import os
 import sqlite3
 import tempfile
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from tools import ParsedTurn, check_arguments, parse_tool_calls
+from tools import ParsedTurn, check_arguments, clean, parse_tool_calls
 
 # ---------------------------------------------------------------------------------------------------------------
 # Where built templates live. One file per (domain, source data, normaliser version); safe to delete.
@@ -223,6 +224,18 @@ class Bench:
 # ---------------------------------------------------------------------------------------------------------------
 # Env: one rollout
 
+TOOL_SECONDS = 10.0  # a tool call's time budget (World.tool_seconds; retail / airline tools answer in ~0.1 ms)
+TOOL_CHARS = 100_000  # a tool call's size budget: its arguments as JSON, and its output (cut beyond, with a note)
+
+
+def _size(arguments: dict) -> int:
+    # characters of the arguments as JSON; arguments JSON cannot write back (nested past the stack) count as too large
+    try:
+        return len(json.dumps(arguments, default=repr))
+    except (ValueError, RecursionError):
+        return TOOL_CHARS + 1
+
+
 
 @dataclass
 class Call:
@@ -263,15 +276,11 @@ class Env:
             out, err = f"Error: arguments of {name} must be a JSON object, got {type(arguments).__name__}", True
         elif self.world.refuse_bad_arguments and (bad := check_arguments(fn, arguments)) is not None:
             out, err = bad, True
+        elif (size := _size(arguments)) > TOOL_CHARS:
+            out, err = f"Error: arguments of {name} too large ({size} characters, at most {TOOL_CHARS})", True
         else:
-            try:
-                result = fn(self.db, **arguments)
-                out, err = (result if isinstance(result, str) else json.dumps(result)), False
-                # After every successful call (e.g. telecom's sync between the agent's database and the customer's
-                # phone). Inside the try, as in tau2: if it fails, the call is answered with its error.
-                self.world.after_call(self)
-            except Exception as e:  # noqa: BLE001 - every failure is an observation for the agent, as in tau2
-                out, err = f"Error: {e}", True
+            out, err = self._run(fn, arguments)
+        out = clean(out) if len(out) <= TOOL_CHARS else clean(out[:TOOL_CHARS]) + f"... [{len(out)} characters]"
         self.calls.append(Call(name, arguments, out, err, name in self.world.write_tools, requestor))
         return out
 
@@ -279,6 +288,32 @@ class Env:
         """The tools the agent sees at this point of its conversation (`messages`): the world's, for every domain
         whose toolkit is fixed; BFCL's env shows its own task's tools, and a held-out one once it is revealed."""
         return self.world.tool_schemas()
+
+    def _run(self, fn: Callable, arguments: dict) -> tuple[str, bool]:
+        """(output, error) of one tool call, under the world's time budget (world.tool_seconds).
+
+        The tool runs on its own thread while this one waits: past the budget, the caller gets an error, as from a
+        real service that timed out, and a running SQL statement is interrupted. Python code cannot be killed, so a
+        runaway pure-Python tool runs on, abandoned; generic tools are bounded by construction (tools.calculate)."""
+        box: dict = {}
+
+        def work():
+            try:
+                result = fn(self.db, **arguments)
+                box["out"] = (result if isinstance(result, str) else json.dumps(result)), False
+                # after every successful call (e.g. telecom's sync between the agent's database and the customer's
+                # phone); inside the try, as in tau2: if it fails, the call is answered with its error
+                self.world.after_call(self)
+            except Exception as e:  # noqa: BLE001 - every failure is an observation for the agent, as in tau2
+                box["out"] = f"Error: {e}", True
+
+        worker = threading.Thread(target=work, daemon=True)
+        worker.start()
+        worker.join(self.world.tool_seconds)
+        if "out" not in box:
+            self.con.interrupt()
+            return f"Error: {fn.__name__} did not answer within {self.world.tool_seconds:g} seconds", True
+        return box["out"]
 
     def export(self) -> dict[str, dict[str, dict]]:
         """The whole database in tau2's shape: collection -> id -> record (every field, nulls included)."""
@@ -328,6 +363,7 @@ class World:
         self.write_tools = set(write_tools)
         self.rules = rules
         self._tasks = list(tasks or [])
+        self.tool_seconds = TOOL_SECONDS  # every tool call's time budget (Env._run)
         self.user_tools: dict[str, Callable] = {}  # the customer's own tools (dual-control domains set them)
         self._gold_cache: dict[str, dict[str, dict[str, str | None]]] = {}
 

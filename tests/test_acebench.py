@@ -131,9 +131,9 @@ def test_missing_data_is_one_clear_line(monkeypatch, tmp_path):
         acebench.find_data()
     import eval as ev
 
-    with pytest.raises(SystemExit) as e:
+    with pytest.raises(FileNotFoundError, match="ACEBench Agent data not found") as e:  # eval.py's __main__: 1 line
         ev.main(["--bench", "acebench_agent", "--agent", "oracle"])
-    assert str(e.value).startswith("eval: ACEBench Agent data not found") and "\n" not in str(e.value)
+    assert "\n" not in str(e.value)
     env = dict(os.environ, ACEBENCH_DIR=str(tmp_path / "nowhere"))  # an explicit folder is the only one tried
     run = subprocess.run([sys.executable, "muarl.py", "--domains", "acebench_agent", "--model", "tiny"],
                          capture_output=True, text=True, env=env, cwd=REPO)

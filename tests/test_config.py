@@ -83,3 +83,57 @@ def test_resume_restores_the_saved_configuration(tmp_path, capsys):
     assert json.loads((out / "config.1.json").read_text())["steps"] == 5
     assert json.loads((out / "config.json").read_text())["steps"] == 8
     assert "the previous one is kept as config.1.json" in capsys.readouterr().out
+
+
+# Paths and conflicting flags (muarl.py), then eval.py's command line: the same rule, one ConfigError naming the flag
+
+PATHS = {"model": "/nonexistent/model", "sft_data": "/nonexistent.jsonl", "data_dir": "/nonexistent/tau2"}
+
+
+@pytest.mark.parametrize("flag", list(PATHS))
+def test_a_path_to_nothing_is_one_clear_error(flag):
+    with pytest.raises(ConfigError, match=flag):
+        validate(parse_config([f"--{flag}", PATHS[flag]]))
+
+
+def test_llm_user_flags_with_the_scripted_user_conflict():
+    with pytest.raises(ConfigError, match="are for --user llm"):
+        validate(parse_config(["--model", "tiny", "--user_model", "gpt-4.1"]))
+
+
+EVAL_BAD = {
+    # flag: bad values; each must be refused by eval.parse_args, naming the flag
+    "trials": ["0", "-1", "x"], "tasks": ["-1"], "temperature": ["-1", "nan"], "top_p": ["0", "1.5", "nan"],
+    "max_turns": ["0"], "max_new_tokens": ["0", "40000"], "max_context": ["10"], "check_outputs": ["2"],
+    "tools_in_prompt": ["-1"], "user_max_tokens": ["0"], "user_temperature": ["-1"], "bench": ["bfcl"], "user_timeout": ["0", "nan", "-1"], "user_retries": ["-1"], "user_backoff": ["-1", "nan"],
+    "domain": ["shoes", "shop,shoes"], "model": ["/nonexistent", "runs/none/final", ""], "data_dir": ["/nonexistent"],
+    "agent": ["human"], "engine": ["tpu"], "user": ["robot"], "seed": ["x"],
+}
+EVAL_CASES = [(flag, value) for flag, values in EVAL_BAD.items() for value in values]
+CONFLICTS = [(["--agent", "oracle", "--model", "runs/x"], "--model is for --agent local"),
+             (["--agent", "openai"], "--agent openai needs --agent_model"),
+             (["--agent", "oracle", "--agent_model", "gpt-4.1"], "--agent_model is for --agent openai")]
+
+
+@pytest.mark.parametrize("flag,value", EVAL_CASES, ids=[f"eval-{f}={v}" for f, v in EVAL_CASES])
+def test_eval_bad_value_is_one_clear_error(flag, value):
+    import eval as ev
+
+    base = [] if flag == "model" else ["--agent", "oracle"]  # the oracle needs no model, so only `flag` is wrong
+    with pytest.raises(ConfigError, match=flag if flag != "max_context" else "max_context") as e:
+        ev.parse_args(base + [f"--{flag}={value}"])
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("argv,says", CONFLICTS)
+def test_eval_conflicting_flags(argv, says):
+    import eval as ev
+
+    with pytest.raises(ConfigError, match=says):
+        ev.parse_args(argv)
+
+
+def test_eval_defaults_for_the_oracle_are_valid():
+    import eval as ev
+
+    assert ev.parse_args(["--agent", "oracle"]).user_timeout == 30.0

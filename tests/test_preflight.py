@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import eval as evaluation
+from config import ConfigError
 import muarl
 from conftest import TAU2, needs_tau2
 from fake_openai import FakeServer
@@ -79,19 +80,19 @@ def test_training_stops_at_preflight_before_building_anything(tmp_path):
 
 
 def test_eval_with_an_agent_endpoint_lacking_tool_flags_is_one_line(tmp_path):
-    with FakeServer(tools=False) as srv, pytest.raises(SystemExit) as err:
+    with FakeServer(tools=False) as srv, pytest.raises(ConfigError) as err:  # eval.py's __main__: one line, exit 2
         evaluation.main(["--agent", "openai", "--agent_model", "tiny", "--agent_base_url", srv.url, "--domain", "shop",
                          "--tasks", "2", "--out", str(tmp_path / "t.jsonl")])
-    assert "--enable-auto-tool-choice --tool-call-parser hermes" in str(err.value.code)
+    assert "--enable-auto-tool-choice --tool-call-parser hermes" in str(err.value)
     assert not (tmp_path / "t.jsonl").exists()  # stopped before any episode
 
 
 @needs_tau2
 def test_eval_of_tau2_tasks_with_the_scripted_customer_is_one_line(tmp_path, capsys):
     # before: every episode aborted (the script only plays generated tasks), `pass^1 nan`, exit status 0
-    with pytest.raises(SystemExit, match="the scripted customer does not play retail.s tasks: use --user llm"):
-        evaluation.main(["--model", str(tmp_path / "no-model"), "--domain", "retail", "--data_dir", str(TAU2 / "data"),
-                         "--out", str(tmp_path / "t.jsonl")])
+    with pytest.raises(ConfigError, match="the scripted customer does not play retail.s tasks: use --user llm"):
+        evaluation.main(["--agent", "openai", "--agent_model", "m", "--domain", "retail", "--data_dir",
+                         str(TAU2 / "data"), "--out", str(tmp_path / "t.jsonl")])
     evaluation.main(["--agent", "oracle", "--domain", "retail", "--data_dir", str(TAU2 / "data"), "--tasks", "2",
                      "--out", str(tmp_path / "t.jsonl")])
     assert f"[data] retail: {TAU2 / 'data' / 'domains' / 'retail'} (sha256 " in capsys.readouterr().out  # provenance
@@ -106,10 +107,10 @@ def test_eval_where_every_episode_aborted_fails_and_keeps_its_transcripts(tmp_pa
         evaluation.main(["--agent", "openai", "--agent_model", "tiny", "--agent_base_url", srv.url, "--domain", "shop",
                          "--tasks", "1", "--out", str(out)])  # healthy: runs
         srv.fail = 503
-        with pytest.raises(SystemExit) as err:
+        with pytest.raises(ConfigError) as err:
             evaluation.main(["--agent", "openai", "--agent_model", "tiny", "--agent_base_url", srv.url,
                              "--domain", "shop", "--tasks", "3", "--preflight", "0", "--out", str(out)])
-    assert "every episode (3) aborted; first error: InternalServerError" in str(err.value.code)
+    assert "every episode (3) aborted; first error: InternalServerError" in str(err.value)
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(rows) == 4 and [r["stop_reason"] for r in rows[1:]] == ["agent_error"] * 3
     assert "the engine is restarting" in rows[-1]["info"]["agent_error"]

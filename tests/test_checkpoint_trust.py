@@ -1,0 +1,139 @@
+"""Checkpoints you can trust (issue 14): a manifest of checksums, verified on --resume.
+
+A damaged checkpoint (truncated, one flipped byte, a missing file) is named and passed over for the one before it;
+with none usable the run stops with one line saying what to do; a missing latest.json loses nothing; a new run never
+appends to an old run's logs or overwrites its checkpoints; a step re-run after a resume is logged once.
+Before: a truncated file gave a traceback naming no file, a flipped byte resumed silently (KL 0.005 -> 3.4), a
+missing latest.json restarted from step 0 into the same log, and re-run steps were logged twice."""
+
+import json
+import os
+
+import pytest
+import torch
+
+import muarl
+from checkpoint import TaskSampler, damage, load_checkpoint, newest_checkpoint, save_checkpoint, set_aside
+from test_muarl import PY, REPO, TINY, ENV, grpo_records, new_run, run_cli, tiny_init  # noqa: F401 (a fixture)
+
+
+def model_at(step):  # weights that say which step they belong to
+    m = torch.nn.Linear(3, 2)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.fill_(float(step))
+    return m
+
+
+def saved_run(tmp_path, steps=(1, 2)):
+    """A run folder with a checkpoint at each step of `steps` and one log line per step before it."""
+    out = tmp_path / "run"
+    out.mkdir()
+    for step in steps:
+        with open(out / "log.jsonl", "a") as f:
+            f.write(json.dumps({"phase": "grpo", "step": step - 1}) + "\n")
+        m = model_at(step)
+        save_checkpoint(out, step, m, torch.optim.AdamW(m.parameters()), TaskSampler(list(range(9)), 0),
+                        {"results": {}}, 1, 0)
+    return out
+
+
+def resume(out):
+    m = model_at(0)
+    step, _ = load_checkpoint(out, m, torch.optim.AdamW(m.parameters()), TaskSampler(list(range(9)), 0), 1)
+    return step, m.weight[0, 0].item()
+
+
+def flip_byte(path, offset=None):
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2 if offset is None else offset] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+DAMAGE = {
+    "truncated": (lambda f: f.write_bytes(f.read_bytes()[:-100]), "truncated"),
+    "bit-flipped": (flip_byte, "sha256"),
+    "missing": (lambda f: f.unlink(), "missing"),
+}
+
+
+@pytest.mark.parametrize("name", ["model.pt", "optim.pt", "state.pt", "manifest.json"])
+@pytest.mark.parametrize("how", list(DAMAGE))
+def test_a_damaged_checkpoint_is_named_and_the_one_before_it_is_used(tmp_path, capsys, name, how):
+    out = saved_run(tmp_path)
+    hurt, says = DAMAGE[how]
+    hurt(out / "checkpoints" / "step-000002" / name)
+    assert resume(out) == (1, 1.0)  # the step-1 weights, not the damaged step 2
+    err = capsys.readouterr().err
+    assert "step-000002" in err and (name in err or "manifest" in err) and (says in err or "manifest" in err)
+
+
+def test_a_missing_latest_json_loses_nothing(tmp_path):
+    out = saved_run(tmp_path)
+    (out / "latest.json").unlink()
+    assert resume(out) == (2, 2.0)  # the newest complete checkpoint, found without it
+
+
+def test_no_usable_checkpoint_is_one_line_saying_what_to_do(tmp_path):
+    out = saved_run(tmp_path)
+    for step in (1, 2):
+        flip_byte(out / "checkpoints" / f"step-00000{step}" / "model.pt")
+    with pytest.raises(ValueError, match="--resume false") as e:
+        resume(out)
+    assert "\n" not in str(e.value) and "step-000002: model.pt" in str(e.value)
+
+
+def test_a_resume_cuts_the_logs_back_to_its_step(tmp_path):
+    out = saved_run(tmp_path)  # log: steps 0, 1; checkpoint at 2
+    with open(out / "log.jsonl", "a") as f:  # step 2 ran and was logged, then the run died before its checkpoint
+        f.write(json.dumps({"phase": "grpo", "step": 2}) + "\n")
+    assert resume(out)[0] == 2
+    assert [json.loads(line)["step"] for line in (out / "log.jsonl").read_text().splitlines()] == [0, 1]
+
+
+def test_the_same_step_saved_again_is_trusted_at_every_point(tmp_path):
+    out = saved_run(tmp_path, steps=(1,))
+    path = out / "checkpoints" / "step-000001"
+    before = json.loads((path / "manifest.json").read_text())
+    m = model_at(1)
+    save_checkpoint(out, 1, m, torch.optim.AdamW(m.parameters()), TaskSampler(list(range(9)), 0),
+                    {"results": {"final": 1}}, 1, 0)
+    assert damage(path) is None and json.loads((path / "manifest.json").read_text()) != before
+
+
+def test_a_new_run_sets_an_old_one_aside(tmp_path):
+    out = saved_run(tmp_path)
+    (out / "tiny-init").mkdir()
+    aside = set_aside(out)
+    assert aside == out / "previous-1" and (aside / "checkpoints" / "step-000002").is_dir()
+    assert (aside / "log.jsonl").is_file() and not (out / "log.jsonl").exists()
+    assert (out / "tiny-init").is_dir()  # the tiny model is not a run's record: reused as before
+    assert newest_checkpoint(out) is None and set_aside(out) is None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The entry point: a flipped byte, a missing latest.json, a run started over, each step logged once
+
+
+def test_cli_resume_after_damage_logs_each_step_once(tmp_path, tiny_init):
+    out = new_run(tmp_path, tiny_init, "run")
+    args = TINY + ["--out_dir", str(out), "--save_every", "1", "--eval_tasks", "0"]
+    muarl.main(args + ["--steps", "2"])
+    flip_byte(out / "checkpoints" / "step-000002" / "model.pt")  # KL 0.005 -> 3.4 when this resumed silently
+    (out / "latest.json").unlink()
+    muarl.main(args + ["--steps", "3", "--resume"])  # from step 1: steps 1 and 2 run again
+    assert [s["step"] for s in grpo_records(out)] == [0, 1, 2]  # each once
+    # a new run in the same folder: the old one is kept whole, the new log starts empty
+    muarl.main(args + ["--steps", "1"])
+    assert [s["step"] for s in grpo_records(out)] == [0]
+    assert [s["step"] for s in grpo_records(out / "previous-1")] == [0, 1, 2]
+    assert (out / "previous-1" / "checkpoints" / "step-000003").is_dir()
+
+
+def test_cli_no_usable_checkpoint_is_one_line_and_exit_2(tmp_path):
+    out = saved_run(tmp_path, steps=(1,))
+    (out / "checkpoints" / "step-000001" / "optim.pt").unlink()
+    r = run_cli(["--model", "tiny", "--out_dir", str(out), "--resume"], timeout=120)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert r.stderr.strip().splitlines()[-1].startswith("muarl: no usable checkpoint")
+    assert (out / "log.jsonl").read_text().count("\n") == 1  # nothing started, nothing written
