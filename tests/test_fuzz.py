@@ -9,7 +9,7 @@ equals the base database (no hostile write leaked into the shared template).
     python -m pytest -q tests/test_fuzz.py -s            # fast: 300 cases per domain, prints the figures
     python -m pytest -q -m slow tests/test_fuzz.py -s    # >= 10,000 cases per domain
 
-A new domain is one line of FUZZ_DOMAINS (telecom, when it lands)."""
+A new domain is one line of FUZZ_DOMAINS."""
 
 import hashlib
 import json
@@ -31,6 +31,8 @@ FUZZ_DOMAINS = {  # name: (how to build the world, needs tau2's data)
     "retail": (lambda: load_world("retail"), True),
     "airline": (lambda: load_world("airline"), True),
     "shop": (lambda: load_world("shop", seed=0, n_train=0, n_test=50), False),
+    "telecom": (lambda: load_world("telecom"), True),  # dual control: the customer's phone is in the env too
+    "store": (lambda: load_world("store", seed=0, n_train=0, n_test=50), False),
 }
 
 INJECTIONS = ["' OR '1'='1", "\"; DROP TABLE users; --", "base.users", "$(rm -rf /)", "{{7*7}}", "../../etc/passwd",
@@ -111,7 +113,7 @@ class FuzzUser:
             return "Thanks. " + self.rng.choice([STOP, TRANSFER, "###OUT-OF-SCOPE###"])
         return self.rng.choice(["", " ", "x" * 10_000, "\ud800 lone", "\udfff", None, 42] + MARKUP + INJECTIONS)
 
-    def first_message(self, task):
+    def first_message(self, task, tools=False):
         r = self._one()
         if isinstance(r, UserError):
             raise r
