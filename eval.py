@@ -97,6 +97,7 @@ def format_table(rows: list[tuple[str, dict]], trials: int = 1) -> str:
     """Paper-style table: one row per (model, metrics); pass^k in percent, rates to 3 places, counts as they are."""
     cols = [f"pass^{k}" for k in range(1, trials + 1)] + ["avg_turns", "calls_per_episode", "think_rate",
                                                            "calculate_rate", "transfer_rate", "aborted"]
+    cols += [c for c in ("customer_fidelity", "customer_faults") if any(c in m for _, m in rows)]  # (store world)
     lines = ["| model | " + " | ".join(cols) + " | completion % | stop reasons |", "|" + "---|" * (len(cols) + 3)]
     for name, m in rows:
         cells = [f"{100 * v:.1f}" if c.startswith("pass") else f"{v:.3f}" if isinstance(v, float) else str(v)
