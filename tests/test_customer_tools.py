@@ -545,7 +545,8 @@ def test_muarl_trains_on_telecom_mixed_with_retail_with_an_llm_customer(tmp_path
                 "--threads", "1", "--copy_warmup", "0", "--sft_epochs", "0", "--steps", "1", "--tasks_per_step", "4",
                 "--group_size", "2", "--max_new_tokens", "8", "--max_turns", "4", "--max_context", "12000",
                 "--eval_tasks", "2", "--user", "llm", "--user_model", "stub", "--user_base_url", srv.url,
-                "--seed", "1", "--data_dir", str(TAU2 / "data"), "--out_dir", str(out)])  # seed 1: both domains drawn
+                "--seed", "1", "--data_dir", str(TAU2 / "data"), "--out_dir", str(out),  # seed 1: both domains drawn
+                "--preflight", "false"])  # (the stub answers chat completions only: no /models to check)
     eps = [json.loads(line) for line in (out / "episodes-rank0.jsonl").read_text().splitlines()]
     train = [e for e in eps if e.get("phase") != "eval"]
     assert len(train) == 8 and not any(e["stop_reason"] in ("user_error", "agent_error") for e in eps)

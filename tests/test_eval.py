@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from conftest import TAU2, needs_tau2
+from config import ConfigError
 from eval import main, pass_hat_k
 
 REPO = Path(__file__).resolve().parents[1]
@@ -130,7 +131,7 @@ def test_real_vllm_server_as_the_agent(tmp_path):
         base = ["--agent", "openai", "--domain", "shop", "--tasks", "3", "--max_new_tokens", "32", "--max_turns", "6"]
         for flags, line in ((["--agent_model", "qwen", "--agent_base_url", url], "does not serve model 'qwen'"),
                             (["--agent_model", "tiny", "--agent_base_url", url[:-3]], "a base URL must end in /v1")):
-            with pytest.raises(SystemExit, match=line):
+            with pytest.raises(ConfigError, match=line):  # (eval.py's __main__: one line, exit 2)
                 main(base + flags + ["--out", str(tmp_path / "bad.jsonl")])
         out = tmp_path / "t.jsonl"
         m = main(base + ["--agent_model", "tiny", "--agent_base_url", url, "--out", str(out)])
