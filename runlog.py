@@ -64,7 +64,7 @@ def step_stats(episodes, kept_groups: int, group_size: int, world_size: int = 1)
     # only what the statistics need crosses ranks (all_gather_episodes pickles these small dicts)
     eps = all_gather_episodes([{"reward": e.reward, "turns": e.turns, "agent_tokens": sum(e.mask),
                                 "tokens": len(e.ids), "tool_calls": list(e.tool_calls), "stop_reason": e.stop_reason,
-                                "aborted": e.aborted, "mistakes": e.info.get("customer_mistakes"),
+                                "aborted": e.aborted, "mistakes": getattr(e, "info", {}).get("customer_mistakes"),
                                 "timings": dict(getattr(e, "timings", {}))} for e in episodes], world_size)
     scored = [e for e in eps if not e["aborted"]]
     n, calls = max(1, len(scored)), Counter(c for e in scored for c in e["tool_calls"])
