@@ -67,7 +67,8 @@ def draw(run_dir: str | Path) -> Path | None:
         ys = [r[key] for r in steps if isinstance(r.get(key), (int, float))]
         ax.plot(xs, ys, lw=1.2)
         if key == "reward":  # held-out pass^1 at each evaluation, at the step it measured
-            pts = [(e.get("after_step", _eval_step(e)), e["pass^1"]) for e in evals if "pass^1" in e]
+            # each eval record carries the GRPO step of the model it measured; older logs: read it from the name
+            pts = [(e["step"] if "step" in e else _eval_step(e), e["pass^1"]) for e in evals if "pass^1" in e]
             ax.scatter([p[0] for p in pts], [p[1] for p in pts], s=14, color="black", zorder=3)
         ax.set_title(title, fontsize=9)
         ax.set_xlabel("GRPO step", fontsize=8)
@@ -82,7 +83,7 @@ def draw(run_dir: str | Path) -> Path | None:
 
 
 def _eval_step(record: dict) -> int:
-    # "GRPO step 10" -> 10; "GRPO (30 steps)" -> 30; "cold start" / "untrained" -> 0
+    # (logs written before eval records carried "step") "GRPO step 10" -> 10; "GRPO (30 steps)" -> 30; "cold start" / "untrained" -> 0
     words = record.get("name", "").replace("(", " ").split()
     nums = [int(w) for w in words if w.isdigit()]
     return nums[0] if nums else 0
