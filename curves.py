@@ -83,7 +83,8 @@ def draw(run_dir: str | Path) -> Path | None:
 
 
 def _eval_step(record: dict) -> int:
-    # (logs written before eval records carried "step") "GRPO step 10" -> 10; "GRPO (30 steps)" -> 30; "cold start" / "untrained" -> 0
+    # older logs, before eval records carried "step":
+    # "GRPO step 10" -> 10; "GRPO (30 steps)" -> 30; "cold start" / "untrained" -> 0
     words = record.get("name", "").replace("(", " ").split()
     nums = [int(w) for w in words if w.isdigit()]
     return nums[0] if nums else 0
