@@ -58,16 +58,13 @@ which comes first.
 
 
 def system_prompt(instructions: str, tools: bool = False) -> str:
-    """The simulator's system prompt: who it is, what it wants (the hidden instructions), and the house rules
-    (with `tools`, also the rules for the customer's own tools)."""
+    """The simulator's system prompt: who it is, the house rules (with `tools`, also the rules for the customer's own
+    tools), then what it wants (the hidden instructions). The situation comes last, as tau2 lays its prompt out
+    (guidelines, then <scenario>): the facts a customer must repeat sit right before the conversation, not behind
+    ~300 tokens of rules, which is what lets a small customer model (customer.py) keep to them."""
     return f"""You are playing a customer who has contacted a company's customer service. The other side of this \
 chat is the company's support agent. You are the customer, never the agent: you cannot see or use the company's \
 systems, and you only know what your situation below tells you.
-
-Your situation (private; the agent cannot see it):
-<situation>
-{instructions.strip()}
-</situation>
 
 How to write:
 - Write exactly one message: your next turn in the chat, nothing else. Keep it short and natural, like a \
@@ -83,7 +80,12 @@ How to end the chat (write the marker at the end of your message):
 - {STOP} once everything you came for is done, or once it is clear it cannot be done.
 - {TRANSFER} if the agent hands you over to a human agent.
 - {OUT_OF_SCOPE} if the chat reaches a point your situation gives you no information to handle, so you \
-cannot go on.{PHONE_RULES if tools else ""}"""
+cannot go on.{PHONE_RULES if tools else ""}
+
+Your situation (private; the agent cannot see it):
+<situation>
+{instructions.strip()}
+</situation>"""
 
 
 # Tool-call markup, tool results and reasoning that might sit inside an agent's text: never shown to the customer.
