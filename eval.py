@@ -100,7 +100,8 @@ def format_table(rows: list[tuple[str, dict]], trials: int = 1) -> str:
     cols += [c for c in ("customer_fidelity", "customer_faults") if any(c in m for _, m in rows)]  # (store world)
     lines = ["| model | " + " | ".join(cols) + " | completion % | stop reasons |", "|" + "---|" * (len(cols) + 3)]
     for name, m in rows:
-        cells = [f"{100 * v:.1f}" if c.startswith("pass") else f"{v:.3f}" if isinstance(v, float) else str(v)
+        cells = ["-" if isinstance(v, float) and math.isnan(v) else f"{100 * v:.1f}" if c.startswith("pass") else
+                 f"{v:.3f}" if isinstance(v, float) else str(v)  # "-": not measured (e.g. pass^4 of a 1-trial row)
                  for c, v in zip(cols, (m.get(c, float("nan")) for c in cols))]
         done = ", ".join(f"{d}:{100 * v:.1f}" for d, v in sorted(m.get("completion", {}).items())) or "-"
         stops = ", ".join(f"{k}:{v}" for k, v in sorted(m.get("stop_reasons", {}).items(), key=lambda kv: -kv[1]))
@@ -139,6 +140,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     for name in ("agent_base_url", "agent_api_key", "user_model", "user_base_url", "user_api_key", "data_dir"):
         p.add_argument(f"--{name}", default="")  # empty: the environment's ($OPENAI_BASE_URL, ...) or the default
     p.add_argument("--user_temperature", type=float, default=0.0)
+    p.add_argument("--user_serve", default="", help="--user llm: serve this local model folder as the customer on "
+                   "127.0.0.1 for the evaluation (vLLM's OpenAI server, serve.py), e.g. runs/muarl/customer")
+    p.add_argument("--user_concurrency", type=int, default=16, help="customer requests in flight at once")
     p.add_argument("--user_max_tokens", type=int, default=512, help="tokens per customer reply (LLM customer)")
     p.add_argument("--preflight", type=int, default=1, help="check each endpoint once before any episode (0: skip)")
     p.add_argument("--domain", default="shop", help="comma-separated names from domains.DOMAINS")
@@ -178,6 +182,11 @@ def parse_args(argv=None) -> argparse.Namespace:
         (a.user_timeout > 0 and a.user_retries >= 0 and a.user_backoff >= 0,
          f"--user_timeout must be > 0, --user_retries and --user_backoff >= 0, got {a.user_timeout}, "
          f"{a.user_retries}, {a.user_backoff}"),
+        (a.user_concurrency >= 1, f"--user_concurrency must be >= 1, got {a.user_concurrency}"),
+        (not a.user_serve or a.user == "llm", f"--user_serve is for --user llm (got --user {a.user})"),
+        (not (a.user_serve and a.user_base_url), "--user_serve starts its own customer endpoint: drop --user_base_url"),
+        (not a.user_serve or os.path.isfile(os.path.join(a.user_serve, "config.json")),
+         f"--user_serve {a.user_serve}: no model folder there (no config.json)"),
         (a.agent != "local" or a.model, "--agent local needs --model (a model folder or a hub id)"),
         (a.agent == "local" or not a.model, f"--model is for --agent local (got --agent {a.agent})"),
         (a.agent != "openai" or a.agent_model, "--agent openai needs --agent_model"),
@@ -213,10 +222,20 @@ def main(argv=None):
             raise ConfigError(f"the scripted customer does not play {a.domain}'s tasks: use --user llm") from None
     for source in provenance(worlds):  # where the tau2 data came from
         print(f"[data] {source['domain']}: {source['path']} (sha256 {source['sha256']}; {source['revision']})")
+    if a.user_serve:  # a local customer model, served as users serve models (stopped at exit, on error and Ctrl-C)
+        from serve import ModelServer, ServeError
+
+        try:
+            server = ModelServer(a.user_serve, name="customer", log_path=os.path.join(os.path.dirname(a.out) or ".",
+                                 "customer-server.log"), max_model_len=2048).start()
+        except ServeError as e:
+            raise ConfigError(str(e)) from None
+        a.user_model, a.user_base_url = "customer", server.base_url
+        print(f"[customer] {a.user_serve} served at {server.base_url}")
     user = FixedUser() if (a.agent == "oracle" and not (bench and bench.oracle)) or a.user == "fixed" else \
         make_user(a.user, model=a.user_model or None, base_url=a.user_base_url or None, api_key=a.user_api_key or None,
                   temperature=a.user_temperature, max_tokens=a.user_max_tokens, timeout=a.user_timeout,
-                  max_retries=a.user_retries, backoff=a.user_backoff)
+                  max_retries=a.user_retries, backoff=a.user_backoff, max_workers=a.user_concurrency)
     try:  # each endpoint once, before any episode: a misconfigured one is one line, not a table of aborted episodes
         if a.preflight and a.user == "llm" and a.agent != "oracle":
             check_customer(user, tasks)

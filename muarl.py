@@ -46,7 +46,7 @@ import curves
 import sft
 from checkpoint import TaskSampler, load_checkpoint, newest_checkpoint, save_checkpoint, save_pretrained, set_aside
 from config import Config, ConfigError, parse_config, save_config, validate  # noqa: F401  (muarl.Config importable)
-from customer import serve_customer
+from customer import RunCustomer, connect
 from domains import load_worlds, task_sets
 from domains.tau2_data import provenance
 from engine import check_vllm_model, make_engine
@@ -55,12 +55,11 @@ from fsdp import all_gather_episodes, all_sum, barrier, dist_setup, dist_teardow
 from fsdp import reduce_stats, shard
 from grpo import ADVANTAGES, grpo_loss, pack_sequences, token_advantages, token_logprobs
 from models import build_tiny, load_policy, load_reference
-from preflight import Outage, RunStopped, check_customer, prompt_warning
+from preflight import Outage, RunStopped, prompt_warning
 from rollout import PolicyAgent, RolloutConfig, TrajectoryLog, rollout, score
 from runlog import RunLog, step_stats  # noqa: F401  (muarl.step_stats: tests call it)
 from sampling import episode_seed
 from serve import ServeError
-from user_sim import make_user
 
 # ---------------------------------------------------------------------------------------------------------------
 # 3 + 4 + 5. Advantages and the update
@@ -145,16 +144,23 @@ def build_or_load_model(cfg: Config, worlds: dict, out: Path, device: str, dtype
     return (*load_policy(str(path), dtype="float32", device=device), str(path))
 
 
-def run_eval(run, name: str, step: int = 0) -> None:
-    """Greedy pass^1 on the held-out tasks (rank 0) of the model after GRPO step `step`, logged (with the global
-    step: runlog.py) and kept for the final table."""
-    engine = run.engine or make_engine("hf", model=run.policy, tokenizer=run.tok)  # before the engine: the policy
+def run_eval(run, name: str, step: int = 0, model=None, trials: int | None = None) -> None:
+    """pass^1..k (k = --eval_trials, the agent greedy) on the held-out tasks (rank 0) of the model after GRPO step
+    `step` (or of `model`: the untrained one, from disk), logged with the global step and kept for the table."""
+    engine = make_engine("hf", model=model, tokenizer=run.tok) if model is not None else \
+        run.engine or make_engine("hf", model=run.policy, tokenizer=run.tok)  # before the engine exists: the policy
+    k = trials or run.cfg.eval_trials
     m, eps = evaluate(run.eval_tasks, run.worlds, PolicyAgent(engine, run.tok), run.user,
-                      rollout_cfg(run.cfg, greedy=True, seed=run.cfg.seed), progress=False)
+                      rollout_cfg(run.cfg, greedy=True, seed=run.cfg.seed), trials=k, progress=False)
     run.episodes_log.write(eps, phase="eval", name=name)
     run.results[name] = m
     run.log({"phase": "eval", "name": name, "step": step, **m, "user": getattr(run.user, "take_stats", dict)()})
-    print(f"[eval] {name}: pass^1 {100 * m['pass^1']:.1f}% over {len(run.eval_tasks)} held-out tasks", flush=True)
+    extra = f", pass^{k} {100 * m[f'pass^{k}']:.1f}%" if k > 1 else ""
+    fid = f"; customer fidelity {100 * m['customer_fidelity']:.1f}%" if "customer_fidelity" in m else ""
+    print(f"[eval] {name}: pass^1 {100 * m['pass^1']:.1f}%{extra} over {len(run.eval_tasks)} held-out tasks x {k}{fid}",
+          flush=True)
+    if run.customer is not None:
+        run.customer.revive(name, run.log)  # died during the evaluation? its episodes were aborted: start it again
 
 
 def cold_start(run) -> None:
@@ -210,13 +216,13 @@ def build_run(cfg: Config) -> SimpleNamespace:
     train_tasks, eval_tasks = task_sets(cfg, worlds)
     if not train_tasks:
         raise ConfigError(f"no training tasks in {cfg.domains}")
-    server = serve_customer(cfg.user_serve, out, train_tasks, cfg.seed, log) if cfg.user_serve and rank == 0 else None
-    user = make_user(cfg.user, model="customer" if server else cfg.user_model or None, api_key=cfg.user_api_key or None,
-                     base_url=server.base_url if server else cfg.user_base_url or None, max_tokens=cfg.user_max_tokens,
-                     temperature=cfg.user_temperature, seed=None if server else cfg.seed,  # (served: sampled)
-                     timeout=cfg.user_timeout, max_retries=cfg.user_retries, backoff=cfg.user_backoff)
-    if cfg.preflight and (ok := check_customer(user, train_tasks + eval_tasks)):  # a bad endpoint stops us here
-        print(f"[preflight] customer {ok['model']} at {ok['base_url']}: ok ({ok})", flush=True)
+    # The customer. A served customer model that must first be trained trains in a background process now, beside the
+    # agent's cold start, and is served once both are done; any other customer is connected (and checked) now.
+    held_out = eval_tasks[: cfg.eval_tasks or None]
+    run_customer = RunCustomer(cfg.user_serve, out, train_tasks, cfg.seed, threads=cfg.threads or 1).start() \
+        if cfg.user_serve and rank == 0 else None
+    user = connect(cfg, train_tasks, held_out, log, run_customer) if run_customer is None or not run_customer.training \
+        else None
     if rank == 0:
         save_config(out, cfg)  # a changed configuration keeps the previous file beside it (config.py)
     for source in provenance(worlds):  # where the tau2 data came from, printed and logged
@@ -226,14 +232,13 @@ def build_run(cfg: Config) -> SimpleNamespace:
     if rank == 0 and (warn := prompt_warning(tok, worlds, cfg.max_context, cfg.max_new_tokens, cfg.tools_in_prompt)):
         print(warn, flush=True)
     run = SimpleNamespace(cfg=cfg, rank=rank, world_size=world_size, out=out, log=log, worlds=worlds, user=user,
-                          server=server,
-                          train_tasks=train_tasks, eval_tasks=eval_tasks[: cfg.eval_tasks or None] if cfg.eval else [],
+                          customer=run_customer, train_tasks=train_tasks, eval_tasks=held_out if cfg.eval else [],
                           policy=policy, tok=tok, engine=None, results={}, sampler=TaskSampler(train_tasks, cfg.seed),
                           episodes_log=TrajectoryLog(out / f"episodes-rank{rank}.jsonl"),
                           outage=Outage(cfg.user_down_s))
     fresh = ckpt is None
-    if fresh and rank == 0 and run.eval_tasks and cfg.sft_epochs > 0:
-        run_eval(run, "untrained")  # rank 0 alone, on the whole model: before it is sharded
+    if fresh and rank == 0 and run.eval_tasks and cfg.sft_epochs > 0 and user is not None:
+        run_eval(run, "untrained", trials=1)  # rank 0 alone, on the whole model: before it is sharded
     if world_size > 1:  # under torchrun the policy is sharded now: the cold start and RL both train it with FSDP2
         run.policy = policy = shard(policy, cfg.activation_checkpointing, bf16=dtype == "bfloat16")
     elif cfg.activation_checkpointing:
@@ -244,6 +249,12 @@ def build_run(cfg: Config) -> SimpleNamespace:
     run.updates, log.global_step = state.get("updates", run.start), state.get("global_step", 0)  # both go on
     if fresh and cfg.sft_epochs > 0:
         cold_start(run)
+    if run.user is None:  # the customer model trained beside the cold start: serve it now (and evaluate the start)
+        run.user = connect(cfg, train_tasks, held_out, log, run_customer)
+        if fresh and rank == 0 and run.eval_tasks and cfg.sft_epochs > 0:
+            # one trial: a random model's pass^k adds nothing, and its episodes run to the context's end (4 trials:
+            # the costliest evaluation of the CPU demo, 130 s)
+            run_eval(run, "untrained", model=load_policy(model_path, dtype=dtype, device=device)[0], trials=1)
 
     # The frozen reference: the policy as RL starts (after the cold start), as in the paper. Read from disk (on the
     # CPU, in the policy's dtype) when the policy has moved on (a resumed run) or is sharded; else a frozen copy.
@@ -324,8 +335,14 @@ def main(argv: list[str] | None = None) -> dict:
                 f.write(f"=== step {step}  task {e.task.id}  reward {e.reward}  stop {e.stop_reason}  "
                         f"(trained tokens in [[...]])\n{chat.show_mask(run.tok, e.ids, e.mask)}\n\n")
         bar.set_postfix(reward=f"{st['reward']:.3f}", kl=f"{upd.get('kl', 0):.4f}", turns=f"{st['turns']:.1f}")
-        # 8. evaluate and checkpoint
+        # 8. evaluate and checkpoint (a served customer that died during the step is started again first)
         done = step + 1
+        try:
+            if run.customer is not None:
+                run.customer.revive(f"step {step}", run.log, fatal=True)
+        except RunStopped:
+            save_checkpoint(run.out, done, run.policy, run.opt, run.sampler, state(run), run.world_size, run.rank)
+            raise
         if (stop := run.outage.step(st["kept_groups"] == 0 < st["aborted"], next(
                 (e.info.get("user_error", "") for e in episodes if e.aborted), ""))) is not None:
             save_checkpoint(run.out, step, run.policy, run.opt, run.sampler, state(run), run.world_size, run.rank)
@@ -354,14 +371,14 @@ def finish(run) -> dict:
         # every rank: under FSDP, gathering the full weights for the checkpoint is a collective
         save_checkpoint(run.out, cfg.steps, run.policy, run.opt, run.sampler, state(run), run.world_size, run.rank)
     save_pretrained(run.policy, run.tok, run.out / "final", run.world_size, run.rank)
-    if run.server is not None:
-        run.server.stop()  # (also stopped at exit, on an error or Ctrl-C: serve.ModelServer registers that)
+    if run.customer is not None:
+        run.customer.stop()  # (also at exit, on an error or Ctrl-C: serve.ModelServer registers that)
     if run.rank == 0:
         curves.draw(run.out)  # runs/<name>/curves.png: the training dynamics (needs matplotlib; else one line)
         (run.out / "final" / "muarl.json").write_text(json.dumps({"model": label, "grpo_steps": cfg.steps,
                                                                   "updates": n, "data": provenance(run.worlds)}))
     if run.rank == 0 and run.results:
-        table = format_table(list(run.results.items()))
+        table = format_table(list(run.results.items()), cfg.eval_trials)
         (run.out / "results.md").write_text(table + "\n")
         print(f"\nHeld-out success{' (greedy, scripted user)' if cfg.user == 'scripted' else ''}\n{table}")
     dist_teardown(run.world_size)

@@ -37,7 +37,7 @@ from domains import shop
 from domains.base import Store, Task, World, content_key
 from tools import think
 
-STORE_VERSION = "1"
+STORE_VERSION = "2"
 STOP = shop.STOP
 CHOICES = {"cancel": ("reason", shop.REASONS), "return": ("refund_to", shop.REFUNDS)}  # request -> argument, options
 
@@ -47,13 +47,12 @@ FIRST = {True: ["Hi, I want to {request} my order {oid}.", "Hello! Order {oid}: 
          False: ["Hi, I want to {request} an order.", "Hello! I'd like to {request} one of my orders.",
                  "Can you help me {request} an order?", "I need to {request} something I ordered."]}
 GIVE_ID = ["It is {oid}.", "{oid}", "Sure, the order id is {oid}.", "My order is {oid}, thanks."]
-SAY = {"no longer needed": ["It is no longer needed.", "I no longer need it: no longer needed.",
-                            "Simply no longer needed."],
-       "ordered by mistake": ["It was ordered by mistake.", "I ordered it by mistake.",
-                              "Honestly, it was ordered by mistake."],
-       "original payment": ["To the original payment, please.", "Back to my original payment, please.",
-                            "The original payment method, please."],
-       "gift card": ["To a gift card, please.", "A gift card, please.", "Put it on a gift card, thanks."]}
+# Options are said inside shared frames, so the words that decide are the option's own words, the very words of the
+# customer's instructions: following them is a copy, for the customer model (customer.py) and for the agent alike.
+# (Measured: with option-specific phrasings, "A gift card, please." against "The original payment method", the tiny
+# customer model named the wrong option in 27 of 100 held-out conversations; with shared frames, 9.)
+SAY = {o: [f"It's simple: {o}.", f"Honestly, {o}.", f"The reason is {o}."] for o in shop.REASONS}
+SAY |= {o: [f"To my {o}, please.", f"Please refund it to my {o}.", f"On my {o}, thanks."] for o in shop.REFUNDS}
 CHANGE = ["{first} Actually, no, sorry: {second}", "{first} Wait, let me correct that. {second}"]
 INSIST = ["But I really need to {request} it. Can't you make an exception?",
           "Please, I really want to {request} order {oid}. Are you sure?", "Could you {request} it anyway, please?"]

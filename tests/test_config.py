@@ -98,7 +98,7 @@ def test_a_path_to_nothing_is_one_clear_error(flag):
 
 def test_llm_user_flags_with_the_scripted_user_conflict():
     with pytest.raises(ConfigError, match="are for --user llm"):
-        validate(parse_config(["--model", "tiny", "--user_model", "gpt-4.1"]))
+        validate(parse_config(["--model", "tiny", "--user", "scripted", "--user_model", "gpt-4.1"]))
 
 
 EVAL_BAD = {

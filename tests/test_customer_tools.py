@@ -308,7 +308,8 @@ def test_scripted_customer_words():
 
 
 def test_single_control_requests_unchanged():
-    # The single-control customer's requests, byte for byte, as before issue 13 (sha256 recorded then).
+    # The single-control customer's requests, byte for byte (sha256 recorded before issue 13, and again in issue 12 when
+    # the situation moved to the end of the system prompt, as tau2 lays its prompt out).
     seen = []
 
     def create(**kw):
@@ -328,8 +329,9 @@ def test_single_control_requests_unchanged():
     user.first_message(task)
     user.reply(task, history)
     assert hashlib.sha256(json.dumps(seen, sort_keys=True).encode()).hexdigest() == \
-        "3eec8f9b3053f85d45f9cd75c483667d9d9b6524278c574ae0f9fb77079ad0a8"
+        "a61c2506ed7e40fff83e77155a0b10405fcfff85d8423231c49cddcb3e6d961d"
     assert "tools" not in seen[1] and "Your phone" not in seen[1]["messages"][0]["content"]
+    assert seen[1]["messages"][0]["content"].endswith(f"<situation>\n{task.instructions}\n</situation>")
 
 
 def test_simulator_view_pairs_calls_and_results():

@@ -258,6 +258,7 @@ def test_core_file_keeps_the_house_style(name):
 def test_the_core_fits_its_line_budget():
     total = sum(_style(REPO / f"{name}.py")["nonblank"] for name in CORE)
     # 3,000 until issues 12-16 (the customer that acts, serving a customer model, preflight, the run log, hostile-input
-    # budgets, the other benchmarks); 4,400 since. Each new concept still gets its own file of <= 400 lines, and
-    # domains/ (worlds, benchmarks) is not the core.
-    assert total <= 4400, f"the core modules hold {total} non-blank lines (budget 4,400)"
+    # budgets, the other benchmarks); 4,400 after them; 4,600 once the CPU demo's customer became a served model
+    # trained beside the cold start (its three-stage training, the run's customer kept alive, trials per evaluation).
+    # Each new concept still gets its own file of <= 400 lines, and domains/ (worlds, benchmarks) is not the core.
+    assert total <= 4600, f"the core modules hold {total} non-blank lines (budget 4,600)"

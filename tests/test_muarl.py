@@ -40,7 +40,8 @@ PY = sys.executable
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 # A tiny GRPO run: 2 tasks x 2 rollouts per step, short turns, one held-out task, no cold start.
-TINY = ["--model", "tiny", "--tiny_hidden", "64", "--tiny_layers", "2", "--threads", "1", "--tasks_per_step", "2",
+TINY = ["--model", "tiny", "--domains", "shop", "--tiny_hidden", "64", "--tiny_layers", "2", "--threads", "1",
+        "--tasks_per_step", "2",
         "--copy_warmup", "0",
         "--group_size", "2", "--max_new_tokens", "24", "--max_turns", "6", "--eval_tasks", "1", "--sft_epochs", "0"]
 GRPO_KEYS = {"reward", "kl", "clip_frac", "entropy", "grad_norm", "turns", "tool_mix", "stop_reasons", "tokens_per_s",
@@ -122,7 +123,7 @@ def synthetic_episodes(n=8, seed=1, vocab=320):
 
 
 def test_validate_rejects_batches_that_do_not_split_over_ranks():
-    cfg = muarl.parse_config(["--tasks_per_step", "6"])
+    cfg = muarl.parse_config(["--tasks_per_step", "6", "--user", "scripted"])
     muarl.validate(cfg, world_size=2)  # 3 tasks per rank: fine
     muarl.validate(cfg, world_size=3)
     with pytest.raises(muarl.ConfigError, match="tasks_per_step=6 must be a positive multiple of the 4 ranks"):
@@ -133,6 +134,8 @@ def test_validate_rejects_batches_that_do_not_split_over_ranks():
         muarl.validate(muarl.parse_config(["--domains", "retail,shoes"]))
     with pytest.raises(muarl.ConfigError, match="scripted user"):
         muarl.validate(muarl.parse_config(["--domains", "airline"]))
+    with pytest.raises(muarl.ConfigError, match="--user_serve runs on one process"):  # the preset's served customer
+        muarl.validate(muarl.parse_config([]), world_size=2)
 
 
 @pytest.fixture(scope="module")
@@ -235,7 +238,8 @@ def test_bad_config_stops_with_one_line(name, bad_config_runs):
 def test_smoke_cli(tmp_path):
     out = tmp_path / "run"
     t0 = time.perf_counter()
-    r = run_cli(["--model", "tiny", "--out_dir", str(out), "--steps", "2", "--tasks_per_step", "2", "--group_size", "2",
+    r = run_cli(["--model", "tiny", "--domains", "shop", "--out_dir", str(out), "--steps", "2", "--tasks_per_step", "2",
+                 "--group_size", "2",
                  "--sft_epochs", "0.02", "--sft_batch", "4", "--eval_tasks", "2", "--max_new_tokens", "24",
                  "--max_turns", "6", "--tiny_hidden", "64", "--tiny_layers", "2", "--threads", "1",
                  "--save_every", "1", "--copy_warmup", "3"])
@@ -606,7 +610,8 @@ def test_torchrun_cli_two_ranks(tmp_path):
     """The real entry point under torchrun (2 ranks on gloo): rank 0 builds the tiny model while rank 1 waits, the
     cold start trains the sharded model on each rank's half of every batch (same losses and weights as one
     process), the reference and the final model are written, and --resume continues."""
-    args = ["--model", "tiny", "--tasks_per_step", "2", "--group_size", "2", "--sft_epochs", "0.02", "--sft_batch", "4",
+    args = ["--model", "tiny", "--domains", "shop", "--tasks_per_step", "2", "--group_size", "2", "--sft_epochs", "0.02",
+            "--sft_batch", "4",
             "--eval_tasks", "2", "--max_new_tokens", "24", "--max_turns", "6", "--tiny_hidden", "64",
             "--tiny_layers", "2", "--threads", "1", "--save_every", "1", "--copy_warmup", "3", "--kl_coef", "0.05"]
     one, two = tmp_path / "one", tmp_path / "two"

