@@ -17,6 +17,7 @@ import muarl
 from conftest import TAU2, needs_tau2
 from fake_openai import FakeServer
 from preflight import Outage, PreflightError, RunStopped, check_endpoint
+import user_sim
 from user_sim import UserError
 
 HELLO = [{"role": "user", "content": "Hello"}]
@@ -153,7 +154,7 @@ class DownUser:
 def test_a_customer_down_past_its_budget_stops_the_run_with_a_checkpoint(tmp_path, monkeypatch):
     torch.set_num_threads(1)
     out = tmp_path / "run"
-    monkeypatch.setattr(muarl, "make_user", lambda *a, **k: DownUser())
+    monkeypatch.setattr(user_sim, "make_user", lambda *a, **k: DownUser())  # what customer.connect builds
     with pytest.raises(RunStopped, match=r"has failed every conversation for 0 s \(budget --user_down_s 0\)"):
         muarl.main(TINY + ["--out_dir", str(out), "--steps", "3", "--user_down_s", "0"])
     ck = out / "checkpoints" / json.loads((out / "latest.json").read_text())["path"]
@@ -169,7 +170,7 @@ def test_a_customer_down_past_its_budget_stops_the_run_with_a_checkpoint(tmp_pat
 
 def test_a_run_that_never_updated_is_not_labelled_trained(tmp_path, monkeypatch):
     out = tmp_path / "run"
-    monkeypatch.setattr(muarl, "make_user", lambda *a, **k: DownUser())
+    monkeypatch.setattr(user_sim, "make_user", lambda *a, **k: DownUser())  # what customer.connect builds
     with pytest.raises(RunStopped, match="no GRPO step updated the model"):
         muarl.main(TINY + ["--out_dir", str(out), "--steps", "2", "--eval", "false", "--micro_batch_tokens", "0"])
     assert json.loads((out / "final" / "muarl.json").read_text())["updates"] == 0
