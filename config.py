@@ -51,8 +51,8 @@ class Config:
     synthetic_test: int = flag(200, "synthetic world: held-out tasks to generate (disjoint users)")
     synthetic_users: int = flag(40, "synthetic world: users in the shop (more: ids must be copied, not memorised)")
     synthetic_test_users: int = flag(10, "synthetic world: of those, users kept for the held-out tasks")
-    lazy_rate: float = flag(0.6, "shop world: how often its cold-start annotator writes the default, not the "
-                            "customer's choice")
+    lazy_rate: float = flag(-1.0, "shop / store: how often the cold-start annotator writes the default option, not the "
+                            "customer's (-1: the world's own, shop 0.6, store 0.5)")
     eval: bool = flag(True, "evaluate before and after training (false: never, whatever --eval_tasks says)")
     eval_tasks: int = flag(200, "held-out tasks per evaluation (test split), 0 = all")
     eval_trials: int = flag(1, "conversations per held-out task in each evaluation: pass^1..k (a sampled customer "
@@ -261,7 +261,7 @@ def validate(cfg: Config, world_size: int = 1) -> None:
         (cfg.user != "scripted" or cfg.tasks == "synthetic" or all(d in scripted for d in domains),
          f"the scripted user only plays generated tasks ({', '.join(scripted)}); use --user llm for the others "
          "(or --tasks synthetic)"),
-        (0 <= cfg.lazy_rate <= 1, f"--lazy_rate must be in [0, 1], got {cfg.lazy_rate}"),
+        (cfg.lazy_rate == -1 or 0 <= cfg.lazy_rate <= 1, f"--lazy_rate must be in [0, 1] (or -1), got {cfg.lazy_rate}"),
         # NaN fails every comparison: `--kl_coef nan` is refused like `--kl_coef -1` (or a gradient-flipping clip)
         *[(getattr(cfg, k) >= 0, f"--{k} must be >= 0, got {getattr(cfg, k)}") for k in ("copy_warmup", "steps",
           "grad_clip", "temperature", "clip_high", "kl_coef", "weight_decay", "eval_tasks", "eval_every", "save_every",

@@ -105,8 +105,8 @@ def customer_conversations(tasks, per_task: int = 3, noise: float = 0.2, seed: i
             while STOP not in history[-1]["content"] and len(history) < 2 * spec["max_user_turns"]:
                 line = _right_line(spec, history)
                 if habit and not spec["choice"] and line.startswith("Sorry"):  # a cold-started policy's habit: it
-                    habit, line = False, (store.shop.ASK_REASON if spec["status"] == "pending"  # asks what an
-                                          else store.shop.ASK_REFUND)  # allowed request is asked, then refuses
+                    habit, line = False, rng.choice([store.shop.ASK_REASON, store.shop.ASK_REFUND])  # asks what an
+                    # allowed request is asked (its own request's question, or its order's status'), then refuses
                 elif rng.random() < noise:  # a wrong turn: another line of the policy's, or a fumbled one
                     line = rng.choice(_AGENT_LINES).format(oid=spec["order_id"]) if rng.random() < 0.6 else \
                         _garbled(spec, rng)

@@ -46,6 +46,7 @@ import curves
 import sft
 from checkpoint import TaskSampler, load_checkpoint, newest_checkpoint, save_checkpoint, save_pretrained, set_aside
 from config import Config, ConfigError, parse_config, save_config, validate  # noqa: F401  (muarl.Config importable)
+from customer import RunCustomer, connect
 from domains import load_worlds, task_sets
 from domains.tau2_data import provenance
 from engine import check_vllm_model, make_engine
@@ -58,7 +59,6 @@ from preflight import Outage, RunStopped, prompt_warning
 from rollout import PolicyAgent, RolloutConfig, TrajectoryLog, rollout, score
 from runlog import RunLog, step_stats  # noqa: F401  (muarl.step_stats: tests call it)
 from sampling import episode_seed
-from customer import RunCustomer, connect
 from serve import ServeError
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -338,8 +338,7 @@ def main(argv: list[str] | None = None) -> dict:
         # 8. evaluate and checkpoint (a served customer that died during the step is started again first)
         done = step + 1
         try:
-            if run.customer is not None:
-                run.customer.revive(f"step {step}", run.log, fatal=True)
+            run.customer and run.customer.revive(f"step {step}", run.log, fatal=True)
         except RunStopped:
             save_checkpoint(run.out, done, run.policy, run.opt, run.sampler, state(run), run.world_size, run.rank)
             raise
@@ -380,7 +379,8 @@ def finish(run) -> dict:
     if run.rank == 0 and run.results:
         table = format_table(list(run.results.items()), cfg.eval_trials)
         (run.out / "results.md").write_text(table + "\n")
-        print(f"\nHeld-out success{' (greedy, scripted user)' if cfg.user == 'scripted' else ''}\n{table}")
+        who = "the scripted customer" if cfg.user == "scripted" else f"the LLM customer at T={cfg.user_temperature:g}"
+        print(f"\nHeld-out success (greedy agent, {who}, {cfg.eval_trials} trial(s) per task)\n{table}")
     dist_teardown(run.world_size)
     if cfg.steps > 0 and n == 0:
         raise RunStopped(f"no GRPO step updated the model ({cfg.steps} steps, see log.jsonl): final/ holds it as it "

@@ -21,10 +21,10 @@ from domains import acebench, acebench_agents, airline, bfcl, retail, shop, stor
 from domains.base import Bench, Domain, Env, Task, World
 
 
-def _shop_settings(c) -> dict:
+def _shop_settings(c, lazy: float = 0.6) -> dict:
     n_test_orders = max(200, c.synthetic_test)  # one held-out order per test task, 400 more for training tasks
-    return dict(seed=c.synthetic_seed, n_train=c.synthetic_train, n_test=c.synthetic_test,
-                n_orders=n_test_orders + 400, n_test_orders=n_test_orders, lazy_rate=c.lazy_rate)
+    return dict(seed=c.synthetic_seed, n_train=c.synthetic_train, n_test=c.synthetic_test, n_orders=n_test_orders + 400,
+                n_test_orders=n_test_orders, lazy_rate=lazy if c.lazy_rate == -1 else c.lazy_rate)  # -1: the world's
 
 
 DOMAINS: dict[str, Domain] = {
@@ -38,7 +38,8 @@ DOMAINS: dict[str, Domain] = {
     "shop": Domain(shop.build_world, _shop_settings, script=shop),
     "acebench_agent": Domain(acebench_agents.build_world, script=acebench),  # ACEBench Agent (its data: see there)
     bfcl.NAME: Domain(bfcl.build_world, script=bfcl),  # BFCL-v3 multi-turn (the bfcl-eval wheel); its customer: a script
-    "store": Domain(store.build_world, _shop_settings, script=store),  # the shop with a customer worth simulating
+    # the shop with a customer worth simulating (the CPU demo's world; its annotator is lazy half the time)
+    "store": Domain(store.build_world, lambda c: _shop_settings(c, lazy=0.5), script=store),
 }
 
 # Benchmarks `eval.py --bench NAME` runs: a domain above, the conversation rules it fixes, and its own figures.

@@ -254,11 +254,16 @@ def make_task(world: World, order: dict, request: str, rng: random.Random, task_
                 say(REFUSE_AGAIN)
     env.close()
     assert msgs[-1]["role"] == "tool" or STOP in msgs[-1]["content"], msgs
-    return Task(task_id, "store", "train", instructions(spec), actions, [], spec, msgs)
+    # A refusal the customer never hears is not one: a forbidden request's task requires the agent to say it cannot
+    # be done (tau2's "communicate" requirement; checked where outputs are: evaluation, and the CPU demo's training).
+    # Without it a policy "refused" by making a write call with missing arguments, then rambled: the database stayed
+    # right, so the reward said 1 (seen in a GRPO run, README).
+    outputs = [] if allowed else [f"cannot be {'cancelled' if request == 'cancel' else 'returned'}"]
+    return Task(task_id, "store", "train", instructions(spec), actions, outputs, spec, msgs)
 
 
 def build_world(seed: int = 0, n_orders: int = 600, n_test_orders: int = 200, n_train: int = 1000, n_test: int = 200,
-                lazy_rate: float = 0.6, first_word_rate: float = 0.6, transfer_rate: float = 0.6,
+                lazy_rate: float = 0.5, first_word_rate: float = 0.6, transfer_rate: float = 0.6,
                 think_rate: float = 0.4, refuse_share: float = 0.3) -> World:
     """The store with tasks. Held-out tasks use n_test_orders orders no training task mentions, and their
     conversations are written without the annotator's mistakes (they are only used for their spec and gold)."""
