@@ -14,9 +14,10 @@ order every time; the store's customer does what the paper's practitioners list 
 The same tools as the shop, plus the two generic tools the paper watched RL prune: `think` (tau2's: no effect) and
 `transfer_to_human_agents`, which here files an escalation record, so an unnecessary transfer changes the database
 and scores 0 (tau2's transfer writes nothing; this is the store's way to make a needless hand-off cost something
-the reward can see). The cold-start annotator is *cautious*: it calls `think` needlessly, transfers a customer who
-insists, writes the default option when the customer wants the other (shop's laziness), and follows the first option
-a customer names even when it changes its mind. RL against the database reward has all four to unlearn.
+the reward can see). The cold-start annotator is *cautious*: it calls `think` needlessly (4 in 10), transfers a customer
+who insists (9 in 10), writes the default option when the customer wants the other (half the time: shop's laziness),
+and follows the first option a customer names even when it changes its mind (6 in 10). The last three cost the
+reward, and RL against it unlearns them (README); `think` costs nothing here, and RL barely prunes it.
 
 Three customers play it, all from one description of the task (the spec):
     customer_turn(spec, history, rng)   the scripted customer: rng=None picks the paraphrase by spec["style"]
