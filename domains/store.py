@@ -92,6 +92,12 @@ def _refuses(text: str) -> bool:
     return bool(re.search(r"\b(sorry|cannot)\b", text.lower()))
 
 
+def _refusal(text: str) -> bool:
+    """A refusal as the customer reads it: "cannot" without "done" (customer_turn reads "done" first, so a GRPO agent's
+    hybrid "Done: order #W1 is pending, so it cannot be returned." ends the chat, and not insisting is no mistake)."""
+    return _refuses(text) and not re.search(r"\bdone\b", text.lower())
+
+
 def _pick(bank: list[str], spec: dict, rng: random.Random | None, salt: int) -> str:
     # scripted: one fixed paraphrase per task (spec["style"]) and message kind; sampled: any of them
     return rng.choice(bank) if rng is not None else bank[(spec["style"] + salt) % len(bank)]
@@ -189,13 +195,15 @@ def customer_mistakes(spec: dict, messages: list[dict]) -> list[str]:
     elif named:
         out.append("wrong_choice")
     # the reaction to refusals: the customer's answer to the k-th refusal insists iff it does not end the chat
-    answers, refused = [], False
+    # (a customer's last allowed message ends the chat whatever it answers: its patience, spec["max_user_turns"])
+    answers, refused, k = [], False, 0
     for m in messages:
         if m.get("role") == "assistant" and not m.get("tool_calls"):
-            refused = _refuses(m.get("content") or "")
-        elif m.get("role") == "user" and refused:
-            answers.append(STOP not in (m.get("content") or ""))
-            refused = False
+            refused = _refusal(m.get("content") or "")
+        elif m.get("role") == "user":
+            if refused and k < spec.get("max_user_turns", 1 << 30) - 1:
+                answers.append(STOP not in (m.get("content") or ""))
+            refused, k = False, k + 1
     if spec["insist"] and answers[:1] == [False]:
         out.append("no_insist")
     if sum(answers) > int(spec["insist"] and not spec["choice"]):

@@ -65,6 +65,26 @@ def test_the_scripted_customer_keeps_to_its_instructions(world):
     assert customer.fidelity(ScriptedUser(), world.tasks("test")[:40])["fidelity"] == 1.0
 
 
+def test_the_script_is_faithful_whatever_the_agent_says(world):
+    # The fidelity check and the script read an agent's words the same way, so the deterministic customer scores
+    # 100 % against any agent: the young policy's wrong questions and broken grammar, a GRPO agent's hybrid "Done:
+    # ... cannot be returned" (the script reads "done" first: a run's check once called that "no_insist"), a chat
+    # that hits the customer's patience (its last message ends the chat, whatever it answers).
+    rng = random.Random(1)
+    lines = customer._AGENT_LINES + ["Done: order {oid} is pending, so it cannot be returned.", "Sorry, done.", "",
+                                     "I allow it, but the policy does not allow it, but", "refund mistake order id"]
+    for _ in range(1500):
+        t = rng.choice(world.tasks())
+        history = [{"role": "user", "content": store.customer_turn(t.spec, [])}]
+        while STOP not in history[-1]["content"]:
+            words = rng.choice(lines).format(oid=rng.choice([t.spec["order_id"], "#W1"])).split()
+            if rng.random() < 0.2:
+                rng.shuffle(words)
+            history.append({"role": "assistant", "content": " ".join(words)})
+            history.append({"role": "user", "content": store.customer_turn(t.spec, history)})
+        assert store.customer_mistakes(t.spec, history) == [], (t.spec, history)
+
+
 def test_sampled_customers_paraphrase_and_stay_faithful(world):
     t = next(t for t in world.tasks("test") if t.spec["choice"] and t.spec["omit"])
     rng = random.Random(0)
