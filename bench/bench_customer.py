@@ -14,7 +14,7 @@ the scripted customer is a Python function. This script measures, on a finished 
                  Printed per step: its time, the rollout's split (policy generation / customer / tools) and the
                  customer's share of the step; last, the median ratio of the two steps' times
 
-    python bench/bench_customer.py --run runs/muarl            # ~3 minutes with the server's start
+    python bench/bench_customer.py --run runs/muarl            # ~75 s on 2 cores, the server's start included
 
 Read the ratio with its caveat: the two customers do not say the same words, so the conversations differ (the
 scripted one never misunderstands, the model sometimes does and the conversation runs longer). The per-step
