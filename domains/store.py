@@ -92,10 +92,20 @@ def _refuses(text: str) -> bool:
     return bool(re.search(r"\b(sorry|cannot)\b", text.lower()))
 
 
+# How the customer reads the agent, shared by the script (customer_turn) and the check (customer_mistakes), so the
+# check never faults the script: "done" is read before a refusal (a GRPO agent's hybrid "Done: order #W1 is pending,
+# so it cannot be returned." ends the chat), and its last allowed message ends the chat whatever the agent said.
+def _done(text: str) -> bool:
+    return bool(re.search(r"\bdone\b", text.lower()))
+
+
 def _refusal(text: str) -> bool:
-    """A refusal as the customer reads it: "cannot" without "done" (customer_turn reads "done" first, so a GRPO agent's
-    hybrid "Done: order #W1 is pending, so it cannot be returned." ends the chat, and not insisting is no mistake)."""
-    return _refuses(text) and not re.search(r"\bdone\b", text.lower())
+    return _refuses(text) and not _done(text)
+
+
+def _out_of_patience(spec: dict, said: int) -> bool:
+    """After `said` customer messages, the next one is its last (spec["max_user_turns"]): it ends the chat."""
+    return said >= spec["max_user_turns"] - 1
 
 
 def _pick(bank: list[str], spec: dict, rng: random.Random | None, salt: int) -> str:
@@ -119,10 +129,10 @@ def customer_turn(spec: dict, history: list[dict], rng: random.Random | None = N
     fill = {"request": spec["request"], "oid": spec["order_id"]}
     if not mine:
         return _pick(FIRST[not spec["omit"]], spec, rng, 0).format(**fill)
-    if not agent or len(mine) >= spec["max_user_turns"] - 1:
+    if not agent or _out_of_patience(spec, len(mine)):
         return STOP
     t = agent[-1].lower()
-    if re.search(r"\bdone\b", t):
+    if _done(t):
         return _pick(THANKS, spec, rng, 3)
     if _refuses(t):
         if spec["insist"] and sum(map(_refuses, agent)) == 1:  # the first refusal: insist once
@@ -195,13 +205,12 @@ def customer_mistakes(spec: dict, messages: list[dict]) -> list[str]:
     elif named:
         out.append("wrong_choice")
     # the reaction to refusals: the customer's answer to the k-th refusal insists iff it does not end the chat
-    # (a customer's last allowed message ends the chat whatever it answers: its patience, spec["max_user_turns"])
     answers, refused, k = [], False, 0
     for m in messages:
         if m.get("role") == "assistant" and not m.get("tool_calls"):
             refused = _refusal(m.get("content") or "")
         elif m.get("role") == "user":
-            if refused and k < spec.get("max_user_turns", 1 << 30) - 1:
+            if refused and not _out_of_patience(spec, k):  # a last message is no answer to judge
                 answers.append(STOP not in (m.get("content") or ""))
             refused, k = False, k + 1
     if spec["insist"] and answers[:1] == [False]:
