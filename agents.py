@@ -122,7 +122,7 @@ class FixedUser:
             return ScriptedUser().first_message(task)
         return task.instructions.split("\n\n")[1] if "\n\n" in task.instructions else task.instructions
 
-    def reply(self, task, history, phone=None):
+    def reply(self, task, history, phone=None, seed=None):
         return "Thanks, that's all. " + STOP if phone is None else ScriptedUser().reply(task, history, phone)
 
     def replies(self, requests):

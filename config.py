@@ -59,7 +59,8 @@ class Config:
                             "plays every trial differently; the agent is greedy)")
     # The simulated customer: a script (for generated tasks, whose goal is structured) or a language model behind
     # any OpenAI-compatible endpoint (the paper's idea: it omits details, changes its mind, insists).
-    user: str = flag("scripted", "scripted (generated tasks, and telecom) | llm (any OpenAI-compatible endpoint)")
+    user: str = flag("scripted", "scripted (generated tasks, and telecom) | sampled (the script, sampling its "
+                     "paraphrases) | llm (any OpenAI-compatible endpoint)")
     user_model: str = flag("", "LLM user model name (or $MUARL_USER_MODEL)")
     user_base_url: str = flag("", "LLM user endpoint (or $OPENAI_BASE_URL)")
     user_api_key: str = flag("", "LLM user API key (or $OPENAI_API_KEY)")
@@ -70,7 +71,11 @@ class Config:
     drop_customer_faults: bool = flag(False, "leave out of the update every group in which the customer provably "
                                       "broke its instructions (checkable worlds: store); off: they train as scored")
     user_serve: str = flag("", "--user llm: serve this local model folder as the customer on 127.0.0.1 (vLLM's OpenAI "
-                           "server, for the run's duration), or 'train' to train the store's customer model first")
+                           "server, for the run's duration); 'demo': the CPU demo's shipped customer model")
+    user_gate: float = flag(0.95, "--user_serve: the customer's lowest fidelity on the gate's held-out conversations; "
+                            "below it the run trains nothing and exits 2")
+    stage_band: str = flag("", "'LO,HI': the cold start's held-out pass^1 expected in [LO, HI] (outside it the run "
+                           "says so by name); copy drills must end below loss 0.3 (the CPU preset: '0.25,0.65')")
     user_timeout: float = flag(30.0, "LLM user: whole-request deadline of one attempt, seconds (connect + all reads)")
     user_retries: int = flag(3, "LLM user: retries after a failed attempt (timeout, 408, 429, 5xx, garbage)")
     user_backoff: float = flag(1.0, "LLM user: first retry's wait, seconds, doubled each retry (with jitter)")
@@ -134,16 +139,17 @@ class Config:
 # The CPU preset of `--model tiny`: applied to every field the command line did not set. A 2-layer model built
 # from scratch has no pre-training, so copy drills stand in for it, the cold start runs hot (lr 2e-3), and the KL
 # anchor is off (the reference would be a random model). The store's tasks fit in 10 turns of 64 tokens. Its customer
-# is a language model, as in the paper: a tiny one trained for the store (customer.py) while the agent's cold start
-# runs, then served by vLLM's OpenAI server and sampled at temperature 0.7; every evaluation plays each held-out task
-# 4 times against it (pass^1..4). `--user scripted` plays the same tasks against the store's script instead.
+# is a language model, as in the paper: a tiny one trained for the store once and shipped (demo/customer_model),
+# served by vLLM's OpenAI server and sampled at temperature 0.7; every evaluation plays each held-out task 4 times
+# against it (pass^1..4). `--user scripted` plays the same tasks against the store's script instead. The seed is the
+# world's too (its orders, its held-out tasks) unless --synthetic_seed is given.
 TINY = dict(
     domains="store", synthetic_train=1000, synthetic_test=200, tiny_hidden=128, tiny_layers=2, tiny_intermediate=512,
     tiny_vocab=512, tiny_split_digits=True, copy_warmup=2000, sft_epochs=7.0, sft_lr=2e-3, sft_batch=8,
     tasks_per_step=8, steps=30, lr=1e-4, kl_coef=0.0, temperature=1.0, top_p=0.9, max_turns=10, max_new_tokens=64,
     max_context=1024, micro_batch_tokens=512, tools_in_prompt=False, train_check_outputs=True, eval_every=10,
-    threads=1, user="llm", user_serve="train", user_temperature=0.7, user_max_tokens=64, user_concurrency=64,
-    eval_trials=4,
+    threads=1, user="llm", user_serve="demo", user_temperature=0.7, user_max_tokens=64, user_concurrency=64,
+    eval_trials=4, stage_band="0.25,0.65",
 )
 
 
@@ -200,8 +206,10 @@ def parse_config(argv: list[str] | None = None) -> Config:
             cfg = dataclasses.replace(cfg, user="scripted")
         if "user_serve" not in given and (cfg.user != "llm" or cfg.user_base_url or not store):
             cfg = dataclasses.replace(cfg, user_serve="")
-        if "eval_trials" not in given and cfg.user != "llm":  # a script and a greedy agent play every trial alike
+        if "eval_trials" not in given and cfg.user == "scripted":  # a script and a greedy agent play every trial alike
             cfg = dataclasses.replace(cfg, eval_trials=1)
+        if "synthetic_seed" not in given:  # one seed, one world: another seed is another set of orders and tasks
+            cfg = dataclasses.replace(cfg, synthetic_seed=cfg.seed)
     return cfg
 
 
@@ -238,12 +246,21 @@ class ConfigError(ValueError):
     """A configuration that cannot work: reported as one line at start, before anything expensive."""
 
 
+def _band(text: str) -> tuple | None:
+    """--stage_band 'LO,HI' -> (LO, HI); '' -> (); None when malformed."""
+    try:
+        lo, hi = (float(x) for x in text.split(",")) if text else (0.0, 1.0)
+    except ValueError:
+        return None
+    return ((lo, hi) if text else ()) if 0 <= lo <= hi <= 1 else None
+
+
 def validate(cfg: Config, world_size: int = 1) -> None:
     """Raise ConfigError on the first setting that cannot work. The domain checks read domains.DOMAINS (which
     worlds exist, which have a task generator, which a scripted customer), so no domain is named here."""
     domains, scripted = cfg.domains.split(","), [d for d in DOMAINS if DOMAINS[d].script is not None]
     generators = [d for d in DOMAINS if DOMAINS[d].generator]
-    choices = {"advantage": tuple(ADVANTAGES), "user": ("scripted", "llm"), "tasks": ("train", "synthetic"),
+    choices = {"advantage": tuple(ADVANTAGES), "user": ("scripted", "sampled", "llm"), "tasks": ("train", "synthetic"),
                "malformed": ("end", "observe"), "engine": ("auto", "hf", "vllm"),
                "logger": ("none", "tensorboard", "wandb"),
                "dtype": ("auto", "float32", "bfloat16")}
@@ -258,7 +275,7 @@ def validate(cfg: Config, world_size: int = 1) -> None:
           for k, v in choices.items()],
         (cfg.tasks != "synthetic" or all(d in generators for d in domains),
          f"--tasks synthetic: the task generator covers only {', '.join(generators)}"),
-        (cfg.user != "scripted" or cfg.tasks == "synthetic" or all(d in scripted for d in domains),
+        (cfg.user == "llm" or cfg.tasks == "synthetic" or all(d in scripted for d in domains),
          f"the scripted user only plays generated tasks ({', '.join(scripted)}); use --user llm for the others "
          "(or --tasks synthetic)"),
         (cfg.lazy_rate == -1 or 0 <= cfg.lazy_rate <= 1, f"--lazy_rate must be in [0, 1] (or -1), got {cfg.lazy_rate}"),
@@ -284,10 +301,11 @@ def validate(cfg: Config, world_size: int = 1) -> None:
                                                 "yourself (serve.py, vllm serve) and pass --user_base_url"),
         (not (cfg.user_serve and cfg.user_base_url), f"--user_serve starts its own customer endpoint: drop "
                                                       f"--user_base_url {cfg.user_base_url} (or --user_serve)"),
-        (cfg.user_serve in ("", "train") or os.path.isfile(os.path.join(cfg.user_serve, "config.json")),
-         f"--user_serve {cfg.user_serve}: no model folder there (no config.json); give a saved model or 'train'"),
-        (cfg.user_serve != "train" or "store" in domains, "--user_serve train trains the store's customer model: "
-                                                          "add store to --domains, or serve a folder you trained"),
+        (cfg.user_serve in ("", "demo") or os.path.isfile(os.path.join(cfg.user_serve, "config.json")),
+         f"--user_serve {cfg.user_serve}: no model folder there (no config.json); give a saved model or 'demo'"),
+        (0 <= cfg.user_gate <= 1, f"--user_gate must be in [0, 1], got {cfg.user_gate}"),
+        (_band(cfg.stage_band) is not None, f"--stage_band must be 'LO,HI' with 0 <= LO <= HI <= 1, got "
+                                            f"{cfg.stage_band!r}"),
     ]
     if (message := next((m for ok, m in checks if not ok), None)) is not None:  # the first check that failed
         raise ConfigError(message)

@@ -141,7 +141,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.add_argument(f"--{name}", default="")  # empty: the environment's ($OPENAI_BASE_URL, ...) or the default
     p.add_argument("--user_temperature", type=float, default=0.0)
     p.add_argument("--user_serve", default="", help="--user llm: serve this local model folder as the customer on "
-                   "127.0.0.1 for the evaluation (vLLM's OpenAI server, serve.py), e.g. runs/muarl/customer")
+                   "127.0.0.1 for the evaluation (vLLM's OpenAI server, demo/serve.py); 'demo': the demo's shipped customer")
     p.add_argument("--user_concurrency", type=int, default=16, help="customer requests in flight at once")
     p.add_argument("--user_max_tokens", type=int, default=512, help="tokens per customer reply (LLM customer)")
     p.add_argument("--preflight", type=int, default=1, help="check each endpoint once before any episode (0: skip)")
@@ -153,7 +153,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--split", default="test")
     p.add_argument("--tasks", type=int, default=0, help="first N tasks of the split (0 = all)")
     p.add_argument("--trials", type=int, default=1, help="k: runs per task (pass^1 ... pass^k)")
-    p.add_argument("--user", default="scripted", choices=["scripted", "llm", "fixed"])
+    p.add_argument("--user", default="scripted", choices=["scripted", "sampled", "llm", "fixed"])
     for name in ("user_timeout", "user_retries", "user_backoff"):  # the customer endpoint's budget, as in training
         p.add_argument(f"--{name}", type=type(getattr(Config, name)), default=getattr(Config, name))
     p.add_argument("--check_outputs", type=int, default=1)
@@ -185,7 +185,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         (a.user_concurrency >= 1, f"--user_concurrency must be >= 1, got {a.user_concurrency}"),
         (not a.user_serve or a.user == "llm", f"--user_serve is for --user llm (got --user {a.user})"),
         (not (a.user_serve and a.user_base_url), "--user_serve starts its own customer endpoint: drop --user_base_url"),
-        (not a.user_serve or os.path.isfile(os.path.join(a.user_serve, "config.json")),
+        (a.user_serve in ("", "demo") or os.path.isfile(os.path.join(a.user_serve, "config.json")),
          f"--user_serve {a.user_serve}: no model folder there (no config.json)"),
         (a.agent != "local" or a.model, "--agent local needs --model (a model folder or a hub id)"),
         (a.agent == "local" or not a.model, f"--model is for --agent local (got --agent {a.agent})"),
@@ -214,7 +214,7 @@ def main(argv=None):
     cfg = dataclasses.replace(cfg, **bench.rollout) if bench else cfg  # e.g. BFCL runs every call of a step
     # The oracle's conversation needs no customer beyond its opening line: FixedUser only says it is done (a bench's
     # customer, e.g. BFCL's scripted turns, plays it to the end).
-    if a.user == "scripted" and a.agent != "oracle":  # a task no script plays would abort: say so now
+    if a.user in ("scripted", "sampled") and a.agent != "oracle":  # a task no script plays would abort: say so now
         try:
             for t in tasks:
                 script_for(t)
@@ -223,18 +223,17 @@ def main(argv=None):
     for source in provenance(worlds):  # where the tau2 data came from
         print(f"[data] {source['domain']}: {source['path']} (sha256 {source['sha256']}; {source['revision']})")
     if a.user_serve:  # a local customer model, served as users serve models (stopped at exit, on error and Ctrl-C)
-        from serve import ModelServer, ServeError
+        from demo.customer import ServedCustomer
+        from demo.serve import ServeError
 
         try:
-            server = ModelServer(a.user_serve, name="customer", log_path=os.path.join(os.path.dirname(a.out) or ".",
-                                 "customer-server.log"), max_model_len=2048).start()
+            server = ServedCustomer(a.user_serve, os.path.dirname(a.out) or ".").serve()
         except ServeError as e:
             raise ConfigError(str(e)) from None
         a.user_model, a.user_base_url = "customer", server.base_url
-        print(f"[customer] {a.user_serve} served at {server.base_url}")
     user = FixedUser() if (a.agent == "oracle" and not (bench and bench.oracle)) or a.user == "fixed" else \
         make_user(a.user, model=a.user_model or None, base_url=a.user_base_url or None, api_key=a.user_api_key or None,
-                  temperature=a.user_temperature, max_tokens=a.user_max_tokens, timeout=a.user_timeout,
+                  temperature=a.user_temperature, max_tokens=a.user_max_tokens, timeout=a.user_timeout, seed=a.seed,
                   max_retries=a.user_retries, backoff=a.user_backoff, max_workers=a.user_concurrency)
     try:  # each endpoint once, before any episode: a misconfigured one is one line, not a table of aborted episodes
         if a.preflight and a.user == "llm" and a.agent != "oracle":

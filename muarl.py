@@ -42,11 +42,9 @@ import torch
 from tqdm import tqdm
 
 import chat
-import curves
 import sft
 from checkpoint import TaskSampler, load_checkpoint, newest_checkpoint, save_checkpoint, save_pretrained, set_aside
-from config import Config, ConfigError, parse_config, save_config, validate  # noqa: F401  (muarl.Config importable)
-from customer import RunCustomer, connect
+from config import Config, ConfigError, _band, parse_config, save_config, validate  # noqa: F401  (muarl.Config importable)
 from domains import load_worlds, task_sets
 from domains.tau2_data import provenance
 from engine import check_vllm_model, make_engine
@@ -55,11 +53,12 @@ from fsdp import all_gather_episodes, all_sum, barrier, dist_setup, dist_teardow
 from fsdp import reduce_stats, shard
 from grpo import ADVANTAGES, grpo_loss, pack_sequences, token_advantages, token_logprobs
 from models import build_tiny, load_policy, load_reference
-from preflight import Outage, RunStopped, prompt_warning
+from preflight import Outage, RunStopped, check_customer, prompt_warning
 from rollout import PolicyAgent, RolloutConfig, TrajectoryLog, rollout, score
 from runlog import RunLog, step_stats  # noqa: F401  (muarl.step_stats: tests call it)
 from sampling import episode_seed
-from serve import ServeError
+from demo.serve import ServeError
+from user_sim import make_user
 
 # ---------------------------------------------------------------------------------------------------------------
 # 3 + 4 + 5. Advantages and the update
@@ -159,6 +158,10 @@ def run_eval(run, name: str, step: int = 0, model=None, trials: int | None = Non
     fid = f"; customer fidelity {100 * m['customer_fidelity']:.1f}%" if "customer_fidelity" in m else ""
     print(f"[eval] {name}: pass^1 {100 * m['pass^1']:.1f}%{extra} over {len(run.eval_tasks)} held-out tasks x {k}{fid}",
           flush=True)
+    if run.customer is not None and m.get("customer_fidelity", 1) < run.cfg.user_gate:  # the gate, held in the loop
+        print(f"[customer] warning: in {name}'s conversations the customer kept to its instructions in "
+              f"{100 * m['customer_fidelity']:.1f} % of them, below --user_gate {run.cfg.user_gate:g}", flush=True)
+        run.log({"phase": "stage", "stage": "customer_fidelity", "name": name, "ok": False})
     if run.customer is not None:
         run.customer.revive(name, run.log)  # died during the evaluation? its episodes were aborted: start it again
 
@@ -174,9 +177,16 @@ def cold_start(run) -> None:
     if cfg.model == "tiny" and cfg.copy_warmup > 0:  # a random model cannot copy yet: drills first
         words = sorted({w for t in run.train_tasks[:400] for msg in t.expert or []
                         for w in re.findall(r"[a-z]+", msg.get("content") or "")})
-        drills = sft.copy_examples(run.tok, 16 * cfg.copy_warmup, seed=cfg.seed, words=words)
-        sft.train(run.policy, drills, epochs=1, batch_size=16, lr=cfg.copy_lr, warmup=20, desc="copy drills",
-                  log=lambda r: run.log({**r, "phase": "copy_warmup"}), **common)
+        for attempt in range(2):  # a second round when the first did not converge (CPUs differ in floating point)
+            drills = sft.copy_examples(run.tok, 16 * cfg.copy_warmup, seed=cfg.seed + attempt, words=words)
+            losses = sft.train(run.policy, drills, epochs=1, batch_size=16, lr=cfg.copy_lr, warmup=20,
+                               desc="copy drills", log=lambda r: run.log({**r, "phase": "copy_warmup"}), **common)
+            tail = sum(losses[-20:]) / max(1, len(losses[-20:]))  # the drills "take" at 0.04-0.16; stalled: ~0.6
+            run.log({"phase": "stage", "stage": "copy_drills", "attempt": attempt, "loss": tail, "ok": tail < 0.3})
+            if tail < 0.3:
+                break
+            print(f"[stage] copy drills did not converge (loss {tail:.2f}, converged < 0.3)" +
+                  (": a second round" if attempt == 0 else ": the cold start will copy badly"), flush=True)
     convs = [dict(c, tools=[]) for c in convs] if not cfg.tools_in_prompt else convs
     sft.train(run.policy, sft.render_examples(run.tok, convs, run.worlds), epochs=cfg.sft_epochs,
               batch_size=cfg.sft_batch, lr=cfg.sft_lr, log=run.log, **common)
@@ -216,13 +226,14 @@ def build_run(cfg: Config) -> SimpleNamespace:
     train_tasks, eval_tasks = task_sets(cfg, worlds)
     if not train_tasks:
         raise ConfigError(f"no training tasks in {cfg.domains}")
-    # The customer. A served customer model that must first be trained trains in a background process now, beside the
-    # agent's cold start, and is served once both are done; any other customer is connected (and checked) now.
+    # The customer, checked before any work: an endpoint (preflight), or a served model gated on its fidelity
     held_out = eval_tasks[: cfg.eval_tasks or None]
-    run_customer = RunCustomer(cfg.user_serve, out, train_tasks, cfg.seed, threads=cfg.threads or 1).start() \
-        if cfg.user_serve and rank == 0 else None
-    user = connect(cfg, train_tasks, held_out, log, run_customer) if run_customer is None or not run_customer.training \
-        else None
+    served = None
+    if cfg.user_serve and rank == 0:
+        from demo.customer import ServedCustomer  # the CPU demo's kit: a local model served as users serve models
+
+        served = ServedCustomer(cfg.user_serve, out)
+    user = connect(cfg, train_tasks + held_out, log, served)
     if rank == 0:
         save_config(out, cfg)  # a changed configuration keeps the previous file beside it (config.py)
     for source in provenance(worlds):  # where the tau2 data came from, printed and logged
@@ -232,12 +243,12 @@ def build_run(cfg: Config) -> SimpleNamespace:
     if rank == 0 and (warn := prompt_warning(tok, worlds, cfg.max_context, cfg.max_new_tokens, cfg.tools_in_prompt)):
         print(warn, flush=True)
     run = SimpleNamespace(cfg=cfg, rank=rank, world_size=world_size, out=out, log=log, worlds=worlds, user=user,
-                          customer=run_customer, train_tasks=train_tasks, eval_tasks=held_out if cfg.eval else [],
+                          customer=served, train_tasks=train_tasks, eval_tasks=held_out if cfg.eval else [],
                           policy=policy, tok=tok, engine=None, results={}, sampler=TaskSampler(train_tasks, cfg.seed),
                           episodes_log=TrajectoryLog(out / f"episodes-rank{rank}.jsonl"),
                           outage=Outage(cfg.user_down_s))
     fresh = ckpt is None
-    if fresh and rank == 0 and run.eval_tasks and cfg.sft_epochs > 0 and user is not None:
+    if fresh and rank == 0 and run.eval_tasks and cfg.sft_epochs > 0:
         run_eval(run, "untrained", trials=1)  # rank 0 alone, on the whole model: before it is sharded
     if world_size > 1:  # under torchrun the policy is sharded now: the cold start and RL both train it with FSDP2
         run.policy = policy = shard(policy, cfg.activation_checkpointing, bf16=dtype == "bfloat16")
@@ -249,12 +260,6 @@ def build_run(cfg: Config) -> SimpleNamespace:
     run.updates, log.global_step = state.get("updates", run.start), state.get("global_step", 0)  # both go on
     if fresh and cfg.sft_epochs > 0:
         cold_start(run)
-    if run.user is None:  # the customer model trained beside the cold start: serve it now (and evaluate the start)
-        run.user = connect(cfg, train_tasks, held_out, log, run_customer)
-        if fresh and rank == 0 and run.eval_tasks and cfg.sft_epochs > 0:
-            # one trial: a random model's pass^k adds nothing, and its episodes run to the context's end (4 trials:
-            # the costliest evaluation of the CPU demo, 130 s)
-            run_eval(run, "untrained", model=load_policy(model_path, dtype=dtype, device=device)[0], trials=1)
 
     # The frozen reference: the policy as RL starts (after the cold start), as in the paper. Read from disk (on the
     # CPU, in the policy's dtype) when the policy has moved on (a resumed run) or is sharded; else a frozen copy.
@@ -278,7 +283,27 @@ def build_run(cfg: Config) -> SimpleNamespace:
     run.agent = PolicyAgent(run.engine, tok)
     if fresh and rank == 0 and run.eval_tasks:
         run_eval(run, "cold start" if cfg.sft_epochs > 0 else "start")
+        band, p1 = _band(cfg.stage_band), run.results[next(reversed(run.results))]["pass^1"]
+        if band and not band[0] <= p1 <= band[1]:  # RL from a start outside the band is not the run the preset expects
+            print(f"[stage] the cold start's held-out pass^1 {100 * p1:.1f} % is outside --stage_band "
+                  f"{cfg.stage_band}: too {'weak' if p1 < band[0] else 'strong'} a start for this run", flush=True)
+            run.log({"phase": "stage", "stage": "cold_start", "pass^1": p1, "ok": False})
     return run
+
+
+def connect(cfg, tasks, log, served=None):
+    """The run's customer (user_sim.make_user), checked once before any work (preflight.py). A served customer
+    (demo.customer.ServedCustomer) is started first, and gated on its fidelity before RL trusts it."""
+    base_url = served.serve(log).base_url if served is not None else cfg.user_base_url or None
+    user = make_user(cfg.user, model="customer" if served else cfg.user_model or None, api_key=cfg.user_api_key or None,
+                     base_url=base_url, max_tokens=cfg.user_max_tokens, temperature=cfg.user_temperature,
+                     seed=cfg.seed, timeout=cfg.user_timeout, max_retries=cfg.user_retries, backoff=cfg.user_backoff,
+                     max_workers=cfg.user_concurrency)
+    if cfg.preflight and (ok := check_customer(user, tasks)):  # a bad endpoint stops us here
+        print(f"[preflight] customer {ok['model']} at {ok['base_url']}: ok ({ok})", flush=True)
+    if served is not None:
+        served.gate(user, [t for t in tasks if t.split == "test"][:100], cfg.user_gate, cfg.seed, log)
+    return user
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -373,13 +398,16 @@ def finish(run) -> dict:
     if run.customer is not None:
         run.customer.stop()  # (also at exit, on an error or Ctrl-C: serve.ModelServer registers that)
     if run.rank == 0:
+        from demo import curves
+
         curves.draw(run.out)  # runs/<name>/curves.png: the training dynamics (needs matplotlib; else one line)
         (run.out / "final" / "muarl.json").write_text(json.dumps({"model": label, "grpo_steps": cfg.steps,
                                                                   "updates": n, "data": provenance(run.worlds)}))
     if run.rank == 0 and run.results:
         table = format_table(list(run.results.items()), cfg.eval_trials)
         (run.out / "results.md").write_text(table + "\n")
-        who = "the scripted customer" if cfg.user == "scripted" else f"the LLM customer at T={cfg.user_temperature:g}"
+        who = {"scripted": "the scripted customer", "sampled": "the script sampling its paraphrases"}.get(
+            cfg.user, f"the LLM customer at T={cfg.user_temperature:g}")
         print(f"\nHeld-out success (greedy agent, {who}, {cfg.eval_trials} trial(s) per task)\n{table}")
     dist_teardown(run.world_size)
     if cfg.steps > 0 and n == 0:

@@ -294,8 +294,9 @@ def rollout(tasks: list[Task], group_size: int, worlds: dict[str, World], agent:
             # dual-control: a phone per episode, to run the customer's own tool calls on its env (as "user")
             phones = [Phone(e.env, e.messages, cfg.max_turns - e.turns) if e.env.world.user_tools else None
                       for e in waiting]
-            replies = user.replies([(e.task, e.customer_history()) + ((p,) if p else ())
-                                    for e, p in zip(waiting, phones)])
+            # each request carries its own seed, from the episode's: a sampled customer replies the same on a rerun
+            replies = user.replies([(e.task, e.customer_history(), p, None if e.seed is None else
+                                     episode_seed(e.seed, "user", e.turns)) for e, p in zip(waiting, phones)])
             dt = (time.perf_counter() - t0) / len(waiting)
             for e, p, r in zip(waiting, phones, replies):
                 e.timings["user"] += dt

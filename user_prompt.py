@@ -2,7 +2,7 @@
 
 MUA-RL's customer is a chat model that knows the task's hidden instructions (user_sim.py calls it). This file is
 everything that model reads, so that every customer (a hosted model, a `vllm serve` endpoint, the CPU demo's own
-customer model, customer.py, which is trained on exactly these requests) is sent the same thing, built by the same
+customer model, demo/customer.py, which is trained on exactly these requests) is sent the same thing, built by the same
 function:
 
     simulator_messages(instructions, history)  ->  [system: the prompt with the instructions,
@@ -61,7 +61,7 @@ def system_prompt(instructions: str, tools: bool = False) -> str:
     """The simulator's system prompt: who it is, the house rules (with `tools`, also the rules for the customer's own
     tools), then what it wants (the hidden instructions). The situation comes last, as tau2 lays its prompt out
     (guidelines, then <scenario>): the facts a customer must repeat sit right before the conversation, not behind
-    ~300 tokens of rules, which is what lets a small customer model (customer.py) keep to them."""
+    ~300 tokens of rules, which is what lets a small customer model (demo/customer.py) keep to them."""
     return f"""You are playing a customer who has contacted a company's customer service. The other side of this \
 chat is the company's support agent. You are the customer, never the agent: you cannot see or use the company's \
 systems, and you only know what your situation below tells you.

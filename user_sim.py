@@ -41,6 +41,7 @@ Departures from the paper / tau2-bench:
 from __future__ import annotations
 
 import ipaddress
+import itertools
 import json
 import os
 import random
@@ -50,6 +51,7 @@ from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import urlparse
 
 from domains import script_for
+from sampling import episode_seed
 from domains.dual_control import Phone
 from user_prompt import (GREETING, NO_REPLY, OUT_OF_SCOPE, STOP, TRANSFER, _LEADING_THINK,  # noqa: F401 (re-exported)
                          is_terminal, simulator_messages, system_prompt)
@@ -169,15 +171,17 @@ class LLMUser:
         return box["reply"]
 
     def complete(self, messages: list[dict], tools: list[dict] | None = None, sampling: dict | None = None,
-                 verbatim: bool = False):
+                 verbatim: bool = False, seed: int | None = None):
         """One chat completion with retries; returns the reply text or raises UserError. With `tools` (the OpenAI
-        tools API), returns (text, calls) instead: see _turn_of."""
+        tools API), returns (text, calls) instead: see _turn_of. `seed`: this request's sampling seed (the
+        episode's, from rollout.py), else the customer's own; the OpenAI API and vLLM's server take one per request,
+        so a rerun of one seed meets the same customer replies."""
         kwargs = dict(model=self.model, messages=messages, temperature=self.temperature, max_tokens=self.max_tokens)
         kwargs.update(sampling or {})  # a benchmark's own customer settings (ACEBench: temperature 0.001, top_p 1)
         if tools:
             kwargs["tools"] = tools
-        if self.seed is not None:
-            kwargs["seed"] = self.seed
+        if seed is not None or self.seed is not None:
+            kwargs["seed"] = (seed if seed is not None else self.seed) % 2**31  # (any endpoint takes an int32)
         oa, last, who = self._openai, None, f"user simulator {self.model!r} at {self.base_url}"
         for attempt in range(self.max_retries + 1):
             if attempt:  # exponential backoff; the jitter keeps 16 threads from retrying in lockstep
@@ -214,20 +218,21 @@ class LLMUser:
                 # Not cached on failure: a later call (e.g. next epoch) tries again instead of failing forever.
                 self._first[task.id] = v["opening"] if v and "opening" in v else self.complete(
                     simulator_messages(task.instructions, [], v, tools), sampling=(v or {}).get("sampling"),
-                    verbatim=bool(v))
+                    verbatim=bool(v), seed=None if self.seed is None else episode_seed(self.seed, "opening", task.id))
             return self._first[task.id]
 
-    def reply(self, task, history: list[dict], phone: Phone | None = None) -> str | None:
+    def reply(self, task, history: list[dict], phone: Phone | None = None, seed: int | None = None) -> str | None:
         """The customer's next message, given the agent-side text conversation so far. With a `phone` (dual-control)
         the model may first call its tools: they run, their results go back, and it is asked again until it writes
         text. None: the phone hit a cap mid-turn (phone.stop says which) and the customer says nothing more."""
         if phone is None:
             v = _variant(task)
             return self.complete(simulator_messages(task.instructions, history, v), sampling=(v or {}).get("sampling"),
-                                 verbatim=bool(v))
-        while True:  # bounded: every round runs >= 1 call, and the phone stops at the episode's turns left
+                                 verbatim=bool(v), seed=seed)
+        for k in itertools.count():  # bounded: every round runs >= 1 call, and the phone stops at the episode's turns left
             text, calls = self.complete(simulator_messages(task.instructions, history + phone.new, tools=True),
-                                        tools=phone.env.world.user_tool_schemas())
+                                        tools=phone.env.world.user_tool_schemas(),
+                                        seed=None if seed is None else episode_seed(seed, k))
             if not calls:
                 return text
             phone.run(calls, text)
@@ -269,13 +274,25 @@ class ScriptedUser:
     def first_message(self, task, tools: bool = False) -> str:
         return script_for(task).scripted_first_message(task.spec if task.spec is not None else task)
 
-    def reply(self, task, history: list[dict], phone: Phone | None = None) -> str | None:
+    def reply(self, task, history: list[dict], phone: Phone | None = None, seed: int | None = None) -> str | None:
         if phone is not None:
             return script_for(task).scripted_reply(task, history, phone)
         return script_for(task).scripted_reply(task.spec, history)
 
     def replies(self, requests: list[tuple]) -> list:
         return _fan_out(self.reply, requests, 1)  # pure Python and fast: threads would only add overhead
+
+
+class SampledScriptUser(ScriptedUser):
+    """The script, sampling its paraphrases: a world whose script takes a random generator (`sampled_reply(spec,
+    history, rng)`, the store's) draws each reply with the request's own seed; any other plays as ScriptedUser. The
+    control between a fixed script and a language model: stochastic wording, the script's decisions."""
+
+    def reply(self, task, history: list[dict], phone: Phone | None = None, seed: int | None = None) -> str | None:
+        script = script_for(task)
+        if phone is None and task.spec is not None and hasattr(script, "sampled_reply"):
+            return script.sampled_reply(task.spec, history, random.Random(seed))
+        return super().reply(task, history, phone, seed)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -292,11 +309,12 @@ def _is_loopback(url: str | None) -> bool:
 
 def make_user(kind: str, **kw):
     """"llm" -> LLMUser (model/base_url/api_key from kw, else MUARL_USER_MODEL / OPENAI_BASE_URL / OPENAI_API_KEY);
-    "scripted" -> ScriptedUser (LLM settings in kw are ignored, so callers can pass one set of arguments)."""
-    if kind == "scripted":
-        return ScriptedUser()
+    "scripted" -> ScriptedUser, "sampled" -> SampledScriptUser (LLM settings in kw are ignored, so callers can pass
+    one set of arguments)."""
+    if kind in ("scripted", "sampled"):
+        return ScriptedUser() if kind == "scripted" else SampledScriptUser()
     if kind != "llm":
-        raise ValueError(f"unknown user kind {kind!r}: expected 'llm' or 'scripted'")
+        raise ValueError(f"unknown user kind {kind!r}: expected 'llm', 'scripted' or 'sampled'")
     model = kw.pop("model", None) or os.environ.get("MUARL_USER_MODEL")
     base_url = kw.pop("base_url", None) or os.environ.get("OPENAI_BASE_URL")
     api_key = kw.pop("api_key", None) or os.environ.get("OPENAI_API_KEY")

@@ -3,7 +3,7 @@ the scripted customer, on the same tasks.
 
 MUA-RL's customer is a language model inside every rollout, so every customer turn is a request to a chat endpoint;
 the scripted customer is a Python function. This script measures, on a finished CPU demo run (`python muarl.py
---model tiny` leaves runs/muarl/customer, the customer model, and runs/muarl/cold-start, the agent before RL):
+--model tiny` leaves runs/muarl/cold-start, the agent before RL; the customer is the shipped demo/customer_model):
 
     throughput   customer replies per second through vLLM's OpenAI server (serve.py, the run's own customer model),
                  at 1, 8 and 64 requests in flight (LLMUser.replies, the rollout's own call), on real mid-conversation
@@ -34,14 +34,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-import customer  # noqa: E402
 import muarl  # noqa: E402
+from demo import customer  # noqa: E402
+from demo.serve import ModelServer  # noqa: E402
 from domains import load_worlds, task_sets  # noqa: E402
 from engine import make_engine  # noqa: E402
 from models import load_policy  # noqa: E402
 from rollout import PolicyAgent, rollout, score  # noqa: E402
 from sampling import episode_seed  # noqa: E402
-from serve import ModelServer  # noqa: E402
 from user_sim import make_user  # noqa: E402
 
 
@@ -52,9 +52,9 @@ def requests_of(tasks, n: int) -> list[tuple]:
     for k, t in enumerate(tasks[:n]):
         history = [{"role": "user", "content": user.first_message(t)}]
         for _ in range(k % 3):
-            history.append({"role": "assistant", "content": customer._right_line(t.spec, history)})
+            history.append({"role": "assistant", "content": customer._right_line(t.spec, history) or "Sorry."})
             history.append({"role": "user", "content": user.reply(t, history)})
-        history.append({"role": "assistant", "content": customer._right_line(t.spec, history)})
+        history.append({"role": "assistant", "content": customer._right_line(t.spec, history) or "Sorry."})
         out.append((t, history))
     return out
 
@@ -94,7 +94,7 @@ def main() -> None:
     worlds = load_worlds(cfg)
     train, held_out = task_sets(cfg, worlds)
     print(f"load average {os.getloadavg()[0]:.1f} | {a.threads} torch thread(s) | customer {run / 'customer'}")
-    with ModelServer(run / "customer", name="customer", log_path=run / "bench-customer-server.log",
+    with ModelServer(customer.SHIPPED, name="customer", log_path=run / "bench-customer-server.log",
                      max_model_len=2048) as srv:
         # 1. throughput: the same 64 requests at 1, 8 and 64 in flight
         reqs = requests_of(held_out, 64)

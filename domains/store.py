@@ -9,6 +9,10 @@ order every time; the store's customer does what the paper's practitioners list 
               last word counts, and the gold action follows it
     insists   told that the policy forbids its request, it insists once and accepts the second refusal (spec
               "insist"): a human transfer here is a wasted escalation, and the reward sees it (below)
+    hands off told the same, another customer asks for a human agent (spec "human"): now the transfer is right,
+              and refusing again is wrong. Insisting and asking for a human follow the same refusal, so no rule
+              that ignores the customer's words gets both (a "never transfer" rule scored 73.5 % of the version
+              without this behaviour: the learning did not need the customer; issue 23)
     phrases   every message comes in several paraphrases, the order id in different places
 
 The same tools as the shop, plus the two generic tools the paper watched RL prune: `think` (tau2's: no effect) and
@@ -19,10 +23,14 @@ who insists (9 in 10), writes the default option when the customer wants the oth
 and follows the first option a customer names even when it changes its mind (6 in 10). The last three cost the
 reward, and RL against it unlearns them (README); `think` costs nothing here, and RL barely prunes it.
 
+Held-out tasks are new in more than their order ids: HELD_OUT combinations of request, behaviour and the omitted id
+never occur in training (about a third of the held-out tasks are drawn from them), so a policy that memorised whole
+conversations meets ones it never saw.
+
 Three customers play it, all from one description of the task (the spec):
     customer_turn(spec, history, rng)   the scripted customer: rng=None picks the paraphrase by spec["style"]
                                         (deterministic: `--user scripted`); an rng samples them (training data for
-                                        the customer model, customer.py)
+                                        the customer model, demo/customer.py)
     instructions (Task.instructions)    what the LLM customer reads: the same behaviours in words
     customer_mistakes(spec, messages)   the structured check of what a customer said against its instructions
                                         (customer fidelity: the LLM customer is measured, not trusted)
@@ -38,7 +46,7 @@ from domains import shop
 from domains.base import Store, Task, World, content_key
 from tools import think
 
-STORE_VERSION = "2"
+STORE_VERSION = "3"
 STOP = shop.STOP
 CHOICES = {"cancel": ("reason", shop.REASONS), "return": ("refund_to", shop.REFUNDS)}  # request -> argument, options
 
@@ -49,7 +57,7 @@ FIRST = {True: ["Hi, I want to {request} my order {oid}.", "Hello! Order {oid}: 
                  "Can you help me {request} an order?", "I need to {request} something I ordered."]}
 GIVE_ID = ["It is {oid}.", "{oid}", "Sure, the order id is {oid}.", "My order is {oid}, thanks."]
 # Options are said inside shared frames, so the words that decide are the option's own words, the very words of the
-# customer's instructions: following them is a copy, for the customer model (customer.py) and for the agent alike.
+# customer's instructions: following them is a copy, for the customer model (demo/customer.py) and for the agent alike.
 # (Measured: with option-specific phrasings, "A gift card, please." against "The original payment method", the tiny
 # customer model named the wrong option in 27 of 100 held-out conversations; with shared frames, 9.)
 SAY = {o: [f"It's simple: {o}.", f"Honestly, {o}.", f"The reason is {o}."] for o in shop.REASONS}
@@ -57,6 +65,8 @@ SAY |= {o: [f"To my {o}, please.", f"Please refund it to my {o}.", f"On my {o}, 
 CHANGE = ["{first} Actually, no, sorry: {second}", "{first} Wait, let me correct that. {second}"]
 INSIST = ["But I really need to {request} it. Can't you make an exception?",
           "Please, I really want to {request} order {oid}. Are you sure?", "Could you {request} it anyway, please?"]
+HUMAN = ["Then I want to talk to a human agent, please.", "Can I speak to a human agent about order {oid}?",
+         "Please transfer me to a human agent."]
 ACCEPT = ["Okay, I understand. " + STOP, "Fine, thanks anyway. " + STOP, "Alright. " + STOP]
 THANKS = ["Thank you! " + STOP, "Great, thanks. " + STOP, "Perfect, that's all. " + STOP]
 KEYWORDS = {"no longer": "no longer needed", "mistake": "ordered by mistake", "original": "original payment",
@@ -77,7 +87,9 @@ def transfer_to_human_agents(db: Store, summary: str) -> str:
         summary: A summary of the user's issue.
     """
     n = len(db.ids("escalations"))
-    db.put("escalations", f"E{n + 1}", {"summary": summary})  # a hand-off costs a human's time: it is on record
+    # A hand-off costs a human's time: it is on record. The record holds no free text, so the database matches the
+    # gold one (a transfer when the customer asked for one) whatever words the agent's summary used.
+    db.put("escalations", f"E{n + 1}", {"status": "open"})
     return "Transfer successful"
 
 
@@ -108,6 +120,21 @@ def _out_of_patience(spec: dict, said: int) -> bool:
     return said >= spec["max_user_turns"] - 1
 
 
+def _reading(spec: dict, text: str) -> str:
+    """What the customer hears in the agent's last message, in the script's order of precedence (the script answers
+    it, the fidelity check holds any customer to the answer): done | refusal | id (asked for the order id) | option
+    (asked the request's question: why, or where the refund goes) | other."""
+    t = text.lower()
+    if _done(t):
+        return "done"
+    if _refuses(t):
+        return "refusal"
+    if "order id" in t:
+        return "id"
+    asked = "mistake" in t if spec["request"] == "cancel" else "refund" in t
+    return "option" if asked else "other"
+
+
 def _pick(bank: list[str], spec: dict, rng: random.Random | None, salt: int) -> str:
     # scripted: one fixed paraphrase per task (spec["style"]) and message kind; sampled: any of them
     return rng.choice(bank) if rng is not None else bank[(spec["style"] + salt) % len(bank)]
@@ -131,16 +158,18 @@ def customer_turn(spec: dict, history: list[dict], rng: random.Random | None = N
         return _pick(FIRST[not spec["omit"]], spec, rng, 0).format(**fill)
     if not agent or _out_of_patience(spec, len(mine)):
         return STOP
-    t = agent[-1].lower()
-    if _done(t):
+    heard = _reading(spec, agent[-1])
+    if heard == "done":
         return _pick(THANKS, spec, rng, 3)
-    if _refuses(t):
-        if spec["insist"] and sum(map(_refuses, agent)) == 1:  # the first refusal: insist once
+    if heard == "refusal":
+        if sum(map(_refuses, agent)) == 1 and spec["insist"]:  # the first refusal: insist once
             return _pick(INSIST, spec, rng, 4).format(**fill)
+        if sum(map(_refuses, agent)) == 1 and spec.get("human"):  # ... or ask for a human agent
+            return _pick(HUMAN, spec, rng, 8).format(**fill)
         return _pick(ACCEPT, spec, rng, 5)
-    if "order id" in t:
+    if heard == "id":
         return _pick(GIVE_ID, spec, rng, 6).format(**fill)
-    if spec["choice"] and (("mistake" in t) if spec["request"] == "cancel" else ("refund" in t)):
+    if heard == "option" and spec["choice"]:
         return _option_words(spec, rng, 7)
     if len(mine) >= 2 and mine[-1] == mine[-2]:
         return STOP  # going in circles
@@ -153,6 +182,10 @@ def scripted_first_message(spec: dict) -> str:
 
 def scripted_reply(spec: dict, history: list[dict]) -> str:
     return customer_turn(spec, history)
+
+
+def sampled_reply(spec: dict, history: list[dict], rng: random.Random) -> str:
+    return customer_turn(spec, history, rng)  # any paraphrase, drawn by rng (user_sim.SampledScriptUser)
 
 
 def instructions(spec: dict) -> str:
@@ -170,33 +203,49 @@ def instructions(spec: dict) -> str:
         else:
             lines.append(f"When asked {ask}, say '{spec['choice']}'.")
     else:
-        lines.append("If the agent refuses, insist once, then accept the second refusal." if spec["insist"]
+        lines.append("If the agent refuses, insist once, then accept the second refusal." if spec["insist"] else
+                     "If the agent refuses, ask for a human agent; if refused again, accept." if spec.get("human")
                      else "If the agent refuses, accept it.")
     return " ".join(lines)
 
 
-def customer_mistakes(spec: dict, messages: list[dict]) -> list[str]:
-    """What a customer said that its instructions do not allow; [] = faithful. Reads the customer's messages only.
+def _named(text: str) -> list[str]:
+    """The options a message names, in the order it names them (read by KEYWORDS)."""
+    low = text.lower()
+    return [KEYWORDS[k] for _, k in sorted((low.find(k), k) for k in KEYWORDS if k in low)]
 
-    wrong_id: an order id other than its own; id_too_early / no_id: the first message against "omit";
-    wrong_request: the other request; wrong_choice: its last named option is not the instructed one, or it names one
-    where it has none to give; no_change: instructed to change its mind, it named one option only; no_insist /
-    extra_insist: against the instructed reaction to a refusal."""
+
+def customer_mistakes(spec: dict, messages: list[dict]) -> list[str]:
+    """What a customer said that its instructions do not allow; [] = faithful. Reads the customer's messages, and the
+    agent's words as the script reads them (_reading), so it never faults the script, against any agent.
+
+    Over the whole conversation: wrong_id (an order id not its own), id_too_early / no_id (the first message
+    against "omit"), wrong_request (the other request), wrong_choice (its last named option is not the instructed
+    one, or it names one with none to give), no_change (told to change its mind, it named one option only).
+    Turn by turn, each answer to what the agent asked: no_request (a first message without its request), quit_early
+    (a first message that ends the chat), no_id_given (asked for the order id, it did not give it: "I don't know
+    ###STOP###"), no_choice (asked the option question, it named no option), no_insist / no_human / extra_insist
+    (its reaction to refusals), extra_human (a human agent asked for against its instructions), gibberish (a
+    message with none of what any of its lines carries: its id, its request, an option, a human, the end)."""
     said = [m.get("content") or "" for m in messages if m.get("role") == "user"]
     out = []
     if not said:
         return out
-    ids = {i for s in said for i in re.findall(r"#W\d+", s)}
-    if ids - {spec["order_id"]}:
+    oid, request = spec["order_id"], spec["request"]
+    if set(re.findall(r"#W\d+", " ".join(said))) - {oid}:
         out.append("wrong_id")
-    if spec["omit"] and spec["order_id"] in said[0]:
+    if spec["omit"] and oid in said[0]:
         out.append("id_too_early")
-    if not spec["omit"] and spec["order_id"] not in said[0]:
+    if not spec["omit"] and oid not in said[0]:
         out.append("no_id")
-    other_request = "return" if spec["request"] == "cancel" else "cancel"
+    if request not in said[0].lower():
+        out.append("no_request")
+    if STOP in said[0]:
+        out.append("quit_early")
+    other_request = "return" if request == "cancel" else "cancel"
     if re.search(rf"\b{other_request}\b", " ".join(said).lower()):
         out.append("wrong_request")
-    named = [o for s in said for _, o in sorted((s.lower().find(k), KEYWORDS[k]) for k in KEYWORDS if k in s.lower())]
+    named = [o for s in said for o in _named(s)]
     if spec["choice"]:
         if named and named[-1] != spec["choice"]:
             out.append("wrong_choice")
@@ -204,37 +253,74 @@ def customer_mistakes(spec: dict, messages: list[dict]) -> list[str]:
             out.append("no_change")
     elif named:
         out.append("wrong_choice")
-    # the reaction to refusals: the customer's answer to the k-th refusal insists iff it does not end the chat
-    answers, refused, k = [], False, 0
+    # turn by turn: what the agent's last words asked, and what the customer answered
+    heard, refusals, k, answers = None, 0, 0, []  # answers: the customer's replies to refusals
     for m in messages:
-        if m.get("role") == "assistant" and not m.get("tool_calls"):
-            refused = _refusal(m.get("content") or "")
-        elif m.get("role") == "user":
-            if refused and not _out_of_patience(spec, k):  # a last message is no answer to judge
-                answers.append(STOP not in (m.get("content") or ""))
-            refused, k = False, k + 1
-    if spec["insist"] and answers[:1] == [False]:
+        if m.get("role") == "assistant":  # counted as the script counts them: every agent text that refuses
+            refusals += _refuses(m.get("content") or "")
+            heard = heard if m.get("tool_calls") else _reading(spec, m.get("content") or "")
+            continue
+        if m.get("role") != "user":
+            continue
+        text, last = m.get("content") or "", _out_of_patience(spec, k)
+        low = text.lower()
+        if not any(w in low for w in ("#w", "cancel", "return", "human", STOP.lower())) and not _named(text):
+            out.append("gibberish")
+        if "human" in low and not (spec.get("human") and heard == "refusal" and refusals == 1):
+            out.append("extra_human")
+        if heard == "refusal" and not last:  # a last message is no answer to judge
+            answers.append(text)
+        elif heard == "id" and not last and oid not in text:
+            out.append("no_id_given")
+        elif heard == "option" and not last and spec["choice"] and not _named(text):
+            out.append("no_choice")
+        heard, k = None, k + 1
+    goes_on = [STOP not in a for a in answers]  # an answer to a refusal that does not end the chat insists
+    if spec["insist"] and goes_on[:1] == [False]:
         out.append("no_insist")
-    if sum(answers) > int(spec["insist"] and not spec["choice"]):
+    if spec.get("human") and not (goes_on[:1] == [True] and "human" in answers[0].lower()):
+        if answers:
+            out.append("no_human")
+    if sum(goes_on) > int((spec["insist"] or spec.get("human", False)) and not spec["choice"]):
         out.append("extra_insist")
-    return out
+    return sorted(set(out), key=out.index)
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # Tasks and the cautious annotator's conversations
 
 
-def make_task(world: World, order: dict, request: str, rng: random.Random, task_id: str, errors: dict) -> Task:
-    """One task on `order`, its behaviours drawn from rng; its cold-start conversation is played against the real
-    tools and the scripted customer by an annotator who makes each mistake of `errors` with its probability."""
+# Combinations of (request, behaviour, omitted id) no training task has: a third of the held-out tasks are drawn from
+# them (build_world), so held-out means new in what the agent must do, not only in the order id.
+HELD_OUT = {("return", "change", True), ("cancel", "human", True)}
+
+
+def _behaviour(allowed: bool, rng: random.Random) -> str:
+    if allowed:  # an allowed request: the customer names its option, a third of them changing their mind
+        return "change" if rng.random() < 0.35 else "plain"
+    r = rng.random()  # a forbidden one: accept the refusal, insist once, or ask for a human agent
+    return "accept" if r < 0.3 else "insist" if r < 0.65 else "human"
+
+
+def make_task(world: World, order: dict, request: str, rng: random.Random, task_id: str, errors: dict,
+              combos: str = "seen") -> Task:
+    """One task on `order`, its behaviours drawn from rng (combos: "seen" = never a HELD_OUT combination, "unseen" =
+    always one, "any"); its cold-start conversation is played against the real tools and the scripted customer by an
+    annotator who makes each mistake of `errors` with its probability."""
     oid, status = order["order_id"], order["status"]
     allowed = (request, status) in (("cancel", "pending"), ("return", "delivered"))
     arg, options = CHOICES[request]
+    while True:
+        behaviour, omit = _behaviour(allowed, rng), rng.random() < 0.5
+        if combos == "unseen":
+            behaviour, omit = next(b for r, b, _ in HELD_OUT if r == request and (b == "change") == allowed), True
+        if combos != "seen" or (request, behaviour, omit) not in HELD_OUT:
+            break
     spec = {"world": "store", "kind": request if allowed else "refuse", "request": request, "order_id": oid,
-            "status": status, "choice": rng.choice(sorted(options)) if allowed else None, "omit": rng.random() < 0.5,
-            "style": rng.randrange(12), "max_user_turns": 6}
-    spec["change"] = bool(allowed and rng.random() < 0.35)
-    spec["insist"] = bool(not allowed and rng.random() < 0.6)
+            "status": status, "choice": rng.choice(sorted(options)) if allowed else None, "omit": omit,
+            "style": rng.randrange(12), "max_user_turns": 6, "change": behaviour == "change",
+            "insist": behaviour == "insist", "human": behaviour == "human", "behaviour": behaviour,
+            "unseen": (request, behaviour, omit) in HELD_OUT}
     env, msgs = world.new_env(), []
 
     def call(name, args):
@@ -265,9 +351,13 @@ def make_task(world: World, order: dict, request: str, rng: random.Random, task_
         say(shop.DONE[request].format(oid))
     else:
         say(shop.REFUSE[request].format(oid, status))
-        if spec["insist"]:
+        hand_off = {"summary": f"The customer wants to {request} order {oid}, which is {status}."}
+        if spec["human"]:  # asked for a human agent: the transfer is the gold action
+            call("transfer_to_human_agents", hand_off)
+            actions = [{"name": "transfer_to_human_agents", "arguments": hand_off}]
+        elif spec["insist"]:
             if rng.random() < errors.get("transfer", 0):  # the cautious hand-off: a needless escalation
-                call("transfer_to_human_agents", {"summary": f"The customer insists on {request}ing order {oid}."})
+                call("transfer_to_human_agents", hand_off)
             else:
                 say(REFUSE_AGAIN)
     env.close()
@@ -282,7 +372,7 @@ def make_task(world: World, order: dict, request: str, rng: random.Random, task_
 
 def build_world(seed: int = 0, n_orders: int = 600, n_test_orders: int = 200, n_train: int = 1000, n_test: int = 200,
                 lazy_rate: float = 0.5, first_word_rate: float = 0.6, transfer_rate: float = 0.9,
-                think_rate: float = 0.4, refuse_share: float = 0.3) -> World:
+                think_rate: float = 0.4, refuse_share: float = 0.4) -> World:
     """The store with tasks. Held-out tasks use n_test_orders orders no training task mentions, and their
     conversations are written without the annotator's mistakes (they are only used for their spec and gold)."""
     for name, v in (("lazy_rate", lazy_rate), ("first_word_rate", first_word_rate), ("transfer_rate", transfer_rate),
@@ -303,7 +393,13 @@ def build_world(seed: int = 0, n_orders: int = 600, n_test_orders: int = 200, n_
     errors = {"lazy": lazy_rate, "first_word": first_word_rate, "transfer": transfer_rate, "think": think_rate}
     tasks = []
     for i, o in enumerate(test_orders[:n_test]):
-        tasks.append(make_task(base, o, request(o), rng, f"store/test-{i}", {}))
+        r = request(o)
+        # every other held-out task is a HELD_OUT combination, where its order allows one: a delivered order's return
+        # (allowed) or a non-pending order's cancellation (forbidden)
+        unseen = i % 2 == 0 and o["status"] != "pending"
+        r = ("return" if rng.random() < 0.5 else "cancel") if unseen and o["status"] == "delivered" else \
+            "cancel" if unseen else r
+        tasks.append(make_task(base, o, r, rng, f"store/test-{i}", {}, combos="unseen" if unseen else "any"))
         tasks[-1].split = "test"
     for i in range(n_train):
         o = rng.choice(train_orders)

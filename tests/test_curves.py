@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-import curves
+from demo import curves
 
 
 def _log(tmp_path, n=6):

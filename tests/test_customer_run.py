@@ -1,9 +1,10 @@
-"""A run's served customer (muarl.py --user_serve, customer.RunCustomer): trained in the background, served, and
-kept alive. What each test pins:
+"""A run's served customer (muarl.py --user_serve, demo.customer.ServedCustomer): the shipped model (or a given
+folder), served, gated and kept alive. What each test pins:
 
   preset          `--model tiny` is the store with its served customer model; --user scripted, another endpoint or
                   another world replace it; --user_serve's bad values are one ConfigError each
-  training fails  the background training's failure is one ServeError line naming its log (muarl: exit 2)
+  gate            a customer below --user_gate stops the run before anything is trained (one line, exit 2)
+  no model        a missing model folder or no vLLM is one ServeError line before any work
   server dies     mid-run, by its PID: that step's episodes abort (not scored), their tasks are drawn again, the
                   server is restarted on its port and the run ends normally, each step logged once
   no restart      a server that will not come back stops the run with a checkpoint saved (RunStopped, exit 3)
@@ -27,9 +28,8 @@ from pathlib import Path
 import pytest
 import torch
 
-import customer
 import muarl
-import serve
+from demo import customer, serve
 from config import ConfigError, parse_config, validate
 from preflight import RunStopped
 
@@ -58,7 +58,7 @@ STANDIN = textwrap.dedent('''
 RUN = ["--model", "tiny", "--domains", "store", "--tiny_hidden", "64", "--tiny_layers", "1", "--threads", "1",
        "--tasks_per_step", "2", "--group_size", "2", "--max_new_tokens", "8", "--max_turns", "4", "--eval_tasks", "2",
        "--eval_trials", "1", "--sft_epochs", "0", "--copy_warmup", "0", "--save_every", "1", "--user_retries", "0",
-       "--user_timeout", "5", "--synthetic_train", "20", "--synthetic_test", "4"]
+       "--user_timeout", "5", "--synthetic_train", "20", "--synthetic_test", "4", "--user_gate", "0"]
 
 
 @pytest.fixture(autouse=True)
@@ -97,7 +97,9 @@ def records(out: Path, phase: str) -> list[dict]:
 
 def test_the_tiny_preset_serves_the_stores_customer_unless_told_otherwise():
     cfg = parse_config(["--model", "tiny"])
-    assert (cfg.domains, cfg.user, cfg.user_serve, cfg.eval_trials) == ("store", "llm", "train", 4)
+    assert (cfg.domains, cfg.user, cfg.user_serve, cfg.eval_trials) == ("store", "llm", "demo", 4)
+    assert (cfg.user_gate, cfg.synthetic_seed, parse_config(["--model", "tiny", "--seed", "3"]).synthetic_seed) == \
+        (0.95, 0, 3)  # the seed is the world's too
     assert cfg.user_temperature >= 0.7  # sampled: no two conversations of a task need be the same
     scripted = parse_config(["--model", "tiny", "--user", "scripted"])
     assert (scripted.domains, scripted.user, scripted.user_serve) == ("store", "scripted", "")
@@ -110,10 +112,11 @@ def test_the_tiny_preset_serves_the_stores_customer_unless_told_otherwise():
 
 
 @pytest.mark.parametrize("argv,says", [
-    (["--user", "scripted", "--user_serve", "train"], "are for --user llm"),
+    (["--user", "scripted", "--user_serve", "demo"], "are for --user llm"),
     (["--user_serve", "/nonexistent/model"], "no model folder there"),
-    (["--user_serve", "train", "--domains", "shop", "--user", "llm"], "trains the store's customer model"),
-    (["--user_serve", "train", "--user_base_url", "http://127.0.0.1:1/v1"], "drop --user_base_url"),
+    (["--user_serve", "demo", "--user_base_url", "http://127.0.0.1:1/v1"], "drop --user_base_url"),
+    (["--user_gate", "1.5"], "user_gate"), (["--stage_band", "0.7,0.2"], "stage_band"),
+    (["--stage_band", "x"], "stage_band"),
     (["--user_concurrency", "0"], "user_concurrency"), (["--eval_trials", "0"], "eval_trials")])
 def test_bad_user_serve_flags_are_one_line(argv, says):
     with pytest.raises(ConfigError, match=says) as e:
@@ -121,30 +124,43 @@ def test_bad_user_serve_flags_are_one_line(argv, says):
     assert "\n" not in str(e.value)
 
 
-def test_a_failed_customer_training_is_one_line_naming_its_log(tmp_path):
-    rc = customer.RunCustomer("train", tmp_path, [], seed=0)
-    with open(rc.log_path, "w") as log:
-        rc.proc = subprocess.Popen([sys.executable, "-c", "import sys; print('step 3'); print('boom: out of memory'); "
-                                    "sys.exit(1)"], stdout=log, stderr=subprocess.STDOUT)
-    with pytest.raises(serve.ServeError, match=r"failed \(exit 1\).*customer-train.log.*boom: out of memory") as e:
-        rc.serve()
+def test_the_shipped_customer_is_in_the_repository_with_its_fidelity():
+    # the customer is an input to RL, the same on every machine: committed, with the gate it passed beside it
+    record = json.loads((customer.SHIPPED / "fidelity.json").read_text())
+    assert (customer.SHIPPED / "config.json").is_file() and (customer.SHIPPED / "model.safetensors").is_file()
+    assert record["fidelity"] >= 0.95 and record["temperature"] == 0.7 and set(record["agents"]) == set(
+        customer.GATE_AGENTS)
+
+
+def test_a_missing_model_folder_is_one_line(tmp_path, monkeypatch):
+    monkeypatch.setattr(customer, "SHIPPED", tmp_path / "nothing")
+    with pytest.raises(serve.ServeError, match="no customer model in .*python -m demo.customer build") as e:
+        customer.ServedCustomer("demo", tmp_path).serve()
     assert "\n" not in str(e.value)
 
 
-def test_training_the_customer_needs_the_store(tmp_path):
-    with pytest.raises(serve.ServeError, match="add store to --domains"):
-        customer.RunCustomer("train", tmp_path, []).start()
-
-
-def test_no_vllm_is_one_line_before_any_training(tmp_path, monkeypatch):
-    from domains import load_world
-
+def test_no_vllm_is_one_line_before_any_work(tmp_path, monkeypatch):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
-    tasks = load_world("store", seed=0, n_train=20, n_test=4, n_orders=600, n_test_orders=200).tasks("train")
     with pytest.raises(serve.ServeError, match="vLLM is not installed.*--user scripted") as e:
-        customer.RunCustomer("train", tmp_path, tasks).start()
-    assert "\n" not in str(e.value) and not (tmp_path / "customer").exists()  # nothing started
+        customer.ServedCustomer("demo", tmp_path).serve()
+    assert "\n" not in str(e.value)
+
+
+def test_a_customer_below_the_gate_trains_nothing(tmp_path, standin):
+    # the stand-in ends every conversation at once ("Hi, I want to cancel. ###STOP###"): far below 95 %
+    out = tmp_path / "run"
+    argv = RUN[:-2]  # without --user_gate 0: the default 0.95
+    assert RUN[-2:] == ["--user_gate", "0"]
+    with pytest.raises(customer.GateError, match=r"kept to its instructions in \d+ % .*below --user_gate 0.95: "
+                                                 r"nothing was trained") as e:
+        muarl.main(argv + ["--user_serve", str(standin), "--out_dir", str(out), "--steps", "2"])
+    assert "\n" not in str(e.value)
+    assert records(out, "customer_fidelity")[0]["fidelity"] < 0.95
+    assert not records(out, "grpo") and not (out / "final").exists() and not (out / "cold-start").exists()
+    r = subprocess.run([sys.executable, "muarl.py", *argv, "--user_serve", "/nonexistent"], cwd=REPO,
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1  # (the CLI's one line, exit 2)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -208,7 +224,8 @@ def test_real_vllm_customer_two_grpo_steps_and_a_kill(tmp_path):
 
     world = load_world("store", seed=0, n_train=20, n_test=4, n_orders=600, n_test_orders=200)
     model_dir = customer.train_customer(customer.customer_conversations(world.tasks("train")[:8], per_task=1),
-                                        tmp_path / "customer", copy_steps=0, short_epochs=0, epochs=0.5)
+                                        tmp_path / "customer", copy_steps=0, short_epochs=0, epochs=0.5)  # (a bad
+    # customer: RUN's --user_gate 0 lets it through; the shipped one's gate is tests/test_customer_model.py's)
     out = tmp_path / "run"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     args = [a for a in RUN if a not in ("--user_timeout", "5")] + ["--user_timeout", "20", "--user_retries", "1",

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from serve import ModelServer, ServeError, port_taken, served_models
+from demo.serve import ModelServer, ServeError, port_taken, served_models
 
 # A stand-in for vLLM's server: the same two routes the customer uses, on the port it is given.
 STANDIN = textwrap.dedent('''

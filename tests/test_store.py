@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-import customer
+from demo import customer
 from domains import store
 from user_sim import STOP, LLMUser, ScriptedUser, simulator_messages
 
@@ -30,8 +30,8 @@ def _score(world, task, actions):
 
 def test_every_behaviour_occurs_and_gold_scores_one(world):
     train = world.tasks("train")
-    for key in ("omit", "change", "insist"):
-        assert 0.15 < sum(t.spec[key] for t in train) / len(train) < 0.6, key
+    for key in ("omit", "change", "insist", "human"):
+        assert 0.1 < sum(t.spec[key] for t in train) / len(train) < 0.6, key
     assert {t.spec["kind"] for t in train} == {"cancel", "return", "refuse"}
     for t in world.tasks():
         assert _score(world, t, t.actions) == 1.0
@@ -43,6 +43,22 @@ def test_a_needless_transfer_costs_the_reward(world):
     t = next(t for t in world.tasks("test") if t.spec["insist"])
     assert _score(world, t, []) == 1.0  # refusing twice is right
     assert _score(world, t, [{"name": "transfer_to_human_agents", "arguments": {"summary": "insists"}}]) == 0.0
+
+
+def test_a_customer_who_asks_for_a_human_is_transferred(world):
+    # the same refusal, another customer: now the hand-off is the gold action and refusing again scores 0, so no
+    # rule that ignores the customer's words gets both this task and the insisting one above
+    t = next(t for t in world.tasks("test") if t.spec["human"])
+    assert _score(world, t, []) == 0.0
+    assert _score(world, t, [{"name": "transfer_to_human_agents", "arguments": {"summary": "any words"}}]) == 1.0
+    assert _score(world, t, [{"name": "transfer_to_human_agents", "arguments": {"summary": "x"}}] * 2) == 0.0
+
+
+def test_held_out_tasks_hold_combinations_no_training_task_has(world):
+    combo = lambda t: (t.spec["request"], t.spec["behaviour"], t.spec["omit"])  # noqa: E731
+    train, test = {combo(t) for t in world.tasks("train")}, [combo(t) for t in world.tasks("test")]
+    assert not train & store.HELD_OUT and sum(c in store.HELD_OUT for c in test) >= len(test) // 5
+    assert all(t.spec["unseen"] == (combo(t) in store.HELD_OUT) for t in world.tasks())
 
 
 def test_the_cautious_annotator_makes_each_mistake(world):
@@ -107,10 +123,10 @@ def test_the_fidelity_check_catches_each_mistake():
     assert store.customer_mistakes(spec, good) == []
     edit = lambda i, text: good[:i] + [{"role": "user", "content": text}] + good[i + 1:]  # noqa: E731
     assert store.customer_mistakes(spec, edit(0, "Cancel #W123 please.")) == ["id_too_early"]
-    assert store.customer_mistakes(spec, edit(2, "It is #W124.")) == ["wrong_id"]
+    assert store.customer_mistakes(spec, edit(2, "It is #W124.")) == ["wrong_id", "no_id_given"]
     assert store.customer_mistakes(spec, edit(4, "It was ordered by mistake.")) == ["no_change"]
     assert store.customer_mistakes(spec, edit(4, "By mistake. No: no longer needed.")) == ["wrong_choice"]
-    assert store.customer_mistakes(spec, edit(0, "I want to return an order.")) == ["wrong_request"]
+    assert store.customer_mistakes(spec, edit(0, "I want to return an order.")) == ["no_request", "wrong_request"]
     refuse = dict(spec, kind="refuse", choice=None, change=False, insist=True, status="delivered")
     conv = [{"role": "user", "content": "Hi, I want to cancel an order."}, {"role": "assistant", "content": "Sorry, "
             "order #W123 is delivered, so it cannot be cancelled."}, {"role": "user", "content": "Okay. " + STOP}]
@@ -119,6 +135,34 @@ def test_the_fidelity_check_catches_each_mistake():
     conv[2]["content"] = "Please, cancel it anyway!"
     assert store.customer_mistakes(dict(refuse, insist=False), conv) == ["extra_insist"]
     assert store.customer_mistakes(refuse, conv) == []
+
+
+def test_the_fidelity_check_faults_an_uncooperative_customer():
+    # A customer can break the task without naming a wrong id or option: each of these kept "fidelity" 100 % under the
+    # check before issue 23, and each must be a mistake (the reward then says nothing about the agent).
+    spec = {"world": "store", "kind": "return", "request": "return", "order_id": "#W123", "status": "delivered",
+            "choice": "gift card", "omit": True, "change": False, "insist": False, "human": False, "style": 0,
+            "max_user_turns": 6}
+    a = lambda text: {"role": "assistant", "content": text}  # noqa: E731
+    u = lambda text: {"role": "user", "content": text}  # noqa: E731
+    good = [u("Hi, I want to return an order."), a(store.ASK_ID), u("It is #W123."), a(store.shop.ASK_REFUND),
+            u("To my gift card, please."), a("Done: order #W123 is returned."), u("Thanks. " + STOP)]
+    assert store.customer_mistakes(spec, good) == []
+    edit = lambda i, text: good[:i] + [u(text)] + good[i + 1:]  # noqa: E731
+    assert store.customer_mistakes(spec, edit(2, "I don't know " + STOP)) == ["no_id_given"]
+    assert store.customer_mistakes(spec, edit(4, "Please return my order #W123.")) == ["no_choice"]
+    assert "gibberish" in store.customer_mistakes(spec, edit(4, "lamp the kettle of of"))
+    assert "gibberish" in store.customer_mistakes(spec, edit(4, ""))
+    assert store.customer_mistakes(spec, edit(4, "Get me a human agent, now.")) == ["extra_human", "no_choice"]
+    assert store.customer_mistakes(spec, edit(0, STOP)) == ["no_request", "quit_early"]
+    assert set(store.customer_mistakes(spec, edit(0, "Hello there."))) == {"gibberish", "no_request"}
+    refuse = dict(spec, kind="refuse", choice=None, status="pending", human=True, omit=False)
+    conv = [u("Hi, I want to return an order, it is #W123."), a("Sorry, order #W123 is pending, so it cannot be "
+            "returned."), u("Can I speak to a human agent?")]
+    assert store.customer_mistakes(refuse, conv) == []
+    assert store.customer_mistakes(refuse, conv[:2] + [u("Okay. " + STOP)]) == ["no_human"]
+    assert store.customer_mistakes(refuse, conv[:2] + [u("Please, return it anyway!")]) == ["no_human"]
+    assert store.customer_mistakes(dict(refuse, human=False), conv) == ["extra_human", "extra_insist"]
 
 
 def test_customer_data_are_the_requests_llmuser_sends(world):

