@@ -92,6 +92,6 @@ def _eval_step(record: dict) -> int:
 
 if __name__ == "__main__":
     if len(sys.argv) != 2 or not (Path(sys.argv[1]) / "log.jsonl").is_file():
-        sys.exit("usage: python curves.py RUN_DIR   (a folder holding log.jsonl, e.g. runs/muarl)")
+        sys.exit("usage: python -m demo.curves RUN_DIR   (a folder holding log.jsonl, e.g. runs/muarl)")
     path = draw(sys.argv[1])
     print(f"wrote {path}" if path else "nothing written")

@@ -1,0 +1,49 @@
+"""Two runs of one seed must be the same run: this compares their logs, number for number.
+
+Every random draw of the CPU demo is seeded: the agent's samples (sampling.episode_seed per episode and turn), the
+customer's (one seed per request, derived from the episode's, sent to vLLM's OpenAI server), task order, model
+initialisation. So two runs of one command and seed on one machine should write the same log.jsonl, except for
+wall-clock fields, and the same results.md. (Across machines floating point differs, and so may the runs: PLATFORM.md.)
+
+    python -m demo.repro runs/a runs/b        # prints the first difference, or "identical"; exit 1 if they differ
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+# wall-clock fields, and what depends on them (throughput, the customer endpoint's latencies), differ by nature
+CLOCK = ("_s", "tokens_per_s", "latency", "time", "pid", "base_url")
+
+
+def numbers(run: Path) -> list[dict]:
+    """log.jsonl without its clock fields (recursively), one dict per record."""
+    def strip(x):
+        if isinstance(x, dict):
+            return {k: strip(v) for k, v in x.items() if not any(c in k for c in CLOCK)}
+        return [strip(v) for v in x] if isinstance(x, list) else x
+
+    return [strip(json.loads(line)) for line in (run / "log.jsonl").read_text().splitlines()]
+
+
+def compare(a: Path, b: Path) -> str | None:
+    """The first difference between two runs' logs and results tables; None when they are the same."""
+    la, lb = numbers(a), numbers(b)
+    for i, (x, y) in enumerate(zip(la, lb)):
+        if x != y:
+            keys = sorted(k for k in set(x) | set(y) if x.get(k) != y.get(k))
+            return f"log.jsonl record {i} ({x.get('phase')}) differs in {keys[:6]}"
+    if len(la) != len(lb):
+        return f"log.jsonl has {len(la)} records in {a} and {len(lb)} in {b}"
+    ra, rb = ((r / "results.md").read_text() if (r / "results.md").is_file() else None for r in (a, b))
+    return None if ra == rb else "results.md differs"
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3:
+        sys.exit("usage: python -m demo.repro RUN_A RUN_B")
+    diff = compare(Path(sys.argv[1]), Path(sys.argv[2]))
+    print(diff or f"identical: {len(numbers(Path(sys.argv[1])))} log records and results.md")
+    sys.exit(1 if diff else 0)
