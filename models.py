@@ -220,6 +220,16 @@ def load_tokenizer(name_or_path: str):
     return tokenizer
 
 
+def model_folder(name_or_path: str) -> str:
+    """A local folder holding the model: the path itself, or the hub's cached download of an id (sharded loading,
+    vLLM and the memory plan read the files, not a loaded model)."""
+    if Path(name_or_path).is_dir():
+        return name_or_path
+    from huggingface_hub import snapshot_download
+
+    return snapshot_download(name_or_path, allow_patterns=["*.json", "*.safetensors", "*.txt", "*.jinja", "*.model"])
+
+
 def load_policy(name_or_path: str, dtype="float32", device="cpu"):
     """(model, tokenizer) from a hub id or a local directory (e.g. one written by build_tiny)."""
     tokenizer = load_tokenizer(name_or_path)  # first: fail fast, before loading gigabytes of weights

@@ -43,18 +43,21 @@ from tqdm import tqdm
 
 import chat
 import curves
+import memplan
 import sft
-from checkpoint import TaskSampler, load_checkpoint, newest_checkpoint, save_checkpoint, save_pretrained, set_aside
+from checkpoint import TaskSampler, load_checkpoint, newest_checkpoint, rng_state, save_checkpoint, save_pretrained
+from checkpoint import set_aside, set_rng_state
 from config import Config, ConfigError, parse_config, save_config, validate  # noqa: F401  (muarl.Config importable)
 from customer import RunCustomer, connect
 from domains import load_worlds, task_sets
 from domains.tau2_data import provenance
 from engine import check_vllm_model, make_engine
 from eval import evaluate, format_table
-from fsdp import all_gather_episodes, all_sum, barrier, dist_setup, dist_teardown, even_rows, exit_now, full_state_dict
-from fsdp import reduce_stats, shard
+from fsdp import all_gather_episodes, all_sum, barrier, bf16_compute, compute_device, dist_setup, dist_teardown
+from fsdp import even_rows, exit_now, full_state_dict, full_tensors, is_sharded, load_sharded, reduce_stats  # noqa: F401
+from fsdp import shard  # noqa: F401  (muarl.shard, muarl.full_state_dict: tests call them)
 from grpo import ADVANTAGES, grpo_loss, pack_sequences, token_advantages, token_logprobs
-from models import build_tiny, load_policy, load_reference
+from models import build_tiny, load_policy, load_reference, load_tokenizer, model_folder
 from preflight import Outage, RunStopped, prompt_warning
 from rollout import PolicyAgent, RolloutConfig, TrajectoryLog, rollout, score
 from runlog import RunLog, step_stats  # noqa: F401  (muarl.step_stats: tests call it)
@@ -85,24 +88,29 @@ def update(policy, reference, episodes, advantages, opt, cfg: Config, world_size
     """One optimizer step of GRPO on this rank's episodes: pack -> log-probs -> loss -> backward -> step.
 
     The step's loss is the token mean over every trained token of every rank's episodes; each packed row adds
-    its share (masked sum / N_tok) to the gradient, so splitting into rows changes nothing."""
+    its share (masked sum / N_tok) to the gradient, so splitting into rows changes nothing. With cfg.dtype bfloat16
+    the forward computes in bf16 while AdamW updates fp32 weights (fsdp.bf16_compute)."""
     rows = pack_sequences([e.ids for e in episodes], [e.mask for e in episodes], cfg.micro_batch_tokens,
                           adv=advantages, sample_logp=[e.logprobs for e in episodes])
     rows = even_rows(rows, world_size)  # FSDP: every rank runs as many rows (one process: unchanged)
     n_tok = all_sum(float(sum(sum(e.mask) for e in episodes)), world_size)  # N_tok of the whole step
     # The forward pass is grpo.token_logprobs(model, ...). Under FSDP it runs as a registered forward method of the
     # sharded model (fsdp.shard), so the model's root gathers its weights around it.
-    logprobs = (lambda m, *a, **k: m.token_logprobs(*a, **k)) if world_size > 1 else token_logprobs
+    logprobs = (lambda m, *a, **k: m.token_logprobs(*a, **k)) if is_sharded(policy) else token_logprobs
+    dev, bf16 = compute_device(policy), cfg.dtype == "bfloat16"  # rows are packed on the CPU: they go to the GPU
     use_ref = reference is not None and cfg.kl_coef > 0
     opt.zero_grad(set_to_none=True)
     stats = []
     for row in rows:
+        row = {k: v.to(dev) for k, v in row.items()}  # every tensor the loss meets, not just the forward's inputs
         ids, pos, mask = row["input_ids"], row["position_ids"], row["mask"]  # (1, L) each
-        with torch.no_grad():  # (1, L): the frozen reference's log-probs, for the KL term
-            ref_logp = logprobs(reference, ids, position_ids=pos, chunk_size=cfg.logprob_chunk) if use_ref else None
-        # logp_seen: these tokens' log-probs under the distribution the engine drew them from (temperature, top-p)
-        logp, ent, logp_seen = logprobs(policy, ids, position_ids=pos, chunk_size=cfg.logprob_chunk,
-                                        return_entropy=True, sampler=(cfg.temperature, cfg.top_p))
+        with bf16_compute(policy, bf16):  # the forward in bf16 (fp32 log-softmax inside); backward outside
+            with torch.no_grad():  # (1, L): the frozen reference's log-probs, for the KL term
+                ref_logp = logprobs(reference, ids, position_ids=pos, chunk_size=cfg.logprob_chunk) if use_ref \
+                    else None
+            # logp_seen: these tokens' log-probs under the distribution the engine drew them from (temperature, top-p)
+            logp, ent, logp_seen = logprobs(policy, ids, position_ids=pos, chunk_size=cfg.logprob_chunk,
+                                            return_entropy=True, sampler=(cfg.temperature, cfg.top_p))
         old_logp = logp.detach()  # one update per batch: the sampling policy is this policy (departure 1)
         loss, st = grpo_loss(logp, old_logp, ref_logp, row["adv"], mask, cfg.clip_low, cfg.clip_high,
                              cfg.kl_coef, num_tokens=max(n_tok, 1.0), entropy=ent)
@@ -129,19 +137,26 @@ def rollout_cfg(cfg: Config, greedy: bool = False, seed: int | None = None) -> R
                          tools_in_prompt=cfg.tools_in_prompt, malformed=cfg.malformed)
 
 
-def build_or_load_model(cfg: Config, worlds: dict, out: Path, device: str, dtype: str, rank=0, world_size=1):
-    """(policy, tokenizer, model_path). `tiny` builds a model and tokenizer from the training tasks' text (rank 0
-    builds and saves it; under torchrun the other ranks wait, then load the same files)."""
-    if cfg.model != "tiny":
-        return (*load_policy(cfg.model, dtype=dtype, device=device), cfg.model)
-    path = out / "tiny-init"
-    if not (path / "config.json").exists() and rank == 0:
+def build_or_load_model(cfg: Config, worlds: dict, out: Path, device: str, dtype: str, rank=0, world_size=1,
+                        sharded: bool = False):
+    """(policy, tokenizer, model_path). The policy's weights are fp32, the masters AdamW updates (`dtype` is what the
+    forward computes in). Under torchrun (`sharded`) it is built on the meta device and each rank reads only its own
+    shards (fsdp.load_sharded): no GPU ever holds the whole model. `tiny` builds a model and tokenizer from the
+    training tasks' text (rank 0 builds and saves it; under torchrun the other ranks wait, then load the same files)."""
+    path = out / "tiny-init" if cfg.model == "tiny" else None
+    if path is not None and not (path / "config.json").exists() and rank == 0:
         texts = [text for w in worlds.values()
                  for text in [w.rules] + [json.dumps(t.expert) for t in w.tasks("train")[:400] if t.expert]]
         build_tiny(path, seed=cfg.seed, texts=texts, hidden=cfg.tiny_hidden, layers=cfg.tiny_layers,
                    split_digits=cfg.tiny_split_digits, vocab_size=cfg.tiny_vocab, intermediate=cfg.tiny_intermediate)
+    if path is None and rank == 0:  # a hub id: rank 0 downloads it first, the others then find it in the cache
+        path = model_folder(cfg.model)
     barrier(world_size)
-    return (*load_policy(str(path), dtype="float32", device=device), str(path))
+    path = str(path or model_folder(cfg.model))
+    if sharded:
+        return load_sharded(path, torch.float32, cfg.activation_checkpointing, dtype == "bfloat16"), \
+            load_tokenizer(path), path
+    return (*load_policy(path, dtype="float32", device=device), path)
 
 
 def run_eval(run, name: str, step: int = 0, model=None, trials: int | None = None) -> None:
@@ -163,10 +178,20 @@ def run_eval(run, name: str, step: int = 0, model=None, trials: int | None = Non
         run.customer.revive(name, run.log)  # died during the evaluation? its episodes were aborted: start it again
 
 
+def eval_untrained(run, model_path: str, from_disk: bool) -> None:
+    """The model before any training, one trial (a random model's pass^k adds nothing, and its episodes run to the
+    context's end). From disk when the policy has moved on or is sharded; under torchrun on GPUs not at all: no GPU
+    holds a whole model there (eval.py --model BASE --engine vllm scores it)."""
+    if from_disk and torch.distributed.is_initialized() and torch.cuda.is_available():
+        print(f"[eval] untrained: not run under torchrun on GPUs; eval.py --model {model_path} scores it", flush=True)
+        return
+    run_eval(run, "untrained", model=load_policy(model_path)[0] if from_disk else None, trials=1)
+
+
 def cold_start(run) -> None:
     """0. The cold start: SFT on expert conversations (copy drills first for the from-scratch tiny model)."""
     cfg = run.cfg
-    common = {"world_size": run.world_size, "rank": run.rank, "seed": cfg.seed,
+    common = {"world_size": run.world_size, "rank": run.rank, "seed": cfg.seed, "bf16": cfg.dtype == "bfloat16",
               "micro_batch_tokens": cfg.micro_batch_tokens, "chunk_size": cfg.logprob_chunk}
     convs = sft.load_jsonl(cfg.sft_data) if cfg.sft_data else sft.expert_conversations(run.train_tasks)
     if not convs:
@@ -190,13 +215,22 @@ def build_run(cfg: Config) -> SimpleNamespace:
     validate(cfg, world_size)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    on_gpu = torch.cuda.is_available()
+    on_gpu, sharded = torch.cuda.is_available(), torch.distributed.is_initialized()  # torchrun: FSDP2, even 1 rank
     device = f"cuda:{torch.cuda.current_device()}" if on_gpu else "cpu"
-    dtype = ("bfloat16" if on_gpu else "float32") if cfg.dtype == "auto" else cfg.dtype
+    on_gpu = on_gpu or cfg.plan > 0  # --plan plans a GPU run (bf16, vLLM, 16,384 tokens) wherever it is asked
+    dtype = ("bfloat16" if on_gpu else "float32") if cfg.dtype == "auto" else cfg.dtype  # compute; masters are fp32
     engine_kind = ("vllm" if on_gpu else "hf") if cfg.engine == "auto" else cfg.engine
     # 0 = by device: the paper's 16,384 on a GPU; on a CPU 7,000 (issue 15 measured 44 s / 2.1 GB an update against
     # 180 s / 5.7 GB at 16,384)
-    cfg = dataclasses.replace(cfg, micro_batch_tokens=cfg.micro_batch_tokens or (16384 if on_gpu else 7000))
+    cfg = dataclasses.replace(cfg, micro_batch_tokens=cfg.micro_batch_tokens or (16384 if on_gpu else 7000),
+                              dtype=dtype)
+    if cfg.plan or (on_gpu and rank == 0):  # the memory plan, before any work (memplan.py): --plan N prints and exits
+        gib = torch.cuda.mem_get_info()[1] / memplan.GIB if torch.cuda.is_available() else 80.0
+        print(memplan.describe(cfg.model, cfg.plan or world_size, cfg.micro_batch_tokens, cfg.activation_checkpointing,
+                               cfg.kl_coef > 0, dtype == "bfloat16", cfg.logprob_chunk, engine_kind,
+                               cfg.engine_memory, gib, sharded), flush=True)
+        if cfg.plan:
+            raise SystemExit(0)
     if engine_kind == "vllm" and cfg.model != "tiny":  # a model vLLM cannot run: say so now, not after SFT
         check_vllm_model(cfg.model, on_cpu=not on_gpu)
     out = Path(cfg.out_dir)
@@ -228,7 +262,7 @@ def build_run(cfg: Config) -> SimpleNamespace:
     for source in provenance(worlds):  # where the tau2 data came from, printed and logged
         print(f"[data] {source['domain']}: {source['path']} (sha256 {source['sha256']}; {source['revision']})")
         log({"phase": "data", **source})
-    policy, tok, model_path = build_or_load_model(cfg, worlds, out, device, dtype, rank, world_size)
+    policy, tok, model_path = build_or_load_model(cfg, worlds, out, device, dtype, rank, world_size, sharded)
     if rank == 0 and (warn := prompt_warning(tok, worlds, cfg.max_context, cfg.max_new_tokens, cfg.tools_in_prompt)):
         print(warn, flush=True)
     run = SimpleNamespace(cfg=cfg, rank=rank, world_size=world_size, out=out, log=log, worlds=worlds, user=user,
@@ -238,12 +272,10 @@ def build_run(cfg: Config) -> SimpleNamespace:
                           outage=Outage(cfg.user_down_s))
     fresh = ckpt is None
     if fresh and rank == 0 and run.eval_tasks and cfg.sft_epochs > 0 and user is not None:
-        run_eval(run, "untrained", trials=1)  # rank 0 alone, on the whole model: before it is sharded
-    if world_size > 1:  # under torchrun the policy is sharded now: the cold start and RL both train it with FSDP2
-        run.policy = policy = shard(policy, cfg.activation_checkpointing, bf16=dtype == "bfloat16")
-    elif cfg.activation_checkpointing:
+        eval_untrained(run, model_path, from_disk=sharded)  # one process: the policy itself, before the cold start
+    if not sharded and cfg.activation_checkpointing:  # (under torchrun, load_sharded sharded the policy with FSDP2)
         policy.gradient_checkpointing_enable()
-    run.opt = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    run.opt = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)  # fp32: as the masters
     run.start, state = load_checkpoint(out, policy, run.opt, run.sampler, world_size, ckpt) if ckpt else (0, {})
     run.results.update(state.get("results", {}))
     run.updates, log.global_step = state.get("updates", run.start), state.get("global_step", 0)  # both go on
@@ -252,29 +284,30 @@ def build_run(cfg: Config) -> SimpleNamespace:
     if run.user is None:  # the customer model trained beside the cold start: serve it now (and evaluate the start)
         run.user = connect(cfg, train_tasks, held_out, log, run_customer)
         if fresh and rank == 0 and run.eval_tasks and cfg.sft_epochs > 0:
-            # one trial: a random model's pass^k adds nothing, and its episodes run to the context's end (4 trials:
-            # the costliest evaluation of the CPU demo, 130 s)
-            run_eval(run, "untrained", model=load_policy(model_path, dtype=dtype, device=device)[0], trials=1)
+            eval_untrained(run, model_path, from_disk=True)
 
-    # The frozen reference: the policy as RL starts (after the cold start), as in the paper. Read from disk (on the
-    # CPU, in the policy's dtype) when the policy has moved on (a resumed run) or is sharded; else a frozen copy.
+    # The frozen reference: the policy as RL starts (after the cold start, else the model itself), as in the paper,
+    # read from disk in the compute dtype (bf16 on a GPU: it never trains, so needs no fp32 masters). Under FSDP2 each
+    # rank reads only its shards of it too.
     run.reference = None
     if cfg.kl_coef > 0:
-        start = out / "cold-start" if (out / "cold-start").exists() else model_path if state or world_size > 1 else None
-        run.reference = load_reference(str(start), dtype=policy.dtype) if start else load_reference(model=policy)
-        # under FSDP, fully_shard moves each rank's shard to its device: the whole never lands on a GPU
-        run.reference = shard(run.reference, False, dtype == "bfloat16") if world_size > 1 else run.reference.to(device)
+        start = str(out / "cold-start" if (out / "cold-start").exists() else model_path)
+        run.reference = load_sharded(start, getattr(torch, dtype), bf16=dtype == "bfloat16", frozen=True) if sharded \
+            else load_reference(start, dtype=dtype, device=device)
 
-    # the rollout engine: on one CPU process it shares the policy's weights; vLLM (or FSDP) keeps its own copy
-    run.shares_weights = engine_kind == "hf" and world_size == 1
+    # the rollout engine: on one process "hf" shares the policy's weights; vLLM (or FSDP) keeps its own copy
+    run.shares_weights = engine_kind == "hf" and not sharded
+    rng = rng_state()  # vLLM seeds the global generators as it starts: a resumed run's restored ones are put back
     if run.shares_weights:
         run.engine = make_engine("hf", model=policy, tokenizer=tok)
     elif engine_kind == "hf":
         run.engine = make_engine("hf", model=load_policy(model_path, dtype=dtype, device=device)[0], tokenizer=tok)
     else:  # on a GPU, vLLM shares the device with the trainer: it sleeps through each update
-        run.engine = make_engine("vllm", model_path=model_path, tokenizer=tok, enable_sleep_mode=True, seed=cfg.seed)
-    if not run.shares_weights:
-        run.engine.update_weights(full_state_dict(policy, world_size).items())
+        run.engine = make_engine("vllm", model_path=model_path, tokenizer=tok, enable_sleep_mode=True, seed=cfg.seed,
+                                 gpu_memory_utilization=cfg.engine_memory)
+    set_rng_state(rng)
+    if not run.shares_weights:  # one tensor at a time (fsdp.full_tensors), cast to the engine's dtype
+        run.engine.update_weights(full_tensors(policy, dtype=getattr(torch, dtype)))
     run.agent = PolicyAgent(run.engine, tok)
     if fresh and rank == 0 and run.eval_tasks:
         run_eval(run, "cold start" if cfg.sft_epochs > 0 else "start")
@@ -322,7 +355,7 @@ def main(argv: list[str] | None = None) -> dict:
         # 6. sync: the engine wakes first (asleep, vLLM has handed its weights' memory back); no copy if it shares them
         run.engine.wake_up()
         if not run.shares_weights:
-            run.engine.update_weights(full_state_dict(run.policy, run.world_size).items())
+            run.engine.update_weights(full_tensors(run.policy, dtype=getattr(torch, cfg.dtype)))
         t3 = time.perf_counter()
         # 7. log: the step's numbers, and every 10 steps one whole episode with its mask
         st = step_stats(episodes, len(kept) // cfg.group_size, cfg.group_size, run.world_size)
