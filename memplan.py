@@ -10,7 +10,8 @@ activations and the bf16 compute copies of the weights come and go). The plan is
     masters   4 P / W      fp32 weights, sharded over W GPUs by FSDP2 (one process: W = 1, nothing sharded)
     grads     4 P / W      fp32, reduce-scattered
     adamw     8 P / W      two fp32 moments; the step's foreach temporaries add another 4 P / W while it runs
-    copies    bf16 weights the forward computes with: under FSDP2 the root (embeddings, head) + 2 gathered layers;
+    copies    bf16 weights the forward computes with: under FSDP2 the root (embeddings, head; and its unsharded
+              gradient) + 2 gathered layers;
               one process under autocast: every matrix, cached for the backward
     acts      T tokens per packed row x bytes per token (below); with checkpointing one hidden state per layer
               plus one layer recomputed at a time
@@ -78,8 +79,8 @@ def plan(c: dict, gpus: int, tokens: int, checkpointing: bool, reference: bool, 
     sharded = gpus > 1 if sharded is None else sharded
     L, D, V = c["num_hidden_layers"], c["hidden_size"], c["vocab_size"]
     per_layer, outside = act_bytes_per_token(c, bf16)
-    if sharded:  # FSDP2 gathers the root for the whole forward and backward, and a layer at a time (+1 prefetched)
-        copies = b * (root + 2 * layer)
+    if sharded:  # FSDP2 gathers the root for the whole forward and backward, and a layer at a time (+1 prefetched);
+        copies = b * (2 * root + 2 * layer)  # the root's gradient is whole until its reduce-scatter, at the very end
     else:  # autocast caches a bf16 copy of every matrix it casts (the embedding is looked up, not cast)
         copies = 2 * (P - V * D) if bf16 else 0
     full = tokens * (L * per_layer + outside)  # every layer's saved tensors
