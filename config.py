@@ -40,8 +40,8 @@ class Config:
     # model and engine
     model: str = flag("tiny", "HF hub id, local path, or 'tiny' (build a tiny Qwen3 locally and use the CPU preset)")
     engine: str = flag("auto", "rollout engine: hf | vllm | auto (vllm on GPU, hf on CPU)")
-    dtype: str = flag("auto", "compute dtype (weights and AdamW stay fp32): auto (bf16 on GPU, fp32 on CPU) | float32 | "
-                      "bfloat16")
+    dtype: str = flag("auto", "compute dtype (weights and AdamW stay fp32): auto (bf16 on GPU, fp32 on CPU) | "
+                      "float32 | bfloat16")
     engine_memory: float = flag(0.5, "vLLM on a GPU: its share of the GPU's memory (weights + KV cache)")
     plan: int = flag(0, "print the memory plan (memplan.py) of this run on N GPUs, then exit; 0: run")
     # tasks

@@ -225,13 +225,13 @@ def all_gather_episodes(records: list[dict], world_size: int) -> list[dict]:
 # Demo: torchrun --nproc_per_node 2 fsdp.py — two gloo processes on a CPU shard a tiny model and gather it back
 
 if __name__ == "__main__":
-    import tempfile
-
-    from models import build_tiny
+    from transformers import Qwen3Config, Qwen3ForCausalLM
 
     torch.set_num_threads(1)
     rank, world_size = dist_setup()
-    model, _ = build_tiny(tempfile.mkdtemp(), hidden=64, layers=2, heads=2, kv_heads=1, intermediate=128)
+    torch.manual_seed(0)  # the same random model on every rank
+    model = Qwen3ForCausalLM(Qwen3Config(vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                         num_attention_heads=2, num_key_value_heads=1, head_dim=64)).float()
     before = {k: v.detach().clone() for k, v in model.state_dict().items()}
     if world_size > 1:
         model = shard(model, activation_checkpointing=False, bf16=False)

@@ -53,11 +53,10 @@ from domains import load_worlds, task_sets
 from domains.tau2_data import provenance
 from engine import check_vllm_model, make_engine
 from eval import evaluate, format_table
-from fsdp import all_gather_episodes, all_sum, barrier, bf16_compute, compute_device, dist_setup, dist_teardown
-from fsdp import even_rows, exit_now, full_state_dict, full_tensors, is_sharded, load_sharded, reduce_stats  # noqa: F401
-from fsdp import shard  # noqa: F401  (muarl.shard, muarl.full_state_dict: tests call them)
+from fsdp import all_gather_episodes, all_sum, barrier, bf16_compute, compute_device, dist_setup, dist_teardown, shard
+from fsdp import even_rows, exit_now, full_state_dict, full_tensors, is_sharded, load_sharded, reduce_stats  # noqa
 from grpo import ADVANTAGES, grpo_loss, pack_sequences, token_advantages, token_logprobs
-from models import build_tiny, load_policy, load_reference, load_tokenizer, model_folder
+from models import build_or_load_model, load_policy, load_reference
 from preflight import Outage, RunStopped, prompt_warning
 from rollout import PolicyAgent, RolloutConfig, TrajectoryLog, rollout, score
 from runlog import RunLog, step_stats  # noqa: F401  (muarl.step_stats: tests call it)
@@ -137,28 +136,6 @@ def rollout_cfg(cfg: Config, greedy: bool = False, seed: int | None = None) -> R
                          tools_in_prompt=cfg.tools_in_prompt, malformed=cfg.malformed)
 
 
-def build_or_load_model(cfg: Config, worlds: dict, out: Path, device: str, dtype: str, rank=0, world_size=1,
-                        sharded: bool = False):
-    """(policy, tokenizer, model_path). The policy's weights are fp32, the masters AdamW updates (`dtype` is what the
-    forward computes in). Under torchrun (`sharded`) it is built on the meta device and each rank reads only its own
-    shards (fsdp.load_sharded): no GPU ever holds the whole model. `tiny` builds a model and tokenizer from the
-    training tasks' text (rank 0 builds and saves it; under torchrun the other ranks wait, then load the same files)."""
-    path = out / "tiny-init" if cfg.model == "tiny" else None
-    if path is not None and not (path / "config.json").exists() and rank == 0:
-        texts = [text for w in worlds.values()
-                 for text in [w.rules] + [json.dumps(t.expert) for t in w.tasks("train")[:400] if t.expert]]
-        build_tiny(path, seed=cfg.seed, texts=texts, hidden=cfg.tiny_hidden, layers=cfg.tiny_layers,
-                   split_digits=cfg.tiny_split_digits, vocab_size=cfg.tiny_vocab, intermediate=cfg.tiny_intermediate)
-    if path is None and rank == 0:  # a hub id: rank 0 downloads it first, the others then find it in the cache
-        path = model_folder(cfg.model)
-    barrier(world_size)
-    path = str(path or model_folder(cfg.model))
-    if sharded:
-        return load_sharded(path, torch.float32, cfg.activation_checkpointing, dtype == "bfloat16"), \
-            load_tokenizer(path), path
-    return (*load_policy(path, dtype="float32", device=device), path)
-
-
 def run_eval(run, name: str, step: int = 0, model=None, trials: int | None = None) -> None:
     """pass^1..k (k = --eval_trials, the agent greedy) on the held-out tasks (rank 0) of the model after GRPO step
     `step` (or of `model`: the untrained one, from disk), logged with the global step and kept for the table."""
@@ -176,16 +153,6 @@ def run_eval(run, name: str, step: int = 0, model=None, trials: int | None = Non
           flush=True)
     if run.customer is not None:
         run.customer.revive(name, run.log)  # died during the evaluation? its episodes were aborted: start it again
-
-
-def eval_untrained(run, model_path: str, from_disk: bool) -> None:
-    """The model before any training, one trial (a random model's pass^k adds nothing, and its episodes run to the
-    context's end). From disk when the policy has moved on or is sharded; under torchrun on GPUs not at all: no GPU
-    holds a whole model there (eval.py --model BASE --engine vllm scores it)."""
-    if from_disk and torch.distributed.is_initialized() and torch.cuda.is_available():
-        print(f"[eval] untrained: not run under torchrun on GPUs; eval.py --model {model_path} scores it", flush=True)
-        return
-    run_eval(run, "untrained", model=load_policy(model_path)[0] if from_disk else None, trials=1)
 
 
 def cold_start(run) -> None:
@@ -271,8 +238,9 @@ def build_run(cfg: Config) -> SimpleNamespace:
                           episodes_log=TrajectoryLog(out / f"episodes-rank{rank}.jsonl"),
                           outage=Outage(cfg.user_down_s))
     fresh = ckpt is None
-    if fresh and rank == 0 and run.eval_tasks and cfg.sft_epochs > 0 and user is not None:
-        eval_untrained(run, model_path, from_disk=sharded)  # one process: the policy itself, before the cold start
+    if fresh and rank == 0 and run.eval_tasks and cfg.sft_epochs > 0 and user is not None and not (sharded and on_gpu):
+        # rank 0 alone: the policy itself, or (FSDP2 on a CPU) a whole copy from disk; on GPUs none holds a whole copy
+        run_eval(run, "untrained", model=load_policy(model_path)[0] if sharded else None, trials=1)
     if not sharded and cfg.activation_checkpointing:  # (under torchrun, load_sharded sharded the policy with FSDP2)
         policy.gradient_checkpointing_enable()
     run.opt = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)  # fp32: as the masters
@@ -283,12 +251,11 @@ def build_run(cfg: Config) -> SimpleNamespace:
         cold_start(run)
     if run.user is None:  # the customer model trained beside the cold start: serve it now (and evaluate the start)
         run.user = connect(cfg, train_tasks, held_out, log, run_customer)
-        if fresh and rank == 0 and run.eval_tasks and cfg.sft_epochs > 0:
-            eval_untrained(run, model_path, from_disk=True)
+        if fresh and rank == 0 and run.eval_tasks and cfg.sft_epochs > 0:  # one trial: a random model's pass^k adds
+            run_eval(run, "untrained", model=load_policy(model_path)[0], trials=1)  # nothing (and runs to the end)
 
     # The frozen reference: the policy as RL starts (after the cold start, else the model itself), as in the paper,
-    # read from disk in the compute dtype (bf16 on a GPU: it never trains, so needs no fp32 masters). Under FSDP2 each
-    # rank reads only its shards of it too.
+    # read from disk in the compute dtype (bf16 on a GPU: it never trains); under FSDP2 each rank reads its shards.
     run.reference = None
     if cfg.kl_coef > 0:
         start = str(out / "cold-start" if (out / "cold-start").exists() else model_path)
