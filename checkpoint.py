@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fsdp import barrier, full_state_dict
+from fsdp import barrier, full_state_dict, is_sharded
 
 # ---------------------------------------------------------------------------------------------------------------
 # Tasks: a seeded, resumable order over the training tasks (epochs of shuffled passes)
@@ -124,12 +124,27 @@ def set_aside(out: Path) -> Path | None:
 # Checkpoints: written aside, renamed, then latest.json replaced (atomic at every step)
 
 
+def rng_state() -> dict:
+    """Every global random generator's state (a checkpoint keeps it; muarl puts it back after vLLM starts, which
+    seeds them all)."""
+    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+
+
+def set_rng_state(rng: dict) -> None:
+    random.setstate(rng["python"])
+    np.random.set_state(rng["numpy"])
+    torch.set_rng_state(rng["torch"])
+
+
 def save_checkpoint(out: Path, step: int, policy, opt, sampler: TaskSampler, extra: dict, world_size: int, rank: int):
-    state = full_state_dict(policy, world_size)  # every rank calls save_checkpoint: under FSDP this is a collective
-    if world_size > 1:  # the optimizer state is sharded like the weights: gather it whole
+    """Weights, AdamW's moments, the sampler and the generators at `step`. Under FSDP2 every rank calls it (the
+    gathers are collectives) and only rank 0 keeps the whole, in host memory, one tensor gathered at a time: no GPU
+    ever holds a whole copy (#24, defect 7)."""
+    state = full_state_dict(policy, world_size, keep=rank == 0)
+    if is_sharded(policy):  # the optimizer state is sharded like the weights: gathered whole onto rank 0's CPU
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
-        optim = get_optimizer_state_dict(policy, opt, options=StateDictOptions(full_state_dict=True))
+        optim = get_optimizer_state_dict(policy, opt, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     else:
         optim = opt.state_dict()
     if rank != 0:
@@ -138,9 +153,8 @@ def save_checkpoint(out: Path, step: int, policy, opt, sampler: TaskSampler, ext
     tmp = final.with_name(final.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    rng = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
-    resume = {"step": step, "sampler": {"epoch": sampler.epoch, "pos": sampler.pos, "again": sampler.again}, "rng": rng,
-              **extra}
+    resume = {"step": step, "sampler": {"epoch": sampler.epoch, "pos": sampler.pos, "again": sampler.again},
+              "rng": rng_state(), **extra}
     files = {}
     for name, obj in [("model.pt", state), ("optim.pt", optim), ("state.pt", resume)]:
         torch.save(obj, tmp / name)
@@ -170,7 +184,8 @@ def save_checkpoint(out: Path, step: int, policy, opt, sampler: TaskSampler, ext
 
 def save_pretrained(policy, tokenizer, path: Path, world_size: int, rank: int) -> None:
     """The whole model in Hugging Face format (for vLLM, eval.py, load_policy); `path` is complete or absent."""
-    state = full_state_dict(policy, world_size)  # every rank calls save_pretrained: under FSDP this is a collective
+    # every rank calls save_pretrained (under FSDP the gathers are collectives); rank 0 keeps the whole, on its CPU
+    state = full_state_dict(policy, world_size, keep=rank == 0)
     # a gathered dict holds tied weights twice (lm_head.weight beside the embedding): drop the copy, as HF does
     if getattr(policy.config, "tie_word_embeddings", False):
         for tied in getattr(policy, "_tied_weights_keys", None) or {}:
@@ -192,25 +207,27 @@ def load_checkpoint(out: Path, policy, opt, sampler: TaskSampler, world_size: in
     generator; and the logs, cut back to that step (what was logged after it is logged again as the steps re-run)."""
     if (path := path or newest_checkpoint(out)) is None:
         return 0, {}
-    state = torch.load(path / "state.pt", weights_only=False)
-    model_sd = torch.load(path / "model.pt", weights_only=True)
-    optim_sd = torch.load(path / "optim.pt", weights_only=False)
+    # map_location: tensors saved from a GPU would otherwise return to it (cuda:0 on every rank); mmap: read as used.
+    # Under FSDP2 rank 0 alone reads the files and broadcasts one tensor at a time; each rank keeps its shard.
+    sharded, lead = is_sharded(policy), not is_sharded(policy) or torch.distributed.get_rank() == 0
+    state = torch.load(path / "state.pt", weights_only=False, map_location="cpu")
+    model_sd = torch.load(path / "model.pt", weights_only=True, map_location="cpu", mmap=True) if lead else {}
+    optim_sd = torch.load(path / "optim.pt", weights_only=False, map_location="cpu", mmap=True) if lead else {}
     for name, size in json.loads((path / "manifest.json").read_text())["logs"].items():
         if (out / name).is_file() and (out / name).stat().st_size > size:
             os.truncate(out / name, size)
-    if world_size > 1:  # each rank keeps its own shard of the full dicts
+    if sharded:
         import torch.distributed.checkpoint.state_dict as dcp
 
-        dcp.set_model_state_dict(policy, model_sd, options=dcp.StateDictOptions(full_state_dict=True))
-        dcp.set_optimizer_state_dict(policy, opt, optim_sd, options=dcp.StateDictOptions(full_state_dict=True))
+        options = dcp.StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+        dcp.set_model_state_dict(policy, model_sd, options=options)
+        dcp.set_optimizer_state_dict(policy, opt, optim_sd, options=options)
     else:
         policy.load_state_dict(model_sd)
         opt.load_state_dict(optim_sd)
     sampler.epoch, sampler.pos, sampler.again = state["sampler"]["epoch"], state["sampler"]["pos"], \
         state["sampler"].get("again", [])
-    random.setstate(state["rng"]["python"])
-    np.random.set_state(state["rng"]["numpy"])
-    torch.set_rng_state(state["rng"]["torch"])
+    set_rng_state(state["rng"])
     return state["step"], state
 
 

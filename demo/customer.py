@@ -302,6 +302,13 @@ class ServedCustomer:
         if self.server is not None:
             self.server.stop()
 
+    def check(self, name: str, metrics: dict, threshold: float, log) -> None:
+        """The gate held in the loop: an evaluation whose conversations met a customer below `threshold` says so."""
+        if metrics.get("customer_fidelity", 1) < threshold:
+            print(f"[customer] warning: in {name}'s conversations the customer kept to its instructions in "
+                  f"{100 * metrics['customer_fidelity']:.1f} % of them, below --user_gate {threshold:g}", flush=True)
+            log({"phase": "stage", "stage": "customer_fidelity", "name": name, "ok": False})
+
     def gate(self, user, tasks, threshold: float, seed: int, log) -> dict:
         """gate() on the run's held-out tasks (those with a store spec), at the run's temperature; below `threshold`
         the server is stopped and GateError says so in one line: nothing is trained against this customer."""

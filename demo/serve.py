@@ -78,7 +78,15 @@ def server_command(model_dir: str, name: str, port: int, max_model_len: int, ext
     return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
             "--served-model-name", name, "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
             "--enforce-eager", "--max-model-len", str(max_model_len), "--enable-auto-tool-choice",
-            "--tool-call-parser", "hermes", *extra_args]
+            "--tool-call-parser", "hermes", *gpu_share(extra_args), *extra_args]
+
+
+def gpu_share(extra_args, share: float = 0.1) -> list[str]:
+    """On a GPU beside the trainer the customer's server takes `share` of its memory, not vLLM's default 0.92."""
+    import torch
+
+    gpu = torch.cuda.is_available() and "--gpu-memory-utilization" not in extra_args
+    return ["--gpu-memory-utilization", str(share)] if gpu else []
 
 
 def need_vllm() -> None:
