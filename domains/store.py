@@ -372,9 +372,11 @@ def make_task(world: World, order: dict, request: str, rng: random.Random, task_
 
 def build_world(seed: int = 0, n_orders: int = 600, n_test_orders: int = 200, n_train: int = 1000, n_test: int = 200,
                 lazy_rate: float = 0.5, first_word_rate: float = 0.6, transfer_rate: float = 0.9,
-                think_rate: float = 0.4, refuse_share: float = 0.4) -> World:
+                think_rate: float = 0.4, refuse_share: float = 0.4, train_combos: str = "seen") -> World:
     """The store with tasks. Held-out tasks use n_test_orders orders no training task mentions, and their
-    conversations are written without the annotator's mistakes (they are only used for their spec and gold)."""
+    conversations are written without the annotator's mistakes (they are only used for their spec and gold).
+    train_combos "seen" keeps the HELD_OUT combinations out of training; "any" (the customer model's data: the
+    customer must play every task, only the agent is held out from some) lets them in."""
     for name, v in (("lazy_rate", lazy_rate), ("first_word_rate", first_word_rate), ("transfer_rate", transfer_rate),
                     ("think_rate", think_rate), ("refuse_share", refuse_share)):
         if not 0 <= v <= 1:
@@ -403,7 +405,7 @@ def build_world(seed: int = 0, n_orders: int = 600, n_test_orders: int = 200, n_
         tasks[-1].split = "test"
     for i in range(n_train):
         o = rng.choice(train_orders)
-        tasks.append(make_task(base, o, request(o), rng, f"store/train-{i}", errors))
+        tasks.append(make_task(base, o, request(o), rng, f"store/train-{i}", errors, combos=train_combos))
     return StoreWorld("store", db, key, TOOLS, WRITE_TOOLS, POLICY, tasks)
 
 
