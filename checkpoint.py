@@ -9,13 +9,20 @@ Why a manifest: a rename guards against a crash, not against a disk. Each checkp
 and sha256 of each of its files and the length of every log at that step. --resume takes the newest checkpoint whose
 files match it, names each damaged one it passes over, and cuts the logs back to that step, so a step re-run after
 the resume is logged once; with checkpoints but none usable it stops with one line. A new run (not --resume) in a
-folder holding an old one first moves the old one into previous-<k>/: nothing is overwritten or appended to."""
+folder holding an old one first moves the old one into previous-<k>/: nothing is overwritten or appended to.
+
+Why no pickle: the manifest finds damage, not intent (anyone can recompute it), and unpickling a file can run any
+code. So a checkpoint from elsewhere is data only: tensors load with `weights_only=True` (model.pt, optim.pt), the
+rest (step, sampler, random generators, results) is state.json, and every name in a manifest must be a plain file
+name inside the run folder (`../x` or `/etc/x` makes the checkpoint unusable, with that said)."""
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import json
 import os
+import pickle
 import random
 import shutil
 import sys
@@ -59,6 +66,7 @@ class TaskSampler:
 # Trust: the manifest's checksums, the newest checkpoint that matches them, an old run set aside
 
 RUN_LOGS = ("log.jsonl", "samples.txt")  # with episodes-rank*.jsonl: the logs a resume cuts back to its step
+CHECKPOINT_FILES = ("model.pt", "optim.pt", "state.json")  # what a checkpoint folder holds, beside its manifest
 RUN_FILES = RUN_LOGS + ("latest.json", "checkpoints", "config.json", "results.md", "cold-start", "final")
 
 
@@ -71,15 +79,26 @@ def _manifest(body: dict) -> str:  # the manifest's text, carrying its own check
     return json.dumps({**body, "check": hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()})
 
 
+def _log_name(name) -> bool:  # a run log's own plain name, as save_checkpoint writes them: no folder, no ../, no /x
+    return isinstance(name, str) and (name in RUN_LOGS or fnmatch.fnmatchcase(name, "episodes-rank*.jsonl")) \
+        and "/" not in name and "\\" not in name
+
+
 def damage(path: Path) -> str | None:
-    """What is wrong with the checkpoint folder `path` (a missing, truncated or altered file), or None if whole."""
+    """What is wrong with the checkpoint folder `path` (a missing, truncated or altered file, or a manifest naming a
+    path outside the run), or None if whole."""
     try:
         body = json.loads((path / "manifest.json").read_text())
-        check, files = body.pop("check"), body["files"]
+        check, files, logs = body.pop("check"), body["files"], body["logs"]
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return "manifest.json is missing or unreadable"
     if json.loads(_manifest(body))["check"] != check:
         return "manifest.json fails its own checksum (damaged on disk)"
+    if "state.pt" in files:  # muarl before issue 25 wrote a pickle there, and loading one can run code
+        return "state.pt is a pickle from an older muarl (loading it could run code): not loaded"
+    # names are joined to the run folder (logs are cut back on resume): only the names save_checkpoint writes
+    if bad := [n for n in files if n not in CHECKPOINT_FILES] + [n for n in logs if not _log_name(n)]:
+        return f"manifest.json names {bad[0]!r}, no file of a run (refused: ../ or /x reach outside the run folder)"
     for name, versions in files.items():
         if not (path / name).is_file():
             return f"{name} is missing"
@@ -138,13 +157,18 @@ def save_checkpoint(out: Path, step: int, policy, opt, sampler: TaskSampler, ext
     tmp = final.with_name(final.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    rng = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    # the random generators as JSON: python's (version, 625 ints, gauss), numpy's (name, 624 ints, pos, ...), torch's
+    # 5,056 bytes. JSON, not a pickle: loading it can only give numbers back (module docstring)
+    np_state = np.random.get_state()
+    rng = {"python": random.getstate(), "numpy": [np_state[0], np_state[1].tolist(), *np_state[2:]],
+           "torch": torch.get_rng_state().tolist()}
     resume = {"step": step, "sampler": {"epoch": sampler.epoch, "pos": sampler.pos, "again": sampler.again}, "rng": rng,
               **extra}
-    files = {}
-    for name, obj in [("model.pt", state), ("optim.pt", optim), ("state.pt", resume)]:
-        torch.save(obj, tmp / name)
-        files[name] = [[(tmp / name).stat().st_size, _sha256(tmp / name)]]  # [[bytes, sha256], ...]: versions accepted
+    torch.save(state, tmp / "model.pt")
+    torch.save(optim, tmp / "optim.pt")
+    (tmp / "state.json").write_text(json.dumps(resume))
+    # [[bytes, sha256], ...] per file: the versions accepted
+    files = {name: [[(tmp / name).stat().st_size, _sha256(tmp / name)]] for name in CHECKPOINT_FILES}
     logs = {f.name: f.stat().st_size for f in out.iterdir() if f.name in RUN_LOGS or f.match("episodes-rank*.jsonl")}
     (tmp / "manifest.json").write_text(_manifest({"step": step, "files": files, "logs": logs}))
     if latest.exists() and json.loads(latest.read_text())["path"] == final.name:
@@ -185,6 +209,16 @@ def save_pretrained(policy, tokenizer, path: Path, world_size: int, rank: int) -
     barrier(world_size)  # no rank goes on (e.g. to load the folder) before it is written
 
 
+def _tensors(file: Path):
+    # weights_only=True: tensors, numbers, strings, lists and dicts come back; a pickle that would build any other
+    # object (and run its code: os.system is one __reduce__ away) is refused before anything in it runs
+    try:
+        return torch.load(file, weights_only=True)
+    except pickle.UnpicklingError as e:
+        raise ValueError(f"{file} holds more than tensors and numbers (refused, nothing in it ran: "
+                         f"{str(e).splitlines()[0][:120]})") from None
+
+
 def load_checkpoint(out: Path, policy, opt, sampler: TaskSampler, world_size: int,
                     path: Path | None = None) -> tuple[int, dict]:
     """(step, state) of the newest usable checkpoint (or `path`), or (0, {}), after restoring what a run needs to go on
@@ -192,12 +226,14 @@ def load_checkpoint(out: Path, policy, opt, sampler: TaskSampler, world_size: in
     generator; and the logs, cut back to that step (what was logged after it is logged again as the steps re-run)."""
     if (path := path or newest_checkpoint(out)) is None:
         return 0, {}
-    state = torch.load(path / "state.pt", weights_only=False)
-    model_sd = torch.load(path / "model.pt", weights_only=True)
-    optim_sd = torch.load(path / "optim.pt", weights_only=False)
+    state = json.loads((path / "state.json").read_text())  # JSON and weights_only tensors: nothing to execute
+    model_sd, optim_sd = _tensors(path / "model.pt"), _tensors(path / "optim.pt")
     for name, size in json.loads((path / "manifest.json").read_text())["logs"].items():
-        if (out / name).is_file() and (out / name).stat().st_size > size:
-            os.truncate(out / name, size)
+        if not _log_name(name):  # damage() refuses these; checked again here, for a `path` passed in unchecked
+            raise ValueError(f"checkpoint {path}: manifest.json names {name!r}, outside the run folder: not resumed")
+        log = out / name  # a link is not followed out of the run either
+        if log.is_file() and not log.is_symlink() and log.stat().st_size > size:
+            os.truncate(log, size)
     if world_size > 1:  # each rank keeps its own shard of the full dicts
         import torch.distributed.checkpoint.state_dict as dcp
 
@@ -208,9 +244,10 @@ def load_checkpoint(out: Path, policy, opt, sampler: TaskSampler, world_size: in
         opt.load_state_dict(optim_sd)
     sampler.epoch, sampler.pos, sampler.again = state["sampler"]["epoch"], state["sampler"]["pos"], \
         state["sampler"].get("again", [])
-    random.setstate(state["rng"]["python"])
-    np.random.set_state(state["rng"]["numpy"])
-    torch.set_rng_state(state["rng"]["torch"])
+    rng = state["rng"]  # JSON lists back to the types each generator takes
+    random.setstate((rng["python"][0], tuple(rng["python"][1]), rng["python"][2]))
+    np.random.set_state((rng["numpy"][0], np.array(rng["numpy"][1], dtype=np.uint32), *rng["numpy"][2:]))
+    torch.set_rng_state(torch.tensor(rng["torch"], dtype=torch.uint8))
     return state["step"], state
 
 
