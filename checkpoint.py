@@ -18,12 +18,12 @@ name inside the run folder (`../x` or `/etc/x` makes the checkpoint unusable, wi
 
 from __future__ import annotations
 
-import fnmatch
 import hashlib
 import json
 import os
 import pickle
 import random
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -80,8 +80,7 @@ def _manifest(body: dict) -> str:  # the manifest's text, carrying its own check
 
 
 def _log_name(name) -> bool:  # a run log's own plain name, as save_checkpoint writes them: no folder, no ../, no /x
-    return isinstance(name, str) and (name in RUN_LOGS or fnmatch.fnmatchcase(name, "episodes-rank*.jsonl")) \
-        and "/" not in name and "\\" not in name
+    return isinstance(name, str) and (name in RUN_LOGS or re.fullmatch(r"episodes-rank\d+\.jsonl", name) is not None)
 
 
 def damage(path: Path) -> str | None:
@@ -157,9 +156,7 @@ def save_checkpoint(out: Path, step: int, policy, opt, sampler: TaskSampler, ext
     tmp = final.with_name(final.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    # the random generators as JSON: python's (version, 625 ints, gauss), numpy's (name, 624 ints, pos, ...), torch's
-    # 5,056 bytes. JSON, not a pickle: loading it can only give numbers back (module docstring)
-    np_state = np.random.get_state()
+    np_state = np.random.get_state()  # the generators as JSON lists (not a pickle: loading gives numbers back)
     rng = {"python": random.getstate(), "numpy": [np_state[0], np_state[1].tolist(), *np_state[2:]],
            "torch": torch.get_rng_state().tolist()}
     resume = {"step": step, "sampler": {"epoch": sampler.epoch, "pos": sampler.pos, "again": sampler.again}, "rng": rng,
@@ -209,16 +206,6 @@ def save_pretrained(policy, tokenizer, path: Path, world_size: int, rank: int) -
     barrier(world_size)  # no rank goes on (e.g. to load the folder) before it is written
 
 
-def _tensors(file: Path):
-    # weights_only=True: tensors, numbers, strings, lists and dicts come back; a pickle that would build any other
-    # object (and run its code: os.system is one __reduce__ away) is refused before anything in it runs
-    try:
-        return torch.load(file, weights_only=True)
-    except pickle.UnpicklingError as e:
-        raise ValueError(f"{file} holds more than tensors and numbers (refused, nothing in it ran: "
-                         f"{str(e).splitlines()[0][:120]})") from None
-
-
 def load_checkpoint(out: Path, policy, opt, sampler: TaskSampler, world_size: int,
                     path: Path | None = None) -> tuple[int, dict]:
     """(step, state) of the newest usable checkpoint (or `path`), or (0, {}), after restoring what a run needs to go on
@@ -226,8 +213,13 @@ def load_checkpoint(out: Path, policy, opt, sampler: TaskSampler, world_size: in
     generator; and the logs, cut back to that step (what was logged after it is logged again as the steps re-run)."""
     if (path := path or newest_checkpoint(out)) is None:
         return 0, {}
-    state = json.loads((path / "state.json").read_text())  # JSON and weights_only tensors: nothing to execute
-    model_sd, optim_sd = _tensors(path / "model.pt"), _tensors(path / "optim.pt")
+    state = json.loads((path / "state.json").read_text())
+    try:  # weights_only: tensors, numbers, strings, lists, dicts; a pickle building anything else (os.system is one
+        # __reduce__ away) is refused before it runs
+        model_sd, optim_sd = (torch.load(path / f, weights_only=True) for f in ("model.pt", "optim.pt"))
+    except pickle.UnpicklingError as e:
+        raise ValueError(f"checkpoint {path}: a file holds more than tensors and numbers (refused, nothing in it ran: "
+                         f"{str(e).splitlines()[0][:120]})") from None
     for name, size in json.loads((path / "manifest.json").read_text())["logs"].items():
         if not _log_name(name):  # damage() refuses these; checked again here, for a `path` passed in unchecked
             raise ValueError(f"checkpoint {path}: manifest.json names {name!r}, outside the run folder: not resumed")

@@ -9,6 +9,8 @@ Where a value comes from, last wins: the default (or the tiny preset), `--config
 field: value), the command line. `--resume` starts from the run's saved config.json instead of the defaults: a flag
 given again must match it unless it is one a resumed run may change (RESUMABLE, e.g. --steps) or named in
 --allow_change; `save_config` never overwrites a different config.json silently (the old one is kept beside it).
+Secrets (SECRETS: the customer's API key) are never written or printed: `public(cfg)` is the config as config.json,
+log.jsonl, wandb and `python config.py` show it, with them blanked; the dataclass's repr leaves them out too.
 
     python config.py --model tiny --steps 5      # prints the resolved config
 """
@@ -62,7 +64,11 @@ class Config:
     user: str = flag("scripted", "scripted (generated tasks, and telecom) | llm (any OpenAI-compatible endpoint)")
     user_model: str = flag("", "LLM user model name (or $MUARL_USER_MODEL)")
     user_base_url: str = flag("", "LLM user endpoint (or $OPENAI_BASE_URL)")
-    user_api_key: str = flag("", "LLM user API key (or $OPENAI_API_KEY)")
+    # repr=False: a traceback or a print of the config never shows the key (public() blanks it in every file)
+    user_api_key: str = field(default="", repr=False, metadata={"help": "LLM user API key, never saved (else "
+                              "$OPENAI_API_KEY, sent only to $OPENAI_BASE_URL or OpenAI's own endpoint)"})
+    allow_insecure_http: bool = flag(False, "allow plain http to a customer endpoint off this machine (the key and "
+                                     "conversations cross the network readable)")
     user_temperature: float = flag(0.0, "LLM user sampling temperature (paper: 0)")
     user_max_tokens: int = flag(512, "LLM user: tokens per customer reply")
     user_down_s: float = flag(600.0, "stop (checkpoint saved, exit 3) when the customer failed every group this long")
@@ -158,13 +164,21 @@ def read_settings(path: str) -> dict:
     except (OSError, ValueError, ImportError, AttributeError) as e:  # no file, not JSON / YAML, not a mapping
         raise ConfigError(f"--config {path}: {e}") from None
     if bad is not None:
-        raise ConfigError(f"--config {path}: {bad!r} is not a setting of type {types.get(bad, '?')}: {data[bad]!r}")
+        shown = "(a secret, not shown)" if bad in SECRETS else repr(data[bad])
+        raise ConfigError(f"--config {path}: {bad!r} is not a setting of type {types.get(bad, '?')}: {shown}")
     return data
 
 
 # What --resume may change without --allow_change; the rest shapes the training and must match the saved run.
 RESUMABLE = {"steps", "resume", "eval", "eval_tasks", "eval_every", "save_every", "threads", "logger", "config",
-             "allow_change", "preflight", "user_base_url", "user_api_key", "user_down_s"}
+             "allow_change", "preflight", "user_base_url", "user_api_key", "user_down_s", "allow_insecure_http"}
+SECRETS = ("user_api_key",)  # never written to a file or a log, never printed (public)
+
+
+def public(cfg: Config) -> dict:
+    """The config as every file and log shows it: secrets blanked ("" reads back as "not given": a resumed run takes
+    its key from the command line or the environment again, never from disk)."""
+    return {**dataclasses.asdict(cfg), **{k: "" for k in SECRETS}}
 
 
 def parse_config(argv: list[str] | None = None) -> Config:
@@ -207,7 +221,7 @@ def parse_config(argv: list[str] | None = None) -> Config:
 
 def save_config(out: Path, cfg: Config) -> None:
     """Write out/config.json; a different one already there is kept as config.N.json, and that is said."""
-    path, text = Path(out) / "config.json", json.dumps(dataclasses.asdict(cfg), indent=2)
+    path, text = Path(out) / "config.json", json.dumps(public(cfg), indent=2)  # no secret on disk
     if path.is_file() and path.read_text() != text:
         n = next(i for i in range(1, 10**6) if not path.with_name(f"config.{i}.json").exists())
         path.rename(path.with_name(f"config.{n}.json"))
@@ -301,5 +315,5 @@ if __name__ == "__main__":
         validate(cfg := parse_config())
     except ConfigError as e:
         raise SystemExit(f"config error: {e}")  # one line on stderr, exit status 1
-    for f in dataclasses.fields(cfg):
-        print(f"{f.name:22s} {getattr(cfg, f.name)!r}")
+    for name, value in public(cfg).items():  # a key given on the command line is not echoed back
+        print(f"{name:22s} {value!r}")

@@ -268,8 +268,7 @@ class RunCustomer:
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
-        if self.server is not None:
-            self.server.stop()
+        self.server is not None and self.server.stop()
 
     def serve(self, log=None):
         """Wait for the training (if any), then serve the folder; returns the started serve.ModelServer."""
@@ -332,8 +331,9 @@ def connect(cfg, train_tasks, held_out, log, run_customer: RunCustomer | None = 
     from user_sim import make_user
 
     server = run_customer.serve(log) if run_customer is not None else None
-    user = make_user(cfg.user, model="customer" if server else cfg.user_model or None, api_key=cfg.user_api_key or None,
-                     base_url=server.base_url if server else cfg.user_base_url or None, max_tokens=cfg.user_max_tokens,
+    user = make_user(cfg.user, model="customer" if server else cfg.user_model or None, max_tokens=cfg.user_max_tokens,
+                     base_url=server.base_url if server else cfg.user_base_url or None,  # a served one: its own key
+                     api_key=server.api_key if server else cfg.user_api_key or None, allow_http=cfg.allow_insecure_http,
                      temperature=cfg.user_temperature, seed=None if server else cfg.seed,  # (served: sampled)
                      timeout=cfg.user_timeout, max_retries=cfg.user_retries, backoff=cfg.user_backoff,
                      max_workers=cfg.user_concurrency)
@@ -390,8 +390,8 @@ if __name__ == "__main__":  # python customer.py [OUT]: train the demo's custome
     try:
         server = rc.start().serve()
         for temperature in (0.7, 1.0):  # the held-out tasks against the policy's right lines
-            r = fidelity(make_user("llm", model="customer", base_url=server.base_url, temperature=temperature,
-                                   max_tokens=64, max_workers=64), world.tasks("test"))
+            r = fidelity(make_user("llm", model="customer", base_url=server.base_url, api_key=server.api_key,
+                                   temperature=temperature, max_tokens=64, max_workers=64), world.tasks("test"))
             print(f"T={temperature}: fidelity {100 * r['fidelity']:.1f} % over {r['conversations']} held-out tasks; "
                   f"mistakes {r['mistakes']}")
     except ServeError as e:

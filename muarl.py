@@ -45,7 +45,7 @@ import chat
 import curves
 import sft
 from checkpoint import TaskSampler, load_checkpoint, newest_checkpoint, save_checkpoint, save_pretrained, set_aside
-from config import Config, ConfigError, parse_config, save_config, validate  # noqa: F401  (muarl.Config importable)
+from config import Config, ConfigError, parse_config, public, save_config, validate  # noqa: F401 (muarl.Config)
 from customer import RunCustomer, connect
 from domains import load_worlds, task_sets
 from domains.tau2_data import provenance
@@ -200,29 +200,30 @@ def build_run(cfg: Config) -> SimpleNamespace:
     if engine_kind == "vllm" and cfg.model != "tiny":  # a model vLLM cannot run: say so now, not after SFT
         check_vllm_model(cfg.model, on_cpu=not on_gpu)
     out = Path(cfg.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    # --resume: the newest checkpoint whose files match its manifest (or one line and a stop); a new run moves an old
-    # one in out_dir aside first, so its logs are never appended to nor its checkpoints overwritten (checkpoint.py)
-    ckpt = newest_checkpoint(out) if cfg.resume else None
-    if ckpt is None and rank == 0 and (aside := set_aside(out)):
-        print(f"muarl: the earlier run in {out} is kept in {aside}", flush=True)
-    barrier(world_size)
+    ckpt = newest_checkpoint(out) if cfg.resume else None  # --resume: the newest whole checkpoint, or one line
     random.seed(cfg.seed + rank)
     np.random.seed(cfg.seed + rank)
     torch.manual_seed(cfg.seed)  # the same on every rank: a tiny model is initialised identically everywhere
-    log = RunLog(out / "log.jsonl", rank, cfg.logger, dataclasses.asdict(cfg))  # one global step; strict JSON
-
     worlds = load_worlds(cfg)
     train_tasks, eval_tasks = task_sets(cfg, worlds)
     if not train_tasks:
         raise ConfigError(f"no training tasks in {cfg.domains}")
-    # The customer. A served customer model that must first be trained trains in a background process now, beside the
-    # agent's cold start, and is served once both are done; any other customer is connected (and checked) now.
     held_out = eval_tasks[: cfg.eval_tasks or None]
+    # Every input is checked before anything is written (a run that stops on a bad flag, missing data or an endpoint
+    # leaves out_dir as it found it): a customer endpoint is connected now (preflight); a served customer model that
+    # must first be trained trains in a background process now (vLLM checked first), beside the agent's cold start.
+    user = connect(cfg, train_tasks, held_out, None) if not (cfg.user_serve and rank == 0) else None
     run_customer = RunCustomer(cfg.user_serve, out, train_tasks, cfg.seed, threads=cfg.threads or 1).start() \
         if cfg.user_serve and rank == 0 else None
-    user = connect(cfg, train_tasks, held_out, log, run_customer) if run_customer is None or not run_customer.training \
-        else None
+    # Only then is an earlier run in out_dir set aside (previous-<k>/: its logs are never appended to nor its
+    # checkpoints overwritten, checkpoint.py); a resumed run goes on in place
+    out.mkdir(parents=True, exist_ok=True)
+    if ckpt is None and rank == 0 and (aside := set_aside(out)):
+        print(f"muarl: the earlier run in {out} is kept in {aside}", flush=True)
+    barrier(world_size)
+    log = RunLog(out / "log.jsonl", rank, cfg.logger, public(cfg))  # one global step; strict JSON; no secrets
+    if run_customer is not None and not run_customer.training:  # a served folder: served (and checked) now
+        user = connect(cfg, train_tasks, held_out, log, run_customer)
     if rank == 0:
         save_config(out, cfg)  # a changed configuration keeps the previous file beside it (config.py)
     for source in provenance(worlds):  # where the tau2 data came from, printed and logged

@@ -132,13 +132,16 @@ def test_missing_data_is_one_clear_line(monkeypatch, tmp_path):
     import eval as ev
 
     with pytest.raises(FileNotFoundError, match="ACEBench Agent data not found") as e:  # eval.py's __main__: 1 line
-        ev.main(["--bench", "acebench_agent", "--agent", "oracle"])
+        ev.main(["--bench", "acebench_agent", "--agent", "oracle", "--out", str(tmp_path / "t.jsonl")])
     assert "\n" not in str(e.value)
     env = dict(os.environ, ACEBENCH_DIR=str(tmp_path / "nowhere"))  # an explicit folder is the only one tried
-    run = subprocess.run([sys.executable, "muarl.py", "--domains", "acebench_agent", "--model", "tiny"],
-                         capture_output=True, text=True, env=env, cwd=REPO)
+    # never the default runs/muarl: a test writes nothing inside the checkout (issue 25: it set a user's run aside)
+    out = tmp_path / "run"
+    run = subprocess.run([sys.executable, "muarl.py", "--domains", "acebench_agent", "--model", "tiny", "--out_dir",
+                          str(out)], capture_output=True, text=True, env=env, cwd=REPO)
     assert run.returncode == 2 and run.stderr.startswith("muarl: ACEBench Agent data not found")
     assert run.stderr.strip().count("\n") == 0, run.stderr
+    assert not out.exists()  # stopped on missing data: nothing set aside, nothing written
 
 
 @needs_data

@@ -255,16 +255,19 @@ def test_category_filter_and_a_bad_category(capsys):
         main(["--bench", bfcl.NAME, "--category", "nope", "--agent", "oracle", "--out", os.devnull])
 
 
-def test_missing_wheel_is_one_line_saying_how_to_get_it():
+def test_missing_wheel_is_one_line_saying_how_to_get_it(tmp_path):
     code = ("import sys, runpy; sys.modules['bfcl_eval'] = None; sys.argv = ['eval.py', '--bench', "
-            f"'{bfcl.NAME}', '--agent', 'oracle']; runpy.run_path('eval.py', run_name='__main__')")
+            f"'{bfcl.NAME}', '--out', {str(tmp_path / 'run')!r}, '--agent', 'oracle']; "
+            "runpy.run_path('eval.py', run_name='__main__')")
     r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert r.returncode != 0 and r.stderr.strip().count("\n") == 0, r.stderr
     assert "pip install --no-deps bfcl-eval==2026.3.23" in r.stderr and "Traceback" not in r.stderr
     code = code.replace("eval.py", "muarl.py").replace("'--bench'", "'--domains'").replace(", '--agent', 'oracle'", "")
+    code = code.replace("'--out'", "'--out_dir'")
     r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and r.stderr.strip().count("\n") == 0, r.stderr
     assert "pip install --no-deps bfcl-eval==2026.3.23" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "run").exists()  # stopped on a missing wheel: nothing written
 
 
 # ---------------------------------------------------------------------------------------------------------------
