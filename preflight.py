@@ -49,7 +49,7 @@ def check_endpoint(role: str, model: str, messages: list[dict], max_tokens: int,
                              f"{flag}_base_url") from None
     except openai.APIStatusError as e:
         hint = {404: f"; a base URL must end in /v1: {flag}_base_url {url}/v1" if not url.endswith("/v1") else "",
-                401: f"; pass {flag}_api_key (OPENAI_API_KEY goes to its own host only)"}.get(e.status_code, f": {e.message}")
+                401: f"; pass {flag}_api_key (OPENAI_API_KEY: its own host only)"}.get(e.status_code, f": {e.message}")
         raise PreflightError(f"{where} answered HTTP {e.status_code} to GET /models{hint}") from None
     if model not in served:
         names = ", ".join(sorted(served)[:5]) or "none"
