@@ -183,7 +183,8 @@ def test_an_endpoint_agent_sees_acebench_s_prompt(monkeypatch):
 
     monkeypatch.setattr(openai, "OpenAI", Stub)
     m = ev.main(["--bench", "acebench_agent", "--agent", "openai", "--agent_model", "stub", "--user", "fixed",
-                 "--tasks", "1", "--out", os.devnull, "--preflight", "0"])  # (a stub client, not a server to check)
+                 "--tasks", "1", "--out", os.devnull, "--preflight", "0",  # (a stub client, not a server to check)
+                 "--agent_api_key", "k"])  # OpenAI's endpoint needs its key (issue 25: "EMPTY" went there before)
     assert m["episodes"] == 1 and m["aborted"] == 0 and len(seen) >= 2
     messages, kw = seen[0]
     assert [x["role"] for x in messages] == ["system", "user"] and kw == {"temperature": 0.001, "top_p": 1,
