@@ -11,10 +11,9 @@ files match it, names each damaged one it passes over, and cuts the logs back to
 the resume is logged once; with checkpoints but none usable it stops with one line. A new run (not --resume) in a
 folder holding an old one first moves the old one into previous-<k>/: nothing is overwritten or appended to.
 
-Why no pickle: the manifest finds damage, not intent (anyone can recompute it), and unpickling a file can run any
-code. So a checkpoint from elsewhere is data only: tensors load with `weights_only=True` (model.pt, optim.pt), the
-rest (step, sampler, random generators, results) is state.json, and every name in a manifest must be a plain file
-name inside the run folder (`../x` or `/etc/x` makes the checkpoint unusable, with that said)."""
+Why no pickle: the manifest finds damage, not intent (anyone can recompute it), and unpickling can run any code. So
+tensors load with `weights_only=True` (model.pt, optim.pt), the rest (step, sampler, generators, results) is
+state.json, and a manifest naming a path outside the run folder (`../x`, `/x`) makes its checkpoint unusable."""
 
 from __future__ import annotations
 
@@ -93,11 +92,10 @@ def damage(path: Path) -> str | None:
         return "manifest.json is missing or unreadable"
     if json.loads(_manifest(body))["check"] != check:
         return "manifest.json fails its own checksum (damaged on disk)"
-    if "state.pt" in files:  # muarl before issue 25 wrote a pickle there, and loading one can run code
-        return "state.pt is a pickle from an older muarl (loading it could run code): not loaded"
-    # names are joined to the run folder (logs are cut back on resume): only the names save_checkpoint writes
+    # names are joined to the run folder (logs are cut back on resume): only the names save_checkpoint writes. (An
+    # older muarl's state.pt is refused too: a pickle, and loading one can run code.)
     if bad := [n for n in files if n not in CHECKPOINT_FILES] + [n for n in logs if not _log_name(n)]:
-        return f"manifest.json names {bad[0]!r}, no file of a run (refused: ../ or /x reach outside the run folder)"
+        return f"manifest.json names {bad[0]!r}, no file of a run (refused: a pickle, or a path out of the run folder)"
     for name, versions in files.items():
         if not (path / name).is_file():
             return f"{name} is missing"

@@ -9,8 +9,8 @@ Where a value comes from, last wins: the default (or the tiny preset), `--config
 field: value), the command line. `--resume` starts from the run's saved config.json instead of the defaults: a flag
 given again must match it unless it is one a resumed run may change (RESUMABLE, e.g. --steps) or named in
 --allow_change; `save_config` never overwrites a different config.json silently (the old one is kept beside it).
-Secrets (SECRETS: the customer's API key) are never written or printed: `public(cfg)` is the config as config.json,
-log.jsonl, wandb and `python config.py` show it, with them blanked; the dataclass's repr leaves them out too.
+Secrets (SECRETS: the customer's API key) are never written or printed: `public(cfg)`, the config as config.json,
+log.jsonl, wandb and `python config.py` show it, blanks them; the dataclass's repr leaves them out too.
 
     python config.py --model tiny --steps 5      # prints the resolved config
 """
@@ -31,10 +31,10 @@ from grpo import ADVANTAGES
 # The fields
 
 
-def flag(default, help: str):
+def flag(default, help: str, **kw):
     # A field with its --help text: parse_config turns every field into a flag of the same name and type, so the
     # help string is the field's documentation (`python muarl.py --help` lists them all).
-    return field(default=default, metadata={"help": help})
+    return field(default=default, metadata={"help": help}, **kw)
 
 
 @dataclass
@@ -64,9 +64,8 @@ class Config:
     user: str = flag("scripted", "scripted (generated tasks, and telecom) | llm (any OpenAI-compatible endpoint)")
     user_model: str = flag("", "LLM user model name (or $MUARL_USER_MODEL)")
     user_base_url: str = flag("", "LLM user endpoint (or $OPENAI_BASE_URL)")
-    # repr=False: a traceback or a print of the config never shows the key (public() blanks it in every file)
-    user_api_key: str = field(default="", repr=False, metadata={"help": "LLM user API key, never saved (else "
-                              "$OPENAI_API_KEY, sent only to $OPENAI_BASE_URL or OpenAI's own endpoint)"})
+    user_api_key: str = flag("", "LLM user API key, never saved nor shown (else $OPENAI_API_KEY, sent only to "
+                             "$OPENAI_BASE_URL or OpenAI's endpoint)", repr=False)  # repr: not in a traceback
     allow_insecure_http: bool = flag(False, "allow plain http to a customer endpoint off this machine (the key and "
                                      "conversations cross the network readable)")
     user_temperature: float = flag(0.0, "LLM user sampling temperature (paper: 0)")
@@ -164,8 +163,8 @@ def read_settings(path: str) -> dict:
     except (OSError, ValueError, ImportError, AttributeError) as e:  # no file, not JSON / YAML, not a mapping
         raise ConfigError(f"--config {path}: {e}") from None
     if bad is not None:
-        shown = "(a secret, not shown)" if bad in SECRETS else repr(data[bad])
-        raise ConfigError(f"--config {path}: {bad!r} is not a setting of type {types.get(bad, '?')}: {shown}")
+        raise ConfigError(f"--config {path}: {bad!r} is not a setting of type {types.get(bad, '?')}: "
+                          f"{'(a secret, not shown)' if bad in SECRETS else repr(data[bad])}")
     return data
 
 
@@ -176,8 +175,7 @@ SECRETS = ("user_api_key",)  # never written to a file or a log, never printed (
 
 
 def public(cfg: Config) -> dict:
-    """The config as every file and log shows it: secrets blanked ("" reads back as "not given": a resumed run takes
-    its key from the command line or the environment again, never from disk)."""
+    """The config as files and logs show it: secrets blanked ("" = not given: a resume asks the command line again)."""
     return {**dataclasses.asdict(cfg), **{k: "" for k in SECRETS}}
 
 

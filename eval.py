@@ -143,8 +143,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--user_serve", default="", help="--user llm: serve this local model folder as the customer on "
                    "127.0.0.1 for the evaluation (vLLM's OpenAI server, serve.py), e.g. runs/muarl/customer")
     p.add_argument("--user_concurrency", type=int, default=16, help="customer requests in flight at once")
-    p.add_argument("--allow_insecure_http", type=int, default=0, help="1: allow plain http to an endpoint off this "
-                   "machine (keys and conversations cross the network readable)")
+    p.add_argument("--allow_insecure_http", type=int, default=0, help="1: allow plain http off this machine")
     p.add_argument("--user_max_tokens", type=int, default=512, help="tokens per customer reply (LLM customer)")
     p.add_argument("--preflight", type=int, default=1, help="check each endpoint once before any episode (0: skip)")
     p.add_argument("--domain", default="shop", help="comma-separated names from domains.DOMAINS")
@@ -236,9 +235,9 @@ def main(argv=None):
         print(f"[customer] {a.user_serve} served at {server.base_url}")
     user = FixedUser() if (a.agent == "oracle" and not (bench and bench.oracle)) or a.user == "fixed" else \
         make_user(a.user, model=a.user_model or None, base_url=a.user_base_url or None, api_key=a.user_api_key or None,
-                  allow_http=bool(a.allow_insecure_http), temperature=a.user_temperature, max_tokens=a.user_max_tokens,
-                  timeout=a.user_timeout, max_retries=a.user_retries, backoff=a.user_backoff,
-                  max_workers=a.user_concurrency)
+                  temperature=a.user_temperature, max_tokens=a.user_max_tokens, timeout=a.user_timeout,
+                  max_retries=a.user_retries, backoff=a.user_backoff, max_workers=a.user_concurrency,
+                  allow_http=bool(a.allow_insecure_http))
     if a.agent == "openai":  # the agent's endpoint and key under user_sim.endpoint's rule (a key goes to its own host)
         a.agent_base_url, a.agent_api_key = endpoint(a.agent_base_url or None, a.agent_api_key or None,
                                                      bool(a.allow_insecure_http), "--agent")

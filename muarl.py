@@ -209,14 +209,12 @@ def build_run(cfg: Config) -> SimpleNamespace:
     if not train_tasks:
         raise ConfigError(f"no training tasks in {cfg.domains}")
     held_out = eval_tasks[: cfg.eval_tasks or None]
-    # Every input is checked before anything is written (a run that stops on a bad flag, missing data or an endpoint
-    # leaves out_dir as it found it): a customer endpoint is connected now (preflight); a served customer model that
-    # must first be trained trains in a background process now (vLLM checked first), beside the agent's cold start.
+    # Every input is checked before anything is written (a bad flag, missing data, an endpoint leave out_dir as it was):
+    # an endpoint is connected now (preflight); a served customer model trains in the background now, vLLM checked.
     user = connect(cfg, train_tasks, held_out, None) if not (cfg.user_serve and rank == 0) else None
     run_customer = RunCustomer(cfg.user_serve, out, train_tasks, cfg.seed, threads=cfg.threads or 1).start() \
         if cfg.user_serve and rank == 0 else None
-    # Only then is an earlier run in out_dir set aside (previous-<k>/: its logs are never appended to nor its
-    # checkpoints overwritten, checkpoint.py); a resumed run goes on in place
+    # Only then is an earlier run set aside (previous-<k>/: never appended to nor overwritten, checkpoint.py)
     out.mkdir(parents=True, exist_ok=True)
     if ckpt is None and rank == 0 and (aside := set_aside(out)):
         print(f"muarl: the earlier run in {out} is kept in {aside}", flush=True)

@@ -19,9 +19,8 @@ What the context manager guarantees
    (atexit) in case the caller never left the `with` block. A server is never left running behind a finished run.
 4. `alive()` says whether the process still runs; `restart()` stops and starts it again on the same port, for a run
    that would rather ride out a crash than stop.
-5. Only its owner can use it: loopback is open to every account on the machine, so the server requires a random key
-   (`api_key`, new per ModelServer, handed to vLLM as $VLLM_API_KEY: an environment, unlike a command line, is not
-   readable by other users, nor written to the log). Clients pass `api_key=srv.api_key`.
+5. Only its owner can use it: loopback is open to every account on the machine, so it requires a random `api_key`
+   (given to vLLM as $VLLM_API_KEY: unlike a command line, no other user can read it; nor is it logged).
 
 Departures: none from the paper (which does not say how its user model was served). On a GPU the same module serves
 the same way; pass `extra_args` such as `["--gpu-memory-utilization", "0.2"]` to share the device with training.
@@ -211,8 +210,7 @@ if __name__ == "__main__":
         with ModelServer(d / "model", name="tiny-customer", log_path=d / "server.log", max_model_len=1024) as srv:
             print(f"serving on {srv.base_url} after {time.perf_counter() - t0:.1f} s; models: "
                   f"{served_models(srv.base_url, api_key=srv.api_key)}; without its key: {served_models(srv.base_url)}")
-            user = make_user("llm", model=srv.name, base_url=srv.base_url, api_key=srv.api_key, max_tokens=16,
-                             temperature=1.0)
+            user = make_user("llm", model=srv.name, base_url=srv.base_url, api_key=srv.api_key, max_tokens=16)
             print("an untrained customer says:", repr(user.complete(simulator_messages("You want a refund.", []))))
     except ServeError as e:
         print("could not serve:", e)

@@ -187,16 +187,14 @@ def clean(text):
     return text.encode("utf-8", "backslashreplace").decode("utf-8") if isinstance(text, str) else text
 
 
-# Special-token look-alikes in text bound for a server that renders a chat template and tokenizes the result (vLLM):
-# ChatML / Qwen / Llama 3 / Phi markers <|...|>, DeepSeek's <｜...｜>, Llama 2 / Mistral's <s>, </s>, [INST], [/INST].
+# Special-token look-alikes: <|...|> (ChatML, Qwen, Llama 3, Phi), <｜...｜> (DeepSeek), <s> </s> [INST] (Llama 2)
 _MARKERS = re.compile(r"<(?=[|｜]|/?s>)|\[(?=/?INST\])")
 
 
 def as_text(text):
-    """`text` with every special-token look-alike broken by a zero-width space after its first character, so that no
-    server's tokenizer reads it as a live marker (the policy could forge a system turn in the customer's prompt). A
-    zero-width space, not an escape: the text reads the same to the model and to a person, and no vocabulary has the
-    broken string as a special token. Our own tokenizer has a stricter path (chat.py sets such contents aside)."""
+    """`text` with each special-token look-alike broken by a zero-width space after its first character: no server's
+    tokenizer reads it as a live marker (the policy could forge a system turn in the customer's prompt), and the text
+    still reads the same, unlike an escape. (Our own tokenizer's path is stricter: chat.py sets such contents aside.)"""
     return _MARKERS.sub(lambda m: m.group() + "\u200b", text) if isinstance(text, str) else text
 
 

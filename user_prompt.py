@@ -153,9 +153,8 @@ def simulator_messages(instructions: str, history: list[dict], variant: dict | N
         # The agent's last turn had no text (a bare tool call, or nothing), yet rollout.py handed over. Say so, not
         # refuse: a real customer would nudge, and aborting would hide the very turns RL should learn to avoid.
         msgs.append({"role": "user", "content": NO_REPLY})
-    # every content crosses to the customer's server as text: special-token look-alikes are broken (tools.as_text)
-    return [{**m, "content": as_text(m["content"])} for m in [{"role": "system", "content": system_prompt(
-        instructions, tools)}] + msgs]
+    msgs = [{"role": "system", "content": system_prompt(instructions, tools)}] + msgs
+    return [{**m, "content": as_text(m["content"])} for m in msgs]  # marker look-alikes reach the server as text
 
 
 if __name__ == "__main__":

@@ -297,19 +297,16 @@ def _is_loopback(url: str | None) -> bool:
 
 def endpoint(base_url: str | None, api_key: str | None, allow_http: bool = False, flag: str = "--user",
              env=os.environ) -> tuple[str, str]:
-    """(base_url, key) a client may use, or ValueError (one line, never with a key). A key goes only to its own host:
-    one passed with the URL (`{flag}_api_key`, a served customer's) to that URL; $OPENAI_API_KEY only to
-    $OPENAI_BASE_URL (unset: OpenAI's), so a --user_base_url at a stranger's server never gets your key. Loopback
-    needs none ("EMPTY"); another host needs its key given. Plain http off this machine is refused (the key and the
-    conversations would cross the network readable) unless `allow_http` (--allow_insecure_http). Both values come
-    back explicit: the openai client would otherwise read the two variables itself."""
+    """(base_url, key) for a client, or ValueError (one line, no key in it). A key goes only to its own host: one given
+    with the URL (`{flag}_api_key`, a served customer's) to that URL; $OPENAI_API_KEY only to $OPENAI_BASE_URL (unset:
+    OpenAI's). Loopback needs none ("EMPTY"). Plain http off this machine (key and words readable on the way) only
+    with `allow_http` (--allow_insecure_http). Both come back explicit, or the openai client reads the variables."""
     own_url = env.get("OPENAI_BASE_URL") or OPENAI_URL
     url = (base_url or own_url).rstrip("/")
     where = urlparse(url)
     if where.scheme not in ("http", "https") or not where.hostname:
         raise ValueError(f"{flag}_base_url {url!r} is not an http(s) URL (e.g. http://127.0.0.1:8000/v1)")
     same = (where.scheme, where.hostname, where.port) == (lambda u: (u.scheme, u.hostname, u.port))(urlparse(own_url))
-    # ("EMPTY": a local vLLM server without --api-key accepts any key, but the client needs one)
     key = api_key or (env.get("OPENAI_API_KEY") if same else None) or ("EMPTY" if _is_loopback(url) else None)
     if key is None:
         raise ValueError(f"the LLM endpoint {url} needs an API key: pass {flag}_api_key (the environment's "

@@ -190,3 +190,18 @@ def test_an_endpoint_agent_sees_acebench_s_prompt(monkeypatch):
     assert [x["role"] for x in messages] == ["system", "user"] and kw == {"temperature": 0.001, "top_p": 1,
                                                                            "max_tokens": 1000}
     assert messages[1]["content"].startswith("Below is the list of APIs you can use:\n [{'name': 'turn_on_wifi'")
+
+
+@pytest.mark.parametrize("expr", ["((((3**64)**64)**64)**64)**64", "('a'*99999)*9999", "[0]*10**9",
+                                  "'%0999999999d' % 1", "(2**64)**64**1", "(1<<64)<<64<<64<<64" * 1])
+def test_argument_arithmetic_is_refused_before_it_blows_the_budget(expr):
+    # issue 25: the first did not finish in 60 s, the second built 1 GB before its length was checked
+    import time
+
+    t0 = time.perf_counter()
+    text = f"[send_message(sender_name='Eve', receiver_name='Bob', message={expr})]"
+    ok = acebench.decodes(text)
+    assert time.perf_counter() - t0 < 1.0
+    if not ok:  # refused: not a call, exactly as an undecodable message
+        assert not acebench.routes_to_execution(text)
+    assert acebench.decodes("[send_message(sender_name='Eve', receiver_name='Bob', message='ab'*3)]")
