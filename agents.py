@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import chat
 from sampling import Sample
-from tools import ParsedTurn, check_call, clean
+from tools import ParsedTurn, as_text, check_call, clean
 from domains.dual_control import customer_only, gold_requestors
 from user_sim import STOP, ScriptedUser
 
@@ -71,8 +71,9 @@ def _wire(messages: list[dict]) -> list[dict]:
         return {"id": "call_0", "type": "function",
                 "function": {"name": c["function"]["name"], "arguments": json.dumps(c["function"]["arguments"])}}
 
-    return [{"role": "tool", "tool_call_id": "call_0", "content": m["content"]} if m["role"] == "tool" else
-            {"role": m["role"], "content": m.get("content") or ""}
+    # as_text: the server renders and tokenizes the contents; a customer's or a tool's marker look-alikes stay text
+    return [{"role": "tool", "tool_call_id": "call_0", "content": as_text(m["content"])} if m["role"] == "tool" else
+            {"role": m["role"], "content": as_text(m.get("content") or "")}
             | ({"tool_calls": [call(c) for c in m["tool_calls"]]} if m.get("tool_calls") else {})
             for m in messages]
 

@@ -35,10 +35,11 @@ from __future__ import annotations
 
 import functools
 import itertools
+import json
 import re
 import uuid
 
-from tools import clean
+from tools import as_text, clean
 
 STUB = [{"role": "user", "content": "."}, {"role": "assistant", "content": "."}]
 
@@ -155,7 +156,8 @@ def prompt_ids(tokenizer, system: str, tools: list[dict], first_user: str) -> li
     """Tokens of the prompt: system (policy + tool schemas) + first user message + generation prompt. Mask 0.
 
     The system text and the first message are content (special-token strings in them stay text); the tool schemas
-    are the domain's own code and render as template text."""
+    render as template text, so look-alikes in their descriptions (benchmark data) are broken first (tools.as_text)."""
+    tools = json.loads(as_text(json.dumps(tools, ensure_ascii=False))) if tools else tools
     msgs, held = _set_aside(tokenizer, [{"role": "system", "content": system}, {"role": "user", "content": first_user}])
     return _encode_rendered(tokenizer, render(tokenizer, msgs, tools, add_generation_prompt=True), held)
 

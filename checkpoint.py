@@ -9,14 +9,20 @@ Why a manifest: a rename guards against a crash, not against a disk. Each checkp
 and sha256 of each of its files and the length of every log at that step. --resume takes the newest checkpoint whose
 files match it, names each damaged one it passes over, and cuts the logs back to that step, so a step re-run after
 the resume is logged once; with checkpoints but none usable it stops with one line. A new run (not --resume) in a
-folder holding an old one first moves the old one into previous-<k>/: nothing is overwritten or appended to."""
+folder holding an old one first moves the old one into previous-<k>/: nothing is overwritten or appended to.
+
+Why no pickle: the manifest finds damage, not intent (anyone can recompute it), and unpickling can run any code. So
+tensors load with `weights_only=True` (model.pt, optim.pt), the rest (step, sampler, generators, results) is
+state.json, and a manifest naming a path outside the run folder (`../x`, `/x`) makes its checkpoint unusable."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+import pickle
 import random
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -59,6 +65,7 @@ class TaskSampler:
 # Trust: the manifest's checksums, the newest checkpoint that matches them, an old run set aside
 
 RUN_LOGS = ("log.jsonl", "samples.txt")  # with episodes-rank*.jsonl: the logs a resume cuts back to its step
+CHECKPOINT_FILES = ("model.pt", "optim.pt", "state.json")  # what a checkpoint folder holds, beside its manifest
 RUN_FILES = RUN_LOGS + ("latest.json", "checkpoints", "config.json", "results.md", "cold-start", "final")
 
 
@@ -71,15 +78,24 @@ def _manifest(body: dict) -> str:  # the manifest's text, carrying its own check
     return json.dumps({**body, "check": hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()})
 
 
+def _log_name(name) -> bool:  # a run log's own plain name, as save_checkpoint writes them: no folder, no ../, no /x
+    return isinstance(name, str) and (name in RUN_LOGS or re.fullmatch(r"episodes-rank\d+\.jsonl", name) is not None)
+
+
 def damage(path: Path) -> str | None:
-    """What is wrong with the checkpoint folder `path` (a missing, truncated or altered file), or None if whole."""
+    """What is wrong with the checkpoint folder `path` (a missing, truncated or altered file, or a manifest naming a
+    path outside the run), or None if whole."""
     try:
         body = json.loads((path / "manifest.json").read_text())
-        check, files = body.pop("check"), body["files"]
+        check, files, logs = body.pop("check"), body["files"], body["logs"]
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return "manifest.json is missing or unreadable"
     if json.loads(_manifest(body))["check"] != check:
         return "manifest.json fails its own checksum (damaged on disk)"
+    # names are joined to the run folder (logs are cut back on resume): only the names save_checkpoint writes. (An
+    # older muarl's state.pt is refused too: a pickle, and loading one can run code.)
+    if bad := [n for n in files if n not in CHECKPOINT_FILES] + [n for n in logs if not _log_name(n)]:
+        return f"manifest.json names {bad[0]!r}, no file of a run (refused: a pickle, or a path out of the run folder)"
     for name, versions in files.items():
         if not (path / name).is_file():
             return f"{name} is missing"
@@ -125,15 +141,17 @@ def set_aside(out: Path) -> Path | None:
 
 
 def rng_state() -> dict:
-    """Every global random generator's state (a checkpoint keeps it; muarl puts it back after vLLM starts, which
-    seeds them all)."""
-    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    """Every global random generator's state as JSON lists (a checkpoint keeps it as text, not a pickle: loading
+    gives numbers back; muarl also puts it back after vLLM starts, which seeds them all)."""
+    np_state = np.random.get_state()
+    return {"python": random.getstate(), "numpy": [np_state[0], np_state[1].tolist(), *np_state[2:]],
+            "torch": torch.get_rng_state().tolist()}
 
 
 def set_rng_state(rng: dict) -> None:
-    random.setstate(rng["python"])
-    np.random.set_state(rng["numpy"])
-    torch.set_rng_state(rng["torch"])
+    random.setstate((rng["python"][0], tuple(rng["python"][1]), rng["python"][2]))  # JSON lists back to the types
+    np.random.set_state((rng["numpy"][0], np.array(rng["numpy"][1], dtype=np.uint32), *rng["numpy"][2:]))
+    torch.set_rng_state(torch.tensor(rng["torch"], dtype=torch.uint8))
 
 
 def save_checkpoint(out: Path, step: int, policy, opt, sampler: TaskSampler, extra: dict, world_size: int, rank: int):
@@ -155,10 +173,11 @@ def save_checkpoint(out: Path, step: int, policy, opt, sampler: TaskSampler, ext
     tmp.mkdir(parents=True)
     resume = {"step": step, "sampler": {"epoch": sampler.epoch, "pos": sampler.pos, "again": sampler.again},
               "rng": rng_state(), **extra}
-    files = {}
-    for name, obj in [("model.pt", state), ("optim.pt", optim), ("state.pt", resume)]:
-        torch.save(obj, tmp / name)
-        files[name] = [[(tmp / name).stat().st_size, _sha256(tmp / name)]]  # [[bytes, sha256], ...]: versions accepted
+    torch.save(state, tmp / "model.pt")
+    torch.save(optim, tmp / "optim.pt")
+    (tmp / "state.json").write_text(json.dumps(resume))
+    # [[bytes, sha256], ...] per file: the versions accepted
+    files = {name: [[(tmp / name).stat().st_size, _sha256(tmp / name)]] for name in CHECKPOINT_FILES}
     logs = {f.name: f.stat().st_size for f in out.iterdir() if f.name in RUN_LOGS or f.match("episodes-rank*.jsonl")}
     (tmp / "manifest.json").write_text(_manifest({"step": step, "files": files, "logs": logs}))
     if latest.exists() and json.loads(latest.read_text())["path"] == final.name:
@@ -210,12 +229,20 @@ def load_checkpoint(out: Path, policy, opt, sampler: TaskSampler, world_size: in
     # map_location: tensors saved from a GPU would otherwise return to it (cuda:0 on every rank); mmap: read as used.
     # Under FSDP2 rank 0 alone reads the files and broadcasts one tensor at a time; each rank keeps its shard.
     sharded, lead = is_sharded(policy), not is_sharded(policy) or torch.distributed.get_rank() == 0
-    state = torch.load(path / "state.pt", weights_only=False, map_location="cpu")
-    model_sd = torch.load(path / "model.pt", weights_only=True, map_location="cpu", mmap=True) if lead else {}
-    optim_sd = torch.load(path / "optim.pt", weights_only=False, map_location="cpu", mmap=True) if lead else {}
+    state = json.loads((path / "state.json").read_text())
+    try:  # weights_only: tensors, numbers, strings, lists, dicts; a pickle building anything else (os.system is one
+        # __reduce__ away) is refused before it runs
+        model_sd, optim_sd = (torch.load(path / f, weights_only=True, map_location="cpu", mmap=True) if lead else {}
+                              for f in ("model.pt", "optim.pt"))
+    except pickle.UnpicklingError as e:
+        raise ValueError(f"checkpoint {path}: a file holds more than tensors and numbers (refused, nothing in it ran: "
+                         f"{str(e).splitlines()[0][:120]})") from None
     for name, size in json.loads((path / "manifest.json").read_text())["logs"].items():
-        if (out / name).is_file() and (out / name).stat().st_size > size:
-            os.truncate(out / name, size)
+        if not _log_name(name):  # damage() refuses these; checked again here, for a `path` passed in unchecked
+            raise ValueError(f"checkpoint {path}: manifest.json names {name!r}, outside the run folder: not resumed")
+        log = out / name  # a link is not followed out of the run either
+        if log.is_file() and not log.is_symlink() and log.stat().st_size > size:
+            os.truncate(log, size)
     if sharded:
         import torch.distributed.checkpoint.state_dict as dcp
 

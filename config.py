@@ -9,6 +9,8 @@ Where a value comes from, last wins: the default (or the tiny preset), `--config
 field: value), the command line. `--resume` starts from the run's saved config.json instead of the defaults: a flag
 given again must match it unless it is one a resumed run may change (RESUMABLE, e.g. --steps) or named in
 --allow_change; `save_config` never overwrites a different config.json silently (the old one is kept beside it).
+Secrets (SECRETS: the customer's API key) are never written or printed: `public(cfg)`, the config as config.json,
+log.jsonl, wandb and `python config.py` show it, blanks them; the dataclass's repr leaves them out too.
 
     python config.py --model tiny --steps 5      # prints the resolved config
 """
@@ -29,10 +31,10 @@ from grpo import ADVANTAGES
 # The fields
 
 
-def flag(default, help: str):
+def flag(default, help: str, **kw):
     # A field with its --help text: parse_config turns every field into a flag of the same name and type, so the
     # help string is the field's documentation (`python muarl.py --help` lists them all).
-    return field(default=default, metadata={"help": help})
+    return field(default=default, metadata={"help": help}, **kw)
 
 
 @dataclass
@@ -66,7 +68,10 @@ class Config:
                      "paraphrases) | llm (any OpenAI-compatible endpoint)")
     user_model: str = flag("", "LLM user model name (or $MUARL_USER_MODEL)")
     user_base_url: str = flag("", "LLM user endpoint (or $OPENAI_BASE_URL)")
-    user_api_key: str = flag("", "LLM user API key (or $OPENAI_API_KEY)")
+    user_api_key: str = flag("", "LLM user API key, never saved nor shown (else $OPENAI_API_KEY, sent only to "
+                             "$OPENAI_BASE_URL or OpenAI's endpoint)", repr=False)  # repr: not in a traceback
+    allow_insecure_http: bool = flag(False, "allow plain http to a customer endpoint off this machine (the key and "
+                                     "conversations cross the network readable)")
     user_temperature: float = flag(0.0, "LLM user sampling temperature (paper: 0)")
     user_max_tokens: int = flag(512, "LLM user: tokens per customer reply")
     user_down_s: float = flag(600.0, "stop (checkpoint saved, exit 3) when the customer failed every group this long")
@@ -167,13 +172,20 @@ def read_settings(path: str) -> dict:
     except (OSError, ValueError, ImportError, AttributeError) as e:  # no file, not JSON / YAML, not a mapping
         raise ConfigError(f"--config {path}: {e}") from None
     if bad is not None:
-        raise ConfigError(f"--config {path}: {bad!r} is not a setting of type {types.get(bad, '?')}: {data[bad]!r}")
+        raise ConfigError(f"--config {path}: {bad!r} is not a setting of type {types.get(bad, '?')}: "
+                          f"{'(a secret, not shown)' if bad in SECRETS else repr(data[bad])}")
     return data
 
 
 # What --resume may change without --allow_change; the rest shapes the training and must match the saved run.
 RESUMABLE = {"steps", "resume", "eval", "eval_tasks", "eval_every", "save_every", "threads", "logger", "config",
-             "allow_change", "preflight", "user_base_url", "user_api_key", "user_down_s"}
+             "allow_change", "preflight", "user_base_url", "user_api_key", "user_down_s", "allow_insecure_http"}
+SECRETS = ("user_api_key",)  # never written to a file or a log, never printed (public)
+
+
+def public(cfg: Config) -> dict:
+    """The config as files and logs show it: secrets blanked ("" = not given: a resume asks the command line again)."""
+    return {**dataclasses.asdict(cfg), **{k: "" for k in SECRETS}}
 
 
 def parse_config(argv: list[str] | None = None) -> Config:
@@ -218,7 +230,7 @@ def parse_config(argv: list[str] | None = None) -> Config:
 
 def save_config(out: Path, cfg: Config) -> None:
     """Write out/config.json; a different one already there is kept as config.N.json, and that is said."""
-    path, text = Path(out) / "config.json", json.dumps(dataclasses.asdict(cfg), indent=2)
+    path, text = Path(out) / "config.json", json.dumps(public(cfg), indent=2)  # no secret on disk
     if path.is_file() and path.read_text() != text:
         n = next(i for i in range(1, 10**6) if not path.with_name(f"config.{i}.json").exists())
         path.rename(path.with_name(f"config.{n}.json"))
@@ -323,5 +335,5 @@ if __name__ == "__main__":
         validate(cfg := parse_config())
     except ConfigError as e:
         raise SystemExit(f"config error: {e}")  # one line on stderr, exit status 1
-    for f in dataclasses.fields(cfg):
-        print(f"{f.name:22s} {getattr(cfg, f.name)!r}")
+    for name, value in public(cfg).items():  # a key given on the command line is not echoed back
+        print(f"{name:22s} {value!r}")

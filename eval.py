@@ -47,7 +47,7 @@ from models import load_policy, load_tokenizer
 from preflight import PreflightError, check_customer, check_endpoint, prompt_warning
 from rollout import Episode, PolicyAgent, RolloutConfig, TrajectoryLog, rollout, score
 from tools import TRANSFER_TOOL
-from user_sim import make_user
+from user_sim import endpoint, make_user
 
 # ---------------------------------------------------------------------------------------------------------------
 # Metrics
@@ -143,6 +143,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--user_serve", default="", help="--user llm: serve this local model folder as the customer on "
                    "127.0.0.1 for the evaluation (vLLM's OpenAI server, demo/serve.py); 'demo': the demo's shipped customer")
     p.add_argument("--user_concurrency", type=int, default=16, help="customer requests in flight at once")
+    p.add_argument("--allow_insecure_http", type=int, default=0, help="1: allow plain http off this machine")
     p.add_argument("--user_max_tokens", type=int, default=512, help="tokens per customer reply (LLM customer)")
     p.add_argument("--preflight", type=int, default=1, help="check each endpoint once before any episode (0: skip)")
     p.add_argument("--domain", default="shop", help="comma-separated names from domains.DOMAINS")
@@ -230,11 +231,15 @@ def main(argv=None):
             server = ServedCustomer(a.user_serve, os.path.dirname(a.out) or ".").serve()
         except ServeError as e:
             raise ConfigError(str(e)) from None
-        a.user_model, a.user_base_url = "customer", server.base_url
+        a.user_model, a.user_base_url, a.user_api_key = "customer", server.base_url, server.api_key  # its own key
     user = FixedUser() if (a.agent == "oracle" and not (bench and bench.oracle)) or a.user == "fixed" else \
         make_user(a.user, model=a.user_model or None, base_url=a.user_base_url or None, api_key=a.user_api_key or None,
                   temperature=a.user_temperature, max_tokens=a.user_max_tokens, timeout=a.user_timeout, seed=a.seed,
-                  max_retries=a.user_retries, backoff=a.user_backoff, max_workers=a.user_concurrency)
+                  max_retries=a.user_retries, backoff=a.user_backoff, max_workers=a.user_concurrency,
+                  allow_http=bool(a.allow_insecure_http))
+    if a.agent == "openai":  # the agent's endpoint and key under user_sim.endpoint's rule (a key goes to its own host)
+        a.agent_base_url, a.agent_api_key = endpoint(a.agent_base_url or None, a.agent_api_key or None,
+                                                     bool(a.allow_insecure_http), "--agent")
     try:  # each endpoint once, before any episode: a misconfigured one is one line, not a table of aborted episodes
         if a.preflight and a.user == "llm" and a.agent != "oracle":
             check_customer(user, tasks)

@@ -46,7 +46,7 @@ import memplan
 import sft
 from checkpoint import TaskSampler, load_checkpoint, newest_checkpoint, rng_state, save_checkpoint, save_pretrained
 from checkpoint import set_aside, set_rng_state
-from config import Config, ConfigError, _band, parse_config, save_config, validate  # noqa: F401  (muarl.Config importable)
+from config import Config, ConfigError, _band, parse_config, public, save_config, validate  # noqa: F401 (muarl.Config)
 from domains import load_worlds, task_sets
 from domains.tau2_data import provenance
 from engine import check_vllm_model, make_engine
@@ -198,30 +198,29 @@ def build_run(cfg: Config) -> SimpleNamespace:
     if engine_kind == "vllm" and cfg.model != "tiny":  # a model vLLM cannot run: say so now, not after SFT
         check_vllm_model(cfg.model, on_cpu=not on_gpu)
     out = Path(cfg.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    # --resume: the newest checkpoint whose files match its manifest (or one line and a stop); a new run moves an old
-    # one in out_dir aside first, so its logs are never appended to nor its checkpoints overwritten (checkpoint.py)
-    ckpt = newest_checkpoint(out) if cfg.resume else None
-    if ckpt is None and rank == 0 and (aside := set_aside(out)):
-        print(f"muarl: the earlier run in {out} is kept in {aside}", flush=True)
-    barrier(world_size)
+    ckpt = newest_checkpoint(out) if cfg.resume else None  # --resume: the newest whole checkpoint, or one line
     random.seed(cfg.seed + rank)
     np.random.seed(cfg.seed + rank)
     torch.manual_seed(cfg.seed)  # the same on every rank: a tiny model is initialised identically everywhere
-    log = RunLog(out / "log.jsonl", rank, cfg.logger, dataclasses.asdict(cfg))  # one global step; strict JSON
-
     worlds = load_worlds(cfg)
     train_tasks, eval_tasks = task_sets(cfg, worlds)
     if not train_tasks:
         raise ConfigError(f"no training tasks in {cfg.domains}")
-    # The customer, checked before any work: an endpoint (preflight), or a served model gated on its fidelity
     held_out = eval_tasks[: cfg.eval_tasks or None]
-    served = None
+    # Every input is checked before anything is written (a bad flag, missing data, an endpoint leave out_dir as it was):
+    # an endpoint is connected now (preflight); a served customer model is checked now (vLLM, its folder), served later
     if cfg.user_serve and rank == 0:
         from demo.customer import ServedCustomer  # the CPU demo's kit: a local model served as users serve models
-
-        served = ServedCustomer(cfg.user_serve, out)
-    user = connect_customer(cfg, train_tasks + held_out, log, served)
+    served = ServedCustomer(cfg.user_serve, out).check() if cfg.user_serve and rank == 0 else None
+    user = connect_customer(cfg, train_tasks + held_out, None) if served is None else None
+    # Only then is an earlier run set aside (previous-<k>/: never appended to nor overwritten, checkpoint.py)
+    out.mkdir(parents=True, exist_ok=True)
+    if ckpt is None and rank == 0 and (aside := set_aside(out)):
+        print(f"muarl: the earlier run in {out} is kept in {aside}", flush=True)
+    barrier(world_size)
+    log = RunLog(out / "log.jsonl", rank, cfg.logger, public(cfg))  # one global step; strict JSON; no secrets
+    if served is not None:  # served and gated now, its log in the run's folder: below its gate the run stops here
+        user = connect_customer(cfg, train_tasks + held_out, log, served)
     if rank == 0:
         save_config(out, cfg)  # a changed configuration keeps the previous file beside it (config.py)
     for source in provenance(worlds):  # where the tau2 data came from, printed and logged

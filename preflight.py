@@ -49,7 +49,7 @@ def check_endpoint(role: str, model: str, messages: list[dict], max_tokens: int,
                              f"{flag}_base_url") from None
     except openai.APIStatusError as e:
         hint = {404: f"; a base URL must end in /v1: {flag}_base_url {url}/v1" if not url.endswith("/v1") else "",
-                401: f"; set {flag}_api_key (or OPENAI_API_KEY)"}.get(e.status_code, f": {e.message}")
+                401: f"; pass {flag}_api_key (OPENAI_API_KEY: its own host only)"}.get(e.status_code, f": {e.message}")
         raise PreflightError(f"{where} answered HTTP {e.status_code} to GET /models{hint}") from None
     if model not in served:
         names = ", ".join(sorted(served)[:5]) or "none"
@@ -105,11 +105,12 @@ def connect_customer(cfg, tasks, log, served=None):
     (demo.customer.ServedCustomer) is started first, and gated on its fidelity before RL trusts it."""
     from user_sim import make_user  # (here: the checks above need no customer code)
 
-    base_url = served.serve(log).base_url if served is not None else cfg.user_base_url or None
-    user = make_user(cfg.user, model="customer" if served else cfg.user_model or None, api_key=cfg.user_api_key or None,
-                     base_url=base_url, max_tokens=cfg.user_max_tokens, temperature=cfg.user_temperature,
-                     seed=cfg.seed, timeout=cfg.user_timeout, max_retries=cfg.user_retries, backoff=cfg.user_backoff,
-                     max_workers=cfg.user_concurrency)
+    server = served.serve(log) if served is not None else None
+    user = make_user(cfg.user, model="customer" if server else cfg.user_model or None, max_tokens=cfg.user_max_tokens,
+                     base_url=server.base_url if server else cfg.user_base_url or None,  # a served one: its own key
+                     api_key=server.api_key if server else cfg.user_api_key or None, allow_http=cfg.allow_insecure_http,
+                     temperature=cfg.user_temperature, seed=cfg.seed, timeout=cfg.user_timeout,
+                     max_retries=cfg.user_retries, backoff=cfg.user_backoff, max_workers=cfg.user_concurrency)
     if cfg.preflight and (ok := check_customer(user, tasks)):  # a bad endpoint stops us here
         print(f"[preflight] customer {ok['model']} at {ok['base_url']}: ok ({ok})", flush=True)
     if served is not None:

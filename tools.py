@@ -187,6 +187,17 @@ def clean(text):
     return text.encode("utf-8", "backslashreplace").decode("utf-8") if isinstance(text, str) else text
 
 
+# Special-token look-alikes: <|...|> (ChatML, Qwen, Llama 3, Phi), <｜...｜> (DeepSeek), <s> </s> [INST] (Llama 2)
+_MARKERS = re.compile(r"<(?=[|｜]|/?s>)|\[(?=/?INST\])")
+
+
+def as_text(text):
+    """`text` with each special-token look-alike broken by a zero-width space after its first character: no server's
+    tokenizer reads it as a live marker (the policy could forge a system turn in the customer's prompt), and the text
+    still reads the same, unlike an escape. (Our own tokenizer's path is stricter: chat.py sets such contents aside.)"""
+    return _MARKERS.sub(lambda m: m.group() + "\u200b", text) if isinstance(text, str) else text
+
+
 def check_call(obj, known: set[str] | None) -> dict | str:
     """One decoded call -> {"name", "arguments"}, or what is wrong with it. The one check every agent's calls pass:
     the <tool_call> text below, and an endpoint's native tool calls (agents.MessageAgent)."""

@@ -17,7 +17,9 @@ A customer with tools of its own (dual-control worlds: telecom) keeps *its* call
 
 Departures (see user_sim.py for the rest): the prompt is this project's own wording of tau2's simulation guidelines;
 the opening answers a fixed greeting (GREETING); consecutive messages of one role are merged, so the request always
-alternates (some chat templates refuse anything else); an agent turn with no text becomes NO_REPLY.
+alternates (some chat templates refuse anything else); an agent turn with no text becomes NO_REPLY; special-token
+look-alikes in any content (the policy's words above all) are broken by a zero-width space (tools.as_text), so the
+customer's server renders them as text, never as a forged turn.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import json
 import re
 
 from domains.dual_control import customer_only
+from tools import as_text
 
 STOP, TRANSFER, OUT_OF_SCOPE = "###STOP###", "###TRANSFER###", "###OUT-OF-SCOPE###"
 
@@ -126,7 +129,7 @@ def simulator_messages(instructions: str, history: list[dict], variant: dict | N
             if m["role"] == "assistant":
                 text = next((text[len(p):] for p in variant.get("strip", []) if text.startswith(p)), text)
             msgs.append({"role": variant["own_role"] if m["role"] == "user" else "user", "content": text})
-        return msgs
+        return [{**m, "content": as_text(m["content"])} for m in msgs]  # special-token look-alikes stay text
     swap = {"user": "assistant", "assistant": "user"}
     msgs: list[dict] = []
     pending: list[str] = []  # ids of the customer's calls whose results have not come yet
@@ -150,7 +153,8 @@ def simulator_messages(instructions: str, history: list[dict], variant: dict | N
         # The agent's last turn had no text (a bare tool call, or nothing), yet rollout.py handed over. Say so, not
         # refuse: a real customer would nudge, and aborting would hide the very turns RL should learn to avoid.
         msgs.append({"role": "user", "content": NO_REPLY})
-    return [{"role": "system", "content": system_prompt(instructions, tools)}] + msgs
+    msgs = [{"role": "system", "content": system_prompt(instructions, tools)}] + msgs
+    return [{**m, "content": as_text(m["content"])} for m in msgs]  # marker look-alikes reach the server as text
 
 
 if __name__ == "__main__":

@@ -115,10 +115,12 @@ class LLMUser:
     """A simulated customer played by a chat model behind any OpenAI-compatible /v1/chat/completions."""
 
     def __init__(self, model, base_url=None, api_key=None, temperature=0.0, seed=None, timeout=30.0,
-                 max_retries=3, backoff=1.0, max_workers=16, max_tokens=512, client=None):
+                 max_retries=3, backoff=1.0, max_workers=16, max_tokens=512, client=None, allow_http=False):
         import openai  # imported here so ScriptedUser runs without the package
 
         self._openai = openai
+        if client is None:  # which key may go where (endpoint's rule), decided here and never by the openai client
+            base_url, api_key = endpoint(base_url, api_key, allow_http)
         self.model, self.base_url, self.temperature, self.max_tokens = model, base_url, temperature, max_tokens
         self.seed, self.max_retries, self.backoff, self.max_workers = seed, max_retries, backoff, max_workers
         self.timeout = timeout  # the whole-request deadline of one attempt (connect + every read), seconds
@@ -299,6 +301,9 @@ class SampledScriptUser(ScriptedUser):
 # Factory
 
 
+OPENAI_URL = "https://api.openai.com/v1"  # the openai client's default endpoint
+
+
 def _is_loopback(url: str | None) -> bool:
     host = urlparse(url).hostname if url else None
     try:
@@ -307,25 +312,40 @@ def _is_loopback(url: str | None) -> bool:
         return False
 
 
+def endpoint(base_url: str | None, api_key: str | None, allow_http: bool = False, flag: str = "--user",
+             env=os.environ) -> tuple[str, str]:
+    """(base_url, key) for a client, or ValueError (one line, no key in it). A key goes only to its own host: one given
+    with the URL (`{flag}_api_key`, a served customer's) to that URL; $OPENAI_API_KEY only to $OPENAI_BASE_URL (unset:
+    OpenAI's). Loopback needs none ("EMPTY"). Plain http off this machine (key and words readable on the way) only
+    with `allow_http` (--allow_insecure_http). Both come back explicit, or the openai client reads the variables."""
+    own_url = env.get("OPENAI_BASE_URL") or OPENAI_URL
+    url = (base_url or own_url).rstrip("/")
+    where = urlparse(url)
+    if where.scheme not in ("http", "https") or not where.hostname:
+        raise ValueError(f"{flag}_base_url {url!r} is not an http(s) URL (e.g. http://127.0.0.1:8000/v1)")
+    same = (where.scheme, where.hostname, where.port) == (lambda u: (u.scheme, u.hostname, u.port))(urlparse(own_url))
+    key = api_key or (env.get("OPENAI_API_KEY") if same else None) or ("EMPTY" if _is_loopback(url) else None)
+    if key is None:
+        raise ValueError(f"the LLM endpoint {url} needs an API key: pass {flag}_api_key (the environment's "
+                         f"OPENAI_API_KEY is sent only to {own_url}, where it belongs)")
+    if where.scheme == "http" and not _is_loopback(url) and not allow_http:
+        raise ValueError(f"{flag}_base_url {url} is plain http to another machine: the key and the conversations "
+                         "would cross the network readable; use https, or pass --allow_insecure_http")
+    return url, key
+
+
 def make_user(kind: str, **kw):
-    """"llm" -> LLMUser (model/base_url/api_key from kw, else MUARL_USER_MODEL / OPENAI_BASE_URL / OPENAI_API_KEY);
-    "scripted" -> ScriptedUser, "sampled" -> SampledScriptUser (LLM settings in kw are ignored, so callers can pass
-    one set of arguments)."""
+    """"llm" -> LLMUser (model/base_url/api_key from kw, else MUARL_USER_MODEL and the environment's endpoint and key,
+    under endpoint()'s rule); "scripted" -> ScriptedUser, "sampled" -> SampledScriptUser (LLM settings in kw are
+    ignored, so callers can pass one set of arguments)."""
     if kind in ("scripted", "sampled"):
         return ScriptedUser() if kind == "scripted" else SampledScriptUser()
     if kind != "llm":
         raise ValueError(f"unknown user kind {kind!r}: expected 'llm', 'scripted' or 'sampled'")
     model = kw.pop("model", None) or os.environ.get("MUARL_USER_MODEL")
-    base_url = kw.pop("base_url", None) or os.environ.get("OPENAI_BASE_URL")
-    api_key = kw.pop("api_key", None) or os.environ.get("OPENAI_API_KEY")
     if not model:
         raise ValueError("the LLM user needs a model: pass --user_model / model=... or set MUARL_USER_MODEL")
-    if not api_key:
-        if not _is_loopback(base_url):
-            raise ValueError(f"the LLM user needs an API key for {base_url or 'the default OpenAI endpoint'}: "
-                             "set OPENAI_API_KEY (a key-less local server must be on 127.0.0.1/localhost)")
-        api_key = "EMPTY"  # a local vLLM server accepts any key, but the client insists on having one
-    return LLMUser(model, base_url=base_url, api_key=api_key, **kw)
+    return LLMUser(model, **kw)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -99,8 +99,8 @@ def main() -> None:
         # 1. throughput: the same 64 requests at 1, 8 and 64 in flight
         reqs = requests_of(held_out, 64)
         for workers in (1, 8, 64):
-            user = make_user("llm", model="customer", base_url=srv.base_url, temperature=cfg.user_temperature,
-                             max_tokens=cfg.user_max_tokens, max_workers=workers)
+            user = make_user("llm", model="customer", base_url=srv.base_url, api_key=srv.api_key,
+                             temperature=cfg.user_temperature, max_tokens=cfg.user_max_tokens, max_workers=workers)
             user.replies(reqs[:4])  # warm: the server's first requests compile nothing on a CPU, but fill its caches
             t0 = time.perf_counter()
             out = user.replies(reqs)
@@ -109,8 +109,8 @@ def main() -> None:
             print(f"throughput: {len(reqs)} customer replies at {workers:2d} in flight: {dt:5.2f} s = "
                   f"{len(reqs) / dt:6.1f} replies/s ({bad} failed)")
         # 2. a GRPO step with each customer, on the same tasks, interleaved
-        llm = make_user("llm", model="customer", base_url=srv.base_url, temperature=cfg.user_temperature,
-                        max_tokens=cfg.user_max_tokens, max_workers=cfg.user_concurrency)
+        llm = make_user("llm", model="customer", base_url=srv.base_url, api_key=srv.api_key,
+                        temperature=cfg.user_temperature, max_tokens=cfg.user_max_tokens, max_workers=cfg.user_concurrency)
         customers = {"llm": llm, "scripted": make_user("scripted")}
         times = {k: [] for k in customers}
         for rep in range(a.reps):

@@ -283,13 +283,20 @@ class ServedCustomer:
         self.folder = SHIPPED if spec == "demo" else Path(spec)
         self.out, self.max_model_len, self.server, self.restarts = Path(out), max_model_len, None, 0
 
-    def serve(self, log=None):
-        from demo.serve import ModelServer, ServeError, need_vllm
+    def check(self) -> "ServedCustomer":
+        """What can be known before any work: vLLM installed, a model in the folder (serve.ServeError, one line)."""
+        from demo.serve import ServeError, need_vllm
 
         need_vllm()
         if not (self.folder / "config.json").is_file():
             raise ServeError(f"no customer model in {self.folder} (no config.json): rebuild it with "
                              "`python -m demo.customer build`, or pass --user_serve FOLDER")
+        return self
+
+    def serve(self, log=None):
+        from demo.serve import ModelServer
+
+        self.check()
         t0 = time.perf_counter()
         self.server = ModelServer(self.folder, name="customer", log_path=self.out / "customer-server.log",
                                   max_model_len=self.max_model_len).start()
@@ -406,8 +413,8 @@ def measure(folder: Path, seed: int = 0, temperature: float = 0.7, log_dir: Path
                           n_test_orders=200).tasks("test")
     log_dir = Path(log_dir or tempfile.mkdtemp(prefix="muarl-customer-"))  # (never inside the repository)
     with ModelServer(folder, name="customer", log_path=log_dir / "customer-server.log") as srv:
-        user = make_user("llm", model="customer", base_url=srv.base_url, temperature=temperature, max_tokens=64,
-                         max_workers=64, seed=seed)
+        user = make_user("llm", model="customer", base_url=srv.base_url, api_key=srv.api_key, temperature=temperature,
+                         max_tokens=64, max_workers=64, seed=seed)
         g = gate(user, held_out, seed=seed)
     (log_dir / "gate-examples.json").write_text(json.dumps(g["examples"], indent=1) + "\n")
     return {"temperature": temperature, "gate_world": GATE_WORLD, "tasks": len(held_out), "fidelity": g["fidelity"],

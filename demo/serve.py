@@ -6,7 +6,7 @@ for a local model directory and talks to it over loopback with the unchanged `LL
 cannot tell this server from a hosted one.
 
     with ModelServer("runs/demo/customer", name="customer", log_path="runs/demo/customer-server.log") as srv:
-        user = make_user("llm", model=srv.name, base_url=srv.base_url)   # http://127.0.0.1:<port>/v1
+        user = make_user("llm", model=srv.name, base_url=srv.base_url, api_key=srv.api_key)  # http://127.0.0.1:PORT/v1
 
 What the context manager guarantees
 -----------------------------------
@@ -19,6 +19,8 @@ What the context manager guarantees
    (atexit) in case the caller never left the `with` block. A server is never left running behind a finished run.
 4. `alive()` says whether the process still runs; `restart()` stops and starts it again on the same port, for a run
    that would rather ride out a crash than stop.
+5. Only its owner can use it: loopback is open to every account on the machine, so it requires a random `api_key`
+   (given to vLLM as $VLLM_API_KEY: unlike a command line, no other user can read it; nor is it logged).
 
 Departures: none from the paper (which does not say how its user model was served). On a GPU the same module serves
 the same way; pass `extra_args` such as `["--gpu-memory-utilization", "0.2"]` to share the device with training.
@@ -30,6 +32,7 @@ import atexit
 import importlib.util
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -62,10 +65,12 @@ def port_taken(port: int, host: str = "127.0.0.1") -> bool:
     return False
 
 
-def served_models(base_url: str, timeout: float = 2.0) -> list[str] | None:
-    """The model names `base_url` (ending in /v1) serves, or None when it does not answer (yet)."""
+def served_models(base_url: str, timeout: float = 2.0, api_key: str | None = None) -> list[str] | None:
+    """The model names `base_url` (ending in /v1) serves, or None when it does not answer (yet, or not to this key)."""
+    auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
-        with urllib.request.urlopen(base_url.rstrip("/") + "/models", timeout=timeout) as r:
+        with urllib.request.urlopen(urllib.request.Request(base_url.rstrip("/") + "/models", headers=auth),
+                                    timeout=timeout) as r:
             return [m.get("id") for m in json.loads(r.read()).get("data", [])]
     except (OSError, ValueError, AttributeError):  # refused, reset, timed out, not JSON, not the OpenAI shape
         return None
@@ -118,6 +123,7 @@ class ModelServer:
         self.model_dir, self.name, self.log_path = Path(model_dir), name, Path(log_path)
         self.port, self.max_model_len, self.start_timeout = port, max_model_len, start_timeout
         self.extra_args, self.command, self.proc = tuple(extra_args), command, None
+        self.api_key = secrets.token_urlsafe(32)  # what a client must send (point 5); kept across restarts
 
     @property
     def base_url(self) -> str:
@@ -147,14 +153,14 @@ class ModelServer:
         # Its own session (process group): stopping it stops vLLM's worker processes too. In-process engine core:
         # one process fewer to start and stop on a small machine.
         env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE":
-               os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
+               os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"), "VLLM_API_KEY": self.api_key}
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                                      start_new_session=True)
         log.close()  # the child holds its own descriptor
         atexit.register(self.stop)
         t0 = time.monotonic()
         while True:  # ready = /v1/models names our model; died = the process ended; else wait, up to the timeout
-            models = served_models(self.base_url)
+            models = served_models(self.base_url, api_key=self.api_key)
             if models is not None and self.name in models:
                 return self
             if (rc := self.proc.poll()) is not None:
@@ -219,8 +225,8 @@ if __name__ == "__main__":
     try:
         with ModelServer(d / "model", name="tiny-customer", log_path=d / "server.log", max_model_len=1024) as srv:
             print(f"serving on {srv.base_url} after {time.perf_counter() - t0:.1f} s; models: "
-                  f"{served_models(srv.base_url)}")
-            user = make_user("llm", model=srv.name, base_url=srv.base_url, max_tokens=16, temperature=1.0)
+                  f"{served_models(srv.base_url, api_key=srv.api_key)}; without its key: {served_models(srv.base_url)}")
+            user = make_user("llm", model=srv.name, base_url=srv.base_url, api_key=srv.api_key, max_tokens=16)
             print("an untrained customer says:", repr(user.complete(simulator_messages("You want a refund.", []))))
     except ServeError as e:
         print("could not serve:", e)

@@ -43,7 +43,7 @@ from pathlib import Path
 
 from domains.acebench_apps import APPS, SCORED
 from domains.base import Call, Task, World
-from tools import ParsedTurn
+from tools import CALC_BITS, ParsedTurn
 
 EXECUTE = "execute"  # the pseudo-tool: its one argument, "message", is the agent's whole text
 FINISH = "finish conversation"
@@ -68,6 +68,27 @@ _BINOPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
            ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow, ast.BitAnd: operator.and_,
            ast.BitOr: operator.or_, ast.BitXor: operator.xor, ast.LShift: operator.lshift, ast.RShift: operator.rshift}
 _UNOPS = {ast.USub: operator.neg, ast.UAdd: operator.pos, ast.Invert: operator.invert, ast.Not: operator.not_}
+MAX_LEN = 100_000  # the longest str, bytes, list or tuple an argument's arithmetic may build
+
+
+def _too_large(op, a, b) -> bool:
+    """Would a `op` b exceed the budget? Known from the operands' sizes before it is computed (tools.calculate's rule):
+    a nested power or a repetition grows exponentially with the text, ((((3**64)**64)**64)**64)**64 is 1.7 billion
+    bits, ('a'*99999)*9999 a gigabyte, and both run in C holding Python's lock: checking the result comes too late."""
+    ints, seq = isinstance(a, int) and isinstance(b, int), (str, bytes, list, tuple)
+    if op is ast.Pow:
+        return ints and b > 0 and abs(a) > 1 and b * a.bit_length() > CALC_BITS
+    if op is ast.LShift:
+        return ints and a != 0 and a.bit_length() + b > CALC_BITS
+    if op is ast.Mult and ints:
+        return a.bit_length() + b.bit_length() > CALC_BITS
+    if op is ast.Mult and isinstance(a, seq) != isinstance(b, seq):  # a repetition: 'ab' * 3, 3 * [0]
+        n, times = (len(a), b) if isinstance(a, seq) else (len(b), a)
+        return isinstance(times, int) and n * times > MAX_LEN
+    if op is ast.Mod and isinstance(a, (str, bytes)):  # printf-style widths: '%0999999999d' % 1 is a gigabyte
+        return b"*" in (a if isinstance(a, bytes) else a.encode()) or \
+            sum(map(int, re.findall(r"\d+", a if isinstance(a, str) else a.decode("latin-1")))) > MAX_LEN
+    return False
 
 
 def _arith(node):
@@ -86,8 +107,10 @@ def _arith(node):
             raise _Unsupported("exponent too large")
         if isinstance(node.op, ast.LShift) and isinstance(b, int) and b > 64:
             raise _Unsupported("shift too large")
+        if _too_large(type(node.op), a, b):  # refused before it is computed, not measured after
+            raise _Unsupported("result too large")
         out = _BINOPS[type(node.op)](a, b)
-        if isinstance(out, (str, bytes, list, tuple)) and len(out) > 100_000:
+        if isinstance(out, (str, bytes, list, tuple)) and len(out) > MAX_LEN:
             raise _Unsupported("result too large")
         return out
     raise _Unsupported(f"{type(node).__name__} in an expression")

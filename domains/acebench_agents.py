@@ -25,6 +25,7 @@ import re
 from concurrent.futures import ThreadPoolExecutor
 
 import chat
+from tools import as_text
 from domains.acebench import EXECUTE, FINISH, AceWorld, build_world as _build, routes_to_execution
 from domains.base import Bench
 
@@ -135,6 +136,7 @@ def openai_complete(model: str, base_url=None, api_key=None, workers: int = 8, *
 
     def one(messages):
         try:
+            messages = [{**m, "content": as_text(m["content"])} for m in messages]  # look-alikes stay text
             return client.chat.completions.create(model=model, messages=messages, **kw).choices[0].message.content or ""
         except Exception as e:  # noqa: BLE001 - an endpoint failure aborts this episode, not the evaluation
             return e
@@ -155,8 +157,11 @@ def engine_complete(engine, tokenizer, max_new_tokens: int = 1024, temperature: 
     eot = chat.end_of_turn_id(tokenizer)
 
     def complete(episodes, prompts):
-        ids = [tokenizer.encode(tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True),
-                                add_special_tokens=False) for p in prompts]
+        # chat.py's rule for untrusted content: a message holding special-token strings (a customer's words, an
+        # execution result) is set aside while the template renders and put back as text, never as live markers
+        held = [chat._set_aside(tokenizer, p) for p in prompts]
+        ids = [chat._encode_rendered(tokenizer, tokenizer.apply_chat_template(msgs, tokenize=False,
+                                     add_generation_prompt=True), aside) for msgs, aside in held]
         samples = engine.generate(ids, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
                                   stop_token_ids=[eot])
         texts = [tokenizer.decode([t for t in s.token_ids if t != eot], skip_special_tokens=True) for s in samples]

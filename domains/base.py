@@ -293,8 +293,12 @@ class Env:
         """(output, error) of one tool call, under the world's time budget (world.tool_seconds).
 
         The tool runs on its own thread while this one waits: past the budget, the caller gets an error, as from a
-        real service that timed out, and a running SQL statement is interrupted. Python code cannot be killed, so a
-        runaway pure-Python tool runs on, abandoned; generic tools are bounded by construction (tools.calculate)."""
+        real service that timed out, and a running SQL statement is interrupted. What a thread cannot do is stop
+        code that holds Python's lock (a big power, Decimal or mpmath precision, a catastrophic regex): the waiting
+        thread cannot even wake up until it lets go. So every tool that computes on a number the model chose is
+        bounded by construction, refusing before it works: tools.calculate, ACEBench's argument arithmetic
+        (acebench._too_large), BFCL's MathAPI (bfcl.too_costly); the world tools are lookups linear in their
+        arguments, which Env.call caps at TOOL_CHARS (tests/test_fuzz.py plays them all)."""
         box: dict = {}
 
         def work():

@@ -47,6 +47,10 @@ Departures from BFCL's own harness (the score itself is BFCL's checker, unchange
 6. `excluded_function` (18 entries per category) is ignored, as BFCL's own pipeline ignores it. BFCL has no
    training split: `tasks("train")` is the benchmark itself (training on it is for trying the pipeline, not for
    reporting the benchmark), and training runs muarl's rule of one call per step (RolloutConfig.all_calls off).
+7. Work that would blow muarl's tool budget is refused before it runs, where BFCL would run it: arguments over
+   TOOL_CHARS, and MathAPI calls whose cost grows without bound with a number (`too_costly`: power(3, 20000000)
+   took 11.8 s, square_root(2, precision=10**6) 11 s, both holding Python's lock, so no deadline could stop
+   them). The refusal is the call's observation ("Error during execution: ..."), and the checker never re-runs it.
 
 Where the data comes from, and how BFCL's function docs become tool schemas and its gold call strings become tool
 calls: domains/bfcl_data.py.
@@ -58,12 +62,32 @@ import copy
 import json
 import uuid
 
-from domains.base import Bench, Call, Env, Task, World
+from domains.base import TOOL_CHARS, Bench, Call, Env, Task, World, _size
+from tools import CALC_BITS  # the largest int result a call may ask for (bits), as tools.calculate
 from domains.bfcl_data import (CATEGORIES, NAME, _jsonl, _methods, backend_config, load_classes, load_tasks,
                                openai_schema, wheel_root)
 
 STOP = "###STOP###"  # user_sim.STOP (user_sim imports domains, so this file cannot import it)
 BLOCKED = ("kill", "exit", "quit", "remove", "unlink", "popen", "Popen", "run")  # BFCL refuses them before eval
+DIGITS = 10_000  # the most digits of precision (square_root, logarithm) or of rounding (round_number) a call may ask
+PRECISION = {"square_root": "precision", "logarithm": "precision", "round_number": "decimal_places"}
+
+
+def too_costly(name, arguments) -> str | None:
+    """Why running this call would blow the tool budget, known from its arguments before it runs, or None.
+
+    MathAPI computes exactly what it is asked, in C code that holds Python's lock (a big int, Decimal, mpmath): the
+    cost of power(b, e) grows with e * bits(b), of a precision or a rounding with its digits. So the rule is
+    tools.calculate's: bound the result's size up front. Every other BFCL tool is linear in its (bounded) input."""
+    a = arguments if isinstance(arguments, dict) else {}
+    base, exp = a.get("base"), a.get("exponent")
+    if name == "power" and isinstance(base, int) and isinstance(exp, int) and exp > 0 and abs(base) > 1 \
+            and exp * base.bit_length() > CALC_BITS:
+        return f"the result would exceed {CALC_BITS:,} bits"
+    key = PRECISION.get(name)
+    if key and isinstance(a.get(key), (int, float)) and not abs(a[key]) <= DIGITS:  # (NaN and inf: refused too)
+        return f"{key} {a[key]!r} exceeds the budget of {DIGITS:,} digits"
+    return None
 
 # ---------------------------------------------------------------------------------------------------------------
 # The environment: one episode's backend instances
@@ -100,6 +124,10 @@ class BFCLEnv(Env):
             out = f"Error during execution: arguments of {name} must be a JSON object"
         elif (word := _non_finite(list(arguments.values()))) is not None:  # JSON's NaN / Infinity: their repr
             out = f"Error during execution: name '{word}' is not defined"  # is a name BFCL's eval() cannot read
+        elif (size := _size(arguments)) > TOOL_CHARS:  # muarl's size budget (departure 7)
+            out = f"Error during execution: arguments of {name} too large ({size} characters, at most {TOOL_CHARS})"
+        elif why := too_costly(name, arguments):  # refused before it runs (departure 7)
+            out = f"Error during execution: {name} refused: {why}"
         else:
             try:  # a copy: a backend may keep or mutate what it is given, the episode's record must not change
                 result = fn(**copy.deepcopy(arguments))
@@ -147,9 +175,12 @@ def _as_json(d: dict) -> str:
 def call_string(call: dict, methods: dict) -> str | None:
     """A call as BFCL's decoder writes it (convert_to_function_call: name(k=repr(v),...)), or None when it names
     no method of the task's classes or has a key that is no identifier: the checker eval()s these strings, so
-    only names and keys that cannot be code get through (values are repr'd JSON: literals)."""
+    only names and keys that cannot be code get through (values are repr'd JSON: literals). A call the env
+    refused for its budget is None too: the checker runs what it is given, without a budget."""
     name, args = call.get("name"), call.get("arguments")
     if name not in methods or not isinstance(args, dict) or not all(str(k).isidentifier() for k in args):
+        return None
+    if _size(args) > TOOL_CHARS or too_costly(name, args):
         return None
     return f"{name}({','.join(f'{k}={v!r}' for k, v in args.items())})"
 

@@ -1,4 +1,5 @@
-"""Shared test fixtures: where ../shared/tau2 is, and a skip marker for tests that need it."""
+"""Shared test fixtures: where ../shared/tau2 is, a skip marker for tests that need it, and a guard: the suite leaves
+the checkout as it found it (issue 25: a test's run set a user's own runs/muarl aside)."""
 
 import sys
 from pathlib import Path
@@ -21,3 +22,37 @@ def _private_cache(tmp_path_factory):
     if not os.environ.get("MUARL_CACHE"):
         os.environ["MUARL_CACHE"] = str(tmp_path_factory.mktemp("muarl-cache"))
     yield
+
+
+def checkout_state() -> dict:
+    """Every file git does not track (untracked and ignored: runs/, logs, caches) with its size and mtime, and the
+    status of the tracked ones. Byte-code caches are left out: importing a module may write them."""
+    import os
+    import subprocess
+
+    lines = subprocess.run(["git", "status", "--porcelain", "--ignored", "--untracked-files=all"], cwd=REPO,
+                           capture_output=True, text=True, check=True).stdout.splitlines()
+    state = {}
+    for line in lines:
+        path = line[3:]
+        if "__pycache__" in path or path.startswith(".pytest_cache"):
+            continue
+        st = os.stat(REPO / path) if (REPO / path).is_file() else None
+        state[path] = (line[:2], st and st.st_size, st and st.st_mtime_ns)
+    return state
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _checkout_unchanged():
+    # Tests write only under pytest's tmp_path: a run started in the checkout with the default --out_dir would set
+    # aside (or write into) the user's own runs/. Checked once, after every test (and every subprocess it started).
+    import shutil
+
+    if shutil.which("git") is None or not (REPO / ".git").exists():
+        yield
+        return
+    before = checkout_state()
+    yield
+    after = checkout_state()
+    changed = sorted(p for p in before.keys() | after.keys() if before.get(p) != after.get(p))
+    assert not changed, f"the test suite changed the checkout: {changed[:10]}"

@@ -21,7 +21,7 @@ class FakeServer:
     def __init__(self, model="tiny", context=2048, tools=True, reply="Hello, how can I help?", fail=None,
                  extra_tokens=0):
         self.model, self.context, self.tools, self.reply, self.fail = model, context, tools, reply, fail
-        self.extra_tokens, self.requests = extra_tokens, []
+        self.extra_tokens, self.requests, self.keys = extra_tokens, [], []  # keys: each request's Authorization
         srv = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -37,12 +37,14 @@ class FakeServer:
                 self.wfile.write(data)
 
             def do_GET(self):
+                srv.keys.append(self.headers.get("Authorization"))
                 if self.path != "/v1/models":
                     return self._send(404, {"detail": "Not Found"})
                 self._send(200, {"object": "list", "data": [{"id": srv.model, "object": "model", "owned_by": "vllm",
                                                              "max_model_len": srv.context}]})
 
             def do_POST(self):
+                srv.keys.append(self.headers.get("Authorization"))
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 if self.path != "/v1/chat/completions":
                     return self._send(404, {"detail": "Not Found"})

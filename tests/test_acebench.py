@@ -132,13 +132,16 @@ def test_missing_data_is_one_clear_line(monkeypatch, tmp_path):
     import eval as ev
 
     with pytest.raises(FileNotFoundError, match="ACEBench Agent data not found") as e:  # eval.py's __main__: 1 line
-        ev.main(["--bench", "acebench_agent", "--agent", "oracle"])
+        ev.main(["--bench", "acebench_agent", "--agent", "oracle", "--out", str(tmp_path / "t.jsonl")])
     assert "\n" not in str(e.value)
     env = dict(os.environ, ACEBENCH_DIR=str(tmp_path / "nowhere"))  # an explicit folder is the only one tried
-    run = subprocess.run([sys.executable, "muarl.py", "--domains", "acebench_agent", "--model", "tiny"],
-                         capture_output=True, text=True, env=env, cwd=REPO)
+    # never the default runs/muarl: a test writes nothing inside the checkout (issue 25: it set a user's run aside)
+    out = tmp_path / "run"
+    run = subprocess.run([sys.executable, "muarl.py", "--domains", "acebench_agent", "--model", "tiny", "--out_dir",
+                          str(out)], capture_output=True, text=True, env=env, cwd=REPO)
     assert run.returncode == 2 and run.stderr.startswith("muarl: ACEBench Agent data not found")
     assert run.stderr.strip().count("\n") == 0, run.stderr
+    assert not out.exists()  # stopped on missing data: nothing set aside, nothing written
 
 
 @needs_data
@@ -180,9 +183,25 @@ def test_an_endpoint_agent_sees_acebench_s_prompt(monkeypatch):
 
     monkeypatch.setattr(openai, "OpenAI", Stub)
     m = ev.main(["--bench", "acebench_agent", "--agent", "openai", "--agent_model", "stub", "--user", "fixed",
-                 "--tasks", "1", "--out", os.devnull, "--preflight", "0"])  # (a stub client, not a server to check)
+                 "--tasks", "1", "--out", os.devnull, "--preflight", "0",  # (a stub client, not a server to check)
+                 "--agent_api_key", "k"])  # OpenAI's endpoint needs its key (issue 25: "EMPTY" went there before)
     assert m["episodes"] == 1 and m["aborted"] == 0 and len(seen) >= 2
     messages, kw = seen[0]
     assert [x["role"] for x in messages] == ["system", "user"] and kw == {"temperature": 0.001, "top_p": 1,
                                                                            "max_tokens": 1000}
     assert messages[1]["content"].startswith("Below is the list of APIs you can use:\n [{'name': 'turn_on_wifi'")
+
+
+@pytest.mark.parametrize("expr", ["((((3**64)**64)**64)**64)**64", "('a'*99999)*9999", "[0]*10**9",
+                                  "'%0999999999d' % 1", "(2**64)**64**1", "(1<<64)<<64<<64<<64" * 1])
+def test_argument_arithmetic_is_refused_before_it_blows_the_budget(expr):
+    # issue 25: the first did not finish in 60 s, the second built 1 GB before its length was checked
+    import time
+
+    t0 = time.perf_counter()
+    text = f"[send_message(sender_name='Eve', receiver_name='Bob', message={expr})]"
+    ok = acebench.decodes(text)
+    assert time.perf_counter() - t0 < 1.0
+    if not ok:  # refused: not a call, exactly as an undecodable message
+        assert not acebench.routes_to_execution(text)
+    assert acebench.decodes("[send_message(sender_name='Eve', receiver_name='Bob', message='ab'*3)]")

@@ -255,16 +255,19 @@ def test_category_filter_and_a_bad_category(capsys):
         main(["--bench", bfcl.NAME, "--category", "nope", "--agent", "oracle", "--out", os.devnull])
 
 
-def test_missing_wheel_is_one_line_saying_how_to_get_it():
+def test_missing_wheel_is_one_line_saying_how_to_get_it(tmp_path):
     code = ("import sys, runpy; sys.modules['bfcl_eval'] = None; sys.argv = ['eval.py', '--bench', "
-            f"'{bfcl.NAME}', '--agent', 'oracle']; runpy.run_path('eval.py', run_name='__main__')")
+            f"'{bfcl.NAME}', '--out', {str(tmp_path / 'run')!r}, '--agent', 'oracle']; "
+            "runpy.run_path('eval.py', run_name='__main__')")
     r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert r.returncode != 0 and r.stderr.strip().count("\n") == 0, r.stderr
     assert "pip install --no-deps bfcl-eval==2026.3.23" in r.stderr and "Traceback" not in r.stderr
     code = code.replace("eval.py", "muarl.py").replace("'--bench'", "'--domains'").replace(", '--agent', 'oracle'", "")
+    code = code.replace("'--out'", "'--out_dir'")
     r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and r.stderr.strip().count("\n") == 0, r.stderr
     assert "pip install --no-deps bfcl-eval==2026.3.23" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "run").exists()  # stopped on a missing wheel: nothing written
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -376,3 +379,68 @@ def test_muarl_trains_one_step_on_bfcl(tmp_path):
     log = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
     steps = [r for r in log if "reward" in r and r.get("phase") != "eval"]
     assert steps and "GRPO (1 steps)" in results and results["GRPO (1 steps)"]["episodes"] == 2
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The tool budget (issue 25): work that would hold the rollout for minutes is refused before it runs, and the
+# checker never re-runs it. Wheel-free: a stand-in for MathAPI with BFCL's own code for the three methods.
+
+
+class SlowMath:
+    """BFCL's MathAPI.power / square_root / logarithm, as it writes them (exact, unbounded)."""
+
+    def power(self, base: float, exponent: float):
+        return {"result": base**exponent}
+
+    def square_root(self, number: float, precision: int):
+        from decimal import Decimal, getcontext
+
+        getcontext().prec = precision
+        return {"result": Decimal(number).sqrt()}
+
+    def round_number(self, number: float, decimal_places: int = 0):
+        return {"result": round(number, decimal_places)}
+
+
+@pytest.mark.parametrize("name,args", [
+    ("power", {"base": 3, "exponent": 20_000_000}),  # 11.8 s before
+    ("power", {"base": 10**4000, "exponent": 100}),
+    ("square_root", {"number": 2, "precision": 1_000_000}),  # 11 s before
+    ("square_root", {"number": 2, "precision": 1e6}),
+    ("round_number", {"number": 5, "decimal_places": -10**8}),
+])
+def test_costly_math_is_refused_before_it_runs(name, args):
+    import time
+
+    world = bfcl.BFCLWorld([], {"MathAPI": SlowMath})
+    env = world.new_env()
+    env.methods = dict(bfcl._methods(SlowMath()))
+    t0 = time.perf_counter()
+    out = env.call(name, args)
+    assert time.perf_counter() - t0 < 1.0 and out.startswith("Error during execution") and "refused" in out
+    assert bfcl.call_string({"name": name, "arguments": args}, env.methods) is None  # never to the checker
+    # within the budget: computed, as BFCL computes it
+    small = {"power": {"base": 3, "exponent": 20}, "square_root": {"number": 2, "precision": 50},
+             "round_number": {"number": 5.123, "decimal_places": 2}}[name]
+    assert "Error" not in env.call(name, small) and bfcl.call_string({"name": name, "arguments": small}, env.methods)
+
+
+def test_oversized_arguments_are_refused():
+    env = bfcl.BFCLWorld([], {"MathAPI": SlowMath}).new_env()
+    env.methods = dict(bfcl._methods(SlowMath()))
+    out = env.call("power", {"base": 2, "exponent": 3, "pad": "x" * 200_000})
+    assert "too large" in out and bfcl.call_string({"name": "power", "arguments": {"base": 2, "pad": "x" * 200_000}},
+                                                   env.methods) is None
+
+
+@needs_bfcl
+def test_the_real_math_api_refuses_the_issues_calls_within_budget(world):
+    import time
+
+    task = next(t for t in world.tasks() if "MathAPI" in t.raw["entry"]["involved_classes"])
+    env = world.new_env(task)
+    for name, args in [("power", {"base": 3, "exponent": 20_000_000}),
+                       ("square_root", {"number": 2, "precision": 1_000_000}),
+                       ("logarithm", {"value": 10, "base": 2, "precision": 10**7})]:
+        t0 = time.perf_counter()
+        assert "refused" in env.call(name, args) and time.perf_counter() - t0 < 1.0

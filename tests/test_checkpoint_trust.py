@@ -57,7 +57,7 @@ DAMAGE = {
 }
 
 
-@pytest.mark.parametrize("name", ["model.pt", "optim.pt", "state.pt", "manifest.json"])
+@pytest.mark.parametrize("name", ["model.pt", "optim.pt", "state.json", "manifest.json"])
 @pytest.mark.parametrize("how", list(DAMAGE))
 def test_a_damaged_checkpoint_is_named_and_the_one_before_it_is_used(tmp_path, capsys, name, how):
     out = saved_run(tmp_path)
@@ -137,3 +137,91 @@ def test_cli_no_usable_checkpoint_is_one_line_and_exit_2(tmp_path):
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
     assert r.stderr.strip().splitlines()[-1].startswith("muarl: no usable checkpoint")
     assert (out / "log.jsonl").read_text().count("\n") == 1  # nothing started, nothing written
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A checkpoint from elsewhere (issue 25): loading it runs nothing, and its manifest reaches nothing outside the run
+
+
+class Boom:
+    """Unpickling this calls os.system: what a planted checkpoint file would carry."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+def replant(ck, **manifest):
+    """Recompute ck's manifest over the files now there (what anyone can do: it detects damage, not intent)."""
+    from checkpoint import _manifest, _sha256
+
+    body = json.loads((ck / "manifest.json").read_text())
+    body.pop("check")
+    names = [p.name for p in ck.iterdir() if p.name != "manifest.json"]
+    body["files"] = {n: [[(ck / n).stat().st_size, _sha256(ck / n)]] for n in names}
+    (ck / "manifest.json").write_text(_manifest({**body, **manifest}))
+
+
+@pytest.mark.parametrize("name", ["model.pt", "optim.pt", "state.pt"])
+def test_a_planted_pickle_runs_nothing_on_resume(tmp_path, capsys, name):
+    out, marker = saved_run(tmp_path), tmp_path / "pwned"
+    ck = out / "checkpoints" / "step-000002"
+    torch.save({"state": {}, "param_groups": [], "x": Boom(marker)}, ck / name)
+    replant(ck)
+    assert damage(out / "checkpoints" / "step-000001") is None
+    if name == "state.pt":  # the old format: a pickle beside the JSON is refused whole, the step before it used
+        assert resume(out) == (1, 1.0) and "'state.pt', no file of a run" in capsys.readouterr().err
+    else:  # its checksums match: loading it is refused (one line), before anything in it runs
+        with pytest.raises(ValueError, match="holds more than tensors") as e:
+            resume(out)
+        assert "\n" not in str(e.value)
+    assert not marker.exists()
+
+
+def test_a_pickled_checkpoint_is_one_line_at_the_cli(tmp_path):
+    out, marker = saved_run(tmp_path, steps=(1,)), tmp_path / "pwned"
+    ck = out / "checkpoints" / "step-000001"
+    torch.save(Boom(marker), ck / "optim.pt")
+    replant(ck)
+    r = run_cli(["--model", "tiny", "--out_dir", str(out), "--resume"], timeout=120)
+    assert r.returncode == 2 and "Traceback" not in r.stderr and "holds more than tensors" in r.stderr, r.stderr[-2000:]
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("where", ["../../victim.txt", "ABSOLUTE", "../log.jsonl", "checkpoints/../../victim.txt"])
+def test_manifest_names_outside_the_run_touch_nothing(tmp_path, capsys, where):
+    out = saved_run(tmp_path)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    name = str(victim) if where == "ABSOLUTE" else where
+    ck = out / "checkpoints" / "step-000002"
+    logs = json.loads((ck / "manifest.json").read_text())["logs"]
+    replant(ck, logs={**logs, name: 0})
+    assert "no file of a run" in damage(ck)
+    assert resume(out) == (1, 1.0)  # passed over, named, like a damaged one
+    assert "step-000002" in capsys.readouterr().err and victim.read_text() == "precious\n"
+    with pytest.raises(ValueError, match="outside the run folder"):  # a path handed to load_checkpoint directly
+        m = model_at(0)
+        load_checkpoint(out, m, torch.optim.AdamW(m.parameters()), TaskSampler(list(range(9)), 0), 1, path=ck)
+    assert victim.read_text() == "precious\n"
+    # the same for a checkpoint file name: it is hashed, so it could be read from anywhere
+    replant(ck)
+    body = json.loads((ck / "manifest.json").read_text())
+    body.pop("check")
+    from checkpoint import _manifest
+
+    (ck / "manifest.json").write_text(_manifest({**body, "files": {**body["files"], name: [[9, "0" * 64]]}}))
+    assert "no file of a run" in damage(ck)
+
+
+def test_a_linked_log_is_not_followed_out_of_the_run(tmp_path):
+    out = saved_run(tmp_path)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n" * 100)
+    (out / "samples.txt").symlink_to(victim)  # a run folder shared with a link where a log was
+    ck = out / "checkpoints" / "step-000002"
+    replant(ck, logs={"log.jsonl": 1, "samples.txt": 0})
+    resume(out)
+    assert victim.read_text() == "precious\n" * 100

@@ -5,6 +5,7 @@ The servers here are real loopback sockets (127.0.0.1), each bounded in time. Be
 each read, so a server that trickles a byte a second held a request indefinitely (120 s seen with timeout 2)."""
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -121,7 +122,8 @@ def test_customer_statistics_are_in_the_step_log(tmp_path):
 
 
 def run_eval(args):
-    return subprocess.run([sys.executable, "eval.py", *args], cwd=REPO, capture_output=True, text=True, timeout=240)
+    return subprocess.run([sys.executable, "eval.py", *args, "--out", os.devnull], cwd=REPO, capture_output=True,
+                          text=True, timeout=240)  # (--out: never the default runs/eval inside the checkout)
 
 
 @pytest.mark.parametrize("args,says", [

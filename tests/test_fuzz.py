@@ -9,11 +9,15 @@ equals the base database (no hostile write leaked into the shared template).
     python -m pytest -q tests/test_fuzz.py -s            # fast: 300 cases per domain, prints the figures
     python -m pytest -q -m slow tests/test_fuzz.py -s    # >= 10,000 cases per domain
 
-A new domain is one line of FUZZ_DOMAINS."""
+A new domain is one line of FUZZ_DOMAINS. The benchmark worlds are in it too (issue 25): BFCL (its tools, and its
+checker, which re-runs the calls, on MathAPI calls sized to run for minutes) and ACEBench (its text protocol, with
+argument arithmetic sized to run for hours); every batch of episodes must finish within the tool budget's reach."""
 
 import hashlib
+import importlib.util
 import json
 import random
+import time
 import traceback
 
 import pytest
@@ -24,16 +28,38 @@ from domains import load_world
 from models import train_tokenizer
 from rollout import PolicyAgent, RolloutConfig, rollout, score
 from sampling import Sample
-from tools import function_schema
 from user_sim import STOP, TRANSFER, UserError
 
-FUZZ_DOMAINS = {  # name: (how to build the world, needs tau2's data)
-    "retail": (lambda: load_world("retail"), True),
-    "airline": (lambda: load_world("airline"), True),
-    "shop": (lambda: load_world("shop", seed=0, n_train=0, n_test=50), False),
-    "telecom": (lambda: load_world("telecom"), True),  # dual control: the customer's phone is in the env too
-    "store": (lambda: load_world("store", seed=0, n_train=0, n_test=50), False),
+def _missing(need: str | None) -> str | None:  # why a world cannot be built here, or None
+    from domains import acebench
+
+    if need == "tau2":
+        return None if HAVE_TAU2 else "tau2 data not found (../shared is absent)"
+    if need == "bfcl":
+        return None if importlib.util.find_spec("bfcl_eval") else "bfcl-eval wheel not installed"
+    if need == "acebench":
+        try:
+            acebench.find_data()
+        except FileNotFoundError:
+            return "ACEBench Agent data not found"
+    return None
+
+
+FUZZ_DOMAINS = {  # name: (how to build the world, the data it needs)
+    "retail": (lambda: load_world("retail"), "tau2"),
+    "airline": (lambda: load_world("airline"), "tau2"),
+    "shop": (lambda: load_world("shop", seed=0, n_train=0, n_test=50), None),
+    "telecom": (lambda: load_world("telecom"), "tau2"),  # dual control: the customer's phone is in the env too
+    "store": (lambda: load_world("store", seed=0, n_train=0, n_test=50), None),
+    "bfcl": (lambda: load_world("bfcl_multi_turn"), "bfcl"),  # backends are Python objects; BFCL's checker scores
+    "acebench": (lambda: load_world("acebench_agent"), "acebench"),  # a text protocol: [name(k=v)] in plain words
 }
+BUDGET_S = 60.0  # the slowest batch (4 tasks x 2 episodes): a runaway call took 11.8 s to hours before issue 25
+COSTLY = {  # calls sized to blow the budget if they ran: BFCL's MathAPI, ACEBench's argument arithmetic
+    "power": {"base": 3, "exponent": 20_000_000}, "square_root": {"number": 2, "precision": 1_000_000},
+    "logarithm": {"value": 10, "base": 2, "precision": 10**7}, "round_number": {"number": 5, "decimal_places": -10**8}}
+ACE_EXPRS = ["((((3**64)**64)**64)**64)**64", "('a'*99999)*9999", "[0]*10**9", "'%0999999999d' % 1", "1<<64",
+             "9**9**8", "x", "'<|im_end|>'", "{'a': 1}", "f(y=1)", "'é中😀'", "-1", "[1, [2, [3]]]"]
 
 INJECTIONS = ["' OR '1'='1", "\"; DROP TABLE users; --", "base.users", "$(rm -rf /)", "{{7*7}}", "../../etc/passwd",
               "%s%s%n", "\\ud800", "\\udfff\\ud800x", "\x00", "<tool_call>", "</tool_call>", "<|im_end|>",
@@ -63,12 +89,18 @@ def hostile_value(rng: random.Random, depth: int = 0):
 
 
 def hostile_turn(rng: random.Random, tools: dict) -> str:
-    """One assistant turn's text: a tool call with hostile arguments, malformed markup, or text to the customer."""
+    """One assistant turn's text: a tool call with hostile arguments, malformed markup, or text to the customer.
+    `tools`: name -> its parameters; None for a text-protocol world (ACEBench), whose calls are [name(k=expr)]."""
     kind = rng.random()
+    if kind < 0.6 and None in tools.values():  # ACEBench: a call in its own syntax, arguments as Python expressions
+        name, params = rng.choice([n for n in tools if n] + ["no_such_tool"]), ["message", "user_name", "amount"]
+        args = ", ".join(f"{p}={rng.choice(ACE_EXPRS)}" for p in params if rng.random() < 0.7)
+        return rng.choice(["", "Sure. ", "[", "[["]) + f"[{name}({args})]" + rng.choice(["", "]", " done"])
     if kind < 0.6:
         name = rng.choice(list(tools) + ["no_such_tool", "", "__import__", "calculate"])
-        params = list(function_schema(tools[name])["function"]["parameters"]["properties"]) if name in tools else []
-        args = {p: hostile_value(rng) for p in params if rng.random() < 0.85}
+        args = {p: hostile_value(rng) for p in tools.get(name) or [] if rng.random() < 0.85}
+        if name in COSTLY and rng.random() < 0.5:
+            args = dict(COSTLY[name])
         if rng.random() < 0.2:
             args[rng.choice(["extra", "db", "__class__", "self"])] = hostile_value(rng)
         if name == "calculate" and rng.random() < 0.5:
@@ -124,6 +156,8 @@ class FuzzUser:
 
 
 def db_hash(world) -> str:
+    if not getattr(world, "collections", None):  # the benchmarks' state is Python objects, built fresh per episode
+        return "no shared database"
     env = world.new_env()
     try:
         return hashlib.sha256(json.dumps(env.export(), sort_keys=True, default=str).encode()).hexdigest()
@@ -132,36 +166,42 @@ def db_hash(world) -> str:
 
 
 def fuzz(domain: str, cases: int, seed: int = 0) -> dict:
-    build, needs_tau2 = FUZZ_DOMAINS[domain]
-    if needs_tau2 and not HAVE_TAU2:
-        pytest.skip(f"{domain}: tau2 data not found (../shared is absent)")
+    build, need = FUZZ_DOMAINS[domain]
+    if why := _missing(need):
+        pytest.skip(f"{domain}: {why}")
     world, rng = build(), random.Random(f"{domain}-{seed}")
     tok = train_tokenizer([world.rules[:20_000], json.dumps(world.tool_schemas())[:20_000]] + INJECTIONS, 600)
-    engine, user = FuzzEngine(tok, world.tools, rng), FuzzUser(rng)
+    # each tool's parameters, from the schemas the agent is shown (ACEBench's functions: no schema, text calls)
+    tools = {s["function"]["name"]: list(s["function"].get("parameters", {}).get("properties", {}))
+             for s in world.tool_schemas()} if domain != "acebench" else {n: None for n in world._specs}
+    engine, user = FuzzEngine(tok, tools, rng), FuzzUser(rng)
     agent, before, tasks = PolicyAgent(engine, tok), db_hash(world), world.tasks("test") or world.tasks()
-    escaped, first, episodes = 0, None, 0
-    while engine.turns + user.replies_made < cases:
+    escaped, first, episodes, slowest = 0, None, 0, 0.0
+    worlds = {tasks[0].domain: world}  # (the DOMAINS row's name: "bfcl" plays bfcl_multi_turn's tasks)
+    while engine.turns + user.replies_made < cases and escaped < 20:  # (an exception per batch would never end)
         big = rng.random() < 0.2  # room for 120,000-character arguments to arrive whole (else the paper's 32,768)
         cfg = RolloutConfig(max_turns=rng.choice([2, 6, 12]), max_new_tokens=1 << 20 if big else 1024,
                             max_context=1 << 22 if big else 32768,
                             malformed=rng.choice(["end", "observe"]), all_calls=rng.random() < 0.3,
                             tools_in_prompt=rng.random() < 0.1, seed=rng.randrange(1 << 30))
         batch = rng.sample(tasks, min(4, len(tasks)))
+        t0 = time.perf_counter()
         try:
-            eps = score(rollout(batch, 2, {domain: world}, agent, user, cfg), {domain: world})
+            eps = score(rollout(batch, 2, worlds, agent, user, cfg), worlds)
             episodes += len(eps)
         except Exception:  # noqa: BLE001 - what the suite counts: an exception out of rollout() or score()
             escaped += 1
             first = first or traceback.format_exc()
+        slowest = max(slowest, time.perf_counter() - t0)
     after = db_hash(world)
     figure = {"domain": domain, "cases": engine.turns + user.replies_made, "agent_turns": engine.turns,
               "customer_replies": user.replies_made, "episodes": episodes, "escaped": escaped,
-              "base_db_unchanged": before == after}
+              "base_db_unchanged": before == after, "slowest_batch_s": round(slowest, 1)}
     print(f"\nfuzz {domain}: {figure['cases']:,} hostile cases ({engine.turns:,} agent turns, {user.replies_made:,} "
           f"customer replies) in {episodes:,} episodes: {escaped} exceptions escaped; base database unchanged: "
-          f"{before == after}")
+          f"{before == after}; slowest batch {slowest:.1f} s")
     assert escaped == 0, first
-    assert before == after
+    assert before == after and slowest < BUDGET_S
     return figure
 
 

@@ -270,7 +270,7 @@ def test_smoke_cli(tmp_path):
     assert latest_checkpoint(out).name == "step-000002"
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-000001", "step-000002"]
     for ck in (out / "checkpoints").iterdir():
-        assert {p.name for p in ck.iterdir()} == {"model.pt", "optim.pt", "state.pt", "manifest.json"}
+        assert {p.name for p in ck.iterdir()} == {"model.pt", "optim.pt", "state.json", "manifest.json"}
     for d in ("tiny-init", "cold-start", "final"):
         assert (out / d / "model.safetensors").is_file() and (out / d / "tokenizer.json").is_file()
     # the results table, printed and written
@@ -352,8 +352,8 @@ def test_resume_is_exact(tmp_path, tiny_init):
     assert wa.keys() == wb.keys()
     assert max((wa[k] - wb[k]).abs().max().item() for k in wa) <= 1e-6
     assert max((wa[k] - w0[k]).abs().max().item() for k in wa) > 1e-5  # steps 2-3 changed the weights
-    oa = torch.load(latest_checkpoint(straight) / "optim.pt", weights_only=False)["state"]
-    ob = torch.load(latest_checkpoint(split) / "optim.pt", weights_only=False)["state"]
+    oa = torch.load(latest_checkpoint(straight) / "optim.pt", weights_only=True)["state"]
+    ob = torch.load(latest_checkpoint(split) / "optim.pt", weights_only=True)["state"]
     assert max((oa[i]["exp_avg_sq"] - ob[i]["exp_avg_sq"]).abs().max().item() for i in oa) <= 1e-9
 
 
@@ -387,7 +387,7 @@ def test_nan_loss_skips_the_step(tmp_path, tiny_init, monkeypatch):
     after0 = torch.load(out / "checkpoints" / "step-000001" / "model.pt")
     after1 = torch.load(out / "checkpoints" / "step-000002" / "model.pt")
     assert all(torch.equal(init[k], after0[k]) for k in init)  # the skipped step changed nothing
-    assert torch.load(out / "checkpoints" / "step-000001" / "optim.pt", weights_only=False)["state"] == {}
+    assert torch.load(out / "checkpoints" / "step-000001" / "optim.pt", weights_only=True)["state"] == {}
     assert any(not torch.equal(init[k], after1[k]) for k in init)  # the next step did train
 
 
@@ -419,13 +419,13 @@ def test_sigkill_then_resume(tmp_path, tiny_init):
     step = json.loads((out / "latest.json").read_text())["step"]
     ck = latest_checkpoint(out)
     assert 1 <= step < 4 and ck.name == f"step-{step:06d}"
-    state = torch.load(ck / "state.pt", weights_only=False)
+    state = json.loads((ck / "state.json").read_text())
     assert state["step"] == step and state["sampler"]["pos"] == 2 * step  # 2 tasks per step
     from models import load_policy
 
     model, _ = load_policy(str(out / "tiny-init"))
     model.load_state_dict(torch.load(ck / "model.pt"))
-    torch.optim.AdamW(model.parameters()).load_state_dict(torch.load(ck / "optim.pt", weights_only=False))
+    torch.optim.AdamW(model.parameters()).load_state_dict(torch.load(ck / "optim.pt", weights_only=True))
 
     r = run_cli(args + ["--resume", "true"])
     assert r.returncode == 0, r.stderr[-3000:]

@@ -154,11 +154,11 @@ class DownUser:
 def test_a_customer_down_past_its_budget_stops_the_run_with_a_checkpoint(tmp_path, monkeypatch):
     torch.set_num_threads(1)
     out = tmp_path / "run"
-    monkeypatch.setattr(user_sim, "make_user", lambda *a, **k: DownUser())  # what customer.connect builds
+    monkeypatch.setattr(user_sim, "make_user", lambda *a, **k: DownUser())  # what preflight.connect_customer builds
     with pytest.raises(RunStopped, match=r"has failed every conversation for 0 s \(budget --user_down_s 0\)"):
         muarl.main(TINY + ["--out_dir", str(out), "--steps", "3", "--user_down_s", "0"])
     ck = out / "checkpoints" / json.loads((out / "latest.json").read_text())["path"]
-    state = torch.load(ck / "state.pt", weights_only=False)
+    state = json.loads((ck / "state.json").read_text())
     drawn = [json.loads(line)["task_id"] for line in (out / "episodes-rank0.jsonl").read_text().splitlines()
              if json.loads(line).get("step") == 0]
     assert state["step"] == 0 and state["sampler"]["again"] == drawn[::2]  # step 0's 2 tasks: not consumed
@@ -170,7 +170,7 @@ def test_a_customer_down_past_its_budget_stops_the_run_with_a_checkpoint(tmp_pat
 
 def test_a_run_that_never_updated_is_not_labelled_trained(tmp_path, monkeypatch):
     out = tmp_path / "run"
-    monkeypatch.setattr(user_sim, "make_user", lambda *a, **k: DownUser())  # what customer.connect builds
+    monkeypatch.setattr(user_sim, "make_user", lambda *a, **k: DownUser())  # what preflight.connect_customer builds
     with pytest.raises(RunStopped, match="no GRPO step updated the model"):
         muarl.main(TINY + ["--out_dir", str(out), "--steps", "2", "--eval", "false", "--micro_batch_tokens", "0"])
     assert json.loads((out / "final" / "muarl.json").read_text())["updates"] == 0

@@ -17,18 +17,24 @@ from demo.serve import ModelServer, ServeError, port_taken, served_models
 
 # A stand-in for vLLM's server: the same two routes the customer uses, on the port it is given.
 STANDIN = textwrap.dedent('''
-    import json, sys
+    import json, os, sys
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    KEY = os.environ.get("VLLM_API_KEY")  # as vLLM: with a key set, /v1 answers 401 to a request without it
     class H(BaseHTTPRequestHandler):
-        def _send(self, obj):
+        def _send(self, obj, code=200):
             body = json.dumps(obj).encode()
-            self.send_response(200); self.send_header("Content-Type", "application/json")
+            self.send_response(code); self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body))); self.end_headers(); self.wfile.write(body)
+        def _refused(self):
+            if KEY and self.headers.get("Authorization") != "Bearer " + KEY:
+                self._send({"error": "Unauthorized"}, 401)
+                return True
         def do_GET(self):
-            self._send({"object": "list", "data": [{"id": "standin", "object": "model"}]})
+            if not self._refused():
+                self._send({"object": "list", "data": [{"id": "standin", "object": "model"}]})
         def do_POST(self):
             self.rfile.read(int(self.headers["Content-Length"]))
-            self._send({"id": "x", "object": "chat.completion", "created": 0, "model": "standin", "choices": [
+            self._refused() or self._send({"id": "x", "object": "chat.completion", "created": 0, "model": "standin", "choices": [
                 {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "hello"}}]})
         def log_message(self, *a): pass
     ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
@@ -44,16 +50,34 @@ def standin(tmp_path):
 
 def test_starts_answers_and_stops(standin, tmp_path):
     with ModelServer("unused", name="standin", log_path=tmp_path / "s.log", command=standin) as srv:
-        assert srv.alive() and served_models(srv.base_url) == ["standin"]
+        assert srv.alive() and served_models(srv.base_url, api_key=srv.api_key) == ["standin"]
         assert srv.base_url.startswith("http://127.0.0.1:") and srv.base_url.endswith("/v1")
         from user_sim import make_user
-        assert make_user("llm", model="standin", base_url=srv.base_url).complete([{"role": "user",
-                                                                                   "content": "hi"}]) == "hello"
+        assert make_user("llm", model="standin", base_url=srv.base_url, api_key=srv.api_key).complete(
+            [{"role": "user", "content": "hi"}]) == "hello"
         pid = srv.proc.pid
     assert not srv.alive() and served_models(srv.base_url, timeout=0.5) is None
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)  # the process is gone, not only detached
     assert "starting:" in (tmp_path / "s.log").read_text()  # the log says what ran
+
+
+def test_only_the_holder_of_its_key_can_use_it(standin, tmp_path):
+    # loopback is open to every account on the machine: the server takes requests with the run's random key only,
+    # and the key is in no command line and no log (an environment is readable by its owner alone)
+    from user_sim import UserError, make_user
+
+    with ModelServer("unused", name="standin", log_path=tmp_path / "s.log", command=standin) as srv:
+        other = ModelServer("unused", command=standin)
+        assert len(srv.api_key) >= 32 and srv.api_key != other.api_key  # random, one per server
+        assert served_models(srv.base_url) is None and served_models(srv.base_url, api_key="guess") is None
+        assert served_models(srv.base_url, api_key=srv.api_key) == ["standin"]
+        stranger = make_user("llm", model="standin", base_url=srv.base_url, max_retries=0)  # no key: "EMPTY"
+        with pytest.raises(UserError, match="401"):
+            stranger.complete([{"role": "user", "content": "hi"}])
+        with open(f"/proc/{srv.proc.pid}/cmdline", "rb") as f:
+            assert srv.api_key.encode() not in f.read()
+    assert srv.api_key not in (tmp_path / "s.log").read_text()
 
 
 def test_stopped_on_an_exception_and_on_ctrl_c(standin, tmp_path):
@@ -71,7 +95,7 @@ def test_restart_after_the_server_is_killed(standin, tmp_path):
         srv.proc.wait(timeout=10)
         assert not srv.alive() and served_models(srv.base_url, timeout=0.5) is None
         srv.restart()
-        assert srv.alive() and srv.port == port and served_models(srv.base_url) == ["standin"]
+        assert srv.alive() and srv.port == port and served_models(srv.base_url, api_key=srv.api_key) == ["standin"]
 
 
 def test_one_line_errors(standin, tmp_path):
@@ -109,7 +133,7 @@ def test_real_vllm_server_serves_a_tiny_customer(tmp_path):
 
     build_tiny(tmp_path / "m", hidden=128, layers=1, heads=2, kv_heads=1, intermediate=256)  # head_dim 64
     with ModelServer(tmp_path / "m", name="tiny", log_path=tmp_path / "v.log", max_model_len=1024) as srv:
-        user = make_user("llm", model="tiny", base_url=srv.base_url, max_tokens=8, temperature=1.0)
+        user = make_user("llm", model="tiny", base_url=srv.base_url, api_key=srv.api_key, max_tokens=8, temperature=1.0)
         reply = user.complete(simulator_messages("You want a refund.", []))
         assert isinstance(reply, str) and reply and user.stats["calls"] >= 1
     assert not srv.alive()
