@@ -141,7 +141,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.add_argument(f"--{name}", default="")  # empty: the environment's ($OPENAI_BASE_URL, ...) or the default
     p.add_argument("--user_temperature", type=float, default=0.0)
     p.add_argument("--user_serve", default="", help="--user llm: serve this local model folder as the customer on "
-                   "127.0.0.1 for the evaluation (vLLM's OpenAI server, demo/serve.py); 'demo': the demo's shipped customer")
+                   "127.0.0.1 for the evaluation (vLLM's OpenAI server, demo/serve.py); 'demo': the shipped one")
     p.add_argument("--user_concurrency", type=int, default=16, help="customer requests in flight at once")
     p.add_argument("--allow_insecure_http", type=int, default=0, help="1: allow plain http off this machine")
     p.add_argument("--user_max_tokens", type=int, default=512, help="tokens per customer reply (LLM customer)")

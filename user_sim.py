@@ -231,7 +231,7 @@ class LLMUser:
             v = _variant(task)
             return self.complete(simulator_messages(task.instructions, history, v), sampling=(v or {}).get("sampling"),
                                  verbatim=bool(v), seed=seed)
-        for k in itertools.count():  # bounded: every round runs >= 1 call, and the phone stops at the episode's turns left
+        for k in itertools.count():  # bounded: each round runs >= 1 call; the phone stops at the episode's turns left
             text, calls = self.complete(simulator_messages(task.instructions, history + phone.new, tools=True),
                                         tools=phone.env.world.user_tool_schemas(),
                                         seed=None if seed is None else episode_seed(seed, k))

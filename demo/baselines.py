@@ -144,7 +144,7 @@ def _row(name: str, d: dict) -> str:
 
 if __name__ == "__main__":
     p = argparse.ArgumentParser(description="rule policies and per-behaviour success for the store world")
-    p.add_argument("--run", default="", help="a run folder (its config.json gives the world; its transcripts the table)")
+    p.add_argument("--run", default="", help="a run folder (its config.json: the world; its transcripts: the table)")
     p.add_argument("--seed", type=int, default=0, help="the world's seed (without --run)")
     p.add_argument("--user", default="scripted", choices=["scripted", "sampled"])
     a = p.parse_args()
@@ -158,7 +158,8 @@ if __name__ == "__main__":
     world = load_worlds(dataclasses.replace(Config(), **(settings | {"domains": "store"})))["store"]
     seed = world_seed = settings["synthetic_seed"]
     head = "| policy | all | " + " | ".join(BEHAVIOURS) + " | unseen combinations |\n|---" * 1 + "|---" * 7 + "|"
-    print(f"store world seed {world_seed}, {len(world.tasks('test'))} held-out tasks; rules against the {a.user} customer\n")
+    print(f"store world seed {world_seed}, {len(world.tasks('test'))} held-out tasks; rules against the {a.user} "
+          "customer\n")
     print(head)
     rules = play_rules(world, make_user(a.user), seed=seed)
     for name, d in rules.items():

@@ -330,9 +330,9 @@ class ServedCustomer:
         log({"phase": "customer_fidelity", **{k: v for k, v in g.items() if k != "examples"}})
         if g["fidelity"] < threshold:
             self.stop()
-            raise GateError(f"the customer model {self.folder} kept to its instructions in {100 * g['fidelity']:.0f} % "
-                            f"of the gate's conversations, below --user_gate {threshold:g}: nothing was trained against "
-                            "it (rebuild it: python -m demo.customer build; or lower --user_gate)")
+            raise GateError(f"the customer model {self.folder} kept to its instructions in {100 * g['fidelity']:.0f} "
+                            f"% of the gate's conversations, below --user_gate {threshold:g}: nothing was trained "
+                            "against it (rebuild it: python -m demo.customer build; or lower --user_gate)")
         return g
 
     def revive(self, where: str, log, fatal: bool = False) -> None:
