@@ -371,7 +371,7 @@ def make_task(world: World, order: dict, request: str, rng: random.Random, task_
 
 
 def build_world(seed: int = 0, n_orders: int = 600, n_test_orders: int = 200, n_train: int = 1000, n_test: int = 200,
-                lazy_rate: float = 0.5, first_word_rate: float = 0.6, transfer_rate: float = 0.9,
+                lazy_rate: float = 0.5, first_word_rate: float = 0.6, transfer_rate: float = 0.6,
                 think_rate: float = 0.4, refuse_share: float = 0.4, train_combos: str = "seen") -> World:
     """The store with tasks. Held-out tasks use n_test_orders orders no training task mentions, and their
     conversations are written without the annotator's mistakes (they are only used for their spec and gold).

@@ -415,3 +415,53 @@ def test_against_vllm_server(tmp_path):
             proc.wait(30)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Seeds per request (issue 23): a sampled customer replies the same on a rerun of one seed
+
+
+def test_each_customer_request_carries_the_episodes_seed():
+    # LLMUser sends the request's own seed (else its own); the rollout derives one per episode and turn
+    sent = []
+
+    class Client:
+        class chat:
+            class completions:
+                @staticmethod
+                def create(**kw):
+                    sent.append(kw.get("seed"))
+                    return SimpleNamespace(choices=[SimpleNamespace(message=SimpleNamespace(content="ok"))])
+
+    from domains import load_world
+    from rollout import RolloutConfig, rollout
+    from agents import MessageAgent
+
+    world = load_world("store", seed=0, n_train=10, n_test=4, n_orders=400, n_test_orders=200)
+    user = LLMUser("m", base_url="http://127.0.0.1:1/v1", api_key="x", client=Client, seed=5)
+    task = world.tasks("test")[0]
+    user.reply(task, [{"role": "user", "content": "hi"}], None, 2**40 + 7)
+    user.reply(task, [{"role": "user", "content": "hi"}])
+    assert sent == [(2**40 + 7) % 2**31, 5]
+    talk = MessageAgent(lambda t: lambda msgs, tools: {"content": "What is your order id?", "tool_calls": []})
+    cfg = RolloutConfig(max_turns=3, max_new_tokens=8, max_context=4096, tools_in_prompt=False, seed=3)
+    sent.clear()
+    rollout(world.tasks("test")[:2], 2, {"store": world}, talk, user, cfg)
+    replies = [s for s in sent[2:]]  # (after the two cached openings)
+    assert len(replies) >= 4 and len(set(replies)) == len(replies)  # every episode and turn: its own seed
+    sent.clear()
+    rollout(world.tasks("test")[:2], 2, {"store": world}, talk, LLMUser("m", base_url="http://127.0.0.1:1/v1",
+                                                                        api_key="x", client=Client, seed=5), cfg)
+    assert sent[2:] and sorted(sent[2:]) == sorted(replies)  # a rerun: the same seeds
+
+
+def test_the_sampled_script_draws_paraphrases_by_the_requests_seed():
+    from domains import load_world
+
+    world = load_world("store", seed=0, n_train=10, n_test=40, n_orders=400, n_test_orders=200)
+    task = next(t for t in world.tasks("test") if t.spec["omit"])
+    history = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "What is your order id?"}]
+    user = make_user("sampled")
+    said = {user.reply(task, history, None, s) for s in range(40)}
+    assert len(said) >= 3 and all(task.spec["order_id"] in r for r in said)  # paraphrased, still faithful
+    assert user.reply(task, history, None, 11) == user.reply(task, history, None, 11)  # seeded
