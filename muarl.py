@@ -150,7 +150,7 @@ def run_eval(run, name: str, step: int = 0, model=None, trials: int | None = Non
     print(f"[eval] {name}: pass^1 {100 * m['pass^1']:.1f}%{extra} over {len(run.eval_tasks)} held-out tasks x {k}{fid}",
           flush=True)
     if run.customer is not None:  # the gate, held in the loop; and a server that died in the evaluation restarted
-        run.customer.check(name, m, run.cfg.user_gate, run.log)
+        run.customer.hold_gate(name, m, run.cfg.user_gate, run.log)
         run.customer.revive(name, run.log)
 
 

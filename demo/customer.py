@@ -312,7 +312,7 @@ class ServedCustomer:
         if self.server is not None:
             self.server.stop()
 
-    def check(self, name: str, metrics: dict, threshold: float, log) -> None:
+    def hold_gate(self, name: str, metrics: dict, threshold: float, log) -> None:
         """The gate held in the loop: an evaluation whose conversations met a customer below `threshold` says so."""
         if metrics.get("customer_fidelity", 1) < threshold:
             print(f"[customer] warning: in {name}'s conversations the customer kept to its instructions in "
