@@ -16,6 +16,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from sampling import episode_seed
+
 import chat
 from conftest import TAU2
 from agents import FixedUser, MessageAgent, OracleAgent
@@ -328,6 +330,9 @@ def test_single_control_requests_unchanged():
                {"role": "tool", "content": "SECRET"}, {"role": "assistant", "content": "Found you. Which item?"}]
     user.first_message(task)
     user.reply(task, history)
+    # (issue 23: the opening is seeded from the customer's seed and the task, so every task opens with its own draw)
+    assert seen[0]["seed"] == episode_seed(7, "opening", "retail/7") % 2**31 and seen[1]["seed"] == 7
+    seen[0]["seed"] = 7  # the bytes otherwise as recorded
     assert hashlib.sha256(json.dumps(seen, sort_keys=True).encode()).hexdigest() == \
         "a61c2506ed7e40fff83e77155a0b10405fcfff85d8423231c49cddcb3e6d961d"
     assert "tools" not in seen[1] and "Your phone" not in seen[1]["messages"][0]["content"]
