@@ -55,6 +55,7 @@ from pathlib import Path
 
 import sft
 from domains import store
+from sampling import episode_seed
 from user_prompt import simulator_messages
 from user_sim import STOP
 
@@ -243,7 +244,7 @@ def fidelity(user, tasks, noise: float = 0.0, seed: int = 0) -> dict:
                 h.append({"role": "assistant", "content": line})
                 asked.append((t, h))
         # each request carries its own seed (as in a rollout): the same gate gives the same conversations
-        seeds = [hash((seed, t.id, len(h))) % 2**31 for t, h in asked]
+        seeds = [episode_seed(seed, "gate", t.id, len(h)) for t, h in asked]  # (not hash(): salted per process)
         for (t, h), r in zip(asked, user.replies([(t, h, None, sd) for (t, h), sd in zip(asked, seeds)])):
             h.append({"role": "user", "content": r if isinstance(r, str) else f"(customer failed: {r})"})
         ended = [(t, h) for t, h in asked if STOP in h[-1]["content"] or len(h) >= 2 * t.spec["max_user_turns"]]
