@@ -45,7 +45,7 @@ class Config:
     dtype: str = flag("auto", "compute dtype (weights and AdamW stay fp32): auto (bf16 on GPU, fp32 on CPU) | "
                       "float32 | bfloat16")
     engine_memory: float = flag(0.5, "vLLM on a GPU: its share of the GPU's memory (weights + KV cache)")
-    plan: int = flag(0, "print the memory plan (memplan.py) of this run on N GPUs, then exit; 0: run")
+    plan: int = flag(0, "print the memory plan (models.py) of this run on N GPUs, then exit; 0: run")
     # tasks
     domains: str = flag("synthetic", f"comma-separated worlds to train on, from domains.DOMAINS: {', '.join(DOMAINS)}")
     tasks: str = flag("train", "train: each world's train split (tau2's, or the synthetic world's own) | synthetic: "
@@ -135,7 +135,7 @@ class Config:
     tiny_split_digits: bool = flag(False, "tiny model: the tokenizer makes every digit its own token")
     tiny_vocab: int = flag(4096, "tiny model: BPE vocabulary size (at most)")
     copy_warmup: int = flag(0, "tiny model: steps (16 drills each) of copy drills before the cold start, standing in "
-                         "for pre-training (sft.copy_examples)")
+                         "for pre-training (demo/drills.py)")
     copy_lr: float = flag(3e-3, "tiny model: learning rate of the copy drills (cosine)")
     tiny_intermediate: int = flag(768, "tiny model: MLP width")
     threads: int = flag(0, "torch CPU threads (0 = torch's default; 1 is fastest on a busy 2-core machine)")

@@ -23,7 +23,7 @@ Departures from the paper's setup (verl + vLLM):
 4. Under torchrun every rank runs its own vLLM engine (tensor parallel 1) on its own GPU, as TRL's colocate mode
    does: vLLM's "external_launcher" joins the trainer's process group instead of taking GPU 0 for itself. A model
    whose bf16 weights crowd a GPU (32B: 61 GiB) needs tensor-parallel engine groups generating in lockstep, which
-   this file does not do (README "On GPUs"; memplan.py shows both).
+   this file does not do (README "On GPUs"; models.py plans both).
 
     python engine.py          # ReferenceEngine against HFEngine, token for token, on the tiny model
     python engine.py vllm     # and VLLMEngine's samples beside them
@@ -238,7 +238,7 @@ if __name__ == "__main__":
     import sys
     import tempfile
 
-    from models import build_tiny
+    from demo.tiny import build_tiny
 
     d = tempfile.mkdtemp(prefix="muarl-tiny-")
     model, tok = build_tiny(d)

@@ -316,7 +316,7 @@ class HFEngine:
 if __name__ == "__main__":
     import tempfile
 
-    from models import build_tiny
+    from demo.tiny import build_tiny
 
     model, tok = build_tiny(tempfile.mkdtemp(prefix="muarl-tiny-"))
     hf = HFEngine(model, tok)

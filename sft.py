@@ -60,26 +60,6 @@ def load_jsonl(path: str | Path) -> list[dict]:
     return rows
 
 
-def copy_examples(tokenizer, n: int, seed: int = 0, words: list[str] | None = None, max_items: int = 8):
-    """n (ids, mask) drills of copying from context: "#W123 lamp #W904 ... || #W123 lamp #W904 ...".
-
-    A pre-trained model arrives at the cold start able to copy a string it has just read (an order id, a
-    customer's words); a randomly initialised tiny model cannot, and whether it learns to from ~1,000
-    conversations in a few hundred steps depends on the seed (docs/demo_notes.md). A few minutes of these
-    drills stand in for pre-training: the loss is on the second half only (mask 1), so the only way to lower it
-    is to look back and copy (an induction head). Items: '#W' + 3 digits, or a word from `words`."""
-    rng = random.Random(seed)
-    words = words or ["order", "cancel", "return", "gift", "card", "payment", "mistake", "needed", "lamp", "mug"]
-    out = []
-    for _ in range(n):
-        text = " ".join([f"#W{rng.randint(100, 999)}" if rng.random() < 0.6 else rng.choice(words)
-                         for _ in range(rng.randint(2, max_items))])
-        first = tokenizer.encode(text + " ||", add_special_tokens=False)
-        second = tokenizer.encode(" " + text, add_special_tokens=False)
-        out.append((first + second, [0] * len(first) + [1] * len(second)))
-    return out
-
-
 def expert_conversations(tasks) -> list[dict]:
     """The scripted expert conversation of each synthetic task, in the JSONL shape above."""
     return [{"messages": t.expert, "domain": t.domain} for t in tasks if t.expert]
@@ -146,31 +126,11 @@ def train(model, examples: list[tuple[list[int], list[int]]], epochs: float = 2.
     model.eval()
     return losses
 
-def copy_warmup(model, tokenizer, steps: int, lr: float, words: list[str], seed: int = 0, log=None,
-                **common) -> float:
-    """Copy drills until they take: `steps` steps of copy_examples, and a second round when the first ended above
-    loss 0.3 (they "take" at 0.04-0.16; stalled, ~0.6: CPUs differ in floating point, and a drill that takes on one
-    machine stalled on another, issue 23). Each round is logged as a stage; a stall is said by name. Returns the
-    last round's loss (the mean of its last 20 steps)."""
-    for attempt in range(2):
-        drills = copy_examples(tokenizer, 16 * steps, seed=seed + attempt, words=words)
-        losses = train(model, drills, epochs=1, batch_size=16, lr=lr, warmup=20, desc="copy drills", seed=seed,
-                       log=lambda r: log and log({**r, "phase": "copy_warmup"}), **common)
-        tail = sum(losses[-20:]) / max(1, len(losses[-20:]))
-        if log:
-            log({"phase": "stage", "stage": "copy_drills", "attempt": attempt, "loss": tail, "ok": tail < 0.3})
-        if tail < 0.3:
-            break
-        print(f"[stage] copy drills did not converge (loss {tail:.2f}, converged < 0.3)" +
-              (": a second round" if attempt == 0 else ": the cold start will copy badly"), flush=True)
-    return tail
-
-
 if __name__ == "__main__":
     import tempfile
 
     from domains import load_world
-    from models import build_tiny
+    from demo.tiny import build_tiny
 
     world = load_world("synthetic", seed=0)
     tasks = world.tasks("train")[:32]

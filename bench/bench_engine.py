@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anyw
 
 
 def prompts_for(tok, n: int, round_: int) -> list[list[int]]:
-    from models import default_corpus
+    from demo.tiny import default_corpus
     from tools import GENERIC_TOOLS, function_schema
 
     tools = [function_schema(fn) for fn in GENERIC_TOOLS]
@@ -68,7 +68,8 @@ def main() -> None:
 
     from engine import VLLMEngine
     from hf_engine import HFEngine
-    from models import build_tiny, n_params
+    from demo.tiny import build_tiny
+    from models import n_params
 
     if args.threads:
         torch.set_num_threads(args.threads)

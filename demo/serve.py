@@ -216,7 +216,7 @@ class ModelServer:
 if __name__ == "__main__":
     import tempfile
 
-    from models import build_tiny
+    from demo.tiny import build_tiny
     from user_sim import make_user, simulator_messages
 
     d = Path(tempfile.mkdtemp())

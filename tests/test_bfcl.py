@@ -278,7 +278,7 @@ def test_missing_wheel_is_one_line_saying_how_to_get_it(tmp_path):
 def test_tiny_local_model_plays_five_tasks_and_the_token_path_can_score(world, tmp_path):
     import chat
     from hf_engine import HFEngine
-    from models import build_tiny
+    from demo.tiny import build_tiny
     from rollout import PolicyAgent
     from sampling import Sample
 

@@ -27,7 +27,7 @@ from config import Config, ConfigError, parse_config, validate
 from domains import DOMAINS, Domain, load_world, load_worlds, script_for
 from eval import evaluate
 from hf_engine import HFEngine
-from models import build_tiny
+from demo.tiny import build_tiny
 from rollout import PolicyAgent, RolloutConfig, rollout, score
 from user_sim import ScriptedUser
 

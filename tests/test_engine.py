@@ -13,7 +13,7 @@ import torch
 from engine import Engine, ReferenceEngine, check_vllm_model, make_engine
 from hf_engine import HFEngine, common_prefix_len
 from kv_store import weights_version
-from models import build_tiny
+from demo.tiny import build_tiny
 
 
 @pytest.fixture(scope="module")

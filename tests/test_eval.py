@@ -40,7 +40,7 @@ def test_oracle_on_the_shop_scores_one(tmp_path, capsys):
 def test_local_tiny_model_on_the_shop_prints_a_table(tmp_path):
     # The whole CLI path for a local model: load, engine, scripted user, k trials, table, transcripts.
     from domains import load_world
-    from models import build_tiny
+    from demo.tiny import build_tiny
 
     world = load_world("shop", seed=0, n_train=0)
     model_dir = tmp_path / "tiny"
@@ -61,7 +61,7 @@ def test_sampled_trials_differ_and_replay(tmp_path):
     # --temperature > 0: the k trials of a task are k sampled conversations (pass^k means something), and the
     # same --seed replays them exactly; greedy trials are identical (the scripted user is deterministic)
     from domains import load_world
-    from models import build_tiny
+    from demo.tiny import build_tiny
 
     world = load_world("shop", seed=0, n_train=0)
     model_dir = tmp_path / "tiny"
@@ -102,7 +102,7 @@ def test_real_vllm_server_as_the_agent(tmp_path):
     import time
 
     from domains import load_world
-    from models import build_tiny
+    from demo.tiny import build_tiny
     from preflight import PreflightError, check_endpoint
 
     world = load_world("shop", seed=0, n_train=0)

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import memplan
+import models as memplan  # the memory plan lives in models.py
 import muarl
 
 REPO = Path(__file__).resolve().parents[1]

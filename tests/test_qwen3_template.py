@@ -22,7 +22,8 @@ import pytest
 import chat
 from domains import load_world
 from agents import ExpertEngine
-from models import build_tiny, load_tokenizer
+from demo.tiny import build_tiny
+from models import load_tokenizer
 from rollout import PolicyAgent, RolloutConfig, rollout, score
 from tools import GENERIC_TOOLS, function_schema
 from user_sim import ScriptedUser

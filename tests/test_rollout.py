@@ -10,7 +10,7 @@ from domains import load_world
 from agents import ExpertEngine
 from engine import Sample
 from hf_engine import HFEngine
-from models import build_tiny
+from demo.tiny import build_tiny
 from rollout import PolicyAgent, RolloutConfig, rollout, score
 from sampling import episode_seed
 from user_sim import ScriptedUser, UserError

@@ -8,7 +8,8 @@ import torch
 import chat
 import sft
 from domains import load_world
-from models import build_tiny
+from demo.drills import copy_examples
+from demo.tiny import build_tiny
 
 
 @pytest.fixture(scope="module")
@@ -64,8 +65,8 @@ def test_copy_drills_train_exactly_the_repeat():
 
     _, tok = build_tiny(tempfile.mkdtemp(), texts=["order #W123 lamp gift card"] * 10, hidden=32, layers=1, heads=1,
                         kv_heads=1, intermediate=64, vocab_size=300, split_digits=True)
-    drills = sft.copy_examples(tok, 50, seed=3, words=["lamp", "gift"])
-    assert len(drills) == 50 and drills == sft.copy_examples(tok, 50, seed=3, words=["lamp", "gift"])
+    drills = copy_examples(tok, 50, seed=3, words=["lamp", "gift"])
+    assert len(drills) == 50 and drills == copy_examples(tok, 50, seed=3, words=["lamp", "gift"])
     for ids, mask in drills:
         assert len(ids) == len(mask) and mask == sorted(mask)  # zeros, then ones: the loss is on the repeat only
         first = tok.decode([i for i, m in zip(ids, mask) if not m])

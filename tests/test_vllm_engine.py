@@ -9,7 +9,7 @@ import torch
 
 from engine import make_engine
 from hf_engine import HFEngine
-from models import build_tiny
+from demo.tiny import build_tiny
 from sampling import Sample
 from test_engine import forward_logprobs, make_prompts
 
