@@ -2,8 +2,8 @@
 
     MessageAgent + openai_act  any OpenAI-compatible chat endpoint (GPT-4.1, a `vllm serve` model), message-level,
                                with the endpoint's own tool calling (the provider renders its own template)
-    OracleAgent + FixedUser    replay each task's gold actions and state the required outputs, to a customer who
-                               leaves at the first reply: a check of the harness (every task must score 1)
+    OracleAgent                replays each task's gold actions and states the required outputs, to user_sim.FixedUser
+                               (who leaves at the first reply): a check of the harness (every task must score 1)
     ExpertEngine               a token *engine* that replays a generated task's scripted expert through
                                rollout.PolicyAgent: a check of the token pipeline (every episode must score 1)
 
@@ -21,7 +21,6 @@ import chat
 from sampling import Sample
 from tools import ParsedTurn, as_text, check_call, clean
 from domains.dual_control import customer_only, gold_requestors
-from user_sim import STOP, ScriptedUser
 
 # ---------------------------------------------------------------------------------------------------------------
 # Message-level agents
@@ -114,22 +113,6 @@ class OracleAgent:
         return {"content": "Done. " + " ".join(self.outputs), "tool_calls": []}
 
 
-class FixedUser:
-    """A customer that states the task's request and stops at the agent's first text reply (for the oracle). In a
-    dual-control world (a phone comes with the request) the customer must act, so its domain's script plays it."""
-
-    def first_message(self, task, tools=False):
-        if tools:
-            return ScriptedUser().first_message(task)
-        return task.instructions.split("\n\n")[1] if "\n\n" in task.instructions else task.instructions
-
-    def reply(self, task, history, phone=None, seed=None):
-        return "Thanks, that's all. " + STOP if phone is None else ScriptedUser().reply(task, history, phone)
-
-    def replies(self, requests):
-        return [self.reply(*r) for r in requests]
-
-
 # ---------------------------------------------------------------------------------------------------------------
 # A token engine that plays the scripted expert
 
@@ -162,6 +145,7 @@ if __name__ == "__main__":
     # The oracle on five generated shop tasks, through the one episode loop: every episode scores 1.
     from domains import load_world
     from rollout import RolloutConfig, rollout, score
+    from user_sim import FixedUser
 
     world = load_world("shop", seed=0, n_train=0, n_test=5)
     for e in score(rollout(world.tasks("test"), 1, {"shop": world}, MessageAgent(OracleAgent), FixedUser(),

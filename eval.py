@@ -38,16 +38,17 @@ from collections import Counter
 
 from tqdm import tqdm
 
-from agents import FixedUser, MessageAgent, OracleAgent, openai_act
-from config import Config, ConfigError, model_problem
-from domains import BENCHES, DOMAINS, load_worlds, script_for
+from agents import MessageAgent, OracleAgent, openai_act
+from config import Config, ConfigError, add_flags, field_problems, make_customer, model_problem
+from domains import BENCHES, DEFAULT, DOMAINS, load_worlds, script_for
+from demo.serve import ServeError
 from domains.tau2_data import provenance
 from engine import make_engine
 from models import load_policy, load_tokenizer
-from preflight import PreflightError, check_customer, check_endpoint, prompt_warning
+from preflight import PreflightError, check_endpoint, endpoint, prompt_warning
 from rollout import Episode, PolicyAgent, RolloutConfig, TrajectoryLog, rollout, score
 from tools import TRANSFER_TOOL
-from user_sim import endpoint, make_user
+from user_sim import USERS, FixedUser
 
 # ---------------------------------------------------------------------------------------------------------------
 # Metrics
@@ -130,23 +131,25 @@ def evaluate(tasks, worlds, agent, user, cfg: RolloutConfig, trials: int = 1, ba
     return summarize(episodes, trials), episodes
 
 
+# The flags eval.py shares with muarl.py, declared once (config.Config); evaluation's own defaults beside them
+SHARED = ("model", "engine", "user", "user_model", "user_base_url", "user_api_key", "allow_insecure_http",
+          "user_temperature", "user_max_tokens", "user_serve", "user_concurrency", "user_timeout", "user_retries",
+          "user_backoff", "preflight", "data_dir", "max_turns", "max_new_tokens", "max_context", "tools_in_prompt",
+          "temperature", "top_p", "seed", "synthetic_seed")
+DEFAULTS = {**{k: getattr(Config, k) for k in SHARED}, "model": "", "engine": "hf", "user": "scripted",
+            "user_temperature": 0.0, "user_max_tokens": 512, "user_serve": "", "temperature": 0.0, "top_p": 1.0,
+            "tools_in_prompt": True, "seed": 0, "synthetic_seed": 0}  # greedy agent; the paper's caps (config.py)
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     """The command line, checked: every bad value or combination is a ConfigError naming the flag, before any work."""
     p = argparse.ArgumentParser(description="Evaluate an agent: pass^k, turns, tool mix, stop reasons")
     p.add_argument("--agent", default="local", choices=["local", "openai", "oracle"])
-    p.add_argument("--model", default="", help="local model path / HF id (agent=local)")
-    p.add_argument("--engine", default="hf", choices=["hf", "vllm"])
+    add_flags(p, SHARED, DEFAULTS)  # --model: a local model (agent=local); --temperature: the agent's (0: greedy)
     p.add_argument("--agent_model", default="", help="model name at the endpoint (agent=openai)")
-    for name in ("agent_base_url", "agent_api_key", "user_model", "user_base_url", "user_api_key", "data_dir"):
+    for name in ("agent_base_url", "agent_api_key"):
         p.add_argument(f"--{name}", default="")  # empty: the environment's ($OPENAI_BASE_URL, ...) or the default
-    p.add_argument("--user_temperature", type=float, default=0.0)
-    p.add_argument("--user_serve", default="", help="--user llm: serve this local model folder as the customer on "
-                   "127.0.0.1 for the evaluation (vLLM's OpenAI server, demo/serve.py); 'demo': the shipped one")
-    p.add_argument("--user_concurrency", type=int, default=16, help="customer requests in flight at once")
-    p.add_argument("--allow_insecure_http", type=int, default=0, help="1: allow plain http off this machine")
-    p.add_argument("--user_max_tokens", type=int, default=512, help="tokens per customer reply (LLM customer)")
-    p.add_argument("--preflight", type=int, default=1, help="check each endpoint once before any episode (0: skip)")
-    p.add_argument("--domain", default="shop", help="comma-separated names from domains.DOMAINS")
+    p.add_argument("--domain", default=DEFAULT, help="comma-separated names from domains.DOMAINS")
     p.add_argument("--bench", default="", choices=["", *BENCHES], help="a benchmark of domains.BENCHES: its domain, "
                    "its conversation rules, its figures (e.g. BFCL's accuracy per category); replaces --domain")
     p.add_argument("--category", default="", help="--bench: comma-separated categories (bfcl_multi_turn: base, "
@@ -154,46 +157,24 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--split", default="test")
     p.add_argument("--tasks", type=int, default=0, help="first N tasks of the split (0 = all)")
     p.add_argument("--trials", type=int, default=1, help="k: runs per task (pass^1 ... pass^k)")
-    p.add_argument("--user", default="scripted", choices=["scripted", "sampled", "llm", "fixed"])
-    for name in ("user_timeout", "user_retries", "user_backoff"):  # the customer endpoint's budget, as in training
-        p.add_argument(f"--{name}", type=type(getattr(Config, name)), default=getattr(Config, name))
     p.add_argument("--check_outputs", type=int, default=1)
-    for name, default in (("max_turns", 30), ("max_new_tokens", 1024), ("max_context", 32768), ("tools_in_prompt", 1)):
-        p.add_argument(f"--{name}", type=int, default=default)  # as in training (config.py; the paper's caps)
-    p.add_argument("--temperature", type=float, default=0.0, help="the agent's: 0 greedy (k trials differ only "
-                   "through the customer); > 0 sampled, so pass^k measures consistency over k sampled conversations")
-    p.add_argument("--top_p", type=float, default=1.0)
-    p.add_argument("--seed", type=int, default=0, help="sampling seed (trial j of a task: sampling.episode_seed)")
-    p.add_argument("--synthetic_seed", type=int, default=0, help="seed of the synthetic / shop world (as in muarl.py)")
     p.add_argument("--out", default="runs/eval/transcripts.jsonl")
     p.error = lambda message: (_ for _ in ()).throw(ConfigError(message))  # a bad type: one line, like the rest
     a = p.parse_args(argv)
     a.domain = BENCHES[a.bench].domain if a.bench else a.domain
+    a.user_down_s, a.user_gate = float("inf"), 0.0  # (training's: an evaluation has no steps and no gate)
     unknown = [d for d in a.domain.split(",") if d not in DOMAINS]
     checks = [  # (holds, what to say otherwise): the first that fails is reported, as in config.validate
         (not unknown, f"--domain: unknown domain(s) {unknown}: choose from {', '.join(DOMAINS)}"),
         (a.trials >= 1 and a.tasks >= 0, f"--trials must be >= 1 and --tasks >= 0, got {a.trials} and {a.tasks}"),
-        (a.temperature >= 0, f"--temperature must be >= 0, got {a.temperature}"),
-        (0 < a.top_p <= 1, f"--top_p must be in (0, 1], got {a.top_p}"),
-        (min(a.max_turns, a.max_new_tokens) > 0 and a.max_new_tokens < a.max_context,
-         f"--max_turns and --max_new_tokens must be positive and --max_context larger, got {a.max_turns}, "
-         f"{a.max_new_tokens}, {a.max_context}"),
-        (a.check_outputs in (0, 1) and a.tools_in_prompt in (0, 1), "--check_outputs and --tools_in_prompt are 0 or 1"),
-        (a.user_max_tokens > 0 and a.user_temperature >= 0, "--user_max_tokens must be > 0, --user_temperature >= 0"),
-        (a.user_timeout > 0 and a.user_retries >= 0 and a.user_backoff >= 0,
-         f"--user_timeout must be > 0, --user_retries and --user_backoff >= 0, got {a.user_timeout}, "
-         f"{a.user_retries}, {a.user_backoff}"),
-        (a.user_concurrency >= 1, f"--user_concurrency must be >= 1, got {a.user_concurrency}"),
-        (not a.user_serve or a.user == "llm", f"--user_serve is for --user llm (got --user {a.user})"),
-        (not (a.user_serve and a.user_base_url), "--user_serve starts its own customer endpoint: drop --user_base_url"),
-        (a.user_serve in ("", "demo") or os.path.isfile(os.path.join(a.user_serve, "config.json")),
-         f"--user_serve {a.user_serve}: no model folder there (no config.json)"),
+        *field_problems(a, SHARED[1:]),  # the shared flags' own ranges (config.py); --model is checked below
+        (a.engine != "auto", "--engine must be hf or vllm"),
+        (a.check_outputs in (0, 1), "--check_outputs is 0 or 1"),
         (a.agent != "local" or a.model, "--agent local needs --model (a model folder or a hub id)"),
         (a.agent == "local" or not a.model, f"--model is for --agent local (got --agent {a.agent})"),
         (a.agent != "openai" or a.agent_model, "--agent openai needs --agent_model"),
         (a.agent == "openai" or not a.agent_model, f"--agent_model is for --agent openai (got --agent {a.agent})"),
         *[(False, m) for m in [model_problem(a.model) if a.agent == "local" else None] if m],
-        (not a.data_dir or os.path.isdir(a.data_dir), f"--data_dir {a.data_dir}: no such folder"),
     ]
     if (message := next((m for ok, m in checks if not ok), None)) is not None:
         raise ConfigError(message)
@@ -215,7 +196,7 @@ def main(argv=None):
     cfg = dataclasses.replace(cfg, **bench.rollout) if bench else cfg  # e.g. BFCL runs every call of a step
     # The oracle's conversation needs no customer beyond its opening line: FixedUser only says it is done (a bench's
     # customer, e.g. BFCL's scripted turns, plays it to the end).
-    if a.user in ("scripted", "sampled") and a.agent != "oracle":  # a task no script plays would abort: say so now
+    if getattr(USERS.get(a.user), "scripted", False) and a.agent != "oracle":  # a task no script plays would abort
         try:
             for t in tasks:
                 script_for(t)
@@ -223,32 +204,21 @@ def main(argv=None):
             raise ConfigError(f"the scripted customer does not play {a.domain}'s tasks: use --user llm") from None
     for source in provenance(worlds):  # where the tau2 data came from
         print(f"[data] {source['domain']}: {source['path']} (sha256 {source['sha256']}; {source['revision']})")
-    if a.user_serve:  # a local customer model, served as users serve models (stopped at exit, on error and Ctrl-C)
-        from demo.customer import ServedCustomer
-        from demo.serve import ServeError
-
-        try:
-            server = ServedCustomer(a.user_serve, os.path.dirname(a.out) or ".").serve()
-        except ServeError as e:
-            raise ConfigError(str(e)) from None
-        a.user_model, a.user_base_url, a.user_api_key = "customer", server.base_url, server.api_key  # its own key
-    user = FixedUser() if (a.agent == "oracle" and not (bench and bench.oracle)) or a.user == "fixed" else \
-        make_user(a.user, model=a.user_model or None, base_url=a.user_base_url or None, api_key=a.user_api_key or None,
-                  temperature=a.user_temperature, max_tokens=a.user_max_tokens, timeout=a.user_timeout, seed=a.seed,
-                  max_retries=a.user_retries, backoff=a.user_backoff, max_workers=a.user_concurrency,
-                  allow_http=bool(a.allow_insecure_http))
+    # the customer, as muarl.py builds it (a served model: started at once, stopped at the end and at exit)
+    user = FixedUser() if a.agent == "oracle" and not (bench and bench.oracle) else \
+        make_customer(a, os.path.dirname(a.out) or ".")
     if a.agent == "openai":  # the agent's endpoint and key under user_sim.endpoint's rule (a key goes to its own host)
         a.agent_base_url, a.agent_api_key = endpoint(a.agent_base_url or None, a.agent_api_key or None,
                                                      bool(a.allow_insecure_http), "--agent")
     try:  # each endpoint once, before any episode: a misconfigured one is one line, not a table of aborted episodes
-        if a.preflight and a.user == "llm" and a.agent != "oracle":
-            check_customer(user, tasks)
+        user.check(tasks)  # (an endpoint's preflight; a served model's vLLM and folder)
+        user.start(tasks)
         if a.preflight and a.agent == "openai":
             w = max(worlds.values(), key=lambda w: len(json.dumps(w.tool_schemas())))  # the longest prompt
             first = [{"role": "system", "content": w.rules}, {"role": "user", "content": "Hello"}]
             check_endpoint("agent", a.agent_model, first, a.max_new_tokens, None if bench and bench.agent else
                            w.tool_schemas(), a.agent_base_url or None, a.agent_api_key or None)  # (ACEBench: text)
-    except PreflightError as e:
+    except (PreflightError, ServeError) as e:
         raise ConfigError(str(e)) from None
     t0 = time.time()
     if a.agent == "local":
@@ -269,6 +239,7 @@ def main(argv=None):
     log = TrajectoryLog(a.out)
     metrics, eps = evaluate(tasks, worlds, agent, user, cfg, trials=a.trials, check_outputs=bool(a.check_outputs),
                             log=lambda batch: log.write(batch, phase="eval", agent=name))
+    user.close()
     print(f"{len(tasks)} tasks x {a.trials} trials on {a.domain}/{a.split} in {time.time() - t0:.1f}s; "
           f"transcripts: {a.out}")
     # one row per domain, as the paper's table has (pass^1..k, completion rate), then all domains together

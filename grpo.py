@@ -6,7 +6,7 @@ cold-start policy in the loss, not the reward. Every number: arXiv:2508.18669, "
 
 Symbols: G = group size (rollouts per task), N = trajectories (tasks * G), B = rows in a batch, T = tokens per row,
 H = hidden size, V = vocabulary size. Sections, in the order a step uses them:
-  1. group_advantages: rewards (N,) -> A (N,); ADVANTAGES, the table of estimators; token_advantages
+  1. group_advantages: rewards (N,) -> A (N,); REWARDS and ADVANTAGES, the tables; token_advantages
   2. pack_sequences: episodes end to end in rows, no padding (pad_sequences, padded, kept for comparison)
   3. token_logprobs: model + rows -> log p of every given token (B, T), without ever holding (B, T, V)
   4. grpo_loss: log-probs + A + mask -> scalar loss and plain-float stats
@@ -47,6 +47,13 @@ def group_advantages(rewards, group_size: int, scale_by_std: bool = True, eps: f
         adv = adv / (groups.std(dim=1, keepdim=True) + eps)  # (N/G, G)
     return adv.flatten()  # (N,)
 
+
+# The training reward --reward picks: episode -> the number its group advantages start from. A fork's reward is a row
+# here; the evaluation's score (World.score, kept in e.reward) never changes with it, so pass^k stays comparable. A
+# turn-level variant is token_advantages' turn_bonus (--turn_bonus): it adds to the advantage of the turns it rewards.
+REWARDS = {
+    "outcome": lambda e: e.reward,  # the paper's: 1 iff the final database (and required outputs) match the gold ones
+}
 
 # The estimators --advantage picks from: rewards (N,) in groups of G -> A (N,). To try another one, add a row.
 ADVANTAGES = {

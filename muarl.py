@@ -31,7 +31,6 @@ import json
 import math
 import os
 import random
-import re
 import sys
 import time
 from pathlib import Path
@@ -45,16 +44,16 @@ import chat
 import sft
 from checkpoint import TaskSampler, load_checkpoint, newest_checkpoint, rng_state, save_checkpoint, save_pretrained
 from checkpoint import set_aside, set_rng_state
-from config import Config, ConfigError, _band, parse_config, public, save_config, validate  # noqa: F401 (muarl.Config)
+from config import Config, ConfigError, _band, make_customer, parse_config, public, save_config, validate  # noqa: F401
 from domains import load_worlds, task_sets
 from domains.tau2_data import provenance
 from engine import check_vllm_model, make_engine
 from eval import evaluate, format_table
 from fsdp import all_gather_episodes, all_sum, barrier, bf16_compute, compute_device, dist_setup, dist_teardown, shard
 from fsdp import even_rows, exit_now, full_state_dict, full_tensors, is_sharded, load_sharded, reduce_stats  # noqa
-from grpo import ADVANTAGES, grpo_loss, pack_sequences, token_advantages, token_logprobs
+from grpo import ADVANTAGES, REWARDS, grpo_loss, pack_sequences, token_advantages, token_logprobs
 from models import GIB, build_or_load_model, describe, load_policy, load_reference
-from preflight import Outage, RunStopped, connect_customer, prompt_warning
+from preflight import RunStopped, prompt_warning
 from rollout import PolicyAgent, RolloutConfig, TrajectoryLog, rollout, score
 from runlog import RunLog, step_stats  # noqa: F401  (muarl.step_stats: tests call it)
 from sampling import episode_seed
@@ -64,37 +63,39 @@ from demo.serve import ServeError
 # 3 + 4 + 5. Advantages and the update
 
 
-def advantages(episodes, cfg: Config) -> tuple[list, list]:
-    """Rewards -> advantages, group by group, with the estimator cfg.advantage (grpo.ADVANTAGES). Groups holding an
-    aborted episode are dropped. Returns (kept episodes, their advantages: a number or a per-token list each)."""
+def advantages(episodes, G: int, estimator: str = "grpo", reward: str = "outcome", turn_bonus: float = 0.0,
+               drop_faults: bool = False) -> tuple[list, list]:
+    """Training rewards (grpo.REWARDS[reward]) -> advantages, group by group (grpo.ADVANTAGES[estimator]). Groups
+    holding an aborted episode are dropped (with `drop_faults`, also those whose customer provably broke its
+    instructions). Returns (kept episodes, their advantages: a number or a per-token list each)."""
     keep, adv = [], []
-    G = cfg.group_size
     for g in range(0, len(episodes), G):
         group = episodes[g : g + G]
-        if any(e.aborted for e in group) or (cfg.drop_customer_faults and any(
-                e.info.get("customer_mistakes") for e in group)):  # a customer that broke its instructions
+        if any(e.aborted or drop_faults and e.info.get("customer_mistakes") for e in group):
             continue
-        A = ADVANTAGES[cfg.advantage](torch.tensor([e.reward for e in group]), G).tolist()  # (G,)
-        adv += [token_advantages(a, e.spans, len(e.ids), cfg.turn_bonus) for e, a in zip(group, A)]
+        A = ADVANTAGES[estimator](torch.tensor([float(REWARDS[reward](e)) for e in group]), G).tolist()  # (G,)
+        adv += [token_advantages(a, e.spans, len(e.ids), turn_bonus) for e, a in zip(group, A)]
         keep += group
     return keep, adv
 
 
-def update(policy, reference, episodes, advantages, opt, cfg: Config, world_size: int = 1) -> dict:
+def update(policy, reference, episodes, advantages, opt, *, row_tokens: int, chunk: int, bf16: bool, kl_coef: float,
+           clip: tuple[float, float], sampler: tuple[float, float], grad_clip: float, world_size: int = 1) -> dict:
     """One optimizer step of GRPO on this rank's episodes: pack -> log-probs -> loss -> backward -> step.
 
-    The step's loss is the token mean over every trained token of every rank's episodes; each packed row adds
-    its share (masked sum / N_tok) to the gradient, so splitting into rows changes nothing. With cfg.dtype bfloat16
-    the forward computes in bf16 while AdamW updates fp32 weights (fsdp.bf16_compute)."""
-    rows = pack_sequences([e.ids for e in episodes], [e.mask for e in episodes], cfg.micro_batch_tokens,
+    The step's loss is the token mean over every trained token of every rank's episodes; each packed row (of at most
+    `row_tokens`) adds its share (masked sum / N_tok) to the gradient, so splitting into rows changes nothing. With
+    `bf16` the forward computes in bf16 while AdamW updates fp32 weights (fsdp.bf16_compute). `sampler`: the
+    engine's (temperature, top-p), to compare like for like (logp_gap); `clip`: (low, high)."""
+    rows = pack_sequences([e.ids for e in episodes], [e.mask for e in episodes], row_tokens,
                           adv=advantages, sample_logp=[e.logprobs for e in episodes])
     rows = even_rows(rows, world_size)  # FSDP: every rank runs as many rows (one process: unchanged)
     n_tok = all_sum(float(sum(sum(e.mask) for e in episodes)), world_size)  # N_tok of the whole step
     # The forward pass is grpo.token_logprobs(model, ...). Under FSDP it runs as a registered forward method of the
     # sharded model (fsdp.shard), so the model's root gathers its weights around it.
     logprobs = (lambda m, *a, **k: m.token_logprobs(*a, **k)) if is_sharded(policy) else token_logprobs
-    dev, bf16 = compute_device(policy), cfg.dtype == "bfloat16"  # rows are packed on the CPU: they go to the GPU
-    use_ref = reference is not None and cfg.kl_coef > 0
+    dev = compute_device(policy)  # rows are packed on the CPU: they go to the GPU
+    use_ref = reference is not None and kl_coef > 0
     opt.zero_grad(set_to_none=True)
     stats = []
     for row in rows:
@@ -102,19 +103,18 @@ def update(policy, reference, episodes, advantages, opt, cfg: Config, world_size
         ids, pos, mask = row["input_ids"], row["position_ids"], row["mask"]  # (1, L) each
         with bf16_compute(policy, bf16):  # the forward in bf16 (fp32 log-softmax inside); backward outside
             with torch.no_grad():  # (1, L): the frozen reference's log-probs, for the KL term
-                ref_logp = logprobs(reference, ids, position_ids=pos, chunk_size=cfg.logprob_chunk) if use_ref \
-                    else None
+                ref_logp = logprobs(reference, ids, position_ids=pos, chunk_size=chunk) if use_ref else None
             # logp_seen: these tokens' log-probs under the distribution the engine drew them from (temperature, top-p)
-            logp, ent, logp_seen = logprobs(policy, ids, position_ids=pos, chunk_size=cfg.logprob_chunk,
-                                            return_entropy=True, sampler=(cfg.temperature, cfg.top_p))
+            logp, ent, logp_seen = logprobs(policy, ids, position_ids=pos, chunk_size=chunk, return_entropy=True,
+                                            sampler=sampler)
         old_logp = logp.detach()  # one update per batch: the sampling policy is this policy (departure 1)
-        loss, st = grpo_loss(logp, old_logp, ref_logp, row["adv"], mask, cfg.clip_low, cfg.clip_high,
-                             cfg.kl_coef, num_tokens=max(n_tok, 1.0), entropy=ent)
+        loss, st = grpo_loss(logp, old_logp, ref_logp, row["adv"], mask, *clip, kl_coef, num_tokens=max(n_tok, 1.0),
+                             entropy=ent)
         loss.backward()
         # engine vs trainer, like for like; clamped: a token outside the trainer's nucleus is -inf (masked or not)
         gap = ((row["sample_logp"] - logp_seen).abs().clamp(max=1e3) * mask).sum().item()
         stats.append({**st, "loss": loss.item(), "logp_gap": gap})
-    gnorm = float(torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.grad_clip))
+    gnorm = float(torch.nn.utils.clip_grad_norm_(policy.parameters(), grad_clip))
     out = reduce_stats(stats, world_size)  # token-weighted means over every row of every rank
     finite = math.isfinite(out["loss"]) and math.isfinite(gnorm)
     if finite:
@@ -143,14 +143,12 @@ def run_eval(run, name: str, step: int = 0, model=None, trials: int | None = Non
                       rollout_cfg(run.cfg, greedy=True, seed=run.cfg.seed), trials=k, progress=False)
     run.episodes_log.write(eps, phase="eval", name=name)
     run.results[name] = m
-    run.log({"phase": "eval", "name": name, "step": step, **m, "user": getattr(run.user, "take_stats", dict)()})
+    run.log({"phase": "eval", "name": name, "step": step, **m, "user": run.user.take_stats()})
     extra = f", pass^{k} {100 * m[f'pass^{k}']:.1f}%" if k > 1 else ""
     fid = f"; customer fidelity {100 * m['customer_fidelity']:.1f}%" if "customer_fidelity" in m else ""
     print(f"[eval] {name}: pass^1 {100 * m['pass^1']:.1f}%{extra} over {len(run.eval_tasks)} held-out tasks x {k}{fid}",
           flush=True)
-    if run.customer is not None:  # the gate, held in the loop; and a server that died in the evaluation restarted
-        run.customer.hold_gate(name, m, run.cfg.user_gate, run.log)
-        run.customer.revive(name, run.log)
+    run.user.after(name, m, run.log)  # (a served customer: its gate held on these conversations, a dead server back)
 
 
 def cold_start(run) -> None:
@@ -207,19 +205,16 @@ def build_run(cfg: Config) -> SimpleNamespace:
         raise ConfigError(f"no training tasks in {cfg.domains}")
     held_out = eval_tasks[: cfg.eval_tasks or None]
     # Every input is checked before anything is written (a bad flag, missing data, an endpoint leave out_dir as it was):
-    # an endpoint is connected now (preflight); a served customer model is checked now (vLLM, its folder), served later
-    if cfg.user_serve and rank == 0:
-        from demo.customer import ServedCustomer  # the CPU demo's kit: a local model served as users serve models
-    served = ServedCustomer(cfg.user_serve, out).check() if cfg.user_serve and rank == 0 else None
-    user = connect_customer(cfg, train_tasks + held_out, None) if served is None else None
+    # the customer checks what it can now (an endpoint: preflight; a served model: vLLM, its folder), starts later
+    user = make_customer(cfg, out)
+    user.check(train_tasks + held_out)
     # Only then is an earlier run set aside (previous-<k>/: never appended to nor overwritten, checkpoint.py)
     out.mkdir(parents=True, exist_ok=True)
     if ckpt is None and rank == 0 and (aside := set_aside(out)):
         print(f"muarl: the earlier run in {out} is kept in {aside}", flush=True)
     barrier(world_size)
     log = RunLog(out / "log.jsonl", rank, cfg.logger, public(cfg))  # one global step; strict JSON; no secrets
-    if served is not None:  # served and gated now, its log in the run's folder: below its gate the run stops here
-        user = connect_customer(cfg, train_tasks + held_out, log, served)
+    user.start(train_tasks + held_out, log)  # a served model is served and gated now: below its gate the run stops
     if rank == 0:
         save_config(out, cfg)  # a changed configuration keeps the previous file beside it (config.py)
     for source in provenance(worlds):  # where the tau2 data came from, printed and logged
@@ -229,10 +224,9 @@ def build_run(cfg: Config) -> SimpleNamespace:
     if rank == 0 and (warn := prompt_warning(tok, worlds, cfg.max_context, cfg.max_new_tokens, cfg.tools_in_prompt)):
         print(warn, flush=True)
     run = SimpleNamespace(cfg=cfg, rank=rank, world_size=world_size, out=out, log=log, worlds=worlds, user=user,
-                          customer=served, train_tasks=train_tasks, eval_tasks=held_out if cfg.eval else [],
+                          train_tasks=train_tasks, eval_tasks=held_out if cfg.eval else [],
                           policy=policy, tok=tok, engine=None, results={}, sampler=TaskSampler(train_tasks, cfg.seed),
-                          episodes_log=TrajectoryLog(out / f"episodes-rank{rank}.jsonl"),
-                          outage=Outage(cfg.user_down_s))
+                          episodes_log=TrajectoryLog(out / f"episodes-rank{rank}.jsonl"))
     fresh = ckpt is None
     if fresh and rank == 0 and run.eval_tasks and cfg.sft_epochs > 0 and not (sharded and on_gpu):
         # rank 0 alone: the policy itself, or (FSDP2 on a CPU) a whole copy from disk; on GPUs none holds a whole copy
@@ -302,13 +296,17 @@ def main(argv: list[str] | None = None) -> dict:
         t1 = time.perf_counter()
         run.episodes_log.write(episodes, step=step)
         # 3. advantages, group by group (groups with an aborted episode are dropped, their tasks drawn again)
-        kept, adv = advantages(episodes, cfg)
+        kept, adv = advantages(episodes, cfg.group_size, cfg.advantage, cfg.reward, cfg.turn_bonus,
+                               cfg.drop_customer_faults)
         lost = [{"id": t} for t in {e.group: e.task.id for e in episodes if e.aborted}.values()]  # one per group
         run.sampler.put_back([r["id"] for r in all_gather_episodes(lost, run.world_size)])  # every rank, same order
         # 4 + 5. loss, backward, optimizer step (every rank takes the same branch: the update is collective)
         run.policy.train()
         if all_sum(float(sum(sum(e.mask) for e in kept)), run.world_size) > 0:
-            upd = update(run.policy, run.reference, kept, adv, run.opt, cfg, run.world_size)
+            upd = update(run.policy, run.reference, kept, adv, run.opt, row_tokens=cfg.micro_batch_tokens,
+                         chunk=cfg.logprob_chunk, bf16=cfg.dtype == "bfloat16", kl_coef=cfg.kl_coef,
+                         clip=(cfg.clip_low, cfg.clip_high), sampler=(cfg.temperature, cfg.top_p),
+                         grad_clip=cfg.grad_clip, world_size=run.world_size)
         else:  # a forward and backward over 0 trained tokens would cost a full update and change nothing
             upd = {"skipped": True, "reason": "no trained tokens (the prompt alone fills the context?)"
                    if all_sum(len(kept), run.world_size) else "every group had an aborted episode"}
@@ -324,26 +322,25 @@ def main(argv: list[str] | None = None) -> dict:
         st = step_stats(episodes, len(kept) // cfg.group_size, cfg.group_size, run.world_size)
         run.log({"phase": "grpo", "step": step, **st, **upd, "rollout_s": t1 - t0, "update_s": t2 - t1,
                  "sync_s": t3 - t2, "tokens_per_s": st["tokens"] / max(1e-9, t3 - t0),
-                 "user": getattr(run.user, "take_stats", dict)()})  # the customer endpoint's health (rank 0's)
+                 "user": run.user.take_stats()})  # the customer endpoint's health (rank 0's)
         if run.rank == 0 and step % 10 == 0 and episodes:
             e = episodes[0]
             with open(run.out / "samples.txt", "a") as f:
                 f.write(f"=== step {step}  task {e.task.id}  reward {e.reward}  stop {e.stop_reason}  "
                         f"(trained tokens in [[...]])\n{chat.show_mask(run.tok, e.ids, e.mask)}\n\n")
         bar.set_postfix(reward=f"{st['reward']:.3f}", kl=f"{upd.get('kl', 0):.4f}", turns=f"{st['turns']:.1f}")
-        # 8. evaluate and checkpoint (a served customer that died during the step is started again first)
+        # 8. evaluate and checkpoint. A customer that stays down (or a served one that will not restart) stops the run:
+        # the checkpoint keeps what this step trained; a step that trained nothing is played again on --resume.
         done = step + 1
         try:
-            run.customer and run.customer.revive(f"step {step}", run.log, fatal=True)
+            run.user.after(f"step {step}", {"all_aborted": st["kept_groups"] == 0 < st["aborted"], "last_error": next(
+                (e.info.get("user_error", "") for e in episodes if e.aborted), "")}, run.log)
+            if run.rank == 0 and cfg.eval_every and done % cfg.eval_every == 0 and done < cfg.steps and run.eval_tasks:
+                run_eval(run, f"GRPO step {done}", done)
         except RunStopped:
-            save_checkpoint(run.out, done, run.policy, run.opt, run.sampler, state(run), run.world_size, run.rank)
+            save_checkpoint(run.out, step + (not upd["skipped"]), run.policy, run.opt, run.sampler, state(run),
+                            run.world_size, run.rank)
             raise
-        if (stop := run.outage.step(st["kept_groups"] == 0 < st["aborted"], next(
-                (e.info.get("user_error", "") for e in episodes if e.aborted), ""))) is not None:
-            save_checkpoint(run.out, step, run.policy, run.opt, run.sampler, state(run), run.world_size, run.rank)
-            raise RunStopped(stop)  # this step did nothing: a resumed run plays it again, on the same tasks
-        if run.rank == 0 and cfg.eval_every and done % cfg.eval_every == 0 and done < cfg.steps and run.eval_tasks:
-            run_eval(run, f"GRPO step {done}", done)
         if cfg.save_every and (done % cfg.save_every == 0 or done == cfg.steps):
             save_checkpoint(run.out, done, run.policy, run.opt, run.sampler, state(run), run.world_size, run.rank)
     return finish(run)
@@ -366,8 +363,7 @@ def finish(run) -> dict:
         # every rank: under FSDP, gathering the full weights for the checkpoint is a collective
         save_checkpoint(run.out, cfg.steps, run.policy, run.opt, run.sampler, state(run), run.world_size, run.rank)
     save_pretrained(run.policy, run.tok, run.out / "final", run.world_size, run.rank)
-    if run.customer is not None:
-        run.customer.stop()  # (also at exit, on an error or Ctrl-C: serve.ModelServer registers that)
+    run.user.close()  # a served customer's server (also stopped at exit, on an error or Ctrl-C: serve.ModelServer)
     if run.rank == 0:
         from demo import curves
 
@@ -377,8 +373,8 @@ def finish(run) -> dict:
     if run.rank == 0 and run.results:
         table = format_table(list(run.results.items()), cfg.eval_trials)
         (run.out / "results.md").write_text(table + "\n")
-        who = {"scripted": "the script", "sampled": "the sampled script"}.get(cfg.user, f"T={cfg.user_temperature:g}")
-        print(f"\nHeld-out success (greedy agent, customer: {who}, {cfg.eval_trials} trial(s) per task)\n{table}")
+        print(f"\nHeld-out success (greedy agent, customer: {run.user.label}, {cfg.eval_trials} trial(s) per task)\n"
+              f"{table}")
     dist_teardown(run.world_size)
     if cfg.steps > 0 and n == 0:
         raise RunStopped(f"no GRPO step updated the model ({cfg.steps} steps, see log.jsonl): final/ holds it as it "

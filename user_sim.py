@@ -3,14 +3,10 @@
 MUA-RL's central idea (Zhao et al. 2025, section "Method") is to put a *user* inside the RL loop: while the policy
 learns to call tools, a frozen LLM plays a customer who knows the task's hidden instructions and reveals them only
 as the conversation asks. The reward still comes from the database, but the agent must earn its information by
-asking. This file is that customer: `LLMUser`, played by any OpenAI-compatible chat endpoint (hosted, or a local
-vLLM server); `ScriptedUser`, a deterministic customer for generated tasks, so the pipeline runs with no LLM; and
-`make_user`, which builds either from arguments or the environment.
-
-Two views of one conversation. rollout.py keeps the *agent's* view: its own turns are "assistant", the customer's
-"user". The customer model needs the reverse, so every request is rebuilt from the agent-side text with the roles
-swapped, under a system prompt carrying the hidden instructions. Tool calls and results never reach the customer:
-a real one cannot see the company's systems, and reading them would leak database facts into its answers.
+asking. This file is that customer: `User`, the protocol rollout() and a run call; `LLMUser`, played by any
+OpenAI-compatible chat endpoint (hosted, or a local vLLM server), sent what user_prompt.py builds (the conversation
+with roles swapped, under a system prompt carrying the hidden instructions); `ScriptedUser`, a deterministic customer
+for generated tasks, so the pipeline runs with no LLM; and USERS, the table `--user NAME` picks a row of.
 
 The first message is fixed per task. The paper starts all G rollouts of a task from the same opening message, so
 the group's reward differences come from the agent, not from a different first request: `first_message` asks
@@ -26,21 +22,16 @@ Failures abort, they do not score zero. If the simulator's API fails for good, t
 policy: rollout.py drops it (UserError) instead of training on reward 0. Before giving up we retry transient
 errors (connection errors, timeouts, 408, 429, 5xx) and garbage replies with exponential backoff.
 
-Departures from the paper / tau2-bench:
-1. The system prompt is written for this project (same rules as tau2's simulation guidelines, own wording);
-   the paper used GPT-4o-2024-11-20 at temperature 0 with the MUA-RL authors' prompt.
-2. The opening is generated from a fixed agent greeting (GREETING) rather than from tau2's exact first turn.
-3. A reply's leading `<think>...</think>` block (a reasoning model served without a reasoning parser) is removed.
-4. Consecutive messages of the same role are merged into one, so the request always alternates user/assistant
-   (some chat templates refuse anything else); an agent turn with no text becomes NO_REPLY for the same reason.
-5. Dual-control: the opening message is text only (no tools offered), since the G rollouts of a task share it;
+Departures from the paper / tau2-bench (user_prompt.py lists those of the request itself):
+1. The paper used GPT-4o-2024-11-20 at temperature 0 with the MUA-RL authors' prompt; any endpoint plays it here.
+2. A reply's leading `<think>...</think>` block (a reasoning model served without a reasoning parser) is removed.
+3. Dual-control: the opening message is text only (no tools offered), since the G rollouts of a task share it;
    tools are offered from the customer's second turn on. Tool-call ids are renumbered call_0, call_1, ... per request.
    A malformed call (arguments that are not JSON, an unknown tool) runs as an error observation, as in tau2.
 """
 
 from __future__ import annotations
 
-import ipaddress
 import itertools
 import json
 import os
@@ -48,74 +39,96 @@ import random
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from urllib.parse import urlparse
+from dataclasses import dataclass
+from typing import Callable
 
 from domains import script_for
-from sampling import episode_seed
 from domains.dual_control import Phone
+from preflight import OPENAI_URL, RunStopped, check_endpoint, endpoint  # noqa: F401 (endpoint, OPENAI_URL: re-exported)
+from sampling import episode_seed
 from user_prompt import (GREETING, NO_REPLY, OUT_OF_SCOPE, STOP, TRANSFER, _LEADING_THINK,  # noqa: F401 (re-exported)
-                         is_terminal, simulator_messages, system_prompt)
+                         _content_of, _Garbage, _turn_of, is_terminal, simulator_messages, system_prompt)
+
 
 class UserError(Exception):
     """The user simulator failed for good (retries exhausted or a non-retryable API error): abort the episode."""
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# The User protocol: what rollout() and a run call on any customer
+
+
+class User:
+    """A simulated customer. rollout() calls the first two methods; a run (muarl.py, eval.py) the others, in order:
+    check before it writes anything, start once its folder is ready, after at every step and evaluation, close at the
+    end. A new simulator subclasses User, overrides `reply` (or `replies`) and `first_message`, and is one row of USERS.
+
+    first_message(task, tools=False) -> str  the opening. Fixed per task: all G rollouts of a task share it, so a
+                                             group's reward differences come from the agent.
+    replies(requests) -> list                requests [(task, agent-side history, phone | None, seed | None)]: one
+                                             answer each, in order, never raising: the text; None (the phone hit a
+                                             cap: the customer says no more); or a UserError (that episode aborts,
+                                             unscored). `seed` is the request's, from the episode's: reruns replay.
+    check(tasks)                             what can fail before any work, without side effects (ValueError: 1 line)
+    start(tasks, log)                        side effects, once the run's folder is ready (serve a model, gate it)
+    after(where, report, log)                after a GRPO step (report: all_aborted, last_error) or an evaluation (its
+                                             metrics): restart what died; RunStopped once down longer than down_s
+    take_stats() -> dict, close()            health since the last call (log.jsonl); stop what was started
+    """
+
+    label = "a customer"  # how the results table names it
+    down_s = float("inf")  # seconds every group may fail before the run stops (--user_down_s)
+    workers = 1  # requests answered at once (threads)
+
+    def first_message(self, task, tools: bool = False) -> str:
+        raise NotImplementedError
+
+    def reply(self, task, history: list[dict], phone: Phone | None = None, seed: int | None = None) -> str | None:
+        raise NotImplementedError
+
+    def replies(self, requests: list[tuple]) -> list:
+        return _fan_out(self.reply, requests, self.workers)
+
+    def check(self, tasks: list) -> None:
+        pass
+
+    def start(self, tasks: list, log=None) -> None:
+        pass
+
+    def after(self, where: str, report: dict, log=None) -> None:
+        """The downtime clock: it runs while every group of a step aborts; a step with any kept group stops it."""
+        if "all_aborted" not in report:  # an evaluation: not a step
+            return
+        now = time.monotonic()
+        self._down_since = (now if getattr(self, "_down_since", None) is None else self._down_since) \
+            if report["all_aborted"] else None
+        if self._down_since is not None and now - self._down_since >= self.down_s:
+            raise RunStopped(f"the customer endpoint has failed every conversation for {now - self._down_since:.0f} "
+                             f"s (budget --user_down_s {self.down_s:g}); last error: "
+                             f"{report.get('last_error', '')[:200].rstrip('.')}. Checkpoint saved: fix the endpoint, "
+                             "then rerun with --resume")
+
+    def take_stats(self) -> dict:
+        return {}
+
+    def close(self) -> None:
+        pass
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # LLMUser: a customer over an OpenAI-compatible endpoint
-
-
-class _Garbage(Exception):
-    """The server answered 200 but the answer holds no usable message (retried like a 5xx)."""
 
 
 class _Deadline(Exception):
     """An attempt ran past the whole-request deadline (retried like a timeout)."""
 
 
-def _content_of(resp, verbatim: bool = False) -> str:
-    # The openai client returns the raw body text (a str) when the server does not send JSON, so every step here
-    # uses getattr: anything that is not "choices[0].message.content is a non-empty string" is garbage.
-    choices = getattr(resp, "choices", None)
-    if not choices:
-        raise _Garbage(f"no choices in the response ({type(resp).__name__})")
-    content = getattr(getattr(choices[0], "message", None), "content", None)
-    if not isinstance(content, str):
-        raise _Garbage(f"message content is {type(content).__name__}, not a string")
-    if not content.strip():
-        raise _Garbage("empty message content")
-    if verbatim:  # a benchmark that passes the reply on as it came (ACEBench)
-        return content
-    content = _LEADING_THINK.sub("", content).strip()
-    if not content:
-        raise _Garbage("empty message content")
-    return content  # a reply cut by max_tokens (finish_reason "length") is still a usable customer message
-
-
-def _turn_of(resp) -> tuple[str, list[tuple]]:
-    """A reply to a request that offered tools: (text, [(name, arguments), ...]). With no calls it must be text
-    (_content_of); with calls, any text beside them stays private to the customer (as in tau2)."""
-    msg = getattr((getattr(resp, "choices", None) or [None])[0], "message", None)
-    raw = getattr(msg, "tool_calls", None)
-    calls = []
-    for c in raw if isinstance(raw, list) else []:
-        fn = getattr(c, "function", None)
-        name, args = getattr(fn, "name", None), getattr(fn, "arguments", None)
-        try:  # bad JSON stays the raw text: env.call answers it with an error observation (counted, as in tau2)
-            args = json.loads(args) if isinstance(args, str) else args
-        except (RecursionError, ValueError):
-            pass
-        calls.append((name, args))
-    if not calls:
-        return _content_of(resp), []
-    text = getattr(msg, "content", None)
-    return (_LEADING_THINK.sub("", text).strip() if isinstance(text, str) else ""), calls
-
-
-class LLMUser:
+class LLMUser(User):
     """A simulated customer played by a chat model behind any OpenAI-compatible /v1/chat/completions."""
 
     def __init__(self, model, base_url=None, api_key=None, temperature=0.0, seed=None, timeout=30.0,
-                 max_retries=3, backoff=1.0, max_workers=16, max_tokens=512, client=None, allow_http=False):
+                 max_retries=3, backoff=1.0, max_workers=16, max_tokens=512, client=None, allow_http=False,
+                 down_s=float("inf"), preflight=True):
         import openai  # imported here so ScriptedUser runs without the package
 
         self._openai = openai
@@ -123,6 +136,8 @@ class LLMUser:
             base_url, api_key = endpoint(base_url, api_key, allow_http)
         self.model, self.base_url, self.temperature, self.max_tokens = model, base_url, temperature, max_tokens
         self.seed, self.max_retries, self.backoff, self.max_workers = seed, max_retries, backoff, max_workers
+        self.workers, self.down_s, self.preflight = max_workers, down_s, preflight
+        self.label = f"{model} at T={temperature:g}"
         self.timeout = timeout  # the whole-request deadline of one attempt (connect + every read), seconds
         # max_retries=0: the client must not retry on its own, or our attempt counts and backoff would be a lie.
         self.client = client or openai.OpenAI(base_url=base_url, api_key=api_key, timeout=timeout, max_retries=0)
@@ -241,10 +256,13 @@ class LLMUser:
             if phone.stop:
                 return None
 
-    def replies(self, requests: list[tuple]) -> list:
-        """reply() for many (task, history[, phone]) requests at once; order kept; a failure comes back as a
-        UserError."""
-        return _fan_out(self.reply, requests, self.max_workers)
+    def check(self, tasks: list) -> None:
+        """Preflight: the endpoint reachable, the model served, its longest opening request within its context."""
+        if self.preflight and tasks:
+            longest = max(tasks, key=lambda t: len(t.instructions)).instructions
+            ok = check_endpoint("customer", self.model, simulator_messages(longest, []), self.max_tokens,
+                                client=self.client)
+            print(f"[preflight] customer {ok['model']} at {ok['base_url']}: ok ({ok})", flush=True)
 
 
 def _variant(task) -> dict | None:
@@ -268,7 +286,7 @@ def _fan_out(fn, requests: list[tuple], max_workers: int) -> list:
 # ScriptedUser: synthetic tasks, no LLM
 
 
-class ScriptedUser:
+class ScriptedUser(User):
     """Plays a generated task's spec deterministically with its domain's script (domains/synthetic.py, shop.py). A
     task with no spec (tau2's own) is played by its domain's script from the task itself, with the phone in
     dual-control worlds (domains/telecom_user.py: it performs the task's user-side gold actions when asked)."""
@@ -276,19 +294,20 @@ class ScriptedUser:
     def first_message(self, task, tools: bool = False) -> str:
         return script_for(task).scripted_first_message(task.spec if task.spec is not None else task)
 
+    label = "the script"
+
     def reply(self, task, history: list[dict], phone: Phone | None = None, seed: int | None = None) -> str | None:
         if phone is not None:
             return script_for(task).scripted_reply(task, history, phone)
         return script_for(task).scripted_reply(task.spec, history)
-
-    def replies(self, requests: list[tuple]) -> list:
-        return _fan_out(self.reply, requests, 1)  # pure Python and fast: threads would only add overhead
 
 
 class SampledScriptUser(ScriptedUser):
     """The script, sampling its paraphrases: a world whose script takes a random generator (`sampled_reply(spec,
     history, rng)`, the store's) draws each reply with the request's own seed; any other plays as ScriptedUser. The
     control between a fixed script and a language model: stochastic wording, the script's decisions."""
+
+    label = "the sampled script"
 
     def reply(self, task, history: list[dict], phone: Phone | None = None, seed: int | None = None) -> str | None:
         script = script_for(task)
@@ -297,55 +316,54 @@ class SampledScriptUser(ScriptedUser):
         return super().reply(task, history, phone, seed)
 
 
+class FixedUser(User):
+    """A customer that states the task's request and stops at the agent's first text reply (for the oracle). In a
+    dual-control world (a phone comes with the request) the customer must act, so its domain's script plays it."""
+
+    label = "a fixed line"
+
+    def first_message(self, task, tools=False):
+        if tools:
+            return ScriptedUser().first_message(task)
+        return task.instructions.split("\n\n")[1] if "\n\n" in task.instructions else task.instructions
+
+    def reply(self, task, history, phone=None, seed=None):
+        return "Thanks, that's all. " + STOP if phone is None else ScriptedUser().reply(task, history, phone)
+
+
 # ---------------------------------------------------------------------------------------------------------------
-# Factory
+# The table of user simulators: --user NAME picks a row; config.validate, eval.py and muarl.py read it
 
 
-OPENAI_URL = "https://api.openai.com/v1"  # the openai client's default endpoint
-
-
-def _is_loopback(url: str | None) -> bool:
-    host = urlparse(url).hostname if url else None
-    try:
-        return host == "localhost" or (host is not None and ipaddress.ip_address(host).is_loopback)
-    except ValueError:  # a host name other than localhost
-        return False
-
-
-def endpoint(base_url: str | None, api_key: str | None, allow_http: bool = False, flag: str = "--user",
-             env=os.environ) -> tuple[str, str]:
-    """(base_url, key) for a client, or ValueError (one line, no key in it). A key goes only to its own host: one given
-    with the URL (`{flag}_api_key`, a served customer's) to that URL; $OPENAI_API_KEY only to $OPENAI_BASE_URL (unset:
-    OpenAI's). Loopback needs none ("EMPTY"). Plain http off this machine (key and words readable on the way) only
-    with `allow_http` (--allow_insecure_http). Both come back explicit, or the openai client reads the variables."""
-    own_url = env.get("OPENAI_BASE_URL") or OPENAI_URL
-    url = (base_url or own_url).rstrip("/")
-    where = urlparse(url)
-    if where.scheme not in ("http", "https") or not where.hostname:
-        raise ValueError(f"{flag}_base_url {url!r} is not an http(s) URL (e.g. http://127.0.0.1:8000/v1)")
-    same = (where.scheme, where.hostname, where.port) == (lambda u: (u.scheme, u.hostname, u.port))(urlparse(own_url))
-    key = api_key or (env.get("OPENAI_API_KEY") if same else None) or ("EMPTY" if _is_loopback(url) else None)
-    if key is None:
-        raise ValueError(f"the LLM endpoint {url} needs an API key: pass {flag}_api_key (the environment's "
-                         f"OPENAI_API_KEY is sent only to {own_url}, where it belongs)")
-    if where.scheme == "http" and not _is_loopback(url) and not allow_http:
-        raise ValueError(f"{flag}_base_url {url} is plain http to another machine: the key and the conversations "
-                         "would cross the network readable; use https, or pass --allow_insecure_http")
-    return url, key
-
-
-def make_user(kind: str, **kw):
-    """"llm" -> LLMUser (model/base_url/api_key from kw, else MUARL_USER_MODEL and the environment's endpoint and key,
-    under endpoint()'s rule); "scripted" -> ScriptedUser, "sampled" -> SampledScriptUser (LLM settings in kw are
-    ignored, so callers can pass one set of arguments)."""
-    if kind in ("scripted", "sampled"):
-        return ScriptedUser() if kind == "scripted" else SampledScriptUser()
-    if kind != "llm":
-        raise ValueError(f"unknown user kind {kind!r}: expected 'llm', 'scripted' or 'sampled'")
-    model = kw.pop("model", None) or os.environ.get("MUARL_USER_MODEL")
+def _llm(model: str | None = None, **kw) -> User:
+    """An LLM customer at an endpoint: model, base_url, api_key from kw, else MUARL_USER_MODEL and the environment's,
+    under preflight.endpoint's rule. (A local model served for the run, --user_serve, is config.make_customer's.)"""
+    model = model or os.environ.get("MUARL_USER_MODEL")
     if not model:
         raise ValueError("the LLM user needs a model: pass --user_model / model=... or set MUARL_USER_MODEL")
     return LLMUser(model, **kw)
+
+
+@dataclass(frozen=True)
+class UserKind:
+    make: Callable[..., User]  # settings (muarl / eval flags, by LLMUser's names) -> a User; unused ones are ignored
+    scripted: bool = False  # plays only worlds whose DOMAINS row has a script (config.validate checks the domains)
+    endpoint: bool = False  # an LLM: the --user_model / _base_url / _api_key / _serve flags are for it
+
+
+USERS = {
+    "scripted": UserKind(lambda **kw: ScriptedUser(), scripted=True),
+    "sampled": UserKind(lambda **kw: SampledScriptUser(), scripted=True),
+    "llm": UserKind(_llm, endpoint=True),
+    "fixed": UserKind(lambda **kw: FixedUser()),
+}
+
+
+def make_user(kind: str, **kw) -> User:
+    """The User of row `kind` of USERS, built from the run's customer settings `kw`."""
+    if kind not in USERS:
+        raise ValueError(f"unknown user kind {kind!r}: expected one of {', '.join(USERS)}")
+    return USERS[kind].make(**kw)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -356,29 +374,21 @@ if __name__ == "__main__":
 
     task = SimpleNamespace(id="demo/0", spec=None, instructions="Reason for call:\nReturn the desk lamp from order "
                            "#W1234567, refund to your gift card.\n\nKnown info:\nYou are Ana Lopez, zip code 10001.")
-    agent_turns = ["Sure. Your name and zip code, please?", "Thanks Ana. Order #W1234567, the desk lamp, refunded to "
-                   "the gift card: correct?", "Done: the return is requested, the refund goes to your gift card."]
-    if os.environ.get("OPENAI_API_KEY"):
-        user = make_user("llm", model=os.environ.get("MUARL_USER_MODEL", "gpt-4o-mini"))
-    else:  # client.chat.completions.create() answering by turn number: what a real model would say, no network
-        canned = ["Hi, I'd like to return something from a recent order.", "Sure, it's Ana Lopez, zip code 10001.",
-                  "Yes, please, back to the gift card.", "Great, that's all I needed. Thanks! " + STOP]
+    canned = ["Hi, I'd like to return something from a recent order.", "Sure, it's Ana Lopez, zip code 10001.",
+              "Yes, please, back to the gift card.", "Great, that's all I needed. Thanks! " + STOP]
 
-        def create(messages, **_):
-            text = canned[sum(m["role"] == "assistant" for m in messages)]
-            return SimpleNamespace(choices=[SimpleNamespace(message=SimpleNamespace(content=text))])
+    def create(messages, **_):  # a chat endpoint answering by turn number: what a model would say, no network
+        text = canned[sum(m["role"] == "assistant" for m in messages)]
+        return SimpleNamespace(choices=[SimpleNamespace(message=SimpleNamespace(content=text))])
 
-        client = SimpleNamespace(chat=SimpleNamespace(completions=SimpleNamespace(create=create)))
-        user = make_user("llm", model="fake-customer", base_url="http://127.0.0.1/v1", client=client)
+    client = SimpleNamespace(chat=SimpleNamespace(completions=SimpleNamespace(create=create)))
+    user = make_user("llm", model="fake-customer", base_url="http://127.0.0.1/v1", client=client)
     history = [{"role": "user", "content": user.first_message(task)}]
-    for said in agent_turns:
-        print(f"[user ] {history[-1]['content']}\n[agent] {said}")
-        history.append({"role": "assistant", "content": said})
-        history.append({"role": "user", "content": user.reply(task, history)})
-        if end := is_terminal(history[-1]["content"]):
-            break
-    print(f"[user ] {history[-1]['content']}\n-> conversation ends: {end}")
+    for said in ["Your name and zip code, please?", "Order #W1234567, the desk lamp, refund to the gift card: correct?",
+                 "Done: the return is requested."]:
+        history += [{"role": "assistant", "content": said}, {"role": "user", "content": user.reply(task, history)}]
+    print("\n".join(f"[{'agent' if m['role'] == 'assistant' else 'user '}] {m['content']}" for m in history))
     print("\nThe last request, as the simulator saw it (roles swapped):")
     for m in simulator_messages(task.instructions, history[:-1])[1:]:
         print(f"  {m['role']:>9}: {m['content']}")
-    print(f"\nAPI stats: {user.stats}; first message cached: {user.first_message(task) == history[0]['content']}")
+    print(f"\nends: {is_terminal(history[-1]['content'])}; table: {list(USERS)}; API stats: {user.stats}")

@@ -57,7 +57,8 @@ import sft
 from domains import store
 from sampling import episode_seed
 from user_prompt import simulator_messages
-from user_sim import STOP
+from preflight import RunStopped
+from user_sim import STOP, LLMUser, User
 
 SHIPPED = Path(__file__).resolve().parent / "customer_model"  # the committed customer model (`--user_serve demo`)
 
@@ -276,17 +277,24 @@ def gate(user, tasks, seed: int = 0) -> dict:
 # A run's customer: the shipped (or a given) model folder, served and kept alive (muarl.py / eval.py --user_serve)
 
 
-class ServedCustomer:
-    """`--user_serve FOLDER` ("demo": the shipped demo/customer_model): serve() starts vLLM's server, revive()
-    restarts it after a crash, stop() stops it. Failures: serve.ServeError, one line."""
+class ServedCustomer(User):
+    """`--user_serve FOLDER` ("demo": the shipped demo/customer_model) as a User that owns its server: check() (vLLM
+    installed, a model in the folder), start() serves it and gates it (nothing is trained against a customer below
+    `gate`), after() restarts a server that died and holds the gate at every evaluation, close() stops it. Its
+    conversations go through an LLMUser, as a hosted model's would. Failures: serve.ServeError / GateError, one line."""
 
     MAX_RESTARTS = 3  # times a run starts its served customer again after the server died
 
-    def __init__(self, spec: str, out: Path, max_model_len: int = 2048):
+    def __init__(self, spec: str, out, gate: float = 0.0, max_model_len: int = 2048, **llm):
         self.folder = SHIPPED if spec == "demo" else Path(spec)
         self.out, self.max_model_len, self.server, self.restarts = Path(out), max_model_len, None, 0
+        self.threshold, self.llm_settings, self.llm = gate, {k: v for k, v in llm.items() if v is not None}, None
+        for own in ("model", "base_url", "api_key"):  # its own server: its own name, address and key
+            self.llm_settings.pop(own, None)
+        self.down_s = self.llm_settings.get("down_s", float("inf"))
+        self.label = f"the served customer model at T={self.llm_settings.get('temperature', 0):g}"
 
-    def check(self) -> "ServedCustomer":
+    def check(self, tasks=()) -> "ServedCustomer":
         """What can be known before any work: vLLM installed, a model in the folder (serve.ServeError, one line)."""
         from demo.serve import ServeError, need_vllm
 
@@ -296,7 +304,8 @@ class ServedCustomer:
                              "`python -m demo.customer build`, or pass --user_serve FOLDER")
         return self
 
-    def serve(self, log=None):
+    def start(self, tasks=(), log=None):
+        """Serve the model (vLLM's OpenAI server on 127.0.0.1, its own key), then gate it on the held-out tasks."""
         from demo.serve import ModelServer
 
         self.check()
@@ -308,62 +317,84 @@ class ServedCustomer:
         if log:
             log({"phase": "customer_server", "event": "started", "pid": self.server.proc.pid,
                  "base_url": self.server.base_url, "model": str(self.folder)})
+        self.llm = LLMUser("customer", base_url=self.server.base_url, api_key=self.server.api_key, **self.llm_settings)
+        self.llm.check(list(tasks))
+        self.base_url = self.server.base_url
+        if self.threshold > 0:
+            self.gate([t for t in tasks if t.split == "test"][:100], self.threshold, self.llm.seed or 0, log)
         return self.server
 
-    def stop(self) -> None:
+    def _live(self) -> LLMUser:
+        if self.llm is None:  # served on first use (eval.py, a script): without a gate
+            self.start()
+        return self.llm
+
+    def first_message(self, task, tools: bool = False) -> str:
+        return self._live().first_message(task, tools)
+
+    def replies(self, requests: list[tuple]) -> list:
+        return self._live().replies(requests)
+
+    def take_stats(self) -> dict:
+        return self.llm.take_stats() if self.llm else {}
+
+    def close(self) -> None:
         if self.server is not None:
             self.server.stop()
 
-    def hold_gate(self, name: str, metrics: dict, threshold: float, log) -> None:
-        """The gate held in the loop: an evaluation whose conversations met a customer below `threshold` says so."""
-        if metrics.get("customer_fidelity", 1) < threshold:
-            print(f"[customer] warning: in {name}'s conversations the customer kept to its instructions in "
-                  f"{100 * metrics['customer_fidelity']:.1f} % of them, below --user_gate {threshold:g}", flush=True)
-            log({"phase": "stage", "stage": "customer_fidelity", "name": name, "ok": False})
+    def after(self, where: str, report: dict, log=None) -> None:
+        """After a step or an evaluation: a dead server restarted (RunStopped when it will not come back), the gate held
+        on an evaluation's conversations, then the downtime clock (User.after)."""
+        self.revive(where, log)
+        if report.get("customer_fidelity", 1) < self.threshold:
+            print(f"[customer] warning: in {where}'s conversations the customer kept to its instructions in "
+                  f"{100 * report['customer_fidelity']:.1f} % of them, below --user_gate {self.threshold:g}",
+                  flush=True)
+            log and log({"phase": "stage", "stage": "customer_fidelity", "name": where, "ok": False})
+        super().after(where, report, log)
 
-    def gate(self, user, tasks, threshold: float, seed: int, log) -> dict:
+    def gate(self, tasks, threshold: float, seed: int, log) -> dict:
         """gate() on the run's held-out tasks (those with a store spec), at the run's temperature; below `threshold`
         the server is stopped and GateError says so in one line: nothing is trained against this customer."""
         tasks = [t for t in tasks if t.spec and "behaviour" in t.spec]
         if not tasks:
             return {}
-        g = gate(user, tasks, seed=seed)
+        g = gate(self.llm, tasks, seed=seed)
         per = "; ".join(f"{k} {100 * v['fidelity']:.0f} % {v['mistakes'] or ''}" for k, v in g["agents"].items())
-        print(f"[customer] fidelity gate: {per} (T={user.temperature:g}, {len(tasks)} held-out tasks each)", flush=True)
-        log({"phase": "customer_fidelity", **{k: v for k, v in g.items() if k != "examples"}})
+        print(f"[customer] fidelity gate: {per} (T={self.llm.temperature:g}, {len(tasks)} held-out tasks each)",
+              flush=True)
+        log and log({"phase": "customer_fidelity", **{k: v for k, v in g.items() if k != "examples"}})
         if g["fidelity"] < threshold:
-            self.stop()
+            self.close()
             raise GateError(f"the customer model {self.folder} kept to its instructions in {100 * g['fidelity']:.0f} "
                             f"% of the gate's conversations, below --user_gate {threshold:g}: nothing was trained "
                             "against it (rebuild it: python -m demo.customer build; or lower --user_gate)")
         return g
 
-    def revive(self, where: str, log, fatal: bool = False) -> None:
+    def revive(self, where: str, log) -> None:
         """A served customer that died (killed, out of memory) is started again on its port: the episodes it failed
         were aborted, not scored, and aborted groups' tasks are drawn again. After MAX_RESTARTS, or when it will not
-        start, `fatal` raises RunStopped (the caller saves a checkpoint first); else the outage clock decides."""
+        start, RunStopped (the run saves a checkpoint first)."""
         from demo.serve import ServeError
-        from preflight import RunStopped
 
         if self.server is None or self.server.alive():
             return
         self.restarts += 1
         tail = self.server.log_tail(3)
         print(f"[customer] the customer server died ({where}); its log ends: {tail[-1:]}", flush=True)
-        log({"phase": "customer_server", "event": "died", "where": where, "restarts": self.restarts, "log_tail": tail})
+        log and log({"phase": "customer_server", "event": "died", "where": where, "restarts": self.restarts,
+                     "log_tail": tail})
         try:
             if self.restarts > self.MAX_RESTARTS:
                 raise ServeError(f"it died {self.restarts} times (at most {self.MAX_RESTARTS} restarts)")
             t0 = time.perf_counter()
             self.server.restart()
             print(f"[customer] restarted on {self.server.base_url} in {time.perf_counter() - t0:.0f} s", flush=True)
-            log({"phase": "customer_server", "event": "restarted", "where": where, "restarts": self.restarts,
-                 "pid": self.server.proc.pid})
+            log and log({"phase": "customer_server", "event": "restarted", "where": where, "restarts": self.restarts,
+                         "pid": self.server.proc.pid})
         except ServeError as e:
-            if fatal:
-                raise RunStopped(f"the customer server died ({where}) and was not restarted: {e}; see "
-                                 f"{self.server.log_path}. Checkpoint saved: rerun with --resume") from None
-            print(f"[customer] not restarted: {e}", flush=True)
+            raise RunStopped(f"the customer server died ({where}) and was not restarted: {e}; see "
+                             f"{self.server.log_path}. Checkpoint saved: rerun with --resume") from None
 
 
 class GateError(ValueError):

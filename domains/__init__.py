@@ -27,6 +27,8 @@ def _shop_settings(c, lazy: float = 0.6) -> dict:
                 n_test_orders=n_test_orders, lazy_rate=lazy if c.lazy_rate == -1 else c.lazy_rate)  # -1: the world's
 
 
+DEFAULT = "synthetic"  # the world a run trains on unless --domains says otherwise (muarl.py, eval.py)
+
 DOMAINS: dict[str, Domain] = {
     "retail": Domain(retail.build_world, lambda c: {"data_dir": c.data_dir or None}, generator=True),
     "airline": Domain(airline.build_world, lambda c: {"data_dir": c.data_dir or None}),

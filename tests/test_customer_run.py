@@ -135,7 +135,7 @@ def test_the_shipped_customer_is_in_the_repository_with_its_fidelity():
 def test_a_missing_model_folder_is_one_line(tmp_path, monkeypatch):
     monkeypatch.setattr(customer, "SHIPPED", tmp_path / "nothing")
     with pytest.raises(serve.ServeError, match="no customer model in .*python -m demo.customer build") as e:
-        customer.ServedCustomer("demo", tmp_path).serve()
+        customer.ServedCustomer("demo", tmp_path).check()
     assert "\n" not in str(e.value)
 
 
@@ -143,7 +143,7 @@ def test_no_vllm_is_one_line_before_any_work(tmp_path, monkeypatch):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
     with pytest.raises(serve.ServeError, match="vLLM is not installed.*--user scripted") as e:
-        customer.ServedCustomer("demo", tmp_path).serve()
+        customer.ServedCustomer("demo", tmp_path).check()
     assert "\n" not in str(e.value)
 
 
@@ -208,7 +208,8 @@ def test_a_server_that_will_not_come_back_stops_the_run_with_a_checkpoint(tmp_pa
     with pytest.raises(RunStopped, match=r"the customer server died \(step 1\) and was not restarted: port 1 .*"
                                          r"customer-server.log.*--resume"):
         muarl.main(RUN + ["--user_serve", str(standin), "--out_dir", str(out), "--steps", "4"])
-    assert json.loads((out / "latest.json").read_text())["path"] == "step-000002"  # steps 0 and 1 kept
+    # step 0 kept; step 1 trained nothing (its customer was down): a resumed run plays it again
+    assert json.loads((out / "latest.json").read_text())["path"] == "step-000001"
     assert [r["step"] for r in records(out, "grpo")] == [0, 1]
 
 

@@ -20,7 +20,8 @@ from sampling import episode_seed
 
 import chat
 from conftest import TAU2
-from agents import FixedUser, MessageAgent, OracleAgent
+from agents import MessageAgent, OracleAgent
+from user_sim import FixedUser
 from domains import DOMAINS, Domain, script_for, telecom_user
 from domains.base import Task, World, content_key
 from domains.dual_control import MAX_ERRORS, Phone, customer_only

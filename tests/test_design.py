@@ -22,14 +22,15 @@ import torch
 
 import grpo
 import muarl
-from agents import FixedUser, MessageAgent, OracleAgent
-from config import Config, ConfigError, parse_config, validate
-from domains import DOMAINS, Domain, load_world, load_worlds, script_for
+import eval as evaluation
+from agents import MessageAgent, OracleAgent
+from config import Config, ConfigError, make_customer, parse_config, validate
+from domains import BENCHES, DOMAINS, Domain, load_world, load_worlds, script_for
 from eval import evaluate
 from hf_engine import HFEngine
 from demo.tiny import build_tiny
 from rollout import PolicyAgent, RolloutConfig, rollout, score
-from user_sim import ScriptedUser
+from user_sim import STOP, USERS, FixedUser, ScriptedUser, User, UserKind
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -128,10 +129,65 @@ def test_turn_bonus_reaches_the_update_through_muarl_advantages(shop_and_model):
     eps = score(rollout(world.tasks("train")[:2], 2, {"shop": world}, PolicyAgent(HFEngine(model, tok), tok),
                         ScriptedUser(), cfg), {"shop": world})
     eps[0].reward, eps[1].reward = 1.0, 0.0  # a group with a learning signal
-    plain = muarl.advantages(eps, parse_config(["--group_size", "2"]))[1]
-    bonus = muarl.advantages(eps, parse_config(["--group_size", "2", "--turn_bonus", "0.25"]))[1]
+    plain = muarl.advantages(eps, 2)[1]
+    bonus = muarl.advantages(eps, 2, turn_bonus=0.25)[1]
     assert all(isinstance(a, float) for a in plain)
     assert all(isinstance(b, list) and len(b) == len(e.ids) for b, e in zip(bonus, eps))
+
+
+def test_a_training_reward_is_a_row_and_leaves_evaluation_alone(shop_and_model, monkeypatch):
+    # A fork's reward: one row of grpo.REWARDS (here: a penalty per agent turn, a turn-level shaping) and the flag that
+    # picks it. Training advantages change; the episode's score, what evaluation reports, does not.
+    world, model, tok = shop_and_model
+    cfg = RolloutConfig(max_turns=6, max_new_tokens=16, max_context=1024, tools_in_prompt=False, seed=3)
+    eps = score(rollout(world.tasks("train")[:2], 2, {"shop": world}, PolicyAgent(HFEngine(model, tok), tok),
+                        ScriptedUser(), cfg), {"shop": world})
+    eps[0].reward = eps[1].reward = 1.0
+    eps[0].agent_turns, eps[1].agent_turns = 1, 3  # the same outcome, reached in fewer turns by the first
+    monkeypatch.setitem(grpo.REWARDS, "brief", lambda e: e.reward - 0.1 * e.agent_turns)
+    validate(parse_config(["--reward", "brief"]))
+    with pytest.raises(ConfigError, match="reward"):
+        validate(parse_config(["--reward", "nope"]))
+    assert muarl.advantages(eps, 2)[1][:2] == [0.0, 0.0]  # the paper's outcome reward: nothing to learn here
+    brief = muarl.advantages(eps, 2, reward="brief")[1][:2]
+    assert brief[0] > 0 > brief[1]  # the shorter conversation is preferred
+    assert [e.reward for e in eps[:2]] == [1.0, 1.0]  # the score evaluation reports is untouched
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A new user simulator: one class and one row of USERS
+
+
+class Parrot(User):
+    """A customer who repeats the task's request whatever the agent says, then leaves (a toy simulator)."""
+
+    label = "a parrot"
+
+    def first_message(self, task, tools=False):
+        return task.instructions
+
+    def reply(self, task, history, phone=None, seed=None):
+        return "As I said: " + task.instructions + " " + STOP
+
+
+def test_a_user_simulator_is_one_class_and_one_row(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(USERS, "parrot", UserKind(lambda **kw: Parrot()))  # the one row
+    cfg = parse_config(["--model", "tiny", "--domains", "shop", "--user", "parrot"])
+    validate(cfg)  # config reads the table
+    assert isinstance(make_customer(cfg), Parrot)
+    m = evaluation.main(["--agent", "oracle", "--domain", "shop", "--user", "parrot", "--tasks", "3", "--out",
+                         str(tmp_path / "t.jsonl")])  # eval.py reads it too (the oracle meets its own FixedUser)
+    assert m["episodes"] == 3
+    world = load_world("shop", seed=0, n_train=0, n_test=4)
+    m, eps = evaluate(world.tasks("test"), {"shop": world}, MessageAgent(OracleAgent), Parrot(), RolloutConfig(),
+                      progress=False)
+    assert all(e.messages[1]["content"] == e.task.instructions for e in eps)  # rollout() asked it for the opening
+    out = tmp_path / "run"  # and muarl trains against it
+    res = muarl.main(["--domains", "shop", "--model", "tiny", "--user", "parrot", "--tiny_hidden", "64",
+                      "--tiny_layers", "1", "--threads", "1", "--copy_warmup", "0", "--sft_epochs", "0", "--steps", "1",
+                      "--tasks_per_step", "2", "--group_size", "2", "--max_new_tokens", "8", "--max_turns", "4",
+                      "--eval_tasks", "2", "--out_dir", str(out)])
+    assert "GRPO (1 steps)" in res and "customer: a parrot" in capsys.readouterr().out  # the table names it
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -193,13 +249,14 @@ def test_a_toy_domain_is_one_file_and_one_registry_row(tmp_path, monkeypatch):
 # No import circles
 
 CORE = sorted(p.stem for p in REPO.glob("*.py"))
-MODULES = CORE + [f"domains.{p.stem}" for p in (REPO / "domains").glob("*.py") if p.stem != "__init__"] + ["domains"]
+MODULES = CORE + [f"{d}.{p.stem}" for d in ("domains", "demo") for p in (REPO / d).glob("*.py") if p.stem != "__init__"] \
+    + ["domains", "demo"]
 
 
 def _imports(module: str) -> set[str]:
     """Every project module `module` imports, at the top, inside a function or in its __main__ demo (ast, not
     execution): a demo that imports a module above its own is a circle too."""
-    path = REPO / (module.replace(".", "/") + (".py" if module != "domains" else "/__init__.py"))
+    path = REPO / (module.replace(".", "/") + (".py" if module not in ("domains", "demo") else "/__init__.py"))
     out = set()
     for node in ast.walk(ast.parse(path.read_text())):
         names = []
@@ -256,9 +313,33 @@ def test_core_file_keeps_the_house_style(name):
 
 
 def test_the_core_fits_its_line_budget():
+    # Issue 22 asks for <= 3,800 non-blank lines in <= 20 core modules and <= 1,200 in demo/. The module count and the
+    # demo's budget hold. The line count does not: 4,325 in 21 modules before the demo's kit moved out (the tiny agent,
+    # its drills, the served customer's lifecycle, the preset), 4,118 after, and the rest is capability each issue
+    # asked for and tests (the GPU path, checkpoint trust, hostile-input budgets, dual control, the benchmarks).
+    # The budget is lowered to what holds (it was 4,600), never raised; the closing note of issue 22 says so.
     total = sum(_style(REPO / f"{name}.py")["nonblank"] for name in CORE)
-    # 3,000 until issues 12-16 (the customer that acts, serving a customer model, preflight, the run log, hostile-input
-    # budgets, the other benchmarks); 4,400 after them; 4,600 once the CPU demo's customer became a served model
-    # trained beside the cold start (its three-stage training, the run's customer kept alive, trials per evaluation).
-    # Each new concept still gets its own file of <= 400 lines, and domains/ (worlds, benchmarks) is not the core.
-    assert total <= 4600, f"the core modules hold {total} non-blank lines (budget 4,600)"
+    assert len(CORE) <= 20, f"{len(CORE)} core modules (budget 20): {CORE}"
+    assert total <= 4150, f"the core modules hold {total} non-blank lines (budget 4,150; issue 22 asks 3,800)"
+    demo = sum(_style(p)["nonblank"] for p in (REPO / "demo").glob("*.py"))
+    assert demo <= 1200, f"demo/ holds {demo} non-blank lines (budget 1,200)"
+
+
+def _code_strings(path: Path) -> list[tuple[int, str]]:
+    """The string constants of a module's code: not its docstrings, not its __main__ demo."""
+    tree = ast.parse(path.read_text())
+    docs = {id(n.body[0].value) for n in ast.walk(tree) if isinstance(n, (ast.Module, ast.FunctionDef, ast.ClassDef))
+            and n.body and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+    demo = {id(x) for n in tree.body if isinstance(n, ast.If) and "__main__" in ast.unparse(n.test)
+            for x in ast.walk(n)}
+    return [(n.lineno, n.value) for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+            and id(n) not in docs | demo]
+
+
+@pytest.mark.parametrize("name", CORE)
+def test_no_core_file_names_a_domain(name):
+    # A world is a row of domains.DOMAINS (DEFAULT names the default one, demo.TINY the demo's): a core file that named
+    # one would make forking a world a hunt. The one exception is `--tasks synthetic`, a mode (config.CHOICES).
+    named = [(line, s) for line, s in _code_strings(REPO / f"{name}.py") if s in DOMAINS or s in BENCHES]
+    assert named in ([], ) or all(s == "synthetic" and name == "config" for _, s in named), \
+        f"{name}.py names a domain: {named}"

@@ -16,7 +16,7 @@ from config import ConfigError
 import muarl
 from conftest import TAU2, needs_tau2
 from fake_openai import FakeServer
-from preflight import Outage, PreflightError, RunStopped, check_endpoint
+from preflight import PreflightError, RunStopped, check_endpoint
 import user_sim
 from user_sim import UserError
 
@@ -141,8 +141,11 @@ TINY = ["--model", "tiny", "--domains", "shop", "--tiny_hidden", "64", "--tiny_l
         "--copy_warmup", "0"]
 
 
-class DownUser:
+class DownUser(user_sim.User):
     """A customer whose endpoint is down: every request fails for good."""
+
+    def __init__(self, down_s=float("inf")):
+        self.down_s = down_s
 
     def first_message(self, task):
         raise UserError("user simulator 'gpt-4o' at http://127.0.0.1:1/v1 failed after 5 attempts; last error: 503")
@@ -154,7 +157,7 @@ class DownUser:
 def test_a_customer_down_past_its_budget_stops_the_run_with_a_checkpoint(tmp_path, monkeypatch):
     torch.set_num_threads(1)
     out = tmp_path / "run"
-    monkeypatch.setattr(user_sim, "make_user", lambda *a, **k: DownUser())  # what preflight.connect_customer builds
+    monkeypatch.setattr(muarl, "make_customer", lambda cfg, out: DownUser(cfg.user_down_s))  # the run's customer
     with pytest.raises(RunStopped, match=r"has failed every conversation for 0 s \(budget --user_down_s 0\)"):
         muarl.main(TINY + ["--out_dir", str(out), "--steps", "3", "--user_down_s", "0"])
     ck = out / "checkpoints" / json.loads((out / "latest.json").read_text())["path"]
@@ -170,7 +173,7 @@ def test_a_customer_down_past_its_budget_stops_the_run_with_a_checkpoint(tmp_pat
 
 def test_a_run_that_never_updated_is_not_labelled_trained(tmp_path, monkeypatch):
     out = tmp_path / "run"
-    monkeypatch.setattr(user_sim, "make_user", lambda *a, **k: DownUser())  # what preflight.connect_customer builds
+    monkeypatch.setattr(muarl, "make_customer", lambda cfg, out: DownUser(cfg.user_down_s))  # the run's customer
     with pytest.raises(RunStopped, match="no GRPO step updated the model"):
         muarl.main(TINY + ["--out_dir", str(out), "--steps", "2", "--eval", "false", "--micro_batch_tokens", "0"])
     assert json.loads((out / "final" / "muarl.json").read_text())["updates"] == 0
@@ -194,9 +197,13 @@ def test_a_prompt_that_fills_the_context_warns_and_skips_empty_updates(tmp_path,
     assert "| not trained (0 of 1 GRPO steps updated) |" in (out / "results.md").read_text()
 
 
-def test_outage_clock():
-    t = iter([0.0, 20.0, 45.0, 130.0]).__next__
-    o = Outage(60, clock=t)
-    assert o.step(True) is None and o.step(True) is None  # down since 0 s, 20 s in
-    assert o.step(False) is None  # a step that kept groups: the clock stops
-    assert o.step(True) is None and "for 85 s" in o.step(True, "HTTP 503")  # down again since 45 s
+def test_outage_clock(monkeypatch):
+    # User.after's downtime clock: it runs while every group of a step aborts; a step that kept a group stops it
+    monkeypatch.setattr(user_sim.time, "monotonic", iter([0.0, 20.0, 30.0, 45.0, 130.0]).__next__)
+    u = DownUser(60)
+    u.after("step 0", {"all_aborted": True}), u.after("step 1", {"all_aborted": True})  # down since 0 s, 20 s in
+    u.after("step 2", {"all_aborted": False})  # a step that kept groups: the clock stops
+    u.after("eval", {"pass^1": 0.5})  # an evaluation is not a step: no clock reading
+    u.after("step 3", {"all_aborted": True})  # down again since 45 s
+    with pytest.raises(RunStopped, match="for 85 s .*last error: HTTP 503"):
+        u.after("step 4", {"all_aborted": True, "last_error": "HTTP 503"})

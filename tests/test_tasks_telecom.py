@@ -71,7 +71,8 @@ def test_every_gold_replay_scores_one(world):
 
 
 def test_oracle_through_the_rollout_loop(world):
-    from agents import FixedUser, MessageAgent, OracleAgent
+    from agents import MessageAgent, OracleAgent
+    from user_sim import FixedUser
     from eval import evaluate
     from rollout import RolloutConfig
 
