@@ -123,6 +123,13 @@ def update(policy, reference, episodes, advantages, opt, *, row_tokens: int, chu
     return {**out, "grad_norm": gnorm, "skipped": not finite, "trained_tokens": n_tok}
 
 
+def update_settings(cfg: Config) -> dict:
+    """The run's flags as update() takes them."""
+    return dict(row_tokens=cfg.micro_batch_tokens, chunk=cfg.logprob_chunk, bf16=cfg.dtype == "bfloat16",
+                kl_coef=cfg.kl_coef, clip=(cfg.clip_low, cfg.clip_high), sampler=(cfg.temperature, cfg.top_p),
+                grad_clip=cfg.grad_clip)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Setup: everything before the loop
 
@@ -303,10 +310,8 @@ def main(argv: list[str] | None = None) -> dict:
         # 4 + 5. loss, backward, optimizer step (every rank takes the same branch: the update is collective)
         run.policy.train()
         if all_sum(float(sum(sum(e.mask) for e in kept)), run.world_size) > 0:
-            upd = update(run.policy, run.reference, kept, adv, run.opt, row_tokens=cfg.micro_batch_tokens,
-                         chunk=cfg.logprob_chunk, bf16=cfg.dtype == "bfloat16", kl_coef=cfg.kl_coef,
-                         clip=(cfg.clip_low, cfg.clip_high), sampler=(cfg.temperature, cfg.top_p),
-                         grad_clip=cfg.grad_clip, world_size=run.world_size)
+            upd = update(run.policy, run.reference, kept, adv, run.opt, **update_settings(cfg),
+                         world_size=run.world_size)
         else:  # a forward and backward over 0 trained tokens would cost a full update and change nothing
             upd = {"skipped": True, "reason": "no trained tokens (the prompt alone fills the context?)"
                    if all_sum(len(kept), run.world_size) else "every group had an aborted episode"}

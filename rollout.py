@@ -54,7 +54,7 @@ from domains.base import Env, Task, World
 from domains.dual_control import Phone, customer_only, too_many_errors
 from sampling import episode_seed
 from tools import TRANSFER_TOOL, ParsedTurn, clean
-from user_sim import OUT_OF_SCOPE, STOP, TRANSFER, UserError, is_terminal
+from user_sim import OUT_OF_SCOPE, STOP, TRANSFER, User, UserError, is_terminal
 
 AGENT, USER, DONE = "agent", "user", "done"  # whom an episode waits on
 ABORTED = ("user_error", "agent_error")  # stop reasons that say nothing about the agent: never scored
@@ -242,8 +242,8 @@ def _first_message(user, task, tools: bool = False):
         return UserError(f"{type(err).__name__}: {err}")
 
 
-def rollout(tasks: list[Task], group_size: int, worlds: dict[str, World], agent: Agent, user, cfg: RolloutConfig,
-            progress=None, seeds: list[int] | None = None) -> list[Episode]:
+def rollout(tasks: list[Task], group_size: int, worlds: dict[str, World], agent: Agent, user: User,
+            cfg: RolloutConfig, progress=None, seeds: list[int] | None = None) -> list[Episode]:
     """Play len(tasks) x group_size episodes, G consecutive per task; they come back unscored, databases open: call
     score() next. `seeds`: one per episode, in order, for those from cfg.seed (a logged .seed replays its episode)."""
     if seeds is not None and len(seeds) != len(tasks) * group_size:

@@ -68,10 +68,10 @@ def one_step(cfg, worlds, tasks, policy, tok, user, step: int) -> dict:
                   muarl.rollout_cfg(cfg, seed=episode_seed(cfg.seed, "bench", step)))
     score(eps, worlds, check_outputs=cfg.train_check_outputs)
     t1 = time.perf_counter()
-    kept, adv = muarl.advantages(eps, cfg)
+    kept, adv = muarl.advantages(eps, cfg.group_size, cfg.advantage, cfg.reward, cfg.turn_bonus)
     policy.train()
     if kept:
-        muarl.update(policy, None, kept, adv, opt, cfg)
+        muarl.update(policy, None, kept, adv, opt, **muarl.update_settings(cfg))
     t2 = time.perf_counter()
     split = {k: sum(e.timings[k] for e in eps) for k in ("generate", "user", "tools")}
     return {"step_s": t2 - t0, "rollout_s": t1 - t0, "update_s": t2 - t1, **split,

