@@ -391,4 +391,5 @@ if __name__ == "__main__":
     print("\nThe last request, as the simulator saw it (roles swapped):")
     for m in simulator_messages(task.instructions, history[:-1])[1:]:
         print(f"  {m['role']:>9}: {m['content']}")
-    print(f"\nends: {is_terminal(history[-1]['content'])}; table: {list(USERS)}; API stats: {user.stats}")
+    print(f"\nconversation ends: {is_terminal(history[-1]['content'])}; opening cached: "
+          f"{user.first_message(task) == history[0]['content']}; USERS: {list(USERS)}; API stats: {user.stats}")

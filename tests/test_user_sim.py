@@ -361,7 +361,7 @@ def test_demo_runs():
     out = subprocess.run([sys.executable, "user_sim.py"], cwd=os.path.dirname(user_sim.__file__), env=env,
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
-    assert "conversation ends: ###STOP###" in out.stdout and "cached: True" in out.stdout
+    assert "conversation ends: ###STOP###" in out.stdout and "opening cached: True" in out.stdout
 
 
 # ---------------------------------------------------------------------------------------------------------------
