@@ -14,18 +14,22 @@ import json
 import sys
 from pathlib import Path
 
-# wall-clock fields, and what depends on them (throughput, the customer endpoint's latencies), differ by nature
+# wall-clock fields, and what depends on them (throughput, the customer endpoint's latencies), differ by nature; so do
+# where things are (a process id, a port, the served folder's path) and the endpoint's health ("user": its calls,
+# retries and latencies, which follow the machine's load; a retried request carries the same seed, so the same reply)
 CLOCK = ("_s", "tokens_per_s", "latency", "time", "pid", "base_url")
+OPERATIONS = ("user", "model")
 
 
 def numbers(run: Path) -> list[dict]:
-    """log.jsonl without its clock fields (recursively), one dict per record."""
-    def strip(x):
+    """log.jsonl without its clock fields (recursively) and its operational ones, one dict per record."""
+    def strip(x, top=False):
         if isinstance(x, dict):
-            return {k: strip(v) for k, v in x.items() if not any(c in k for c in CLOCK)}
+            return {k: strip(v) for k, v in x.items() if not any(c in k for c in CLOCK)
+                    and not (top and k in OPERATIONS and (k == "user" or x.get("phase") == "customer_server"))}
         return [strip(v) for v in x] if isinstance(x, list) else x
 
-    return [strip(json.loads(line)) for line in (run / "log.jsonl").read_text().splitlines()]
+    return [strip(json.loads(line), top=True) for line in (run / "log.jsonl").read_text().splitlines()]
 
 
 def compare(a: Path, b: Path) -> str | None:

@@ -7,6 +7,7 @@ A third run, another seed, must differ. Slow: three runs, 7 min 28 s here with a
 """
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
@@ -37,3 +38,19 @@ def test_two_runs_of_one_seed_write_the_same_numbers(tmp_path):
     c = tmp_path / "c"
     muarl.main([x if x != "5" else "6" for x in SHORT] + ["--out_dir", str(c)])
     assert repro.compare(a, c) is not None
+
+
+def _run(path: Path, reward: float, retries: int, pid: int) -> Path:
+    path.mkdir()
+    recs = [{"time": pid * 1.5, "phase": "customer_server", "pid": pid, "model": f"/clone{pid}/demo/customer_model"},
+            {"time": 2.0 * pid, "phase": "grpo", "step": 0, "reward": reward, "rollout_s": pid / 7,
+             "user": {"calls": 10 + retries, "retries": retries, "latency_p50": pid / 3}}]
+    (path / "log.jsonl").write_text("\n".join(json.dumps(r) for r in recs) + "\n")
+    (path / "results.md").write_text(f"| run | {reward} |\n")
+    return path
+
+
+def test_repro_ignores_clocks_places_and_endpoint_health_but_not_numbers(tmp_path):
+    a = _run(tmp_path / "a", 0.5, 0, 11)
+    assert repro.compare(a, _run(tmp_path / "b", 0.5, 2, 12)) is None  # another process, clone, load: the same run
+    assert "record 1 (grpo) differs in ['reward']" in repro.compare(a, _run(tmp_path / "c", 0.625, 0, 11))
