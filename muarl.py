@@ -195,8 +195,8 @@ def build_run(cfg: Config) -> SimpleNamespace:
     if cfg.plan or (on_gpu and rank == 0):  # the memory plan, before any work (models.py): --plan N prints and exits
         gib = torch.cuda.mem_get_info()[1] / GIB if torch.cuda.is_available() else 80.0
         print(describe(cfg.model, cfg.plan or world_size, cfg.micro_batch_tokens, cfg.activation_checkpointing,
-                               cfg.kl_coef > 0, dtype == "bfloat16", cfg.logprob_chunk, engine_kind,
-                               cfg.engine_memory, gib, sharded), flush=True)
+                       cfg.kl_coef > 0, dtype == "bfloat16", cfg.logprob_chunk, engine_kind, cfg.engine_memory, gib,
+                       sharded), flush=True)
         if cfg.plan:
             raise SystemExit(0)
     if engine_kind == "vllm" and cfg.model != "tiny":  # a model vLLM cannot run: say so now, not after SFT

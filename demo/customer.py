@@ -319,10 +319,13 @@ class ServedCustomer(User):
                  "base_url": self.server.base_url, "model": str(self.folder)})
         self.llm = LLMUser("customer", base_url=self.server.base_url, api_key=self.server.api_key, **self.llm_settings)
         self.llm.check(list(tasks))
-        self.base_url = self.server.base_url
         if self.threshold > 0:
             self.gate([t for t in tasks if t.split == "test"][:100], self.threshold, self.llm.seed or 0, log)
         return self.server
+
+    @property
+    def base_url(self) -> str | None:  # where it is served now (a restart keeps the port)
+        return self.server.base_url if self.server is not None else None
 
     def _live(self) -> LLMUser:
         if self.llm is None:  # served on first use (eval.py, a script): without a gate
