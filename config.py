@@ -48,6 +48,8 @@ class Config:
                       "float32 | bfloat16")
     engine_memory: float = flag(0.5, "vLLM on a GPU: its share of the GPU's memory (weights + KV cache)")
     plan: int = flag(0, "print the memory plan (models.py) of this run on N GPUs, then exit; 0: run")
+    offload: bool = flag(False, "FSDP2 CPU offload (under torchrun): fp32 weights, gradients, AdamW's state and the "
+                         "reference in host memory, a layer at a time on the GPU (8B on one GPU; 32B on 8)")
     # tasks
     domains: str = flag(DEFAULT, f"comma-separated worlds to train on, from domains.DOMAINS: {', '.join(DOMAINS)}")
     tasks: str = flag("train", "train: each world's train split (tau2's, or the synthetic world's own) | synthetic: "
@@ -341,6 +343,8 @@ def validate(cfg: Config, world_size: int = 1) -> None:
         (0 < cfg.engine_memory < 1, f"--engine_memory must be in (0, 1), got {cfg.engine_memory}"),
         (0 <= cfg.clip_low < 1, f"--clip_low must be in [0, 1), got {cfg.clip_low}"),
         *[(False, m) for m in [model_problem(cfg.model)] if m],  # paths, then conflicting flags
+        (not cfg.offload or "WORLD_SIZE" in os.environ or cfg.plan > 0, "--offload shards with FSDP2: run it under "
+                                                                        "torchrun (--nproc_per_node 1 on one GPU)"),
         (not cfg.user_serve or world_size == 1, "--user_serve runs on one process: under torchrun, serve the customer "
                                                 "yourself (serve.py, vllm serve) and pass --user_base_url"),
         *field_problems(cfg, ["user_serve"]),

@@ -28,14 +28,17 @@ from torch.distributed.tensor import DTensor
 from grpo import pack_sequences, token_logprobs
 
 
-def dist_setup() -> tuple[int, int]:
+def dist_setup(offload: bool = False) -> tuple[int, int]:
     """(rank, world_size): (0, 1) for a plain `python muarl.py`; under torchrun, joins the process group (NCCL on
     GPUs, gloo on a CPU) and picks this rank's GPU."""
     if "WORLD_SIZE" not in os.environ:  # torchrun sets it (even to 1: one rank still trains with FSDP2)
         return 0, 1
     # Rank 0 evaluates alone (muarl.run_eval) while the other ranks wait in their next collective; a held-out
     # evaluation with an LLM user can outlast the default timeout (10 min for NCCL), so allow hours.
-    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo", timeout=datetime.timedelta(hours=4))
+    # --offload on GPUs: CUDA tensors travel by NCCL, CPU ones by gloo (the shards live in host memory, and a
+    # checkpoint's gather or the gradient norm reduces them where they are), as torchtitan does for its CPU offload
+    backend = ("cpu:gloo,cuda:nccl" if offload else "nccl") if torch.cuda.is_available() else "gloo"
+    dist.init_process_group(backend, timeout=datetime.timedelta(hours=4))
     if torch.cuda.is_available():
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     return dist.get_rank(), dist.get_world_size()
@@ -64,10 +67,13 @@ def exit_now(world_size: int) -> None:
         os._exit(0)
 
 
-def shard(model, activation_checkpointing: bool, bf16: bool):
+def shard(model, activation_checkpointing: bool, bf16: bool, offload: bool = False):
     """FSDP2: shard every decoder layer, then the root. Parameters stay fp32 shards (so AdamW's state is fp32);
-    with bf16, each layer computes in bf16 and gradients are reduced in fp32."""
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
+    with bf16, each layer computes in bf16 and gradients are reduced in fp32. With `offload` the shards, their
+    gradients and so AdamW's state live in host memory: a layer is copied to the GPU as it is gathered, its gradient
+    shard copied back, and AdamW steps on the CPU (slower; what lets 8B train on one GPU, models.plan)."""
+    from torch.distributed.fsdp import (CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard,
+                                        register_fsdp_forward_method)
 
     mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16
           else MixedPrecisionPolicy())  # the default: no casts, all fp32
@@ -76,7 +82,8 @@ def shard(model, activation_checkpointing: bool, bf16: bool):
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     # Sum gradients over ranks, not average (see the top), by a plain SUM: gloo lacks premul_sum, FSDP's op for factors
     for m in [*layers, model]:  # every layer, then the root: it takes the parameters no layer holds
-        fully_shard(m, mp_policy=mp)
+        fully_shard(m, mp_policy=mp, offload_policy=CPUOffloadPolicy(pin_memory=torch.cuda.is_available()) if offload
+                    else OffloadPolicy())
         m.set_gradient_divide_factor(1.0)
         m.set_force_sum_reduction_for_comms(True)
     # token_logprobs runs the decoder body and lm_head, never model.forward, so the root's hooks (gather embeddings,
@@ -149,7 +156,7 @@ def full_state_dict(model, world_size: int = 1, dtype: torch.dtype | None = None
 
 
 def load_sharded(path: str, dtype: torch.dtype, activation_checkpointing: bool = False, bf16: bool = False,
-                 frozen: bool = False):
+                 frozen: bool = False, offload: bool = False):
     """A Hugging Face model folder loaded straight into FSDP2 shards: rank r of W reads rows [r*c, r*c + n_r) of each
     tensor (c = ceil(rows / W), FSDP2's dim-0 chunks), cast to `dtype` (fp32 masters; the reference may stay bf16).
     Peak memory per rank: its shards plus one tensor's slice (tests/test_gpu_path.py measures it on 4 ranks)."""
@@ -165,8 +172,8 @@ def load_sharded(path: str, dtype: torch.dtype, activation_checkpointing: bool =
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     if frozen:
         model.eval().requires_grad_(False)
-    model = shard(model, activation_checkpointing, bf16)
-    model.to_empty(device=device)  # each rank's shards get (uninitialised) storage; the whole never exists
+    model = shard(model, activation_checkpointing, bf16, offload)
+    model.to_empty(device="cpu" if offload else device)  # each rank's shards get storage; the whole never exists
     index = folder / "model.safetensors.index.json"  # big models: tensor name -> file; small ones: one file
     where = json.loads(index.read_text())["weight_map"] if index.exists() else None
     handles = {}
@@ -186,8 +193,7 @@ def all_reduce(values: list[float], world_size: int, op: str = "sum") -> list[fl
     """Sum (or "min" / "max") each value over the ranks; the values themselves on one process."""
     if world_size == 1:
         return list(values)
-    device = "cuda" if dist.get_backend() == "nccl" else "cpu"  # NCCL reduces CUDA tensors only
-    t = torch.tensor(values, dtype=torch.float64, device=device)
+    t = torch.tensor(values, dtype=torch.float64, device=rank_device())  # NCCL reduces CUDA tensors only
     dist.all_reduce(t, op={"sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}[op])
     return t.tolist()
 

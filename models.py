@@ -122,8 +122,9 @@ def build_or_load_model(cfg, worlds: dict, out: Path, device: str, dtype: str, r
     barrier(world_size)
     path = str(path or model_folder(cfg.model))
     if sharded:
-        return load_sharded(path, torch.float32, cfg.activation_checkpointing, dtype == "bfloat16"), \
-            load_tokenizer(path), path
+        bf16 = dtype == "bfloat16"
+        policy = load_sharded(path, torch.float32, cfg.activation_checkpointing, bf16, offload=cfg.offload)
+        return policy, load_tokenizer(path), path
     return (*load_policy(path, dtype="float32", device=device), path)
 
 
@@ -164,12 +165,14 @@ def act_bytes_per_token(c: dict, bf16: bool) -> tuple[float, float]:
 
 def plan(c: dict, gpus: int, tokens: int, checkpointing: bool, reference: bool, bf16: bool = True,
          chunk: int = 1024, engine: str = "vllm", engine_tp: int = 1, engine_share: float = 0.5,
-         gpu_gib: float = 80.0, sharded: bool | None = None) -> dict:
+         gpu_gib: float = 80.0, sharded: bool | None = None, offload: bool = False) -> dict:
     """Bytes per GPU of each part, both phases and the peak, for a run on `gpus` GPUs (FSDP2 when sharded: by default
-    when gpus > 1). engine: "vllm" (its own bf16 copy, engine_share of the GPU), "hf" (shares the policy) or "none"."""
+    when gpus > 1). engine: "vllm" (its own bf16 copy, engine_share of the GPU), "hf" (shares the policy) or "none".
+    `offload` (FSDP2 CPU offload, always sharded): masters, gradients, AdamW and the reference live in host memory
+    ("host": per GPU, with vLLM's weights while it sleeps); the GPU holds the gathered layers and their gradients."""
     P, layer, root = param_counts(c)
     W, b = gpus, 2 if bf16 else 4
-    sharded = gpus > 1 if sharded is None else sharded
+    sharded = gpus > 1 or offload if sharded is None else sharded or offload
     L, D, V = c["num_hidden_layers"], c["hidden_size"], c["vocab_size"]
     per_layer, outside = act_bytes_per_token(c, bf16)
     if sharded:  # FSDP2 gathers the root for the whole forward and backward, and a layer at a time (+1 prefetched);
@@ -181,15 +184,22 @@ def plan(c: dict, gpus: int, tokens: int, checkpointing: bool, reference: bool, 
     p = {"masters": 4 * P / W, "grads": 4 * P / W, "adamw": 8 * P / W, "copies": copies,
          "acts": ckpt if checkpointing else full, "acts_no_ckpt": full, "acts_ckpt": ckpt,
          "logits": 3 * 4 * min(chunk, tokens) * V, "reference": b * P / W if reference else 0}
+    p["host"] = sum(p[k] for k in ("masters", "grads", "adamw", "reference")) if offload else 0
+    if offload:  # on the GPU only as the gathered copies (and their gradients until reduced and copied out)
+        p.update(masters=0, grads=0, adamw=0, reference=0)
     p["vllm_weights"] = 2 * P / engine_tp if engine == "vllm" else 0
     p["vllm_kv"] = max(0.0, engine_share * gpu_gib * GIB - p["vllm_weights"]) if engine == "vllm" else 0
     kv_token = 2 * L * c["num_key_value_heads"] * (c.get("head_dim") or D // c["num_attention_heads"]) * 2
     p["kv_tokens"] = p["vllm_kv"] * engine_tp / kv_token  # tokens of context the cache holds (all sequences)
     resident = p["masters"] + p["adamw"] + p["reference"]
     p["rollout"] = resident + p["vllm_weights"] + p["vllm_kv"]
-    p["update"] = resident + p["grads"] + max(p["copies"] + p["acts"] + p["logits"], 4 * P / W)  # step: temporaries
+    step = 0 if offload else 4 * P / W  # AdamW's temporaries (on the CPU with offload)
+    p["update"] = resident + p["grads"] + max(p["copies"] + p["acts"] + p["logits"], step)
+    p["host"] += p["vllm_weights"]  # vLLM's sleep (level 1) keeps its weights in host memory through the update
     p["peak"] = max(p["rollout"], p["update"])
-    p.update(P=P, gpus=W, gpu_gib=gpu_gib, fits=p["peak"] <= 0.9 * gpu_gib * GIB)  # ~10 %: CUDA context, NCCL
+    # ~10 % for the CUDA context and NCCL; vLLM needs a cache for one row of context at least
+    kv_ok = engine != "vllm" or p["kv_tokens"] >= tokens
+    p.update(P=P, gpus=W, gpu_gib=gpu_gib, fits=p["peak"] <= 0.9 * gpu_gib * GIB and kv_ok)
     return p
 
 
@@ -198,7 +208,8 @@ def format_plan(name: str, p: dict) -> str:
     rows = [("masters fp32", "masters"), ("grads fp32", "grads"), ("AdamW fp32", "adamw"), ("bf16 copies", "copies"),
             ("acts, no ckpt", "acts_no_ckpt"), ("acts, ckpt", "acts_ckpt"), ("logits chunk", "logits"),
             ("reference bf16", "reference"), ("vLLM weights", "vllm_weights"), ("vLLM KV cache", "vllm_kv"),
-            ("= rollout phase", "rollout"), ("= update phase", "update"), ("= peak", "peak")]
+            ("= rollout phase", "rollout"), ("= update phase", "update"), ("= peak", "peak"),
+            ("host memory", "host")]
     out = [f"{name} | " + " | ".join(label for label, _ in p), "---|" * (len(p) + 1)]
     out += [f"{label} | " + " | ".join(f"{q[k] / GIB:.1f}" for _, q in p) for label, k in rows]
     out.append("fits | " + " | ".join(("yes" if q["fits"] else "NO") + f" ({q['gpu_gib']:.0f} GiB)" for _, q in p))
@@ -207,18 +218,18 @@ def format_plan(name: str, p: dict) -> str:
 
 
 def describe(model: str, gpus: int, tokens: int, checkpointing: bool, reference: bool, bf16: bool, chunk: int,
-             engine: str, engine_share: float, gpu_gib: float, sharded: bool) -> str:
+             engine: str, engine_share: float, gpu_gib: float, sharded: bool, offload: bool = False) -> str:
     """muarl's plan of a run, as a table, and the fewest GPUs that fit it when these do not; or why there is none."""
     try:
         c = load_config(model)
     except (ValueError, OSError) as e:
         return f"memory plan: none ({e})"
     kw = dict(tokens=tokens, checkpointing=checkpointing, reference=reference, bf16=bf16, chunk=chunk, engine=engine,
-              engine_share=engine_share, gpu_gib=gpu_gib)
+              engine_share=engine_share, gpu_gib=gpu_gib, offload=offload)
     p = plan(c, gpus, sharded=sharded or gpus > 1, **kw)
     table = format_plan(f"{model}: GiB per GPU", [(f"{gpus} GPU(s), {gpu_gib:.0f} GiB", p)])
     return table if p["fits"] else f"{table}\nDOES NOT FIT: {min_gpus(c, **kw) or 'no number of'} such GPUs would " \
-        "(or --activation_checkpointing true, a smaller --micro_batch_tokens, --kl_coef 0: no reference)"
+        "(or --offload under torchrun, --activation_checkpointing true, a smaller --micro_batch_tokens, --kl_coef 0)"
 
 
 def min_gpus(c: dict, **kw) -> int | None:
@@ -230,12 +241,15 @@ def demo_plans(tokens: int = 16384) -> str:
     """The README's table: the paper's settings (16,384 tokens per row, reference on), 80 GiB H100s."""
     c8, c32 = load_config("Qwen/Qwen3-8B"), load_config("Qwen/Qwen3-32B")
     kw = {"tokens": tokens, "reference": True}
+    off = {"offload": True, "engine_share": 0.85}  # the trainer holds nothing on the GPU while vLLM generates
     cols = [("8B, 1 GPU", plan(c8, 1, checkpointing=True, **kw)),
+            ("8B, 1 GPU, offload", plan(c8, 1, checkpointing=True, **off, **kw)),
             ("8B, 8 GPUs", plan(c8, 8, checkpointing=True, **kw)),
-            ("32B, 8 GPUs (vLLM TP 1)", plan(c32, 8, checkpointing=True, **kw)),
-            ("32B, 8 GPUs (vLLM TP 8)", plan(c32, 8, checkpointing=True, engine_tp=8, engine_share=0.25, **kw))]
-    need = {name: min_gpus(c, checkpointing=True, **kw) for name, c in (("8B", c8), ("32B (vLLM TP 1)", c32))}
-    return format_plan("GiB per GPU", cols) + "\n\nfewest 80 GiB GPUs that fit: " + ", ".join(
+            ("32B, 8 GPUs", plan(c32, 8, checkpointing=True, **kw)),
+            ("32B, 8 GPUs, offload", plan(c32, 8, checkpointing=True, **off, **kw))]
+    need = {name: min_gpus(c, checkpointing=True, **o, **kw) for name, c, o in
+            (("8B", c8, {}), ("8B offload", c8, off), ("32B", c32, {}), ("32B offload", c32, off))}
+    return format_plan("GiB per GPU (vLLM TP 1)", cols) + "\n\nfewest 80 GiB GPUs that fit: " + ", ".join(
         f"{k} {v}" for k, v in need.items())
 
 

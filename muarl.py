@@ -179,7 +179,7 @@ def cold_start(run) -> None:
 def build_run(cfg: Config) -> SimpleNamespace:
     """Worlds, tasks, customer (all that can fail on bad input fails first), then the policy, the cold start, the
     frozen reference and the rollout engine. Returns the run's state as one namespace."""
-    rank, world_size = dist_setup()
+    rank, world_size = dist_setup(cfg.offload)
     validate(cfg, world_size)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
@@ -196,7 +196,7 @@ def build_run(cfg: Config) -> SimpleNamespace:
         gib = torch.cuda.mem_get_info()[1] / GIB if torch.cuda.is_available() else 80.0
         print(describe(cfg.model, cfg.plan or world_size, cfg.micro_batch_tokens, cfg.activation_checkpointing,
                        cfg.kl_coef > 0, dtype == "bfloat16", cfg.logprob_chunk, engine_kind, cfg.engine_memory, gib,
-                       sharded), flush=True)
+                       sharded, cfg.offload), flush=True)
         if cfg.plan:
             raise SystemExit(0)
     if engine_kind == "vllm" and cfg.model != "tiny":  # a model vLLM cannot run: say so now, not after SFT
@@ -252,7 +252,8 @@ def build_run(cfg: Config) -> SimpleNamespace:
     run.reference = None
     if cfg.kl_coef > 0:
         start = str(out / "cold-start" if (out / "cold-start").exists() else model_path)
-        run.reference = load_sharded(start, getattr(torch, dtype), bf16=dtype == "bfloat16", frozen=True) if sharded \
+        run.reference = load_sharded(start, getattr(torch, dtype), bf16=dtype == "bfloat16", frozen=True,
+                                     offload=cfg.offload) if sharded \
             else load_reference(start, dtype=dtype, device=device)
 
     # the rollout engine: on one process "hf" shares the policy's weights; vLLM (or FSDP) keeps its own copy

@@ -2,13 +2,15 @@
 no vLLM, no model hub), printing what it saw. Written before any GPU ran it; on a CPU it runs too (gloo), which is
 how tests/test_gpu_path.py keeps it working.
 
-    torchrun --nproc_per_node 1 bench/gpu_check.py [--out_dir runs/gpu-check]      # ~2-4 minutes on a CPU
+    torchrun --nproc_per_node 1 bench/gpu_check.py [--out_dir runs/gpu-check] [--offload]  # ~2-4 minutes on a CPU
 
 What it runs: muarl.main on the tiny model with the transformers engine, --dtype bfloat16 (bf16 compute, fp32
 masters), FSDP2 over one rank (NCCL on a GPU), a KL reference, 2 GRPO steps with a checkpoint after each; then a
 resume to step 3 from the checkpoint. What it prints: where the parameters, gradients and AdamW moments live and
 in which dtype (seen at each optimizer step), each step's loss, the share of weights the steps moved, the step the
 resume started at. Device mix-ups (a CPU tensor meeting a CUDA one, #24 defect 1) stop it with a traceback.
+With --offload the same run keeps the shards, gradients and AdamW state in host memory (FSDP2 CPUOffloadPolicy,
+NCCL for CUDA tensors and gloo for CPU ones): the steps should then find them all on the CPU.
 """
 
 import json
@@ -36,14 +38,14 @@ def _step_hook(opt, args, kwargs):
                  for what, ts in (("params", local), ("grads", grads), ("adamw", moments))})
 
 
-def main(out_dir: str) -> None:
+def main(out_dir: str, offload: bool = False) -> None:
     from safetensors.torch import load_file
 
     out = Path(out_dir)
     args = ["--model", "tiny", "--domains", "shop", "--tiny_hidden", "64", "--tiny_layers", "2", "--threads", "1",
             "--tasks_per_step", "2", "--group_size", "2", "--max_new_tokens", "24", "--max_turns", "6",
             "--eval_tasks", "1", "--sft_epochs", "0", "--copy_warmup", "0", "--engine", "hf", "--dtype", "bfloat16",
-            "--kl_coef", "0.05", "--save_every", "1", "--out_dir", str(out)]
+            "--kl_coef", "0.05", "--save_every", "1", "--out_dir", str(out)] + (["--offload"] if offload else [])
     from torch.optim.optimizer import register_optimizer_step_post_hook
 
     register_optimizer_step_post_hook(_step_hook)
@@ -58,7 +60,8 @@ def main(out_dir: str) -> None:
     a, b = load_file(out / "tiny-init" / "model.safetensors"), load_file(out / "final" / "model.safetensors")
     moved = sum(int((a[k] != b[k]).sum()) for k in a) / sum(a[k].numel() for k in a)
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "none (CPU, gloo)"
-    print(f"\n[gpu_check] torch {torch.__version__}, GPU {gpu}, world size {os.environ.get('WORLD_SIZE')}")
+    print(f"\n[gpu_check] torch {torch.__version__}, GPU {gpu}, world size {os.environ.get('WORLD_SIZE')}, "
+          f"offload {offload}")
     for i, seen in enumerate(SEEN):
         print(f"[gpu_check] optimizer.step call {i}: " + "; ".join(f"{k} {', '.join(v)}" for k, v in seen.items()))
     for r in (r for r in logs if r["phase"] == "grpo"):
@@ -73,5 +76,6 @@ def main(out_dir: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[sys.argv.index("--out_dir") + 1] if "--out_dir" in sys.argv else "runs/gpu-check")
+    main(sys.argv[sys.argv.index("--out_dir") + 1] if "--out_dir" in sys.argv else "runs/gpu-check",
+         offload="--offload" in sys.argv)
     muarl.exit_now(int(os.environ.get("WORLD_SIZE", 1)))

@@ -89,6 +89,24 @@ def test_the_shipped_configs_give_qwen3s_parameter_counts():
     assert not p["fits"] and p["masters"] + p["grads"] + p["adamw"] > 120e9  # one 80 GiB GPU: no (the README)
 
 
+def test_offload_moves_the_trainers_state_to_host_memory_in_the_plan(monkeypatch):
+    c8, c32 = memplan.load_config("Qwen/Qwen3-8B"), memplan.load_config("Qwen/Qwen3-32B")
+    kw = dict(tokens=16384, checkpointing=True, reference=True)
+    one, off = memplan.plan(c8, 1, **kw), memplan.plan(c8, 1, offload=True, **kw)
+    assert off["masters"] == off["grads"] == off["adamw"] == off["reference"] == 0  # none of it on the GPU
+    host = one["masters"] + one["grads"] + one["adamw"] + one["reference"]
+    assert off["host"] == pytest.approx(host + off["vllm_weights"])  # ... all in host memory (and vLLM asleep)
+    assert off["fits"] and not one["fits"]  # 8B on one 80 GiB GPU: only with --offload
+    # 32B on 8: vLLM's whole bf16 copy (TP 1) needs the GPU the trainer gives up, and a cache for a row of context
+    assert not memplan.plan(c32, 8, **kw)["fits"]
+    assert not memplan.plan(c32, 8, offload=True, **kw)["fits"]  # at --engine_memory 0.5 vLLM has no cache left
+    big = memplan.plan(c32, 8, offload=True, engine_share=0.85, **kw)
+    assert big["fits"] and big["kv_tokens"] >= 16384
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    with pytest.raises(muarl.ConfigError, match="--offload shards with FSDP2: run it under torchrun"):
+        muarl.validate(muarl.parse_config(["--offload"]))
+
+
 def measured_update(model, eps, adv, tokens: int, world_size: int = 1) -> dict:
     """What one real update uses on this rank: the resident masters and AdamW moments (their bytes, after a first
     update made the moments), plus the profiler's peak of bytes allocated during a second update."""
@@ -250,6 +268,59 @@ BF16_WORKER = textwrap.dedent("""
 """)
 
 
+OFFLOAD_WORKER = textwrap.dedent("""
+    import os, sys, torch
+    torch.set_num_threads(1)
+    sys.path[:0] = [{repo!r}, {tests!r}]
+    import muarl
+    from fsdp import load_sharded
+    from test_gpu_path import _moves
+    from test_muarl import synthetic_episodes, tiny_qwen3
+    rank, world_size = muarl.dist_setup(offload=True)
+    eps, adv = synthetic_episodes()
+    mine = slice(4 * rank, 4 * rank + 4)
+    out = {{}}
+    for offload in (False, True):  # the same AdamW steps, the shards on the device or in host memory
+        torch.manual_seed(0)
+        model = muarl.shard(tiny_qwen3(), False, bf16=False, offload=offload)
+        out[offload] = _moves(model, "float32", eps[mine], adv[mine], world_size=world_size)
+    groups = [m._get_fsdp_state()._fsdp_param_group for m in [*model.get_decoder().layers, model]]
+    out["offloaded"] = {{p.offload_to_cpu for g in groups if g for p in g.fsdp_params}}  # FSDP2 took the policy
+    if rank == 0:
+        tiny_qwen3().save_pretrained({out!r} + "/tiny")
+    muarl.barrier(world_size)
+    loaded = load_sharded({out!r} + "/tiny", torch.float32, offload=True)  # meta -> host memory -> its rows
+    whole = muarl.full_state_dict(loaded, world_size, keep=rank == 0)
+    if rank == 0:
+        ref = tiny_qwen3().state_dict()
+        out["load_diff"] = max((whole[k] - ref[k]).abs().max().item() for k in ref if k in whole)
+        torch.save(out, os.path.join({out!r}, "offload.pt"))
+    muarl.dist_teardown(world_size)
+    muarl.exit_now(world_size)
+""")
+
+
+@pytest.mark.slow
+def test_cpu_offload_steps_like_the_shards_on_the_device(tmp_path):
+    # --offload (FSDP2 CPUOffloadPolicy) on 2 gloo ranks: on a CPU "host" and "device" are one memory, so this checks
+    # the plumbing (sharding with the policy, meta-device loading into host memory, gathers, AdamW on the shards),
+    # not the copies to and from a GPU (bench/gpu_check.py does that on CUDA)
+    port = _free_port()
+    code = OFFLOAD_WORKER.format(repo=str(REPO), tests=str(REPO / "tests"), out=str(tmp_path))
+    procs = [subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True, env={**ENV, "WORLD_SIZE": "2", "RANK": str(r), "LOCAL_RANK": str(r),
+                                              "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+             for r in range(2)]
+    logs = [p.communicate(timeout=600)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], "\n".join(logs)[-4000:]
+    out = torch.load(tmp_path / "offload.pt", weights_only=False)
+    assert out[False].abs().max() > 0 and out["offloaded"] == {True}
+    diff = (out[True] - out[False]).abs().max().item()
+    print(f"offload vs not, 3 AdamW steps on 2 ranks: max difference of the weights' changes {diff:.1e}")
+    assert diff < 1e-9
+    assert out["load_diff"] == 0.0
+
+
 @pytest.mark.slow
 def test_bf16_compute_under_fsdp2_on_two_ranks_moves_the_weights_like_fp32(tmp_path):
     port = _free_port()
@@ -294,13 +365,14 @@ def test_vllm_joins_the_trainers_process_group_under_torchrun(monkeypatch, tmp_p
 
 
 @pytest.mark.slow
-def test_the_gpu_check_runs_on_a_cpu(tmp_path):
+@pytest.mark.parametrize("offload", [[], ["--offload"]], ids=["", "offload"])
+def test_the_gpu_check_runs_on_a_cpu(tmp_path, offload):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "1", "--master_port", str(_free_port()),
-           "bench/gpu_check.py", "--out_dir", str(tmp_path / "run")]
+           "bench/gpu_check.py", "--out_dir", str(tmp_path / "run"), *offload]
     r = subprocess.run(cmd, cwd=REPO, env=ENV, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
     seen = "\n".join(line for line in r.stdout.splitlines() if line.startswith("[gpu_check]"))
     print(seen)
     assert "params cpu/float32; grads cpu/float32; adamw cpu/float32" in seen  # fp32 masters and moments
     assert "GRPO step 1:" in seen and "resume: started at step 2; steps logged [2]" in seen
-    assert "weights moved: 0.0 %" not in seen
+    assert "weights moved: 0.0 %" not in seen and f"offload {bool(offload)}" in seen

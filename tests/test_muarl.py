@@ -610,10 +610,11 @@ def test_fsdp2_two_ranks_match_one_process(tmp_path):
 
 
 @pytest.mark.slow
-def test_torchrun_cli_two_ranks(tmp_path):
+@pytest.mark.parametrize("offload", [[], ["--offload"]], ids=["", "offload"])
+def test_torchrun_cli_two_ranks(tmp_path, offload):
     """The real entry point under torchrun (2 ranks on gloo): rank 0 builds the tiny model while rank 1 waits, the
     cold start trains the sharded model on each rank's half of every batch (same losses and weights as one
-    process), the reference and the final model are written, and --resume continues."""
+    process), the reference and the final model are written, and --resume continues; with --offload too."""
     args = ["--model", "tiny", "--domains", "shop", "--tasks_per_step", "2", "--group_size", "2", "--sft_epochs", "0.02",
             "--sft_batch", "4",
             "--eval_tasks", "2", "--max_new_tokens", "24", "--max_turns", "6", "--tiny_hidden", "64",
@@ -624,7 +625,7 @@ def test_torchrun_cli_two_ranks(tmp_path):
 
     def torchrun(extra):
         cmd = [PY, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(_free_port()),
-               "muarl.py", *args, "--out_dir", str(two), *extra]
+               "muarl.py", *args, *offload, "--out_dir", str(two), *extra]
         return subprocess.run(cmd, cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300)
 
     r = torchrun(["--steps", "2"])
