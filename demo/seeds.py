@@ -5,8 +5,10 @@ and held-out tasks), read from each run's log.jsonl; then the mean and spread of
     python -m demo.seeds runs/seed*          # the table the README's "every seed" rows come from
 
 A seed "learns" (issue 23) when its held-out pass^1 after GRPO is >= 15 points above its cold start, with the cold
-start inside the preset's band (25-65 %). Every evaluation is listed, so a peak that did not last shows; the
-customer's fidelity is the lowest any evaluation of the run measured (the gate asks >= 95 %).
+start inside the preset's band (25-65 %). Every evaluation is listed, so a peak that did not last shows; beside
+them the best customer-blind rule on the same held-out tasks (demo.baselines: RL must beat it by reading the
+customer), the customer's fidelity, the lowest any evaluation of the run measured (the gate asks >= 95 %), and the
+kinds of its mistakes at the last evaluation (store.customer_mistakes, from episodes-rank0.jsonl).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import json
 import statistics
 import sys
+from collections import Counter
 from pathlib import Path
 
 
@@ -27,19 +30,37 @@ def row(run: Path) -> dict:
     fid = [100 * r["customer_fidelity"] for r in evals if "customer_fidelity" in r]
     done = bool(evals) and evals[-1]["name"].startswith(("GRPO (", "not trained"))
     gain = p1[-1][1] - p1[0][1] if len(p1) > 1 else float("nan")
+    last, mistakes = evals[-1]["name"] if evals else None, Counter()
+    with open(run / "episodes-rank0.jsonl") as f:
+        for e in map(json.loads, f):
+            mistakes.update(e["info"].get("customer_mistakes", []) if e.get("name") == last else [])
     return {"seed": seed, "pass1": p1, "gain": gain, "fidelity_min": min(fid, default=float("nan")),
-            "finished": done, "learned": done and gain >= 15 and 25 <= p1[0][1] <= 65}
+            "finished": done, "learned": done and gain >= 15 and 25 <= p1[0][1] <= 65, "blind": blind_rule(run),
+            "mistakes": ", ".join(f"{k} {n}" for k, n in mistakes.most_common()) or "none"}
+
+
+def blind_rule(run: Path) -> float:
+    """pass^1 of the best customer-blind rule on the run's held-out tasks, against the store's script."""
+    import dataclasses
+
+    from demo.baselines import BLIND, Config, load_worlds, make_user, play_rules
+
+    cfg = json.loads((run / "config.json").read_text())
+    settings = {k: v for k, v in cfg.items() if k in {f.name for f in dataclasses.fields(Config)}}
+    world = load_worlds(dataclasses.replace(Config(), **(settings | {"domains": "store"})))["store"]
+    rules = play_rules(world, make_user("scripted"), seed=settings["synthetic_seed"])
+    return 100 * max(rules[k]["pass^1"] for k in BLIND)
 
 
 def table(runs: list[Path]) -> str:
     rows = sorted((row(r) for r in runs if (r / "log.jsonl").is_file()), key=lambda r: r["seed"])
     names = max((r["pass1"] for r in rows), key=len, default=[])
-    lines = ["| seed | " + " | ".join(n for n, _ in names) + " | gain | lowest fidelity | >= +15 |",
-             "|---" * (len(names) + 4) + "|"] if rows else []
+    lines = ["| seed | " + " | ".join(n for n, _ in names) + " | gain | best blind rule | lowest fidelity | >= +15 | "
+             "customer's mistakes, last evaluation (of 800) |", "|---" * (len(names) + 6) + "|"] if rows else []
     for r in rows:
         cells = " | ".join([f"{v:.1f}" for _, v in r["pass1"]] + ["-"] * (len(names) - len(r["pass1"])))
-        lines.append(f"| {r['seed']} | {cells} | {r['gain']:+.1f} | {r['fidelity_min']:.1f} | "
-                     f"{'yes' if r['learned'] else 'no' if r['finished'] else 'unfinished'} |")
+        lines.append(f"| {r['seed']} | {cells} | {r['gain']:+.1f} | {r['blind']:.1f} | {r['fidelity_min']:.1f} | "
+                     f"{'yes' if r['learned'] else 'no' if r['finished'] else 'unfinished'} | {r['mistakes']} |")
     gains = [r["gain"] for r in rows if r["finished"]]
     if gains:
         spread = f", sd {statistics.stdev(gains):.1f}" if len(gains) > 1 else ""

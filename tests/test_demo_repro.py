@@ -54,3 +54,33 @@ def test_repro_ignores_clocks_places_and_endpoint_health_but_not_numbers(tmp_pat
     a = _run(tmp_path / "a", 0.5, 0, 11)
     assert repro.compare(a, _run(tmp_path / "b", 0.5, 2, 12)) is None  # another process, clone, load: the same run
     assert "record 1 (grpo) differs in ['reward']" in repro.compare(a, _run(tmp_path / "c", 0.625, 0, 11))
+
+
+def test_the_seeds_table_counts_gain_band_and_the_last_evaluations_mistakes(tmp_path, monkeypatch):
+    from demo import seeds
+
+    monkeypatch.setattr(seeds, "blind_rule", lambda run: 50.0)  # (the rules' own play: tests/test_store.py)
+
+    def run(name, seed, p1s, last_mistakes):
+        d = tmp_path / name
+        d.mkdir()
+        (d / "config.json").write_text(json.dumps({"seed": seed}))
+        names = ["untrained", "cold start", "GRPO step 10", "GRPO (30 steps)"][: len(p1s)]
+        recs = [{"phase": "eval", "name": n, "pass^1": p, "customer_fidelity": 0.9 + 0.01 * i}
+                for i, (n, p) in enumerate(zip(names, p1s))]
+        (d / "log.jsonl").write_text("\n".join(json.dumps(r) for r in recs) + "\n")
+        eps = [{"phase": "eval", "name": names[-2], "info": {"customer_mistakes": ["no_human"]}}]  # not the last
+        eps += [{"phase": "eval", "name": names[-1], "info": {"customer_mistakes": m}} for m in last_mistakes]
+        (d / "episodes-rank0.jsonl").write_text("\n".join(json.dumps(e) for e in eps) + "\n")
+        return d
+
+    runs = [run("a", 7, [0.0, 0.40, 0.50, 0.60], [["extra_human"], [], ["extra_human", "no_insist"]]),
+            run("b", 8, [0.0, 0.70, 0.90, 0.95], [[]]),  # a cold start above the band: no
+            run("c", 9, [0.0, 0.40, 0.50], [[]])]  # stopped before its last evaluation
+    rows = {r["seed"]: r for r in map(seeds.row, runs)}
+    assert rows[7]["learned"] and rows[7]["gain"] == pytest.approx(20.0)
+    assert rows[7]["mistakes"] == "extra_human 2, no_insist 1" and rows[7]["fidelity_min"] == pytest.approx(91.0)
+    assert not rows[8]["learned"] and rows[8]["finished"] and rows[8]["mistakes"] == "none"
+    assert not rows[9]["finished"]
+    text = seeds.table(runs)
+    assert "| 9 |" in text and "unfinished" in text and "2 finished run(s)" in text and "1 of 2 gained" in text
