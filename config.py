@@ -343,8 +343,7 @@ def validate(cfg: Config, world_size: int = 1) -> None:
         (0 < cfg.engine_memory < 1, f"--engine_memory must be in (0, 1), got {cfg.engine_memory}"),
         (0 <= cfg.clip_low < 1, f"--clip_low must be in [0, 1), got {cfg.clip_low}"),
         *[(False, m) for m in [model_problem(cfg.model)] if m],  # paths, then conflicting flags
-        (not cfg.offload or "WORLD_SIZE" in os.environ or cfg.plan > 0, "--offload shards with FSDP2: run it under "
-                                                                        "torchrun (--nproc_per_node 1 on one GPU)"),
+        (not cfg.offload or "WORLD_SIZE" in os.environ or cfg.plan > 0, "--offload shards with FSDP2: use torchrun"),
         (not cfg.user_serve or world_size == 1, "--user_serve runs on one process: under torchrun, serve the customer "
                                                 "yourself (serve.py, vllm serve) and pass --user_base_url"),
         *field_problems(cfg, ["user_serve"]),

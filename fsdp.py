@@ -138,9 +138,17 @@ def full_tensors(model, dtype: torch.dtype | None = None, cpu: bool = False):
     parameter is ever on a GPU beside the shards; `cpu` moves it off the GPU before the next one is gathered, `dtype`
     casts it (bf16 for vLLM). Never the whole model gathered on every GPU at once (#24, defect 6)."""
     for name, t in model.state_dict().items():
+        if isinstance(t, DTensor) and t.to_local().device != rank_device():  # --offload: its shard in host memory
+            t = moved(t, rank_device())  # gathered on the GPU by NCCL, not over gloo
         t = t.full_tensor() if isinstance(t, DTensor) else t.detach()  # (the whole tensor's shape)
         t = t.to(dtype) if dtype is not None else t
         yield name, (t.cpu() if cpu else t)
+
+
+def moved(t: DTensor, device: torch.device) -> DTensor:
+    """This rank's shard moved to `device`, the same DTensor (shape given: FSDP2's last shards may be shorter)."""
+    return DTensor.from_local(t.to_local().to(device), t.device_mesh, t.placements, run_check=False, shape=t.shape,
+                              stride=t.stride())
 
 
 def full_state_dict(model, world_size: int = 1, dtype: torch.dtype | None = None, keep: bool = True) -> dict:
@@ -156,7 +164,7 @@ def full_state_dict(model, world_size: int = 1, dtype: torch.dtype | None = None
 
 
 def load_sharded(path: str, dtype: torch.dtype, activation_checkpointing: bool = False, bf16: bool = False,
-                 frozen: bool = False, offload: bool = False):
+                 offload: bool = False, frozen: bool = False):
     """A Hugging Face model folder loaded straight into FSDP2 shards: rank r of W reads rows [r*c, r*c + n_r) of each
     tensor (c = ceil(rows / W), FSDP2's dim-0 chunks), cast to `dtype` (fp32 masters; the reference may stay bf16).
     Peak memory per rank: its shards plus one tensor's slice (tests/test_gpu_path.py measures it on 4 ranks)."""

@@ -122,8 +122,7 @@ def build_or_load_model(cfg, worlds: dict, out: Path, device: str, dtype: str, r
     barrier(world_size)
     path = str(path or model_folder(cfg.model))
     if sharded:
-        bf16 = dtype == "bfloat16"
-        policy = load_sharded(path, torch.float32, cfg.activation_checkpointing, bf16, offload=cfg.offload)
+        policy = load_sharded(path, torch.float32, cfg.activation_checkpointing, dtype == "bfloat16", cfg.offload)
         return policy, load_tokenizer(path), path
     return (*load_policy(path, dtype="float32", device=device), path)
 

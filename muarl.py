@@ -17,8 +17,7 @@ Symbols: B = tasks per step, G = group size (rollouts per task), T = tokens, N_t
 Departures from the paper (see also the README):
 1. One update per batch, as the authors ran it: the policy that sampled is the one we update, so old_logp =
    logp.detach() (ratio == 1, the clip never fires), no second pass. Engine vs trainer log-probs: `logp_gap`.
-2. `--model tiny` is a CPU preset (config.TINY): the shop world, a from-scratch model that first gets copy drills
-   (a stand-in for pre-training), short turns, a larger learning rate, top-p 0.9, tool schemas learned in SFT.
+2. `--model tiny` is the CPU demo's preset (demo.TINY): a from-scratch model, copy drills, short turns, lr 1e-4.
 3. Groups with an aborted episode (the customer simulator failed) are dropped from the step, not scored 0; their
    tasks are drawn again. A customer that fails every group for longer than --user_down_s stops the run (checkpoint
    saved, exit 3), and a run that never updated says so (results.md, final/muarl.json, exit 3): preflight.py.

@@ -103,7 +103,7 @@ def test_offload_moves_the_trainers_state_to_host_memory_in_the_plan(monkeypatch
     big = memplan.plan(c32, 8, offload=True, engine_share=0.85, **kw)
     assert big["fits"] and big["kv_tokens"] >= 16384
     monkeypatch.delenv("WORLD_SIZE", raising=False)
-    with pytest.raises(muarl.ConfigError, match="--offload shards with FSDP2: run it under torchrun"):
+    with pytest.raises(muarl.ConfigError, match="--offload shards with FSDP2: use torchrun"):
         muarl.validate(muarl.parse_config(["--offload"]))
 
 
@@ -289,6 +289,15 @@ OFFLOAD_WORKER = textwrap.dedent("""
     if rank == 0:
         tiny_qwen3().save_pretrained({out!r} + "/tiny")
     muarl.barrier(world_size)
+    from fsdp import moved
+    sd = model.state_dict()  # a shard rebuilt elsewhere gathers to the same whole (what a GPU does with offload)
+    out["moved_diff"] = max((moved(t, torch.device("cpu")).full_tensor() - t.full_tensor()).abs().max().item()
+                            for t in sd.values())
+    from torch.distributed.tensor import Shard, distribute_tensor
+    from torch.distributed.device_mesh import init_device_mesh
+    odd = distribute_tensor(torch.arange(15.0).view(5, 3), init_device_mesh("cpu", (world_size,)), [Shard(0)])
+    out["moved_diff"] += (moved(odd, torch.device("cpu")).full_tensor() - odd.full_tensor()).abs().max().item()
+    out["uneven"] = tuple(odd.to_local().shape)
     loaded = load_sharded({out!r} + "/tiny", torch.float32, offload=True)  # meta -> host memory -> its rows
     whole = muarl.full_state_dict(loaded, world_size, keep=rank == 0)
     if rank == 0:
@@ -318,7 +327,7 @@ def test_cpu_offload_steps_like_the_shards_on_the_device(tmp_path):
     diff = (out[True] - out[False]).abs().max().item()
     print(f"offload vs not, 3 AdamW steps on 2 ranks: max difference of the weights' changes {diff:.1e}")
     assert diff < 1e-9
-    assert out["load_diff"] == 0.0
+    assert out["load_diff"] == 0.0 and out["moved_diff"] == 0.0 and out["uneven"] == (3, 3)  # rank 0 of 5 rows
 
 
 @pytest.mark.slow
