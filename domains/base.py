@@ -43,6 +43,7 @@ Departures from tau2-bench
 from __future__ import annotations
 
 import copy
+import ctypes
 import hashlib
 import json
 import os
@@ -293,12 +294,14 @@ class Env:
         """(output, error) of one tool call, under the world's time budget (world.tool_seconds).
 
         The tool runs on its own thread while this one waits: past the budget, the caller gets an error, as from a
-        real service that timed out, and a running SQL statement is interrupted. What a thread cannot do is stop
-        code that holds Python's lock (a big power, Decimal or mpmath precision, a catastrophic regex): the waiting
-        thread cannot even wake up until it lets go. So every tool that computes on a number the model chose is
-        bounded by construction, refusing before it works: tools.calculate, ACEBench's argument arithmetic
-        (acebench._too_large), BFCL's MathAPI (bfcl.too_costly); the world tools are lookups linear in their
-        arguments, which Env.call caps at TOOL_CHARS (tests/test_fuzz.py plays them all)."""
+        real service that timed out, a running SQL statement is interrupted, and the abandoned thread is stopped
+        (SystemExit raised in it at its next Python instruction: a runaway loop would otherwise keep a core for
+        good). What a thread cannot do is stop code that holds Python's lock (a big power, Decimal or mpmath
+        precision, a catastrophic regex): neither this thread nor the stop gets a turn until it lets go. So every
+        tool that computes on a number the model chose is bounded by construction, refusing before it works:
+        tools.calculate, ACEBench's argument arithmetic (acebench._too_large), BFCL's MathAPI (bfcl.too_costly);
+        the world tools are lookups linear in their arguments, which Env.call caps at TOOL_CHARS (tests/test_fuzz.py
+        plays them all). A tool a fork adds that can hold the lock needs the same (or a child process to run in)."""
         box: dict = {}
 
         def work():
@@ -310,12 +313,16 @@ class Env:
                 self.world.after_call(self)
             except Exception as e:  # noqa: BLE001 - every failure is an observation for the agent, as in tau2
                 box["out"] = f"Error: {e}", True
+            except SystemExit:  # stopped, past its budget (below)
+                pass
 
         worker = threading.Thread(target=work, daemon=True)
         worker.start()
         worker.join(self.world.tool_seconds)
         if "out" not in box:
             self.con.interrupt()
+            if worker.is_alive():  # (its id is not yet another thread's)
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(worker.ident), ctypes.py_object(SystemExit))
             return f"Error: {fn.__name__} did not answer within {self.world.tool_seconds:g} seconds", True
         return box["out"]
 

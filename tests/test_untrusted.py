@@ -91,6 +91,30 @@ def test_a_slow_tool_is_an_error_within_its_budget(shop, monkeypatch):
     assert env.call("slow_tool", {"seconds": 0.0}) == "finally"  # within the budget: answered as usual
 
 
+def test_an_abandoned_runaway_tool_is_stopped_not_left_spinning(shop, monkeypatch):
+    ran = {"loops": 0, "stopped": False}
+
+    def runaway(db) -> str:
+        """A tool that never answers: a Python loop, which gives up Python's lock between instructions.
+        """
+        try:
+            while True:
+                ran["loops"] += 1
+        finally:
+            ran["stopped"] = True
+
+    monkeypatch.setitem(shop.tools, "runaway", runaway)
+    monkeypatch.setattr(shop, "tool_seconds", 0.2)
+    assert shop.new_env().call("runaway", {}) == "Error: runaway did not answer within 0.2 seconds"
+    t0 = time.time()
+    while not ran["stopped"] and time.time() - t0 < 5:
+        time.sleep(0.01)
+    assert ran["stopped"]  # its thread was stopped (it would spin for good), within moments
+    loops = ran["loops"]
+    time.sleep(0.1)
+    assert ran["loops"] == loops
+
+
 def test_oversized_arguments_and_outputs_are_bounded(shop, monkeypatch):
     def echo(db, text: str) -> str:
         """Say it back.
