@@ -56,7 +56,6 @@ from preflight import RunStopped, prompt_warning
 from rollout import PolicyAgent, RolloutConfig, TrajectoryLog, rollout, score
 from runlog import RunLog, step_stats  # noqa: F401  (muarl.step_stats: tests call it)
 from sampling import episode_seed
-from demo.serve import ServeError
 
 # ---------------------------------------------------------------------------------------------------------------
 # 3 + 4 + 5. Advantages and the update
@@ -391,7 +390,7 @@ if __name__ == "__main__":
     try:
         main()
         exit_now(int(os.environ.get("WORLD_SIZE", 1)))  # under torchrun: leave before gloo's exit-time abort
-    except (ImportError, OSError, ValueError, ServeError) as e:  # bad input (ConfigError, PreflightError): 1 line
+    except (ImportError, OSError, ValueError) as e:  # bad input (ConfigError, PreflightError, ServeError): 1 line
         print(f"muarl: {'config error: ' if isinstance(e, ConfigError) else ''}{e}", file=sys.stderr)
         sys.exit(2)
     except RunStopped as e:  # stopped on purpose, checkpoint saved (the customer is down; nothing trained): 3

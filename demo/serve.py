@@ -43,8 +43,9 @@ import urllib.request
 from pathlib import Path
 
 
-class ServeError(RuntimeError):
-    """The server could not be started (or restarted); the message is one line saying what to do."""
+class ServeError(OSError):
+    """The server could not be started (or restarted); the message is one line saying what to do. An OSError, as a
+    refused connection is: what muarl.py and eval.py report in one line as bad input, with no demo import."""
 
 
 def free_port(host: str = "127.0.0.1") -> int:
