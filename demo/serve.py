@@ -16,7 +16,8 @@ What the context manager guarantees
    what to do: vLLM not installed, model folder missing, port taken, the server died while starting (with the last
    log lines), or it did not come up within `start_timeout` seconds.
 3. It stops the whole process group on exit, also on Ctrl-C and on an exception, and once more at interpreter exit
-   (atexit) in case the caller never left the `with` block. A server is never left running behind a finished run.
+   (atexit) in case the caller never left the `with` block; a `kill` of the run (SIGTERM) becomes SystemExit so that
+   exit happens too. A server is never left running behind a finished run (SIGKILL aside: nothing runs after it).
 4. `alive()` says whether the process still runs; `restart()` stops and starts it again on the same port, for a run
    that would rather ride out a crash than stop.
 5. Only its owner can use it: loopback is open to every account on the machine, so it requires a random `api_key`
@@ -37,10 +38,16 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+
+
+def _terminated(signum, frame):
+    """SIGTERM (a `kill`, torchrun stopping its workers) as SystemExit: `with` blocks and atexit then stop servers."""
+    raise SystemExit(128 + signum)
 
 
 class ServeError(OSError):
@@ -159,6 +166,8 @@ class ModelServer:
                                      start_new_session=True)
         log.close()  # the child holds its own descriptor
         atexit.register(self.stop)
+        if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, _terminated)  # else a killed run leaves its server holding a core
         t0 = time.monotonic()
         while True:  # ready = /v1/models names our model; died = the process ended; else wait, up to the timeout
             models = served_models(self.base_url, api_key=self.api_key)

@@ -15,6 +15,8 @@ import pytest
 
 from demo.serve import ModelServer, ServeError, port_taken, served_models
 
+REPO = __import__("pathlib").Path(__file__).resolve().parents[1]
+
 # A stand-in for vLLM's server: the same two routes the customer uses, on the port it is given.
 STANDIN = textwrap.dedent('''
     import json, os, sys
@@ -86,6 +88,34 @@ def test_stopped_on_an_exception_and_on_ctrl_c(standin, tmp_path):
             with ModelServer("unused", name="standin", log_path=tmp_path / "s.log", command=standin) as srv:
                 raise exc
         assert not srv.alive()
+
+
+def test_a_killed_run_stops_its_server(standin, tmp_path):
+    # the run is killed (SIGTERM: `kill`, torchrun, a scheduler): its server must not go on holding a core
+    import subprocess
+
+    code = textwrap.dedent(f"""
+        import sys, time
+        sys.path.insert(0, {str(REPO)!r})
+        from demo.serve import ModelServer
+        srv = ModelServer("unused", name="standin", log_path={str(tmp_path / "s.log")!r}, command={standin!r}).start()
+        print(srv.proc.pid, flush=True)
+        time.sleep(600)
+    """)
+    run = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    server = int(run.stdout.readline())
+    os.kill(server, 0)  # serving
+    run.send_signal(signal.SIGTERM)
+    assert run.wait(timeout=30) == 128 + signal.SIGTERM
+    t0 = time.time()
+    while time.time() - t0 < 15:
+        try:
+            os.kill(server, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    os.killpg(server, signal.SIGKILL)
+    pytest.fail("the server outlived the run that was killed")
 
 
 def test_restart_after_the_server_is_killed(standin, tmp_path):
