@@ -126,19 +126,25 @@ def annotator_right(world) -> dict:
 
 
 def run_table(run: Path, world) -> dict:
-    """Success per behaviour of each evaluation in a run's transcripts (eval phase of episodes-rank0.jsonl)."""
+    """Success per behaviour of each evaluation in a run's transcripts (eval phase of episodes-rank0.jsonl); and
+    "status flow": where the request and the order's status disagree (a delivered order to cancel, a pending one to
+    return), the share of conversations in which the agent asked the question of the flow the status implies."""
     spec = {t.id: t.spec for t in world.tasks("test")}
-    pairs = defaultdict(list)
+    pairs, flow = defaultdict(list), defaultdict(list)
     with open(run / "episodes-rank0.jsonl") as f:
         for line in f:
             e = json.loads(line)
             if e.get("phase") == "eval" and e["task_id"] in spec and not e["info"].get("user_error"):
-                pairs[e["name"]].append((spec[e["task_id"]], e["reward"] or 0.0))
-    return {name: by_behaviour(p) | {"all": sum(r for _, r in p) / len(p)} for name, p in pairs.items()}
+                pairs[e["name"]].append((s := spec[e["task_id"]], e["reward"] or 0.0))
+                if (s["request"], s["status"]) in (("cancel", "delivered"), ("return", "pending")):
+                    q = store.shop.ASK_REASON if s["request"] == "return" else store.shop.ASK_REFUND
+                    flow[e["name"]].append(any(q in (m.get("content") or "") for m in e["messages"]))
+    return {name: by_behaviour(p) | {"all": sum(r for _, r in p) / len(p), "flow": sum(flow[name]) /
+                                     max(1, len(flow[name]))} for name, p in pairs.items()}
 
 
 def _row(name: str, d: dict) -> str:
-    cells = [f"{100 * d[k]:.1f}" if k in d else "-" for k in ("all",) + BEHAVIOURS + ("unseen",)]
+    cells = [f"{100 * d[k]:.1f}" if k in d else "-" for k in ("all",) + BEHAVIOURS + ("unseen", "flow")]
     return f"| {name} | " + " | ".join(cells) + " |"
 
 
@@ -157,7 +163,7 @@ if __name__ == "__main__":
     settings = {k: v for k, v in cfg.items() if k in known} or dict(TINY, synthetic_seed=a.seed)
     world = load_worlds(dataclasses.replace(Config(), **(settings | {"domains": "store"})))["store"]
     seed = world_seed = settings["synthetic_seed"]
-    head = "| policy | all | " + " | ".join(BEHAVIOURS) + " | unseen combinations |\n|---" * 1 + "|---" * 7 + "|"
+    head = "| policy | all | " + " | ".join(BEHAVIOURS) + " | unseen combinations | status flow |\n|---" + "|---" * 8 + "|"
     print(f"store world seed {world_seed}, {len(world.tasks('test'))} held-out tasks; rules against the {a.user} "
           "customer\n")
     print(head)

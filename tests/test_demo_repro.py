@@ -84,3 +84,25 @@ def test_the_seeds_table_counts_gain_band_and_the_last_evaluations_mistakes(tmp_
     assert not rows[9]["finished"]
     text = seeds.table(runs)
     assert "| 9 |" in text and "unfinished" in text and "2 finished run(s)" in text and "1 of 2 gained" in text
+
+
+def test_the_per_behaviour_table_reads_who_asked_the_status_flows_question(tmp_path):
+    import dataclasses
+
+    from demo.baselines import run_table
+    from domains import load_worlds, store
+
+    world = load_worlds(dataclasses.replace(muarl.Config(), domains="store", synthetic_train=20, synthetic_test=60,
+                                            synthetic_seed=0))["store"]
+    mismatch = next(t for t in world.tasks("test") if (t.spec["request"], t.spec["status"]) == ("cancel", "delivered"))
+    plain = next(t for t in world.tasks("test") if t.spec["behaviour"] == "plain")
+    said = [{"role": "assistant", "content": store.shop.ASK_REFUND}]  # a delivered order: the return's question
+
+    def ep(task, messages, reward):
+        return {"phase": "eval", "name": "GRPO (30 steps)", "task_id": task.id, "reward": reward, "info": {},
+                "messages": [{"role": "user", "content": "hi"}, *messages]}
+
+    eps = [ep(mismatch, said, 1.0), ep(mismatch, [], 0.0), ep(plain, said, 1.0)]  # (plain: not a mismatch)
+    (tmp_path / "episodes-rank0.jsonl").write_text("\n".join(json.dumps(e) for e in eps) + "\n")
+    row = run_table(tmp_path, world)["GRPO (30 steps)"]
+    assert row["flow"] == 0.5 and row["all"] == pytest.approx(2 / 3) and row["plain"] == 1.0
