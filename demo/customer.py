@@ -347,13 +347,17 @@ class ServedCustomer(User):
 
     def after(self, where: str, report: dict, log=None) -> None:
         """After a step or an evaluation: a dead server restarted (RunStopped when it will not come back), the gate held
-        on an evaluation's conversations, then the downtime clock (User.after)."""
+        on an evaluation's conversations, then the downtime clock (User.after). The evaluation of the policy RL starts
+        from ("cold start", or "start" without one) is the gate's last check, on the lines RL will meet first: below
+        it, RunStopped before any GRPO step (a later evaluation below it is named, as the policy drifted)."""
         self.revive(where, log)
         if report.get("customer_fidelity", 1) < self.threshold:
-            print(f"[customer] warning: in {where}'s conversations the customer kept to its instructions in "
-                  f"{100 * report['customer_fidelity']:.1f} % of them, below --user_gate {self.threshold:g}",
-                  flush=True)
+            line = (f"in {where}'s conversations the customer kept to its instructions in "
+                    f"{100 * report['customer_fidelity']:.1f} % of them, below --user_gate {self.threshold:g}")
             log and log({"phase": "stage", "stage": "customer_fidelity", "name": where, "ok": False})
+            if where in ("cold start", "start"):
+                raise RunStopped(f"customer gate: {line}: no GRPO step is trained against this customer")
+            print(f"[customer] warning: {line}", flush=True)
         super().after(where, report, log)
 
     def gate(self, tasks, threshold: float, seed: int, log) -> dict:

@@ -184,6 +184,22 @@ def _kill_during(step: int, out: Path, monkeypatch) -> None:
     monkeypatch.setattr(muarl, "rollout", rollout)
 
 
+def test_the_cold_starts_evaluation_is_the_gates_last_check(capsys):
+    # the gate's agents (the script's lines, a noisy agent) are not the policy RL starts from; its evaluation is: a
+    # customer below the gate on those conversations stops the run before GRPO; later, a drifted policy's is named
+    records = []
+    u = customer.ServedCustomer("demo", "unused", gate=0.95)
+    u.after("untrained", {"customer_fidelity": 0.5}, records.append)  # a random model's gibberish: named only
+    u.after("GRPO step 10", {"customer_fidelity": 0.9}, records.append)
+    assert capsys.readouterr().out.count("[customer] warning: in ") == 2
+    u.after("cold start", {"customer_fidelity": 0.96}, records.append)
+    for where in ("cold start", "start"):
+        with pytest.raises(RunStopped, match=f"customer gate: in {where}'s conversations the customer kept to its "
+                                             "instructions in 86.5 % of them, below --user_gate 0.95: no GRPO step"):
+            u.after(where, {"customer_fidelity": 0.865}, records.append)
+    assert [r["name"] for r in records] == ["untrained", "GRPO step 10", "cold start", "start"]
+
+
 def test_a_killed_customer_server_is_restarted_and_nothing_is_lost(tmp_path, standin, monkeypatch):
     out = tmp_path / "run"
     _kill_during(1, out, monkeypatch)
