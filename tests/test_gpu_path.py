@@ -43,6 +43,18 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _on_gloo_ranks(code: str, world_size: int, timeout: int = 600) -> None:
+    """Run `code` as `world_size` gloo ranks (torchrun's environment, set by hand); every rank must exit 0."""
+    port = _free_port()
+    procs = [subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True, env={**ENV, "WORLD_SIZE": str(world_size), "RANK": str(r),
+                                              "LOCAL_RANK": str(r), "MASTER_ADDR": "127.0.0.1",
+                                              "MASTER_PORT": str(port)})
+             for r in range(world_size)]
+    logs = [p.communicate(timeout=timeout)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0] * world_size, "\n".join(logs)[-4000:]
+
+
 def _moves(model, dtype: str, eps, adv, steps: int = 3, world_size: int = 1) -> torch.Tensor:
     """Every weight's change (flattened, fp32) after `steps` real updates at lr 1e-6 (AdamW), computing in `dtype`."""
     before = torch.cat([v.detach().float().flatten().clone() for v in muarl.full_state_dict(model, world_size).values()])
@@ -208,15 +220,8 @@ def test_a_100m_model_loads_sharded_over_4_ranks_and_steps_like_one_process(tmp_
     model = qwen3_100m(tmp_path / "model")
     whole = 4 * n_params(model)
     assert n_params(model) >= 100e6
-    port = _free_port()
-    code = SHARDED_WORKER.format(repo=str(REPO), tests=str(REPO / "tests"), folder=str(tmp_path / "model"),
-                                 out=str(tmp_path))
-    procs = [subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True, env={**ENV, "WORLD_SIZE": "4", "RANK": str(r), "LOCAL_RANK": str(r),
-                                              "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
-             for r in range(4)]
-    logs = [p.communicate(timeout=900)[0] for p in procs]
-    assert [p.returncode for p in procs] == [0] * 4, "\n".join(logs)[-4000:]
+    _on_gloo_ranks(SHARDED_WORKER.format(repo=str(REPO), tests=str(REPO / "tests"), folder=str(tmp_path / "model"),
+                                         out=str(tmp_path)), 4, timeout=900)
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(4)]
     for r, got in enumerate(ranks):  # each rank's peak while loading: its quarter and a slice, not the whole
         print(f"rank {r}: peak memory while loading +{got['load_peak'] / 2**20:.0f} MiB (whole copy "
@@ -314,14 +319,7 @@ def test_cpu_offload_steps_like_the_shards_on_the_device(tmp_path):
     # --offload (FSDP2 CPUOffloadPolicy) on 2 gloo ranks: on a CPU "host" and "device" are one memory, so this checks
     # the plumbing (sharding with the policy, meta-device loading into host memory, gathers, AdamW on the shards),
     # not the copies to and from a GPU (bench/gpu_check.py does that on CUDA)
-    port = _free_port()
-    code = OFFLOAD_WORKER.format(repo=str(REPO), tests=str(REPO / "tests"), out=str(tmp_path))
-    procs = [subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True, env={**ENV, "WORLD_SIZE": "2", "RANK": str(r), "LOCAL_RANK": str(r),
-                                              "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
-             for r in range(2)]
-    logs = [p.communicate(timeout=600)[0] for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], "\n".join(logs)[-4000:]
+    _on_gloo_ranks(OFFLOAD_WORKER.format(repo=str(REPO), tests=str(REPO / "tests"), out=str(tmp_path)), 2)
     out = torch.load(tmp_path / "offload.pt", weights_only=False)
     assert out[False].abs().max() > 0 and out["offloaded"] == {True}
     diff = (out[True] - out[False]).abs().max().item()
@@ -332,14 +330,7 @@ def test_cpu_offload_steps_like_the_shards_on_the_device(tmp_path):
 
 @pytest.mark.slow
 def test_bf16_compute_under_fsdp2_on_two_ranks_moves_the_weights_like_fp32(tmp_path):
-    port = _free_port()
-    code = BF16_WORKER.format(repo=str(REPO), tests=str(REPO / "tests"), out=str(tmp_path))
-    procs = [subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True, env={**ENV, "WORLD_SIZE": "2", "RANK": str(r), "LOCAL_RANK": str(r),
-                                              "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
-             for r in range(2)]
-    logs = [p.communicate(timeout=600)[0] for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], "\n".join(logs)[-4000:]
+    _on_gloo_ranks(BF16_WORKER.format(repo=str(REPO), tests=str(REPO / "tests"), out=str(tmp_path)), 2)
     out = torch.load(tmp_path / "bf16.pt", weights_only=False)
     assert out["bfloat16_params"] == {"torch.float32"}  # the shards AdamW updates stay fp32
     assert (out["bfloat16"] != out["float32"]).any()
