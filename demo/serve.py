@@ -193,11 +193,11 @@ class ModelServer:
         return self.proc is not None and self.proc.poll() is None
 
     def stop(self) -> None:
-        """SIGTERM to the whole process group, then SIGKILL after 10 s. Safe to call twice."""
+        """SIGTERM to its process group, then SIGKILL after 10 s (at once if the server died: its engine lives on)."""
         proc, self.proc = self.proc, None
-        if proc is None or proc.poll() is not None:
+        if proc is None:
             return
-        for sig, wait in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
+        for sig, wait in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0))[proc.poll() is not None:]:
             try:
                 os.killpg(proc.pid, sig)
             except ProcessLookupError:

@@ -118,6 +118,36 @@ def test_a_killed_run_stops_its_server(standin, tmp_path):
     pytest.fail("the server outlived the run that was killed")
 
 
+def test_a_server_that_died_alone_has_its_group_stopped(standin, tmp_path):
+    # vLLM's engine runs in a process of its own: when the server process dies (killed by PID, crashed), stop() and
+    # restart() must not leave that process behind (the real vLLM test left one holding memory and a core)
+    script = tmp_path / "parent.py"
+    script.write_text("import subprocess, sys\nsubprocess.Popen(['sleep', '600'])\n" + STANDIN)
+    cmd = [sys.executable, str(script), "{port}"]
+    with ModelServer("unused", name="standin", log_path=tmp_path / "s.log", command=cmd) as srv:
+        os.kill(srv.proc.pid, signal.SIGKILL)  # the server alone; its child ("the engine") lives on in its group
+        srv.proc.wait(timeout=10)
+        group = srv.proc.pid
+        assert _running_in_group(group) == 1  # the orphan
+        srv.stop()
+        time.sleep(0.5)
+        assert _running_in_group(group) == 0
+
+
+def _running_in_group(pgid: int) -> int:
+    """Processes of process group `pgid` that still run (Linux /proc; a killed orphan may stay a zombie here)."""
+    n = 0
+    for d in __import__("pathlib").Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:  # "pid (name) state ppid pgrp ..."
+            state, _, group = (d / "stat").read_text().rsplit(")", 1)[1].split()[:3]
+        except OSError:
+            continue
+        n += int(group) == pgid and state != "Z"
+    return n
+
+
 def test_restart_after_the_server_is_killed(standin, tmp_path):
     with ModelServer("unused", name="standin", log_path=tmp_path / "s.log", command=standin) as srv:
         port = srv.port
