@@ -183,10 +183,12 @@ def plan(c: dict, gpus: int, tokens: int, checkpointing: bool, reference: bool, 
     p = {"masters": 4 * P / W, "grads": 4 * P / W, "adamw": 8 * P / W, "copies": copies,
          "acts": ckpt if checkpointing else full, "acts_no_ckpt": full, "acts_ckpt": ckpt,
          "logits": 3 * 4 * min(chunk, tokens) * V, "reference": b * P / W if reference else 0}
-    p["host"] = sum(p[k] for k in ("masters", "grads", "adamw", "reference")) if offload else 0
-    if offload:  # on the GPU only as the gathered copies (and their gradients until reduced and copied out)
-        p.update(masters=0, grads=0, adamw=0, reference=0)
     p["vllm_weights"] = 2 * P / engine_tp if engine == "vllm" else 0
+    # host memory: vLLM's weights while it sleeps (level 1) through the update, and what --offload keeps there (on
+    # the GPU it is then only the gathered copies, and their gradients until reduced and copied out)
+    offloaded = ("masters", "grads", "adamw", "reference") if offload else ()
+    p["host"] = p["vllm_weights"] + sum(p[k] for k in offloaded)
+    p.update(dict.fromkeys(offloaded, 0))
     p["vllm_kv"] = max(0.0, engine_share * gpu_gib * GIB - p["vllm_weights"]) if engine == "vllm" else 0
     kv_token = 2 * L * c["num_key_value_heads"] * (c.get("head_dim") or D // c["num_attention_heads"]) * 2
     p["kv_tokens"] = p["vllm_kv"] * engine_tp / kv_token  # tokens of context the cache holds (all sequences)
@@ -194,7 +196,6 @@ def plan(c: dict, gpus: int, tokens: int, checkpointing: bool, reference: bool, 
     p["rollout"] = resident + p["vllm_weights"] + p["vllm_kv"]
     step = 0 if offload else 4 * P / W  # AdamW's temporaries (on the CPU with offload)
     p["update"] = resident + p["grads"] + max(p["copies"] + p["acts"] + p["logits"], step)
-    p["host"] += p["vllm_weights"]  # vLLM's sleep (level 1) keeps its weights in host memory through the update
     p["peak"] = max(p["rollout"], p["update"])
     # ~10 % for the CUDA context and NCCL; vLLM needs a cache for one row of context at least
     kv_ok = engine != "vllm" or p["kv_tokens"] >= tokens

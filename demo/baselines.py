@@ -143,6 +143,14 @@ def run_table(run: Path, world) -> dict:
                                      max(1, len(flow[name]))} for name, p in pairs.items()}
 
 
+def world_of(cfg: dict, seed: int = 0):
+    """(the store world exactly as muarl.py built it, its settings): a run's saved config.json, else the CPU preset's
+    with world seed `seed`."""
+    known = {f.name for f in dataclasses.fields(Config)}
+    settings = {k: v for k, v in cfg.items() if k in known} or dict(TINY, synthetic_seed=seed)
+    return load_worlds(dataclasses.replace(Config(), **(settings | {"domains": "store"})))["store"], settings
+
+
 def _row(name: str, d: dict) -> str:
     cells = [f"{100 * d[k]:.1f}" if k in d else "-" for k in ("all",) + BEHAVIOURS + ("unseen", "flow")]
     return f"| {name} | " + " | ".join(cells) + " |"
@@ -158,12 +166,9 @@ if __name__ == "__main__":
     cfg = json.loads((run / "config.json").read_text()) if run else {}
     if run and not (run / "config.json").is_file():
         sys.exit(f"baselines: no config.json in {run}")
-    # the world exactly as muarl.py built it: the run's saved settings, else the CPU preset's with --seed
-    known = {f.name for f in dataclasses.fields(Config)}
-    settings = {k: v for k, v in cfg.items() if k in known} or dict(TINY, synthetic_seed=a.seed)
-    world = load_worlds(dataclasses.replace(Config(), **(settings | {"domains": "store"})))["store"]
+    world, settings = world_of(cfg, a.seed)
     seed = world_seed = settings["synthetic_seed"]
-    head = "| policy | all | " + " | ".join(BEHAVIOURS) + " | unseen combinations | status flow |\n|---" + "|---" * 8 + "|"
+    head = f"| policy | all | {' | '.join(BEHAVIOURS)} | unseen combinations | status flow |\n" + "|---" * 9 + "|"
     print(f"store world seed {world_seed}, {len(world.tasks('test'))} held-out tasks; rules against the {a.user} "
           "customer\n")
     print(head)

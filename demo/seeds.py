@@ -41,13 +41,9 @@ def row(run: Path) -> dict:
 
 def blind_rule(run: Path) -> float:
     """pass^1 of the best customer-blind rule on the run's held-out tasks, against the store's script."""
-    import dataclasses
+    from demo.baselines import BLIND, make_user, play_rules, world_of
 
-    from demo.baselines import BLIND, Config, load_worlds, make_user, play_rules
-
-    cfg = json.loads((run / "config.json").read_text())
-    settings = {k: v for k, v in cfg.items() if k in {f.name for f in dataclasses.fields(Config)}}
-    world = load_worlds(dataclasses.replace(Config(), **(settings | {"domains": "store"})))["store"]
+    world, settings = world_of(json.loads((run / "config.json").read_text()))
     rules = play_rules(world, make_user("scripted"), seed=settings["synthetic_seed"])
     return 100 * max(rules[k]["pass^1"] for k in BLIND)
 

@@ -10,12 +10,13 @@ import socket
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
 from demo.serve import ModelServer, ServeError, port_taken, served_models
 
-REPO = __import__("pathlib").Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[1]
 
 # A stand-in for vLLM's server: the same two routes the customer uses, on the port it is given.
 STANDIN = textwrap.dedent('''
@@ -137,7 +138,7 @@ def test_a_server_that_died_alone_has_its_group_stopped(standin, tmp_path):
 def _running_in_group(pgid: int) -> int:
     """Processes of process group `pgid` that still run (Linux /proc; a killed orphan may stay a zombie here)."""
     n = 0
-    for d in __import__("pathlib").Path("/proc").iterdir():
+    for d in Path("/proc").iterdir():
         if not d.name.isdigit():
             continue
         try:  # "pid (name) state ppid pgrp ..."
