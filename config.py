@@ -145,6 +145,7 @@ class Config:
     copy_lr: float = flag(3e-3, "tiny model: learning rate of the copy drills (cosine)")
     tiny_intermediate: int = flag(768, "tiny model: MLP width")
     threads: int = flag(0, "torch CPU threads (0 = torch's default; 1 is fastest on a busy 2-core machine)")
+    train_threads: int = flag(0, "torch CPU threads while the policy alone computes (drills, SFT, updates): 0 = same")
     logger: str = flag("none", "also log to: none | tensorboard (torch's SummaryWriter, out_dir/tensorboard) | wandb")
     config: str = flag("", "a JSON (or YAML) file of field: value; the command line overrides it")
     allow_change: str = flag("", "--resume: comma-separated flags that may differ from the saved config.json")
@@ -167,8 +168,9 @@ def read_settings(path: str) -> dict:
 
 
 # What --resume may change without --allow_change; the rest shapes the training and must match the saved run.
-RESUMABLE = {"steps", "resume", "eval", "eval_tasks", "eval_every", "save_every", "threads", "logger", "config",
-             "allow_change", "preflight", "user_base_url", "user_api_key", "user_down_s", "allow_insecure_http"}
+RESUMABLE = {"steps", "resume", "eval", "eval_tasks", "eval_every", "save_every", "threads", "train_threads", "logger",
+             "config", "allow_change", "preflight", "user_base_url", "user_api_key", "user_down_s",
+             "allow_insecure_http"}
 SECRETS = ("user_api_key",)  # never written to a file or a log, never printed (public)
 
 
@@ -284,8 +286,9 @@ def _band(text: str) -> tuple | None:
 
 # Ranges of single fields, checked by validate (muarl.py) and by eval.py for the flags it shares
 NONNEG = ("copy_warmup", "steps", "grad_clip", "temperature", "clip_high", "kl_coef", "weight_decay", "eval_tasks",
-          "eval_every", "save_every", "micro_batch_tokens", "user_down_s", "sft_epochs", "threads", "turn_bonus",
-          "user_temperature", "user_retries", "user_backoff", "synthetic_train", "synthetic_test", "copy_lr", "sft_lr")
+          "eval_every", "save_every", "micro_batch_tokens", "user_down_s", "sft_epochs", "threads", "train_threads",
+          "turn_bonus", "user_temperature", "user_retries", "user_backoff", "synthetic_train", "synthetic_test",
+          "copy_lr", "sft_lr")
 POSITIVE = ("lr", "max_new_tokens", "max_context", "user_max_tokens", "max_turns", "logprob_chunk", "sft_batch",
             "tiny_hidden", "tiny_layers", "tiny_vocab", "tiny_intermediate", "synthetic_users", "user_timeout",
             "user_concurrency", "eval_trials")

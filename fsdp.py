@@ -16,6 +16,7 @@ entries moved in 10 steps).
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import sys
@@ -233,6 +234,14 @@ def all_gather_episodes(records: list[dict], world_size: int) -> list[dict]:
     gathered = [None] * world_size
     dist.all_gather_object(gathered, records)  # pickled: fine for a few hundred small dicts
     return [r for part in gathered for r in part]
+
+
+@contextlib.contextmanager
+def threads(n: int):  # torch's CPU threads inside the block (0: as they are): muarl's --train_threads
+    before = torch.get_num_threads()
+    torch.set_num_threads(n or before)
+    yield
+    torch.set_num_threads(before)
 
 
 # ---------------------------------------------------------------------------------------------------------------

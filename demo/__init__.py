@@ -16,14 +16,15 @@ Nothing in the core (the top-level files) is needed to read MUA-RL; this folder 
 # from scratch has no pre-training, so copy drills stand in for it, the cold start runs hot (lr 2e-3), and the KL
 # anchor is off (the reference would be a random model). The store's tasks fit in 10 turns of 64 tokens. Its customer
 # is a language model, as in the paper: a tiny one trained for the store once and shipped (demo/customer_model),
-# served by vLLM's OpenAI server and sampled at temperature 0.7; every evaluation plays each held-out task 4 times
-# against it (pass^1..4). `--user scripted` plays the same tasks against the store's script instead. The seed is the
+# served by vLLM's OpenAI server and sampled at temperature 0.7; every evaluation plays each held-out task twice
+# against it (pass^1, pass^2). Drills, SFT and each update take 2 threads (the served customer is idle then), the
+# conversations 1. `--user scripted` plays the same tasks against the store's script instead. The seed is the
 # world's too (its orders, its held-out tasks) unless --synthetic_seed is given.
 TINY = dict(
     domains="store", synthetic_train=1000, synthetic_test=200, tiny_hidden=128, tiny_layers=2, tiny_intermediate=512,
-    tiny_vocab=512, tiny_split_digits=True, copy_warmup=2000, sft_epochs=7.0, sft_lr=2e-3, sft_batch=8,
-    tasks_per_step=8, steps=30, lr=1e-4, kl_coef=0.0, temperature=1.0, top_p=0.9, max_turns=10, max_new_tokens=64,
+    tiny_vocab=512, tiny_split_digits=True, copy_warmup=1600, sft_epochs=4.0, sft_lr=2e-3, sft_batch=8,
+    tasks_per_step=8, steps=20, lr=1e-4, kl_coef=0.0, temperature=1.0, top_p=0.9, max_turns=10, max_new_tokens=64,
     max_context=1024, micro_batch_tokens=512, tools_in_prompt=False, train_check_outputs=True, eval_every=10,
-    threads=1, user="llm", user_serve="demo", user_temperature=0.7, user_max_tokens=64, user_concurrency=64,
-    eval_trials=4, stage_band="0.25,0.65",
+    threads=1, train_threads=2, user="llm", user_serve="demo", user_temperature=0.7, user_max_tokens=64,
+    user_concurrency=64, eval_trials=2, stage_band="0.25,0.65",
 )

@@ -30,13 +30,13 @@ def row(run: Path) -> dict:
     fid = [100 * r["customer_fidelity"] for r in evals if "customer_fidelity" in r]
     done = bool(evals) and evals[-1]["name"].startswith(("GRPO (", "not trained"))
     gain = p1[-1][1] - p1[0][1] if len(p1) > 1 else float("nan")
-    last, mistakes = evals[-1]["name"] if evals else None, Counter()
-    with open(run / "episodes-rank0.jsonl") as f:
-        for e in map(json.loads, f):
-            mistakes.update(e["info"].get("customer_mistakes", []) if e.get("name") == last else [])
+    last = evals[-1]["name"] if evals else None
+    with open(run / "episodes-rank0.jsonl") as f:  # the last evaluation's conversations
+        eps = [e for e in map(json.loads, f) if e.get("name") == last]
+    mistakes = Counter(m for e in eps for m in e["info"].get("customer_mistakes", []))
     return {"seed": seed, "pass1": p1, "gain": gain, "fidelity_min": min(fid, default=float("nan")),
             "finished": done, "learned": done and gain >= 15 and 25 <= p1[0][1] <= 65, "blind": blind_rule(run),
-            "mistakes": ", ".join(f"{k} {n}" for k, n in mistakes.most_common()) or "none"}
+            "mistakes": (", ".join(f"{k} {n}" for k, n in mistakes.most_common()) or "none") + f" (of {len(eps)})"}
 
 
 def blind_rule(run: Path) -> float:
@@ -52,7 +52,7 @@ def table(runs: list[Path]) -> str:
     rows = sorted((row(r) for r in runs if (r / "log.jsonl").is_file()), key=lambda r: r["seed"])
     names = max((r["pass1"] for r in rows), key=len, default=[])
     lines = ["| seed | " + " | ".join(n for n, _ in names) + " | gain | best blind rule | lowest fidelity | >= +15 | "
-             "customer's mistakes, last evaluation (of 800) |", "|---" * (len(names) + 6) + "|"] if rows else []
+             "customer's mistakes, last evaluation |", "|---" * (len(names) + 6) + "|"] if rows else []
     for r in rows:
         cells = " | ".join([f"{v:.1f}" for _, v in r["pass1"]] + ["-"] * (len(names) - len(r["pass1"])))
         lines.append(f"| {r['seed']} | {cells} | {r['gain']:+.1f} | {r['blind']:.1f} | {r['fidelity_min']:.1f} | "

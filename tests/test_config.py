@@ -9,6 +9,7 @@ import re
 import pytest
 
 from config import ConfigError, parse_config, save_config, validate
+from demo import TINY
 
 BAD = {
     # flag: bad values (NaN everywhere a float is taken)
@@ -48,7 +49,7 @@ def test_config_file_values_and_command_line_overrides(tmp_path):
     cfg = parse_config(["--config", str(run), "--steps", "9"])
     assert (cfg.lr, cfg.steps, cfg.domains, cfg.eval) == (3e-6, 9, "shop", False)  # the command line wins
     tiny = parse_config(["--model", "tiny", "--config", str(run)])
-    assert tiny.steps == 7 and tiny.copy_warmup == 2000  # the file beats the preset; the preset fills the rest
+    assert tiny.steps == 7 and tiny.copy_warmup == TINY["copy_warmup"]  # the file beats the preset; the preset fills the rest
     yaml = pytest.importorskip("yaml")
     (tmp_path / "run.yaml").write_text(yaml.safe_dump({"group_size": 4}))
     assert parse_config(["--config", str(tmp_path / "run.yaml")]).group_size == 4

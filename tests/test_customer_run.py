@@ -97,7 +97,7 @@ def records(out: Path, phase: str) -> list[dict]:
 
 def test_the_tiny_preset_serves_the_stores_customer_unless_told_otherwise():
     cfg = parse_config(["--model", "tiny"])
-    assert (cfg.domains, cfg.user, cfg.user_serve, cfg.eval_trials) == ("store", "llm", "demo", 4)
+    assert (cfg.domains, cfg.user, cfg.user_serve, cfg.eval_trials) == ("store", "llm", "demo", 2)
     assert (cfg.user_gate, cfg.synthetic_seed, parse_config(["--model", "tiny", "--seed", "3"]).synthetic_seed) == \
         (0.95, 0, 3)  # the seed is the world's too
     assert cfg.user_temperature >= 0.7  # sampled: no two conversations of a task need be the same

@@ -32,7 +32,7 @@ def test_two_runs_of_one_seed_write_the_same_numbers(tmp_path):
     a, b = tmp_path / "a", tmp_path / "b"
     for out in (a, b):
         muarl.main(SHORT + ["--out_dir", str(out)])
-    assert [r["phase"] for r in repro.numbers(a)].count("eval") == 4  # untrained, cold start, step 1, final
+    assert [r["phase"] for r in repro.numbers(a)].count("eval") == 3  # cold start, step 1, final
     assert repro.compare(a, b) is None
     # and the comparison can fail: another seed is another run
     c = tmp_path / "c"
@@ -79,8 +79,8 @@ def test_the_seeds_table_counts_gain_band_and_the_last_evaluations_mistakes(tmp_
             run("c", 9, [0.0, 0.40, 0.50], [[]])]  # stopped before its last evaluation
     rows = {r["seed"]: r for r in map(seeds.row, runs)}
     assert rows[7]["learned"] and rows[7]["gain"] == pytest.approx(20.0)
-    assert rows[7]["mistakes"] == "extra_human 2, no_insist 1" and rows[7]["fidelity_min"] == pytest.approx(91.0)
-    assert not rows[8]["learned"] and rows[8]["finished"] and rows[8]["mistakes"] == "none"
+    assert rows[7]["mistakes"] == "extra_human 2, no_insist 1 (of 3)" and rows[7]["fidelity_min"] == pytest.approx(91.0)
+    assert not rows[8]["learned"] and rows[8]["finished"] and rows[8]["mistakes"] == "none (of 1)"
     assert not rows[9]["finished"]
     text = seeds.table(runs)
     assert "| 9 |" in text and "unfinished" in text and "2 finished run(s)" in text and "1 of 2 gained" in text
