@@ -266,9 +266,8 @@ def model_problem(name: str) -> str | None:
         return None
     if os.path.isdir(os.path.expanduser(name)):
         return f"--model {name}: the folder holds no config.json (not a saved model)"
-    if name.startswith(("/", ".", "~")) or name.count("/") > 1 or not name:
-        return f"--model {name!r}: no such model folder (and not a hub id like Qwen/Qwen3-8B)"
-    return None
+    bad = name.startswith(("/", ".", "~")) or name.count("/") > 1 or not name  # not owner/name: a missing path
+    return f"--model {name!r}: no such model folder (and not a hub id like Qwen/Qwen3-8B)" if bad else None
 
 
 class ConfigError(ValueError):

@@ -87,10 +87,8 @@ def customer_fidelity(mistakes: list, rewards: list[float]) -> dict:
     """Share of checkable episodes whose customer kept to its instructions, and share of all scored episodes that
     failed with a customer mistake in them (the reward then says nothing sure about the agent). {} if none checkable."""
     checked = [(m, r) for m, r in zip(mistakes, rewards) if m is not None]
-    if not checked:
-        return {}
     return {"customer_fidelity": sum(not m for m, _ in checked) / len(checked),
-            "customer_faults": sum(bool(m) and r < 1 for m, r in checked) / len(checked)}
+            "customer_faults": sum(bool(m) and r < 1 for m, r in checked) / len(checked)} if checked else {}
 
 
 def format_table(rows: list[tuple[str, dict]], trials: int = 1) -> str:

@@ -16,7 +16,6 @@ entries moved in 10 steps).
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import os
 import sys
@@ -116,8 +115,7 @@ def bf16_compute(model, bf16: bool):
     """The context a forward runs in: bf16 matmuls over fp32 masters. On one process that is torch.autocast (it casts
     each weight to bf16 where it is used; gradients reach the fp32 parameters); under FSDP2 the MixedPrecisionPolicy
     of shard() already gathers bf16 weights, so nothing more is needed. Backward runs outside it, as autocast wants."""
-    import contextlib
-
+    
     on = bf16 and not is_sharded(model)
     return torch.autocast(compute_device(model).type, dtype=torch.bfloat16) if on else contextlib.nullcontext()
 
@@ -234,14 +232,6 @@ def all_gather_episodes(records: list[dict], world_size: int) -> list[dict]:
     gathered = [None] * world_size
     dist.all_gather_object(gathered, records)  # pickled: fine for a few hundred small dicts
     return [r for part in gathered for r in part]
-
-
-@contextlib.contextmanager
-def threads(n: int):  # torch's CPU threads inside the block (0: as they are): muarl's --train_threads
-    before = torch.get_num_threads()
-    torch.set_num_threads(n or before)
-    yield
-    torch.set_num_threads(before)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -49,7 +49,7 @@ from domains.tau2_data import provenance
 from engine import check_vllm_model, make_engine
 from eval import evaluate, format_table
 from fsdp import all_gather_episodes, all_sum, barrier, bf16_compute, compute_device, dist_setup, dist_teardown, shard
-from fsdp import even_rows, exit_now, full_state_dict, full_tensors, is_sharded, load_sharded, reduce_stats, threads
+from fsdp import even_rows, exit_now, full_state_dict, full_tensors, is_sharded, load_sharded, reduce_stats  # noqa
 from grpo import ADVANTAGES, REWARDS, grpo_loss, pack_sequences, token_advantages, token_logprobs
 from models import GIB, build_or_load_model, describe, load_policy, load_reference
 from preflight import RunStopped, prompt_warning
@@ -179,8 +179,6 @@ def build_run(cfg: Config) -> SimpleNamespace:
     frozen reference and the rollout engine. Returns the run's state as one namespace."""
     rank, world_size = dist_setup(cfg.offload)
     validate(cfg, world_size)
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
     on_gpu, sharded = torch.cuda.is_available(), torch.distributed.is_initialized()  # torchrun: FSDP2, even 1 rank
     device = f"cuda:{torch.cuda.current_device()}" if on_gpu else "cpu"
     on_gpu = on_gpu or cfg.plan > 0  # --plan plans a GPU run (bf16, vLLM, 16,384 tokens) wherever it is asked
@@ -188,7 +186,8 @@ def build_run(cfg: Config) -> SimpleNamespace:
     engine_kind = ("vllm" if on_gpu else "hf") if cfg.engine == "auto" else cfg.engine
     # 0 = by device: the paper's 16,384 on a GPU; on a CPU 7,000 (issue 15: 44 s / 2.1 GB an update, 180 s / 5.7 GB)
     cfg = dataclasses.replace(cfg, micro_batch_tokens=cfg.micro_batch_tokens or (16384 if on_gpu else 7000),
-                              dtype=dtype)
+                              dtype=dtype, threads=cfg.threads or torch.get_num_threads())  # 0: torch's own count
+    torch.set_num_threads(cfg.threads)
     if cfg.plan or (on_gpu and rank == 0):  # the memory plan, before any work (models.py): --plan N prints and exits
         gib = torch.cuda.mem_get_info()[1] / GIB if torch.cuda.is_available() else 80.0
         print(describe(cfg.model, cfg.plan or world_size, cfg.micro_batch_tokens, cfg.activation_checkpointing,
@@ -233,8 +232,7 @@ def build_run(cfg: Config) -> SimpleNamespace:
                           episodes_log=TrajectoryLog(out / f"episodes-rank{rank}.jsonl"))
     fresh = ckpt is None
     if fresh and rank == 0 and run.eval_tasks and cfg.sft_epochs and not cfg.copy_warmup and not (sharded and on_gpu):
-        # rank 0 alone: the policy, or (FSDP2 on a CPU) a whole copy from disk; on GPUs none holds a whole copy. (Not
-        # a model built from random weights for copy drills: 0.0 % on every seed measured, 88 s of the demo's run.)
+        # rank 0 (FSDP2 on a CPU: a whole copy from disk; GPUs: none); not random weights awaiting drills (0.0 %, 88 s)
         run_eval(run, "untrained", model=load_policy(model_path)[0] if sharded else None, trials=1)
     if not sharded and cfg.activation_checkpointing:  # (under torchrun, load_sharded sharded the policy with FSDP2)
         policy.gradient_checkpointing_enable()
@@ -243,8 +241,9 @@ def build_run(cfg: Config) -> SimpleNamespace:
     run.results.update(state.get("results", {}))
     run.updates, log.global_step = state.get("updates", run.start), state.get("global_step", 0)  # both go on
     if fresh and cfg.sft_epochs > 0:
-        with threads(cfg.train_threads):
-            cold_start(run)
+        torch.set_num_threads(cfg.train_threads or cfg.threads)  # the policy alone computes: no customer beside it
+        cold_start(run)
+        torch.set_num_threads(cfg.threads)
 
     # The frozen reference: the policy as RL starts (after the cold start, else the model itself), as in the paper,
     # read from disk in the compute dtype (bf16 on a GPU: it never trains); under FSDP2 each rank reads its shards.
@@ -310,9 +309,10 @@ def main(argv: list[str] | None = None) -> dict:
         # 4 + 5. loss, backward, optimizer step (every rank takes the same branch: the update is collective)
         run.policy.train()
         if all_sum(float(sum(sum(e.mask) for e in kept)), run.world_size) > 0:
-            with threads(cfg.train_threads):
-                upd = update(run.policy, run.reference, kept, adv, run.opt, **update_settings(cfg),
-                             world_size=run.world_size)
+            torch.set_num_threads(cfg.train_threads or cfg.threads)  # (--train_threads: the customer is idle now)
+            upd = update(run.policy, run.reference, kept, adv, run.opt, **update_settings(cfg),
+                         world_size=run.world_size)
+            torch.set_num_threads(cfg.threads)
         else:  # a forward and backward over 0 trained tokens would cost a full update and change nothing
             upd = {"skipped": True, "reason": "no trained tokens (the prompt alone fills the context?)"
                    if all_sum(len(kept), run.world_size) else "every group had an aborted episode"}

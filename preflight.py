@@ -122,10 +122,9 @@ def prompt_warning(tok, worlds: dict, max_context: int, max_new_tokens: int, too
 
     n = max(len(chat.prompt_ids(tok, w.rules, w.tool_schemas() if tools_in_prompt else [], ""))
             for w in worlds.values())
-    if n + max_new_tokens <= max_context // 2:
-        return None
-    return (f"warning: the prompt alone is {n} tokens of the {max_context}-token context (+ {max_new_tokens} per "
-            f"turn): episodes will end context_full; raise --max_context or turn --tools_in_prompt off")
+    return None if n + max_new_tokens <= max_context // 2 else (
+        f"warning: the prompt alone is {n} tokens of the {max_context}-token context (+ {max_new_tokens} per "
+        f"turn): episodes will end context_full; raise --max_context or turn --tools_in_prompt off")
 
 
 # ---------------------------------------------------------------------------------------------------------------

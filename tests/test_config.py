@@ -16,6 +16,7 @@ BAD = {
     "grad_clip": ["-1", "nan"], "kl_coef": ["-0.1", "nan"], "temperature": ["-1", "nan"], "top_p": ["0", "1.5", "nan"],
     "lr": ["0", "-1e-6", "nan"], "clip_low": ["1", "-0.1", "nan"], "clip_high": ["-0.1", "nan"],
     "steps": ["-1"], "eval_tasks": ["-5"], "eval_every": ["-1"], "save_every": ["-1"], "threads": ["-2"],
+    "train_threads": ["-1"],
     "sft_epochs": ["-1", "nan"], "sft_lr": ["-1", "nan"], "copy_lr": ["nan"], "weight_decay": ["-0.01", "nan"],
     "turn_bonus": ["-0.5", "nan"], "user_temperature": ["nan"], "lazy_rate": ["1.5", "nan"],
     "tiny_hidden": ["0"], "tiny_layers": ["0"], "tiny_vocab": ["0"], "tiny_intermediate": ["0"], "sft_batch": ["0"],

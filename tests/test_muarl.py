@@ -331,6 +331,25 @@ def test_engine_sleeps_through_the_update_and_is_awake_for_everything_else(tmp_p
     assert calls[0] == "update_weights" and calls[-1] == "generate"  # the first sync; the final evaluation
 
 
+def test_train_threads_hold_while_the_policy_alone_computes(tmp_path, tiny_init, monkeypatch):
+    """--train_threads: drills, SFT and each update take that many torch threads; the conversations (where a served
+    customer computes beside the policy) keep --threads. Read from inside each phase, not from the flags."""
+    import sft
+    from demo import drills
+
+    seen = []
+    for mod, name in ((sft, "train"), (muarl, "update"), (muarl, "rollout")):
+        def spy(*a, _f=getattr(mod, name), _n=name, **k):
+            seen.append((_n, torch.get_num_threads()))
+            return _f(*a, **k)
+        monkeypatch.setattr(mod, name, spy)
+    out = new_run(tmp_path, tiny_init, "threads")
+    muarl.main(TINY + ["--steps", "2", "--sft_epochs", "0.02", "--train_threads", "2", "--out_dir", str(out)])
+    assert seen == [("train", 2), ("rollout", 1), ("update", 2), ("rollout", 1), ("update", 2)]
+    assert torch.get_num_threads() == 1  # and back to --threads after each
+    assert drills.sft is sft  # (the copy drills train through sft.train too: the same spy counts them)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # 3. Resume determinism: N steps straight == k steps, then --resume to N
 
