@@ -115,7 +115,8 @@ def bf16_compute(model, bf16: bool):
     """The context a forward runs in: bf16 matmuls over fp32 masters. On one process that is torch.autocast (it casts
     each weight to bf16 where it is used; gradients reach the fp32 parameters); under FSDP2 the MixedPrecisionPolicy
     of shard() already gathers bf16 weights, so nothing more is needed. Backward runs outside it, as autocast wants."""
-    
+    import contextlib
+
     on = bf16 and not is_sharded(model)
     return torch.autocast(compute_device(model).type, dtype=torch.bfloat16) if on else contextlib.nullcontext()
 

@@ -17,9 +17,8 @@ Nothing in the core (the top-level files) is needed to read MUA-RL; this folder 
 # anchor is off (the reference would be a random model). The store's tasks fit in 10 turns of 64 tokens. Its customer
 # is a language model, as in the paper: a tiny one trained for the store once and shipped (demo/customer_model),
 # served by vLLM's OpenAI server and sampled at temperature 0.7; every evaluation plays each held-out task twice
-# against it (pass^1, pass^2). Drills, SFT and each update take 2 threads (the served customer is idle then), the
-# conversations 1. `--user scripted` plays the same tasks against the store's script instead. The seed is the
-# world's too (its orders, its held-out tasks) unless --synthetic_seed is given.
+# against it (pass^1, pass^2). Drills, SFT and updates take 2 threads (the customer idles then), conversations 1.
+# `--user scripted` plays the script instead. The seed is the world's too unless --synthetic_seed is given.
 TINY = dict(
     domains="store", synthetic_train=1000, synthetic_test=200, tiny_hidden=128, tiny_layers=2, tiny_intermediate=512,
     tiny_vocab=512, tiny_split_digits=True, copy_warmup=1600, sft_epochs=7.0, sft_lr=2e-3, sft_batch=8,
