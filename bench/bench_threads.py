@@ -74,7 +74,7 @@ def main() -> None:
     best = {v: float("inf") for v in variants}
     for r in range(repeats):  # interleaved: a load change hits every variant alike
         for v in variants:
-            best[v] = min(best[v], seconds_per_step(model, examples, *v, steps=steps, busy=v[1]))
+            best[v] = min(best[v], seconds_per_step(model, examples, v[0], steps, v[1]))
             print(f"repeat {r}: threads {v[0]}, {'beside a busy neighbour' if v[1] else 'alone'}: "
                   f"{best[v]:.3f} s/step (best so far)", flush=True)
     print("\n| threads | alone (s/step) | beside a busy neighbour (s/step) |\n|---|---|---|")
