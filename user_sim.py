@@ -297,8 +297,9 @@ class ScriptedUser(User):
     label = "the script"
 
     def reply(self, task, history: list[dict], phone: Phone | None = None, seed: int | None = None) -> str | None:
-        # a dual-control world's script reads the customer's phone too; a generated task's, its spec
-        return script_for(task).scripted_reply(*((task, history, phone) if phone is not None else (task.spec, history)))
+        if phone is not None:  # a dual-control world's script reads the customer's phone too
+            return script_for(task).scripted_reply(task, history, phone)
+        return script_for(task).scripted_reply(task.spec, history)
 
 
 class SampledScriptUser(ScriptedUser):
@@ -322,8 +323,9 @@ class FixedUser(User):
     label = "a fixed line"
 
     def first_message(self, task, tools=False):
-        text = task.instructions
-        return ScriptedUser().first_message(task) if tools else text.split("\n\n")[1] if "\n\n" in text else text
+        if tools:
+            return ScriptedUser().first_message(task)
+        return task.instructions.split("\n\n")[1] if "\n\n" in task.instructions else task.instructions
 
     def reply(self, task, history, phone=None, seed=None):
         return "Thanks, that's all. " + STOP if phone is None else ScriptedUser().reply(task, history, phone)
