@@ -18,10 +18,13 @@ order every time; the store's customer does what the paper's practitioners list 
 The same tools as the shop, plus the two generic tools the paper watched RL prune: `think` (tau2's: no effect) and
 `transfer_to_human_agents`, which here files an escalation record, so an unnecessary transfer changes the database
 and scores 0 (tau2's transfer writes nothing; this is the store's way to make a needless hand-off cost something
-the reward can see). The cold-start annotator is *cautious*: it calls `think` needlessly (4 in 10), transfers a customer
-who insists (9 in 10), writes the default option when the customer wants the other (half the time: shop's laziness),
-and follows the first option a customer names even when it changes its mind (6 in 10). The last three cost the
-reward, and RL against it unlearns them (README); `think` costs nothing here, and RL barely prunes it.
+the reward can see). The cold-start annotator is *cautious*: it calls `think` needlessly before the lookup (4 in 10),
+transfers a customer who insists (6 in 10), writes the default option when the customer wants the other (half the
+time: shop's laziness), and follows the first option a customer names even when it changes its mind (6 in 10). The
+last three cost the reward, and RL against it unlearns them (README); `think` costs nothing here. After every lookup
+it thinks usefully, always: the policy's rule worked out as a lookup a 2-layer model can copy (make_task says why)
+
+    It is pending: cancel yes, return no. The customer wants to return: no.
 
 Held-out tasks are new in more than their order ids: HELD_OUT combinations of request, behaviour and the omitted id
 never occur in training (about a third of the held-out tasks are drawn from them), so a policy that memorised whole
@@ -337,6 +340,15 @@ def make_task(world: World, order: dict, request: str, rng: random.Random, task_
     if spec["omit"]:
         say(ASK_ID)
     call("get_order_details", {"order_id": oid})
+    # The policy's rule worked out in words (always: the annotator's one careful habit). Whether the request may be
+    # done depends on the request AND the status, and neither alone says it (a pending order may be cancelled, not
+    # returned); a 2-layer model trained on the bare decision wrote the status's flow for either request (measured:
+    # p(refuse) 0.4 whatever the request, issue 23). The thought turns it into steps it can take: the status copied,
+    # the rule for that status (one word decides), the request copied, and the answer is the word that followed the
+    # request in the rule: a lookup, what copy heads do (the copy drills train them).
+    can = {r: "yes" if (r, status) in (("cancel", "pending"), ("return", "delivered")) else "no" for r in CHOICES}
+    call("think", {"thought": f"It is {status}: cancel {can['cancel']}, return {can['return']}. "
+                              f"The customer wants to {request}: {can[request]}."})
     actions = []
     if allowed:
         say(shop.ASK_REASON if request == "cancel" else shop.ASK_REFUND)
