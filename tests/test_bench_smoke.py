@@ -62,3 +62,33 @@ def test_bench_decode_attention_quick():
     lines = run_bench("bench_decode_attention.py", "--rows", "1", "2", "--context", "64", "--rounds", "3")
     assert sum("GB/s of keys/values" in line for line in lines) == 2 * 3 * 2  # rows x dtypes x masks
     assert lines[-1].startswith("ratio at 2 rows, time / fp32 time: bf16 ")
+
+
+def test_probe_decision_reads_p_refuse_per_request_and_status(tmp_path):
+    # A run folder as the store's evaluation writes it: a model folder and transcripts (here the held-out tasks'
+    # correct conversations, the thought included, and a random tiny model): one p(refuse) per conversation that
+    # looked an order up, a probability, grouped by (request, status); a run without them is one line, exit 1.
+    import json
+
+    from demo.tiny import build_tiny
+    from domains import store
+
+    world = store.build_world(0, n_orders=60, n_test_orders=20, n_train=10, n_test=12)
+    build_tiny(tmp_path / "cold-start", texts=[world.rules] + [json.dumps(t.expert) for t in world.tasks()],
+               hidden=32, layers=1, heads=1, kv_heads=1, intermediate=64, vocab_size=300)
+    with open(tmp_path / "episodes-rank0.jsonl", "w") as f:
+        for t in world.tasks("test"):
+            msgs = [{"role": "system", "content": world.rules}] + t.expert
+            f.write(json.dumps({"phase": "eval", "name": "cold start", "task_id": t.id, "messages": msgs}) + "\n")
+    sys.path.insert(0, str(REPO / "bench"))
+    from probe_decision import probe
+
+    res = probe(tmp_path, "cold-start", "cold start")
+    spoke = [t for t in world.tasks("test") if any(m["role"] == "assistant" and not m.get("tool_calls")
+                                                  for m in t.expert[2:])]
+    assert sum(map(len, res.values())) == len(spoke) > 0
+    assert set(res) == {(t.spec["request"], t.spec["status"]) for t in spoke}
+    assert all(0.0 <= p <= 1.0 for ps in res.values() for p in ps)
+    proc = subprocess.run([sys.executable, str(REPO / "bench" / "probe_decision.py"), str(tmp_path / "none")],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1 and "has no cold-start/" in proc.stderr and "Traceback" not in proc.stderr
