@@ -39,19 +39,19 @@ def copy_examples(tokenizer, n: int, seed: int = 0, words: list[str] | None = No
 def copy_warmup(model, tokenizer, steps: int, lr: float, words: list[str], seed: int = 0, log=None,
                 **common) -> float:
     """Copy drills until they take: `steps` steps of copy_examples, and a second round when the first ended above
-    loss 0.3 (they "take" at 0.04-0.16; stalled, ~0.6: CPUs differ in floating point, and a drill that takes on one
-    machine stalled on another, issue 23). Each round is logged as a stage; a stall is said by name. Returns the
-    last round's loss (the mean of its last 20 steps)."""
+    loss 0.15 (they take at 0.03-0.07, stall at ~0.6 on some CPUs, issue 23; seed 2's 0.22, once accepted, left an
+    agent that never learnt the store's rule lookup, docs/demo_notes.md). Each round is a logged stage; a stall is
+    said by name. Returns the last round's loss (the mean of its last 20 steps)."""
     for attempt in range(2):
         drills = copy_examples(tokenizer, 16 * steps, seed=seed + attempt, words=words)
         losses = sft.train(model, drills, epochs=1, batch_size=16, lr=lr, warmup=20, desc="copy drills", seed=seed,
                        log=lambda r: log and log({**r, "phase": "copy_warmup"}), **common)
         tail = sum(losses[-20:]) / max(1, len(losses[-20:]))
         if log:
-            log({"phase": "stage", "stage": "copy_drills", "attempt": attempt, "loss": tail, "ok": tail < 0.3})
-        if tail < 0.3:
+            log({"phase": "stage", "stage": "copy_drills", "attempt": attempt, "loss": tail, "ok": tail < 0.15})
+        if tail < 0.15:
             break
-        print(f"[stage] copy drills did not converge (loss {tail:.2f}, converged < 0.3)" +
+        print(f"[stage] copy drills did not converge (loss {tail:.2f}, converged < 0.15)" +
               (": a second round" if attempt == 0 else ": the cold start will copy badly"), flush=True)
     return tail
 
