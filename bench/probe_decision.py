@@ -33,7 +33,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from chat import assistant_ids, encode, render  # noqa: E402
-from domains import shop  # noqa: E402
+from domains import shop, store  # noqa: E402
 from models import load_policy  # noqa: E402
 
 
@@ -58,7 +58,8 @@ def probe(run: Path, model_dir: str, eval_name: str) -> dict:
                    and m["content"].startswith("{")), None)
         if at is None:
             continue
-        status, oid = json.loads(ms[at]["content"])["status"], json.loads(ms[at]["content"])["order_id"]
+        order = json.loads(ms[at]["content"])
+        status, oid = order["status"], order["order_id"]
         # up to the agent's first words after the lookup: its further tool calls (a thought) and their results stay
         end = next((i for i in range(at + 1, len(ms)) if ms[i]["role"] == "assistant" and not ms[i].get("tool_calls")),
                    None)
@@ -92,6 +93,6 @@ if __name__ == "__main__":
     print(f"{run}: {a.model}, on the conversations of the evaluation {a.eval!r}\n")
     print("| request | status | the policy | conversations | mean p(refuse) | min | max |\n|---|---|---|---|---|---|---|")
     for (request, status), ps in sorted(res.items()):
-        allowed = (request, status) in (("cancel", "pending"), ("return", "delivered"))
+        allowed = (request, status) in store.ALLOWED
         print(f"| {request} | {status} | {'do it' if allowed else 'refuse'} | {len(ps)} | {sum(ps) / len(ps):.2f} | "
               f"{min(ps):.2f} | {max(ps):.2f} |")

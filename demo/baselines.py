@@ -70,7 +70,7 @@ def rule_act(option: str, hand_off: str):
             return _call("get_order_details", {"order_id": ids[-1]})
         status = json.loads(looked[-1]["content"]).get("status", "") if looked[-1]["content"].startswith("{") else ""
         arg, _ = store.CHOICES[request]
-        if (request, status) in (("cancel", "pending"), ("return", "delivered")):
+        if (request, status) in store.ALLOWED:
             asked = any(m["content"] in (store.shop.ASK_REASON, store.shop.ASK_REFUND) for m in mine)
             if not asked:
                 return {"content": store.shop.ASK_REASON if request == "cancel" else store.shop.ASK_REFUND,

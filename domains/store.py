@@ -52,6 +52,7 @@ from tools import think
 STORE_VERSION = "3"
 STOP = shop.STOP
 CHOICES = {"cancel": ("reason", shop.REASONS), "return": ("refund_to", shop.REFUNDS)}  # request -> argument, options
+ALLOWED = {("cancel", "pending"), ("return", "delivered")}  # (request, status) the policy allows; all else: refuse
 
 # --- what the customer says: paraphrase banks (each keeps the option's key words, so following it is a copy) -----
 FIRST = {True: ["Hi, I want to {request} my order {oid}.", "Hello! Order {oid}: I'd like to {request} it.",
@@ -311,7 +312,7 @@ def make_task(world: World, order: dict, request: str, rng: random.Random, task_
     always one, "any"); its cold-start conversation is played against the real tools and the scripted customer by an
     annotator who makes each mistake of `errors` with its probability."""
     oid, status = order["order_id"], order["status"]
-    allowed = (request, status) in (("cancel", "pending"), ("return", "delivered"))
+    allowed = (request, status) in ALLOWED
     arg, options = CHOICES[request]
     while True:
         behaviour, omit = _behaviour(allowed, rng), rng.random() < 0.5
@@ -346,7 +347,7 @@ def make_task(world: World, order: dict, request: str, rng: random.Random, task_
     # p(refuse) 0.4 whatever the request, issue 23). The thought turns it into steps it can take: the status copied,
     # the rule for that status (one word decides), the request copied, and the answer is the word that followed the
     # request in the rule: a lookup, what copy heads do (the copy drills train them).
-    can = {r: "yes" if (r, status) in (("cancel", "pending"), ("return", "delivered")) else "no" for r in CHOICES}
+    can = {r: "yes" if (r, status) in ALLOWED else "no" for r in CHOICES}
     call("think", {"thought": f"It is {status}: cancel {can['cancel']}, return {can['return']}. "
                               f"The customer wants to {request}: {can[request]}."})
     actions = []
