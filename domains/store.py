@@ -295,8 +295,9 @@ def customer_mistakes(spec: dict, messages: list[dict]) -> list[str]:
 
 
 # Combinations of (request, behaviour, omitted id) no training task has: a third of the held-out tasks are drawn from
-# them (build_world), so held-out means new in what the agent must do, not only in the order id.
-HELD_OUT = {("return", "change", True), ("cancel", "human", True)}
+# them (build_world), so held-out means new in what the agent must do, not only in the order id. A forbidden one is
+# an insisting or a human-asking customer, drawn half and half: no one blind answer to the unseen ones pays.
+HELD_OUT = {("return", "change", True), ("cancel", "human", True), ("cancel", "insist", True)}
 
 
 def _behaviour(allowed: bool, rng: random.Random) -> str:
@@ -317,7 +318,8 @@ def make_task(world: World, order: dict, request: str, rng: random.Random, task_
     while True:
         behaviour, omit = _behaviour(allowed, rng), rng.random() < 0.5
         if combos == "unseen":
-            behaviour, omit = next(b for r, b, _ in HELD_OUT if r == request and (b == "change") == allowed), True
+            behaviour = rng.choice(sorted(b for r, b, _ in HELD_OUT if r == request and (b == "change") == allowed))
+            omit = True
         if combos != "seen" or (request, behaviour, omit) not in HELD_OUT:
             break
     spec = {"world": "store", "kind": request if allowed else "refuse", "request": request, "order_id": oid,
