@@ -404,7 +404,7 @@ def build_world(seed: int = 0, n_orders: int = 600, n_test_orders: int = 200, n_
     orders = list(db["orders"].values())
     rng = random.Random(seed + 1)
     test_orders, train_orders = orders[:n_test_orders], orders[n_test_orders:]
-    allowed = {"pending": "cancel", "delivered": "return"}
+    allowed = {status: request for request, status in ALLOWED}  # the one request each status allows
     request = lambda o: (allowed.get(o["status"], "cancel") if rng.random() >= refuse_share  # noqa: E731
                          else {"cancel": "return", "return": "cancel"}[allowed.get(o["status"], "return")])
     errors = {"lazy": lazy_rate, "first_word": first_word_rate, "transfer": transfer_rate, "think": think_rate}
