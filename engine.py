@@ -110,10 +110,7 @@ class ReferenceEngine:
         if unexpected:
             raise KeyError(f"update_weights: the model has no tensors named {unexpected}")
 
-    def sleep(self) -> None:  # nothing is kept between calls: nothing to free
-        pass
-
-    wake_up = sleep
+    sleep = wake_up = lambda self: None  # nothing is kept between calls: nothing to free, nothing to restore
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -60,9 +60,8 @@ def rule_act(option: str, hand_off: str):
     def act(messages, tools):
         said = [m["content"] for m in messages if m["role"] == "user"]
         mine = [m for m in messages if m["role"] == "assistant"]
-        text = " ".join(said)
         request = "return" if "return" in said[0].lower() else "cancel"
-        ids = [w.strip(".,!?:") for w in text.split() if w.startswith("#W")]
+        ids = [w.strip(".,!?:") for w in " ".join(said).split() if w.startswith("#W")]
         if not ids:
             return {"content": store.ASK_ID, "tool_calls": []}
         looked = [m for m in messages if m["role"] == "tool" and m.get("name") == "get_order_details"]
@@ -71,8 +70,7 @@ def rule_act(option: str, hand_off: str):
         status = json.loads(looked[-1]["content"]).get("status", "") if looked[-1]["content"].startswith("{") else ""
         arg, _ = store.CHOICES[request]
         if (request, status) in store.ALLOWED:
-            asked = any(m["content"] in (store.shop.ASK_REASON, store.shop.ASK_REFUND) for m in mine)
-            if not asked:
+            if not any(m["content"] in (store.shop.ASK_REASON, store.shop.ASK_REFUND) for m in mine):
                 return {"content": store.shop.ASK_REASON if request == "cancel" else store.shop.ASK_REFUND,
                         "tool_calls": []}
             if any(m.get("tool_calls") and m["tool_calls"][0]["function"]["name"] != "get_order_details" for m in mine):
@@ -84,8 +82,7 @@ def rule_act(option: str, hand_off: str):
         refused = sum(store._refuses(m["content"] or "") for m in mine)
         if not refused:
             return {"content": store.shop.REFUSE[request].format(ids[-1], status), "tool_calls": []}
-        human = "human" in said[-1].lower()
-        if hand_off == "always" or (hand_off == "human" and human):
+        if hand_off == "always" or (hand_off == "human" and "human" in said[-1].lower()):  # (after a refusal)
             return _call("transfer_to_human_agents", {"summary": f"The customer wants to {request} {ids[-1]}."})
         return {"content": store.REFUSE_AGAIN, "tool_calls": []}
 
@@ -108,8 +105,7 @@ def by_behaviour(pairs) -> dict:
     sums = defaultdict(lambda: [0.0, 0])
     for spec, r in pairs:
         for key in (spec["behaviour"], "unseen") if spec.get("unseen") else (spec["behaviour"],):
-            sums[key][0] += r
-            sums[key][1] += 1
+            sums[key] = [sums[key][0] + r, sums[key][1] + 1]  # (reward sum, count)
     return {k: s / n for k, (s, n) in sums.items()}
 
 
@@ -163,15 +159,13 @@ if __name__ == "__main__":
     p.add_argument("--user", default="scripted", choices=["scripted", "sampled"])
     a = p.parse_args()
     run = Path(a.run) if a.run else None
-    cfg = json.loads((run / "config.json").read_text()) if run else {}
     if run and not (run / "config.json").is_file():
         sys.exit(f"baselines: no config.json in {run}")
-    world, settings = world_of(cfg, a.seed)
+    world, settings = world_of(json.loads((run / "config.json").read_text()) if run else {}, a.seed)
     seed = world_seed = settings["synthetic_seed"]
-    head = f"| policy | all | {' | '.join(BEHAVIOURS)} | unseen combinations | status flow |\n" + "|---" * 9 + "|"
     print(f"store world seed {world_seed}, {len(world.tasks('test'))} held-out tasks; rules against the {a.user} "
           "customer\n")
-    print(head)
+    print(f"| policy | all | {' | '.join(BEHAVIOURS)} | unseen combinations | status flow |\n" + "|---" * 9 + "|")
     rules = play_rules(world, make_user(a.user), seed=seed)
     for name, d in rules.items():
         print(_row(name + (" (customer-blind)" if name in BLIND else ""), {"all": d["pass^1"], **d}))

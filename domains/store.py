@@ -19,7 +19,7 @@ The same tools as the shop, plus the two generic tools the paper watched RL prun
 `transfer_to_human_agents`, which here files an escalation record, so an unnecessary transfer changes the database
 and scores 0 (tau2's transfer writes nothing; this is the store's way to make a needless hand-off cost something
 the reward can see). The cold-start annotator is *cautious*: it calls `think` needlessly before the lookup (4 in 10),
-transfers a customer who insists (6 in 10), writes the default option when the customer wants the other (half the
+transfers a customer who insists (8 in 10), writes the default option when the customer wants the other (half the
 time: shop's laziness), and follows the first option a customer names even when it changes its mind (6 in 10). The
 last three cost the reward, and RL against it unlearns them (README); `think` costs nothing here. After every lookup
 it thinks usefully, always: the policy's rule worked out as a lookup a 2-layer model can copy (make_task says why)
@@ -386,7 +386,7 @@ def make_task(world: World, order: dict, request: str, rng: random.Random, task_
 
 
 def build_world(seed: int = 0, n_orders: int = 600, n_test_orders: int = 200, n_train: int = 1000, n_test: int = 200,
-                lazy_rate: float = 0.5, first_word_rate: float = 0.6, transfer_rate: float = 0.6,
+                lazy_rate: float = 0.5, first_word_rate: float = 0.6, transfer_rate: float = 0.8,
                 think_rate: float = 0.4, refuse_share: float = 0.4, train_combos: str = "seen") -> World:
     """The store with tasks. Held-out tasks use n_test_orders orders no training task mentions, and their
     conversations are written without the annotator's mistakes (they are only used for their spec and gold).

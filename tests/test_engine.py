@@ -73,7 +73,10 @@ def test_reference_engine_samples_what_hfengine_samples(tiny, temperature, top_p
         hf = HFEngine(model, tok).generate(prompts, 20, temperature, top_p, stop_token_ids=stop, seed=seed)
         for a, b in zip(ref, hf):
             assert a.token_ids == b.token_ids and a.finish_reason == b.finish_reason
-            assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
+            # (1e-3, not 1e-5: under top-p a token whose cumulative mass sits on the cut can fall inside the nucleus in
+            # one engine's rounding and outside in the other's; the renormalised log-prob then moves by its mass:
+            # 3.3e-4 seen on an AMD EPYC host, same tokens)
+            assert a.logprobs == pytest.approx(b.logprobs, abs=1e-3 if top_p < 1 else 1e-5)
     assert len({tuple(s.token_ids) for s in hf}) == len(prompts)  # the check is not vacuous: six continuations
 
 

@@ -72,3 +72,41 @@ def test_copy_drills_train_exactly_the_repeat():
         first = tok.decode([i for i, m in zip(ids, mask) if not m])
         second = tok.decode([i for i, m in zip(ids, mask) if m])
         assert first.endswith(" ||") and second.strip() == first[: -len(" ||")].strip()
+
+
+def _drive(monkeypatch, curve, steps, settle=50):
+    """copy_warmup against a scripted loss curve: a stand-in sft.train that asks lr_fn for each step's lr and until
+    whether to stop, as the real one does. Returns (the lrs, the stage record, copy_warmup's loss)."""
+    from demo import drills
+
+    lrs, recs = [], []
+
+    def fake_train(model, examples, lr_fn=None, until=None, log=None, **kw):
+        losses = []
+        for step in range(len(examples) // 16):
+            lrs.append(lr_fn(step))
+            losses.append(curve(step))
+            if until(losses):
+                break
+        return losses
+
+    monkeypatch.setattr(drills.sft, "train", fake_train)
+    monkeypatch.setattr(drills, "copy_examples", lambda tok, n, **kw: [None] * n)
+    loss = drills.copy_warmup(None, None, steps, 1e-3, [], log=recs.append, settle=settle)
+    return lrs, recs[-1], loss
+
+
+def test_copy_drills_hold_their_lr_until_the_copy_forms_then_decay(monkeypatch, capsys):
+    # the copy forms at step 300 (a sudden fall, as induction heads do): the mean of 100 steps is below 0.2 at 385 (85 low steps)
+    lrs, stage, loss = _drive(monkeypatch, lambda s: 1.0 if s < 300 else 0.05, steps=2000)
+    assert stage["formed_at"] == 385 and stage["steps"] == 385 + 50 and stage["ok"] and loss == pytest.approx(0.05)
+    assert lrs[0] == 1e-3 / 20 and all(lr == 1e-3 for lr in lrs[19:385])  # warm-up, then constant (no decay yet)
+    assert all(a > b for a, b in zip(lrs[385:], lrs[386:])) and lrs[-1] < 1e-5  # then cosine to ~0
+    assert "did not converge" not in capsys.readouterr().out
+
+
+def test_copy_drills_that_never_form_stop_at_their_budget_and_say_so(monkeypatch, capsys):
+    lrs, stage, loss = _drive(monkeypatch, lambda s: 0.65, steps=300)  # a stall: seed 3's plateau
+    assert stage["formed_at"] == 300 and stage["steps"] == 350 and not stage["ok"] and loss == pytest.approx(0.65)
+    assert len(lrs) == 350 and lrs[299] == 1e-3
+    assert "[stage] copy drills did not converge (loss 0.65 after 350 steps" in capsys.readouterr().out
