@@ -92,3 +92,26 @@ def test_probe_decision_reads_p_refuse_per_request_and_status(tmp_path):
     proc = subprocess.run([sys.executable, str(REPO / "bench" / "probe_decision.py"), str(tmp_path / "none")],
                           cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1 and "has no cold-start/" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_compare_customers_cells_are_eval_commands_of_each_runs_own_world(tmp_path):
+    # issue 23's comparison: each cell is eval.py on the run's final model, its world and limits, against a customer
+    sys.path.insert(0, str(REPO / "bench"))
+    import compare_customers as cc
+
+    run = tmp_path / "llm-1"
+    run.mkdir()
+    (run / "config.json").write_text('{"user": "llm", "user_serve": "demo", "seed": 1, "synthetic_seed": 1, '
+                                     '"tools_in_prompt": false, "max_turns": 10, "max_new_tokens": 64, '
+                                     '"max_context": 1024}')
+    script, own, held = (cc.cell_argv(run, c, "B") for c in cc.COLUMNS)
+    for argv in (script, own, held):
+        assert argv[argv.index("--model") + 1] == str(run / "final") and argv[argv.index("--synthetic_seed") + 1] == "1"
+    assert script[-2:] == ["--user", "scripted"]
+    assert own[-2:] == ["--user_serve", "demo"] and held[-2:] == ["--user_serve", "B"] and "--trials" in held
+    (run / "config.json").write_text((run / "config.json").read_text().replace('"llm"', '"sampled"'))
+    assert cc.cell_argv(run, "its training customer", "B")[-4:] == ["--user", "sampled", "--trials", "2"]
+    text = cc.table({("the script", "the script"): [(0, 0.5, 1.0), (1, 0.7, 0.99)],
+                     ("the LLM customer", "a held-out customer"): [(0, 0.8, 0.97)]})
+    assert "| the script | 60.0 +- 14.1 (n=2; fidelity 99.0-100.0 %) | not run | not run |" in text
+    assert "| the LLM customer | not run | not run | 80.0 (n=1; fidelity 97.0-97.0 %) |" in text

@@ -1,0 +1,88 @@
+"""The paper's question on the CPU demo (issue 23): does training against a stochastic LLM customer generalise to
+customers the agent never met better than training against a script?
+
+Rows: the agent trained against the script (`--user scripted`), against the script sampling its paraphrases (`--user
+sampled`), against the LLM customer (README command 1: the shipped demo/customer_model). Columns: the agent evaluated
+against the script, against the customer it trained with, and against a held-out customer: a customer model trained
+on another phrase bank (store.PHRASINGS["b"]: the same key words in other frames), which no agent trained against.
+Each cell: held-out pass^1 over the run's world's 200 held-out tasks (2 trials where the customer is stochastic), the
+mean and spread over the seeds of that row, and the customer's fidelity (store.customer_mistakes) in that cell.
+
+    for s in 0 1 2; do
+      python muarl.py --model tiny --seed $s --user scripted --out_dir runs/cmp/script-$s
+      python muarl.py --model tiny --seed $s --user sampled --out_dir runs/cmp/sampled-$s
+      python muarl.py --model tiny --seed $s --out_dir runs/cmp/llm-$s
+    done
+    python -m demo.customer build --phrasing b --seed 1 --out runs/cmp/customer_b      # ~45 min on 2 cores
+    python bench/compare_customers.py runs/cmp/*-? --held_out runs/cmp/customer_b       # ~1 min per cell
+
+Every cell is `python eval.py --model RUN/final ...` with the run's own world, seed and limits (cell_argv), so each
+figure can be re-run alone; a run's evaluation against its own training customer gives its last logged evaluation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+ROWS = {"scripted": "the script", "sampled": "the sampled script", "llm": "the LLM customer"}
+COLUMNS = ("the script", "its training customer", "a held-out customer")
+SERVED = ["--user", "llm", "--user_temperature", "0.7", "--user_max_tokens", "64", "--trials", "2"]  # the preset's
+
+
+def cell_argv(run: Path, column: str, held_out: str) -> list[str]:
+    """eval.py's command line for one cell: the run's final model on its world's held-out tasks, against `column`."""
+    cfg = json.loads((run / "config.json").read_text())
+    base = ["--model", str(run / "final"), "--domain", "store", "--tools_in_prompt", str(int(cfg["tools_in_prompt"])),
+            "--max_turns", str(cfg["max_turns"]), "--max_new_tokens", str(cfg["max_new_tokens"]), "--max_context",
+            str(cfg["max_context"]), "--synthetic_seed", str(cfg["synthetic_seed"]), "--seed", str(cfg["seed"]),
+            "--out", str(run / "compare" / f"{COLUMNS.index(column)}.jsonl")]
+    trained = cfg["user"] if cfg["user"] != "llm" else "served"
+    user = "scripted" if column == "the script" else trained if column == "its training customer" else "held_out"
+    return base + {"scripted": ["--user", "scripted"], "sampled": ["--user", "sampled", "--trials", "2"],
+                   "served": SERVED + ["--user_serve", cfg.get("user_serve") or "demo"],
+                   "held_out": SERVED + ["--user_serve", held_out]}[user]
+
+
+def table(cells: dict) -> str:
+    """cells: {(row, column): [(seed, pass^1, fidelity or None)]} -> the markdown table, mean +- sd over seeds."""
+    lines = ["| trained against | " + " | ".join(COLUMNS) + " |", "|---" * (len(COLUMNS) + 1) + "|"]
+    for row in ROWS.values():
+        out = []
+        for col in COLUMNS:
+            got = cells.get((row, col), [])
+            p1, fid = [100 * p for _, p, _ in got], [100 * f for _, _, f in got if f is not None]
+            sd = f" +- {statistics.stdev(p1):.1f}" if len(p1) > 1 else ""
+            out.append(f"{statistics.mean(p1):.1f}{sd} (n={len(p1)}; fidelity {min(fid):.1f}-{max(fid):.1f} %)"
+                       if p1 and fid else f"{statistics.mean(p1):.1f}{sd} (n={len(p1)})" if p1 else "not run")
+        lines.append(f"| {row} | " + " | ".join(out) + " |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser(description="issue 23's comparison: trained against X, evaluated against Y")
+    p.add_argument("runs", nargs="+", help="finished runs of muarl.py --model tiny (each with final/ and config.json)")
+    p.add_argument("--held_out", required=True, help="the held-out customer model (demo.customer --phrasing b)")
+    a = p.parse_args()
+    import eval as evaluation
+
+    cells, per_seed = {}, []
+    for run in map(Path, a.runs):
+        if not (run / "final").is_dir() or not (run / "config.json").is_file():
+            sys.exit(f"compare_customers: {run} is not a finished run (no final/ or config.json)")
+        cfg = json.loads((run / "config.json").read_text())
+        for col in COLUMNS:
+            argv = cell_argv(run, col, a.held_out)
+            print(f"[cell] {run.name} against {col}: python eval.py {' '.join(argv)}", flush=True)
+            m = evaluation.main(argv)
+            cell = (cfg["seed"], m["pass^1"], m.get("customer_fidelity"))
+            cells.setdefault((ROWS[cfg["user"]], col), []).append(cell)
+            per_seed.append(f"| {run.name} | {col} | {100 * m['pass^1']:.1f} | "
+                            f"{100 * m.get('customer_fidelity', float('nan')):.1f} |")
+    print("\n| run | against | pass^1 | customer fidelity |\n|---|---|---|---|\n" + "\n".join(per_seed) + "\n")
+    print(table(cells))
