@@ -78,8 +78,8 @@ def lr_at(step: int, total: int, lr: float, warmup: int) -> float:
 
 def train(model, examples: list[tuple[list[int], list[int]]], epochs: float = 2.0, batch_size: int = 16,
           lr: float = 5e-6, weight_decay: float = 0.01, grad_clip: float = 1.0, micro_batch_tokens: int = 8192,
-          chunk_size: int = 1024, warmup: int = 5, seed: int = 0, log=None, show_progress: bool = True, lr_fn=None,
-          desc: str = "cold start (SFT)", world_size: int = 1, rank: int = 0, bf16: bool = False, until=None) -> list:
+          chunk_size: int = 1024, warmup: int = 5, seed: int = 0, log=None, show_progress: bool = True,
+          desc: str = "cold start (SFT)", world_size: int = 1, rank: int = 0, bf16: bool = False) -> list[float]:
     """Fine-tune `model` in place on (ids, mask) examples; return the loss of every step. Under FSDP (world_size > 1,
     `model` sharded by fsdp.shard) every rank draws the same batches and trains on its share of each; each adds
     masked sum / N_tok of the WHOLE batch and FSDP sums gradients over the ranks: one process's token mean. bf16: the
@@ -103,8 +103,9 @@ def train(model, examples: list[tuple[list[int], list[int]]], epochs: float = 2.
         mine = idx[rank::world_size]
         rows = pack_sequences([examples[i][0] for i in mine], [examples[i][1] for i in mine], micro_batch_tokens)
         rows = even_rows(rows, world_size)  # FSDP: as many rows on every rank
-        step_lr = lr_fn(step) if lr_fn else lr_at(step, total, lr, warmup)  # lr_fn: another schedule (the drills')
-        opt.param_groups[0]["lr"] = step_lr  # (one group: every trainable parameter)
+        step_lr = lr_at(step, total, lr, warmup)
+        for g in opt.param_groups:
+            g["lr"] = step_lr
         opt.zero_grad(set_to_none=True)
         loss = 0.0
         for row in rows:  # gradients accumulate row by row: one optimizer step per batch
@@ -122,8 +123,6 @@ def train(model, examples: list[tuple[list[int], list[int]]], epochs: float = 2.
         bar.set_postfix(loss=f"{loss:.3f}")
         if log is not None:
             log({"phase": "sft", "step": step, "loss": loss, "grad_norm": float(gnorm), "lr": step_lr})
-        if until and until(losses):  # until: stop when it says so (the copy drills, once they took: demo/drills.py)
-            break
     model.eval()
     return losses
 
