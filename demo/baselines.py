@@ -105,7 +105,8 @@ def by_behaviour(pairs) -> dict:
     sums = defaultdict(lambda: [0.0, 0])
     for spec, r in pairs:
         for key in (spec["behaviour"], "unseen") if spec.get("unseen") else (spec["behaviour"],):
-            sums[key] = [sums[key][0] + r, sums[key][1] + 1]  # (reward sum, count)
+            sums[key][0] += r
+            sums[key][1] += 1
     return {k: s / n for k, (s, n) in sums.items()}
 
 

@@ -36,7 +36,10 @@ def read_log(path: Path) -> tuple[list[dict], list[dict]]:
             r = json.loads(line)
         except json.JSONDecodeError:
             continue
-        {"grpo": steps, "eval": evals}.get(r.get("phase"), []).append(r)  # (a record of any other phase: dropped)
+        if r.get("phase") == "grpo":
+            steps.append(r)
+        elif r.get("phase") == "eval":
+            evals.append(r)
     return steps, evals
 
 
