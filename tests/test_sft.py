@@ -72,4 +72,3 @@ def test_copy_drills_train_exactly_the_repeat():
         first = tok.decode([i for i, m in zip(ids, mask) if not m])
         second = tok.decode([i for i, m in zip(ids, mask) if m])
         assert first.endswith(" ||") and second.strip() == first[: -len(" ||")].strip()
-
