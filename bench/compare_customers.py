@@ -36,12 +36,13 @@ SERVED = ["--user", "llm", "--user_temperature", "0.7", "--user_max_tokens", "64
 
 
 def cell_argv(run: Path, column: str, held_out: str) -> list[str]:
-    """eval.py's command line for one cell: the run's final model on its world's held-out tasks, against `column`."""
+    """eval.py's command line for one cell: the run's final model on its world's held-out tasks, against `column`
+    (`--out` first: the rest, argv[2:], is what the cell computes)."""
     cfg = json.loads((run / "config.json").read_text())
-    base = ["--model", str(run / "final"), "--domain", "store", "--tools_in_prompt", str(int(cfg["tools_in_prompt"])),
-            "--max_turns", str(cfg["max_turns"]), "--max_new_tokens", str(cfg["max_new_tokens"]), "--max_context",
-            str(cfg["max_context"]), "--synthetic_seed", str(cfg["synthetic_seed"]), "--seed", str(cfg["seed"]),
-            "--out", str(run / "compare" / f"{COLUMNS.index(column)}.jsonl")]
+    base = ["--out", str(run / "compare" / f"{COLUMNS.index(column)}.jsonl"), "--model", str(run / "final"),
+            "--domain", "store", "--tools_in_prompt", str(int(cfg["tools_in_prompt"])), "--max_turns",
+            str(cfg["max_turns"]), "--max_new_tokens", str(cfg["max_new_tokens"]), "--max_context",
+            str(cfg["max_context"]), "--synthetic_seed", str(cfg["synthetic_seed"]), "--seed", str(cfg["seed"])]
     trained = cfg["user"] if cfg["user"] != "llm" else "served"
     user = "scripted" if column == "the script" else trained if column == "its training customer" else "held_out"
     return base + {"scripted": ["--user", "scripted"], "sampled": ["--user", "sampled", "--trials", "2"],
@@ -71,7 +72,7 @@ if __name__ == "__main__":
     a = p.parse_args()
     import eval as evaluation
 
-    cells, per_seed = {}, []
+    cells, per_seed, done = {}, [], {}  # done: each command's metrics, evaluated once
     for run in map(Path, a.runs):
         if not (run / "final").is_dir() or not (run / "config.json").is_file():
             sys.exit(f"compare_customers: {run} is not a finished run (no final/ or config.json)")
@@ -79,7 +80,10 @@ if __name__ == "__main__":
         for col in COLUMNS:
             argv = cell_argv(run, col, a.held_out)
             print(f"[cell] {run.name} against {col}: python eval.py {' '.join(argv)}", flush=True)
-            m = evaluation.main(argv)
+            key = tuple(argv[2:])  # (a script-trained run's two script columns are one command)
+            if key not in done:
+                done[key] = evaluation.main(argv)
+            m = done[key]
             cell = (cfg["seed"], m["pass^1"], m.get("customer_fidelity"))
             cells.setdefault((ROWS[cfg["user"]], col), []).append(cell)
             per_seed.append(f"| {run.name} | {col} | {100 * m['pass^1']:.1f} | "

@@ -433,7 +433,7 @@ def build(out: Path, seed: int = 0, threads: int = 2, temperature: float = 0.7, 
     train_customer(data, out, seed=seed)
     record = {**measure(out, seed, temperature), "data_worlds": list(DATA_WORLDS), "conversations": len(data),
               "phrasing": phrasing, "build_s": round(time.perf_counter() - t0, 1),
-              "command": "python -m demo.customer " + " ".join(sys.argv[1:] or ["build"])}
+              "command": f"python -m demo.customer build --seed {seed} --phrasing {phrasing} --out {out}"}
     (out / "fidelity.json").write_text(json.dumps(record, indent=1) + "\n")
     return record
 

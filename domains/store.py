@@ -165,9 +165,8 @@ def _pick(bank: list[str], spec: dict, rng: random.Random | None, salt: int) -> 
     return rng.choice(bank) if rng is not None else bank[(spec["style"] + salt) % len(bank)]
 
 
-def _option_words(spec: dict, rng, salt: int) -> str:
+def _option_words(spec: dict, bank: dict, rng, salt: int) -> str:
     _, options = CHOICES[spec["request"]]
-    bank = PHRASINGS[spec.get("phrasing", "a")]
     say = _pick(bank["say"][spec["choice"]], spec, rng, salt)
     if not spec["change"]:
         return say
@@ -197,7 +196,7 @@ def customer_turn(spec: dict, history: list[dict], rng: random.Random | None = N
     if heard == "id":
         return _pick(bank["give_id"], spec, rng, 6).format(**fill)
     if heard == "option" and spec["choice"]:
-        return _option_words(spec, rng, 7)
+        return _option_words(spec, bank, rng, 7)
     if len(mine) >= 2 and mine[-1] == mine[-2]:
         return STOP  # going in circles
     return _pick(bank["first"][True], spec, rng, 0).format(**fill)  # say it again, with the id this time
