@@ -165,12 +165,13 @@ def cold_start(run) -> None:
     if not convs:
         raise ConfigError("cold start needs conversations: generated tasks or --sft_data")
     if cfg.model == "tiny" and cfg.copy_warmup > 0:  # a random model cannot copy yet: drills first (demo's kit)
-        from demo.drills import copy_warmup, words_of
-
+        from demo.drills import copy_warmup, until_lookup, words_of
         copy_warmup(run.policy, run.tok, cfg.copy_warmup, cfg.copy_lr, words_of(run.train_tasks), log=run.log, **common)
     convs = [dict(c, tools=[]) for c in convs] if not cfg.tools_in_prompt else convs
-    sft.train(run.policy, sft.render_examples(run.tok, convs, run.worlds), epochs=cfg.sft_epochs,
+    sft.train(run.policy, ex := sft.render_examples(run.tok, convs, run.worlds), epochs=cfg.sft_epochs,
               batch_size=cfg.sft_batch, lr=cfg.sft_lr, log=run.log, **common)
+    if cfg.model == "tiny" and cfg.copy_warmup > 0 and cfg.lookup_epochs > 0:  # and on until the store's rule lookup
+        until_lookup(run, ex, **common)  # takes (the demo's kit): a stage that did not work is said by name
     save_pretrained(run.policy, run.tok, run.out / "cold-start", run.world_size, run.rank)  # a collective
 
 
@@ -372,7 +373,6 @@ def finish(run) -> dict:
     run.user.close()  # a served customer's server (also stopped at exit, on an error or Ctrl-C: serve.ModelServer)
     if run.rank == 0:
         from demo import curves
-
         curves.draw(run.out)  # runs/<name>/curves.png: the training dynamics (needs matplotlib; else one line)
         (run.out / "final" / "muarl.json").write_text(json.dumps({"model": label, "grpo_steps": cfg.steps,
                                                                   "updates": n, "data": provenance(run.worlds)}))

@@ -13,7 +13,12 @@ from __future__ import annotations
 
 import random
 
+import torch
+
+import chat
 import sft
+from fsdp import compute_device
+from domains import store
 
 
 def copy_examples(tokenizer, n: int, seed: int = 0, words: list[str] | None = None, max_items: int = 8):
@@ -54,6 +59,50 @@ def copy_warmup(model, tokenizer, steps: int, lr: float, words: list[str], seed:
         print(f"[stage] copy drills did not converge (loss {tail:.2f}, converged < {converged})" +
               (": a second round" if attempt == 0 else ": the cold start will copy badly"), flush=True)
     return tail
+
+
+def lookup_right(model, tokenizer, cases, system: str, tools: list[dict] = ()) -> float:
+    """The share of `cases` (store.lookup_cases) where the model prefers the right thought to the wrong one: log p
+    of the agent's tokens of the conversation ending in each (teacher-forced; they differ in the answer alone)."""
+    was, right, dev = model.training, 0, compute_device(model)
+    model.eval()
+    for before, good, bad in cases:
+        lp = []
+        for thought in (good, bad):
+            ids, mask = chat.conversation_ids(tokenizer, system, list(tools), before + [thought])
+            with torch.no_grad():  # logp: (T-1, V), the next token's log-probs at each position
+                logp = torch.log_softmax(model(torch.tensor([ids], device=dev)).logits[0, :-1].float(), -1).cpu()
+            lp.append(float((logp.gather(1, torch.tensor(ids[1:])[:, None])[:, 0] * torch.tensor(mask[1:])).sum()))
+        right += lp[0] > lp[1]
+    model.train(was)
+    return right / max(1, len(cases))
+
+
+def until_lookup(run, examples, takes: float = 0.95, seed: int = 0, **train) -> float | None:
+    """The cold start's last stage: one more SFT epoch at a time (each its own warm-up and cosine), at most
+    --lookup_epochs, until the store's rule lookup takes: its thought answers right on >= `takes` of
+    store.lookup_cases. `run`: muarl.py's (policy, tokenizer, training tasks, worlds, config, log); `train`: sft.train's.
+    4 epochs left seed 0 writing the status's flow for either request (62 % on 128 such conversations; a 66.5 % agent
+    after GRPO); 7 epochs taught it (100 %; 97.2 %); seeds 1-5 read 100 % after 4 (docs/demo_notes.md, Session 9).
+    Returns the last probe's share, or None: no store conversations with that thought (another domain)."""
+    if "store" not in run.worlds or not (cases := store.lookup_cases(run.train_tasks)):
+        return None
+    cfg, model, log, epochs = run.cfg, run.policy, run.log, run.cfg.lookup_epochs
+    system, tools = run.worlds["store"].rules, run.worlds["store"].tool_schemas() if cfg.tools_in_prompt else []
+    for extra in range(epochs + 1):
+        right = lookup_right(model, run.tok, cases, system, tools)
+        if log:
+            log({"phase": "stage", "stage": "lookup", "extra_epochs": extra, "right": right, "ok": right >= takes})
+        if right >= takes or extra == epochs:
+            break
+        print(f"[stage] the cold start answers its rule lookup right on {100 * right:.1f} % of {len(cases)} training "
+              f"conversations (takes at {100 * takes:.0f} %): another epoch", flush=True)
+        sft.train(model, examples, epochs=1, batch_size=cfg.sft_batch, lr=cfg.sft_lr, seed=seed + 1 + extra, log=log,
+                  desc="cold start (until the lookup)", **train)
+    if right < takes:
+        print(f"[stage] the rule lookup did not take ({100 * right:.1f} %, {epochs} more epochs): the agent will "
+              f"decide by the order's status alone", flush=True)
+    return right
 
 
 def words_of(tasks) -> list[str]:

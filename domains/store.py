@@ -446,6 +446,29 @@ def build_world(seed: int = 0, n_orders: int = 600, n_test_orders: int = 200, n_
     return StoreWorld("store", db, key, TOOLS, WRITE_TOOLS, POLICY, tasks)
 
 
+THOUGHT = re.compile(r"It is \w+: cancel (yes|no), return (yes|no)\. The customer wants to (cancel|return): (yes|no)\.")
+
+
+def lookup_cases(tasks, n: int = 64) -> list[tuple[list[dict], dict, dict]]:
+    """The decision the agent's cold start must learn, as a probe (demo/drills.py): (the expert conversation up to
+    the thought after the lookup, that thought, the same thought with the wrong answer), from the first `n` tasks
+    whose order's status allows one request and not the other (pending, delivered). There the status alone does not
+    say the answer: a policy that writes the status's flow for either request (issue 23's seed 0) gets about half
+    wrong; one that reads the request gets all right. The two thoughts differ only in the last word."""
+    out = []
+    for t in tasks:
+        for i, m in enumerate(t.expert or []):
+            calls = m.get("tool_calls") or []
+            hit = THOUGHT.fullmatch(calls[0]["function"]["arguments"].get("thought", "")) \
+                if calls and calls[0]["function"]["name"] == "think" else None
+            if hit and hit[1] != hit[2]:
+                wrong = hit[0][: hit.start(4)] + ("no" if hit[4] == "yes" else "yes") + "."
+                out.append((t.expert[:i], m, shop._call("think", {"thought": wrong})))
+        if len(out) >= n:
+            break
+    return out[:n]
+
+
 class StoreWorld(World):
     def customer_mistakes(self, task: Task, messages: list[dict]) -> list[str] | None:
         return customer_mistakes(task.spec, messages) if task.spec else None

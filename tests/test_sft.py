@@ -72,3 +72,68 @@ def test_copy_drills_train_exactly_the_repeat():
         first = tok.decode([i for i, m in zip(ids, mask) if not m])
         second = tok.decode([i for i, m in zip(ids, mask) if m])
         assert first.endswith(" ||") and second.strip() == first[: -len(" ||")].strip()
+
+
+def _store_run(tmp_path, lookup_epochs=3):
+    from types import SimpleNamespace
+
+    from domains import store
+
+    world = store.build_world(seed=0, n_orders=300, n_test_orders=100, n_train=200, n_test=20)
+    cfg = SimpleNamespace(lookup_epochs=lookup_epochs, sft_batch=8, sft_lr=2e-3, tools_in_prompt=False)
+    records = []
+    return SimpleNamespace(cfg=cfg, worlds={"store": world}, train_tasks=world.tasks("train"), policy=None, tok=None,
+                           log=records.append, records=records)
+
+
+@pytest.mark.parametrize("probe, trained, taken", [([1.0], 0, True), ([0.5, 0.7, 1.0], 2, True),
+                                                   ([0.5, 0.6, 0.6, 0.6], 3, False)])
+def test_the_cold_start_trains_on_until_the_rule_lookup_takes(monkeypatch, capsys, tmp_path, probe, trained, taken):
+    # issue 23: 4 epochs left seed 0 deciding by the order's status alone and nothing said so; now the cold start
+    # probes the lookup, trains one more epoch at a time (at most --lookup_epochs) and names a lookup that never took
+    from demo import drills
+
+    run, answers, calls = _store_run(tmp_path), iter(probe), []
+    monkeypatch.setattr(drills, "lookup_right", lambda *a: next(answers))
+    monkeypatch.setattr(drills.sft, "train", lambda model, ex, **kw: calls.append(kw))
+    assert drills.until_lookup(run, ["examples"], seed=7) == probe[-1]
+    assert [c["seed"] for c in calls] == [8, 9, 10][:trained] and all(c["epochs"] == 1 for c in calls)
+    stages = [r for r in run.records if r.get("stage") == "lookup"]
+    assert [r["ok"] for r in stages] == [False] * (len(probe) - 1) + [taken]
+    out = capsys.readouterr().out
+    assert out.count("another epoch") == trained and ("did not take" in out) == (not taken)
+
+
+def test_no_store_no_lookup_stage(tmp_path):
+    from demo import drills
+
+    run = _store_run(tmp_path)
+    run.worlds = {}
+    assert drills.until_lookup(run, []) is None and not run.records
+
+
+def test_the_lookup_probe_scores_the_answer_the_model_prefers(tmp_path):
+    # a model that prefers the token "yes" wherever it is: it is right exactly on the cases whose answer is yes
+    from demo import drills
+    from domains import store
+
+    run = _store_run(tmp_path)
+    cases = store.lookup_cases(run.train_tasks, n=24)
+    texts = [run.worlds["store"].rules] + [json.dumps(t.expert) for t in run.train_tasks[:100]]
+    model, tok = build_tiny(tmp_path / "tiny", texts=texts, hidden=32, layers=1, heads=1, kv_heads=1, intermediate=64,
+                            vocab_size=400, split_digits=True)
+    yes = {i for text in (" yes", "yes", " yes.", ": yes.") for i in tok.encode(text, add_special_tokens=False)}
+    yes -= {i for text in (" no", "no", " no.", ": no.") for i in tok.encode(text, add_special_tokens=False)}
+
+    class PrefersYes(torch.nn.Linear):
+        def forward(self, ids):
+            logits = torch.zeros(*ids.shape, len(tok))
+            logits[..., sorted(yes)] = 10.0
+            return type("Out", (), {"logits": logits})
+
+    share_yes = sum(g["tool_calls"][0]["function"]["arguments"]["thought"].endswith("yes.") for _, g, _ in cases) / 24
+    assert 0 < share_yes < 1 and yes
+    assert drills.lookup_right(PrefersYes(1, 1), tok, cases, run.worlds["store"].rules) == pytest.approx(share_yes)
+    p = drills.lookup_right(model, tok, cases, run.worlds["store"].rules)  # a random model: a real forward, in [0, 1]
+    swapped = drills.lookup_right(model, tok, [(b, w, g) for b, g, w in cases], run.worlds["store"].rules)
+    assert 0 <= p <= 1 and p + swapped == pytest.approx(1.0)

@@ -257,3 +257,21 @@ def test_the_second_phrasing_keeps_the_key_words_and_is_faithful_whatever_the_ag
             return store.customer_turn(dict(task.spec, phrasing="b"), history)
 
     assert play_rules(world, Second())["reads everything"]["pass^1"] == 1.0
+
+
+def test_lookup_cases_are_the_decisions_the_status_alone_does_not_settle(world):
+    # the probe of the cold start (demo/drills.until_lookup): the conversation up to the thought after the lookup, the
+    # thought, and the same thought with the other answer; only where the status allows one request and not the other
+    cases = store.lookup_cases(world.tasks("train"), n=60)
+    assert len(cases) == 60
+    seen = set()
+    for before, good, bad in cases:
+        assert before[-1]["role"] == "tool" and before[-1]["name"] == "get_order_details"
+        thought, wrong = (m["tool_calls"][0]["function"]["arguments"]["thought"] for m in (good, bad))
+        status, request = store.THOUGHT.fullmatch(thought)[0].split(":")[0][6:], store.THOUGHT.fullmatch(thought)[3]
+        assert status in ("pending", "delivered")
+        assert thought.endswith(f": {'yes' if (request, status) in store.ALLOWED else 'no'}.")
+        assert wrong[:-4].rstrip(" :ye") == thought[:-4].rstrip(" :ye") and wrong != thought  # the last word alone
+        seen.add((request, status))
+    assert seen == {(r, s) for r in ("cancel", "return") for s in ("pending", "delivered")}
+    assert store.lookup_cases(world.tasks("train"), n=5) == cases[:5]

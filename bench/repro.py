@@ -5,7 +5,7 @@ customer's (one seed per request, derived from the episode's, sent to vLLM's Ope
 initialisation. So two runs of one command and seed on one machine should write the same log.jsonl, except for
 wall-clock fields, and the same results.md. (Across machines floating point differs, and so may the runs: PLATFORM.md.)
 
-    python -m demo.repro runs/a runs/b        # prints the first difference, or "identical"; exit 1 if they differ
+    python bench/repro.py runs/a runs/b          # prints the first difference, or "identical"; exit 1 if they differ
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def compare(a: Path, b: Path) -> str | None:
 
 if __name__ == "__main__":
     if len(sys.argv) != 3:
-        sys.exit("usage: python -m demo.repro RUN_A RUN_B")
+        sys.exit("usage: python bench/repro.py RUN_A RUN_B")
     diff = compare(Path(sys.argv[1]), Path(sys.argv[2]))
     print(diff or f"identical: {len(numbers(Path(sys.argv[1])))} log records and results.md")
     sys.exit(1 if diff else 0)
