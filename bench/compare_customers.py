@@ -9,15 +9,19 @@ Each cell: held-out pass^1 over the run's world's 200 held-out tasks (2 trials w
 mean and spread over the seeds of that row, and the customer's fidelity (store.customer_mistakes) in that cell.
 
     for s in 0 1 2; do
-      python muarl.py --model tiny --seed $s --user scripted --out_dir runs/cmp/script-$s
-      python muarl.py --model tiny --seed $s --user sampled --out_dir runs/cmp/sampled-$s
-      python muarl.py --model tiny --seed $s --out_dir runs/cmp/llm-$s
+      python muarl.py --model tiny --seed $s --out_dir runs/cmp/llm-$s                  # README command 1, ~16 min
+      for u in scripted sampled; do  # the same seed's cold start (its weights), then RL against another customer
+        python muarl.py --config runs/cmp/llm-$s/config.json --model runs/cmp/llm-$s/cold-start --sft_epochs 0 \
+          --user $u --user_serve "" --threads 2 --out_dir runs/cmp/$u-$s
+      done
     done
     python -m demo.customer build --phrasing b --seed 1 --out runs/cmp/customer_b      # ~45 min on 2 cores
     python bench/compare_customers.py runs/cmp/*-? --held_out runs/cmp/customer_b       # ~1 min per cell
 
-Every cell is `python eval.py --model RUN/final ...` with the run's own world, seed and limits (cell_argv), so each
-figure can be re-run alone; a run's evaluation against its own training customer gives its last logged evaluation.
+The three rows of a seed start from one cold start (the LLM run's `cold-start/` weights, its config: world, limits,
+GRPO settings), so they differ only in the customer GRPO met. Every cell is `python eval.py --model RUN/final ...`
+with the run's own world, seed and limits (cell_argv), so each figure can be re-run alone; a run's evaluation against
+its own training customer gives its last logged evaluation.
 """
 
 from __future__ import annotations
