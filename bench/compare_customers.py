@@ -15,8 +15,10 @@ mean and spread over the seeds of that row, and the customer's fidelity (store.c
           --user $u --user_serve "" --threads 2 --out_dir runs/cmp/$u-$s
       done
     done
-    python -m demo.customer build --phrasing b --seed 1 --out runs/cmp/customer_b      # ~45 min on 2 cores
-    python bench/compare_customers.py runs/cmp/*-? --held_out runs/cmp/customer_b       # ~1 min per cell
+    python bench/compare_customers.py runs/cmp/*-?                                      # ~1 min per cell
+
+The held-out customer is committed in demo/customer_model_b/ (gate 100 / 97.0 %, its fidelity.json), built by
+`python -m demo.customer build --phrasing b --seed 1 --out DIR` (34 min here); `--held_out DIR` takes another.
 
 The three rows of a seed start from one cold start (the LLM run's `cold-start/` weights, its config: world, limits,
 GRPO settings), so they differ only in the customer GRPO met. Every cell is `python eval.py --model RUN/final ...`
@@ -72,7 +74,8 @@ def table(cells: dict) -> str:
 if __name__ == "__main__":
     p = argparse.ArgumentParser(description="issue 23's comparison: trained against X, evaluated against Y")
     p.add_argument("runs", nargs="+", help="finished runs of muarl.py --model tiny (each with final/ and config.json)")
-    p.add_argument("--held_out", required=True, help="the held-out customer model (demo.customer --phrasing b)")
+    p.add_argument("--held_out", default=str(Path(__file__).resolve().parent.parent / "demo" / "customer_model_b"),
+                   help="the held-out customer model (default: the one committed, built by demo.customer --phrasing b)")
     a = p.parse_args()
     import eval as evaluation
 

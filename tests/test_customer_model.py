@@ -19,6 +19,16 @@ def test_the_record_beside_the_model_says_what_was_measured():
     assert record["fidelity"] == min(a["fidelity"] for a in record["agents"].values()) >= 0.95
 
 
+
+def test_the_held_out_customer_is_another_model_on_the_other_phrasings():
+    # issue 23's comparison: the column no agent trained against (bench/compare_customers.py's default --held_out)
+    b = customer.SHIPPED.parent / "customer_model_b"
+    record = json.loads((b / "fidelity.json").read_text())
+    assert record["phrasing"] == "b" and "--phrasing b" in record["command"] and record["tasks"] == 200
+    assert record["fidelity"] == min(a["fidelity"] for a in record["agents"].values()) >= 0.95
+    assert (b / "model.safetensors").read_bytes() != (customer.SHIPPED / "model.safetensors").read_bytes()
+
+
 @pytest.mark.slow
 @pytest.mark.vllm
 def test_the_shipped_customer_passes_its_gate_on_this_machine(tmp_path):
