@@ -71,6 +71,21 @@ def table(cells: dict) -> str:
     return "\n".join(lines)
 
 
+def paired(cells: dict, row: str = "the LLM customer") -> str:
+    """The LLM row minus each other row, seed by seed (a seed's rows share one cold start, so the pair differs only
+    in the customer GRPO met): per column, each seed's difference in points, and their mean."""
+    lines = ["| difference | " + " | ".join(COLUMNS) + " |", "|---" * (len(COLUMNS) + 1) + "|"]
+    for other in (r for r in ROWS.values() if r != row):
+        out = []
+        for col in COLUMNS:
+            mine, theirs = ({s: p for s, p, _ in cells.get((r, col), [])} for r in (row, other))
+            d = {s: 100 * (mine[s] - theirs[s]) for s in sorted(mine.keys() & theirs.keys())}
+            out.append(", ".join(f"{v:+.1f}" for v in d.values()) + f" (seeds {', '.join(map(str, d))}; mean "
+                       f"{statistics.mean(d.values()):+.1f})" if d else "no seed in both")
+        lines.append(f"| {row} - {other} | " + " | ".join(out) + " |")
+    return "\n".join(lines)
+
+
 if __name__ == "__main__":
     p = argparse.ArgumentParser(description="issue 23's comparison: trained against X, evaluated against Y")
     p.add_argument("runs", nargs="+", help="finished runs of muarl.py --model tiny (each with final/ and config.json)")
@@ -96,4 +111,4 @@ if __name__ == "__main__":
             per_seed.append(f"| {run.name} | {col} | {100 * m['pass^1']:.1f} | "
                             f"{100 * m.get('customer_fidelity', float('nan')):.1f} |")
     print("\n| run | against | pass^1 | customer fidelity |\n|---|---|---|---|\n" + "\n".join(per_seed) + "\n")
-    print(table(cells))
+    print(table(cells) + "\n\nSeed by seed, in points of pass^1:\n\n" + paired(cells))

@@ -115,3 +115,7 @@ def test_compare_customers_cells_are_eval_commands_of_each_runs_own_world(tmp_pa
                      ("the LLM customer", "a held-out customer"): [(0, 0.8, 0.97)]})
     assert "| the script | 60.0 +- 14.1 (n=2; fidelity 99.0-100.0 %) | not run | not run |" in text
     assert "| the LLM customer | not run | not run | 80.0 (n=1; fidelity 97.0-97.0 %) |" in text
+    diff = cc.paired({("the script", "a held-out customer"): [(0, 0.5, 1.0), (1, 0.7, 0.9), (2, 0.6, 1.0)],
+                      ("the LLM customer", "a held-out customer"): [(0, 0.8, 0.97), (1, 0.6, 0.9)]})
+    assert "| the LLM customer - the script | no seed in both | no seed in both | +30.0, -10.0 (seeds 0, 1; mean " \
+           "+10.0) |" in diff  # seed by seed, only the seeds both rows ran
