@@ -86,30 +86,41 @@ def _store_run(tmp_path, lookup_epochs=3):
                            log=records.append, records=records)
 
 
-@pytest.mark.parametrize("probe, trained, taken", [([1.0], 0, True), ([0.5, 0.7, 1.0], 2, True),
-                                                   ([0.5, 0.6, 0.6, 0.6], 3, False)])
-def test_the_cold_start_trains_on_until_the_rule_lookup_takes(monkeypatch, capsys, tmp_path, probe, trained, taken):
-    # issue 23: 4 epochs left seed 0 deciding by the order's status alone and nothing said so; now the cold start
-    # probes the lookup, trains one more epoch at a time (at most --lookup_epochs) and names a lookup that never took
+@pytest.mark.parametrize("probe, taken", [([1.0], True), ([0.5, 1.0], True), ([0.5, 0.6], False)])
+def test_the_cold_start_starts_again_with_more_epochs_when_the_rule_lookup_did_not_take(monkeypatch, capsys, tmp_path,
+                                                                                      probe, taken):
+    # issue 23: 4 epochs left seed 0 deciding by the order's status alone and nothing said so; now a probe reads the
+    # lookup after SFT, and below 95 % SFT starts again from the weights it began with, with --lookup_epochs more
     from demo import drills
 
     run, answers, calls = _store_run(tmp_path), iter(probe), []
+    model = torch.nn.Linear(2, 2)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+
+    def train(m, ex, **kw):  # records each training and where it started from, then changes the weights
+        calls.append((kw["epochs"], all(torch.equal(v, before[k]) for k, v in m.state_dict().items())))
+        with torch.no_grad():
+            m.weight.add_(1.0)
+        return [float(len(calls))]
+
     monkeypatch.setattr(drills, "lookup_right", lambda *a: next(answers))
-    monkeypatch.setattr(drills.sft, "train", lambda model, ex, **kw: calls.append(kw))
-    assert drills.until_lookup(run, ["examples"], seed=7) == probe[-1]
-    assert [c["seed"] for c in calls] == [8, 9, 10][:trained] and all(c["epochs"] == 1 for c in calls)
+    monkeypatch.setattr(drills.sft, "train", train)
+    assert drills.until_lookup(run, model, ["examples"], epochs=4, lr=1e-3) == [float(len(probe))]
+    assert calls == [(4, True), (7, True)][: len(probe)]  # again from the drills' weights, 4 + 3 epochs
     stages = [r for r in run.records if r.get("stage") == "lookup"]
-    assert [r["ok"] for r in stages] == [False] * (len(probe) - 1) + [taken]
+    assert [(r["epochs"], r["ok"]) for r in stages] == [(4, False)] * (len(probe) - 1) + [(4 + 3 * (len(probe) > 1),
+                                                                                            taken)]
     out = capsys.readouterr().out
-    assert out.count("another epoch") == trained and ("did not take" in out) == (not taken)
+    assert out.count("again from the drills' weights") == len(probe) - 1 and ("did not take" in out) == (not taken)
 
 
-def test_no_store_no_lookup_stage(tmp_path):
+def test_no_store_no_lookup_stage(tmp_path, monkeypatch):
     from demo import drills
 
-    run = _store_run(tmp_path)
+    run, calls = _store_run(tmp_path), []
     run.worlds = {}
-    assert drills.until_lookup(run, []) is None and not run.records
+    monkeypatch.setattr(drills.sft, "train", lambda m, ex, **kw: calls.append(kw["epochs"]) or [0.5])
+    assert drills.until_lookup(run, torch.nn.Linear(1, 1), [], epochs=2) == [0.5] and calls == [2] and not run.records
 
 
 def test_the_lookup_probe_scores_the_answer_the_model_prefers(tmp_path):
