@@ -22,13 +22,8 @@ from domains import store
 
 
 def copy_examples(tokenizer, n: int, seed: int = 0, words: list[str] | None = None, max_items: int = 8):
-    """n (ids, mask) drills of copying from context: "#W123 lamp #W904 ... || #W123 lamp #W904 ...".
-
-    A pre-trained model arrives at the cold start able to copy a string it has just read (an order id, a
-    customer's words); a randomly initialised tiny model cannot, and whether it learns to from ~1,000
-    conversations in a few hundred steps depends on the seed (docs/demo_notes.md). A few minutes of these
-    drills stand in for pre-training: the loss is on the second half only (mask 1), so the only way to lower it
-    is to look back and copy (an induction head). Items: '#W' + 3 digits, or a word from `words`."""
+    """n (ids, mask) drills of copying from context: "#W123 lamp #W904 ... || #W123 lamp #W904 ...", the loss on
+    the second half only (mask 1: see the module's docstring). Items: '#W' + 3 digits, or a word from `words`."""
     rng = random.Random(seed)
     words = words or ["order", "cancel", "return", "gift", "card", "payment", "mistake", "needed", "lamp", "mug"]
     out = []
@@ -62,8 +57,8 @@ def copy_warmup(model, tokenizer, steps: int, lr: float, words: list[str], seed:
 
 
 def lookup_right(model, tokenizer, cases, system: str, tools: list[dict] = ()) -> float:
-    """The share of `cases` (store.lookup_cases) where the model prefers the right thought to the wrong one: log p
-    of the agent's tokens of the conversation ending in each (teacher-forced; they differ in the answer alone)."""
+    """The share of `cases` (store.lookup_cases) where the model prefers the right thought (or act) to the wrong one:
+    log p of the agent's tokens of the conversation ending in each (teacher-forced; they differ in the last step)."""
     was, right, dev = model.training, 0, compute_device(model)
     model.eval()
     for before, good, bad in cases:
@@ -80,29 +75,32 @@ def lookup_right(model, tokenizer, cases, system: str, tools: list[dict] = ()) -
 
 def until_lookup(run, model, examples, epochs: float, takes: float = 0.95, **train) -> list[float]:
     """The cold start's SFT (sft.train's arguments), and its check: a probe reads the store's rule lookup off
-    store.lookup_cases (training conversations); below `takes` the cold start starts again from the weights it began
-    with (the drills') and trains `epochs` + --lookup_epochs in one schedule, and a lookup that still did not take is
-    named. 4 epochs left seed 0 writing the status's flow for either request (61 % on this probe; a 66.5 % agent
-    after GRPO); 7 from the drills' weights taught it (100 %; 57.0 -> 97.2 %); one more epoch with its own warm-up
-    taught it too, but lifted the cold start to 68.5 %, above the band; seeds 1-5 read 100 % after 4
-    (docs/demo_notes.md, Session 9). `run`: muarl.py's (tokenizer, training tasks, worlds, config, log). Returns the
-    last training's losses."""
+    store.lookup_cases (training conversations): the thought's answer, and the act that answer asks for; below
+    `takes` on either, the cold start starts again from the weights it began with (the drills') and trains `epochs` +
+    --lookup_epochs in one schedule, and a lookup that still did not take is named. 4 epochs left seed 0 writing the
+    status's flow for either request (61 % on the thought; a 66.5 % agent after GRPO); 7 from the drills' weights
+    taught it (57.0 -> 97.2 %); one more epoch with its own warm-up taught it too, but lifted the cold start to 68.5 %,
+    above the band (docs/demo_notes.md, Session 9). On a second machine seed 4 wrote the thought right and then asked
+    the status's question (the act: 86 %; 36.2 -> 50.5 %, Session 10). `run`: muarl.py's (tokenizer, training tasks,
+    worlds, config, log). Returns the last training's losses."""
     start = {k: v.detach().clone() for k, v in model.state_dict().items()}  # the drills' weights
     losses = sft.train(model, examples, epochs=epochs, **train)
     if "store" not in run.worlds or not (cases := store.lookup_cases(run.train_tasks)):
         return losses  # another domain: no such thought to probe
     cfg, world = run.cfg, run.worlds["store"]
+    tools, half = world.tool_schemas() if cfg.tools_in_prompt else [], len(cases) // 2  # the thoughts, then the acts
     for attempt in range(2):
-        right = lookup_right(model, run.tok, cases, world.rules, world.tool_schemas() if cfg.tools_in_prompt else [])
+        shares = [lookup_right(model, run.tok, part, world.rules, tools) for part in (cases[:half], cases[half:])]
+        right = min(shares)  # each step must take: the thought's answer, and the act that answer asks for
         if run.log:
             run.log({"phase": "stage", "stage": "lookup", "attempt": attempt, "epochs": epochs, "right": right,
-                     "ok": right >= takes})
+                     "thought": shares[0], "act": shares[1], "ok": right >= takes})
         if right >= takes or attempt:
             break
         epochs += cfg.lookup_epochs
-        print(f"[stage] the cold start answers its rule lookup right on {100 * right:.1f} % of {len(cases)} training "
-              f"conversations (takes at {100 * takes:.0f} %): again from the drills' weights, {epochs:g} epochs",
-              flush=True)
+        print(f"[stage] the cold start's rule lookup (thought, act) is right on {100 * shares[0]:.1f} / "
+              f"{100 * shares[1]:.1f} % of {half} training conversations (takes at {100 * takes:.0f} %): again from "
+              f"the drills' weights, {epochs:g} epochs", flush=True)
         model.load_state_dict(start)
         losses = sft.train(model, examples, epochs=epochs, **train)
     if right < takes:

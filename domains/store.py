@@ -449,13 +449,18 @@ def build_world(seed: int = 0, n_orders: int = 600, n_test_orders: int = 200, n_
 THOUGHT = re.compile(r"It is \w+: cancel (yes|no), return (yes|no)\. The customer wants to (cancel|return): (yes|no)\.")
 
 
-def lookup_cases(tasks, n: int = 64) -> list[tuple[list[dict], dict, dict]]:
+def lookup_cases(tasks, n: int = 64, decisions: bool = True) -> list[tuple[list[dict], dict, dict]]:
     """The decision the agent's cold start must learn, as a probe (demo/drills.py): (the expert conversation up to
     the thought after the lookup, that thought, the same thought with the wrong answer), from the first `n` tasks
     whose order's status allows one request and not the other (pending, delivered). There the status alone does not
     say the answer: a policy that writes the status's flow for either request (issue 23's seed 0) gets about half
-    wrong; one that reads the request gets all right. The two thoughts differ only in the last word."""
-    out = []
+    wrong; one that reads the request gets all right. The two thoughts differ only in the last word.
+    With `decisions`, the same tasks' next step follows (n more cases): the conversation up to the thought's reply,
+    the message the thought's answer asks for (the request's question, or the refusal), and the other act: the
+    refusal, or the question of the flow the status allows. A cold start can write the thought right and not act on
+    it (seed 4 on a second machine: "The customer wants to cancel: no." on a delivered order, then "Where should the
+    refund go?" in 114 of 154 such held-out conversations; 36.2 % held-out, README)."""
+    out, acts = [], []
     for t in tasks:
         for i, m in enumerate(t.expert or []):
             calls = m.get("tool_calls") or []
@@ -464,9 +469,15 @@ def lookup_cases(tasks, n: int = 64) -> list[tuple[list[dict], dict, dict]]:
             if hit and hit[1] != hit[2]:
                 wrong = hit[0][: hit.start(4)] + ("no" if hit[4] == "yes" else "yes") + "."
                 out.append((t.expert[:i], m, shop._call("think", {"thought": wrong})))
+                ask = {"cancel": shop.ASK_REASON, "return": shop.ASK_REFUND}
+                refuse = shop.REFUSE[hit[3]].format(t.spec["order_id"], t.spec["status"])
+                flow = ask["return" if hit[3] == "cancel" else "cancel"]  # a "no": the wrong act is the status's flow
+                right, other = (ask[hit[3]], refuse) if hit[4] == "yes" else (refuse, flow)
+                assert t.expert[i + 2]["content"] == right, t.expert[i + 2]  # what make_task writes after the thought
+                acts.append((t.expert[: i + 2], t.expert[i + 2], {"role": "assistant", "content": other}))
         if len(out) >= n:
             break
-    return out[:n]
+    return out[:n] + (acts[:n] if decisions else [])
 
 
 class StoreWorld(World):

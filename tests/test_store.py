@@ -262,7 +262,7 @@ def test_the_second_phrasing_keeps_the_key_words_and_is_faithful_whatever_the_ag
 def test_lookup_cases_are_the_decisions_the_status_alone_does_not_settle(world):
     # the probe of the cold start (demo/drills.until_lookup): the conversation up to the thought after the lookup, the
     # thought, and the same thought with the other answer; only where the status allows one request and not the other
-    cases = store.lookup_cases(world.tasks("train"), n=60)
+    cases = store.lookup_cases(world.tasks("train"), n=60, decisions=False)
     assert len(cases) == 60
     seen = set()
     for before, good, bad in cases:
@@ -274,4 +274,22 @@ def test_lookup_cases_are_the_decisions_the_status_alone_does_not_settle(world):
         assert wrong[:-4].rstrip(" :ye") == thought[:-4].rstrip(" :ye") and wrong != thought  # the last word alone
         seen.add((request, status))
     assert seen == {(r, s) for r in ("cancel", "return") for s in ("pending", "delivered")}
-    assert store.lookup_cases(world.tasks("train"), n=5) == cases[:5]
+    assert store.lookup_cases(world.tasks("train"), n=5, decisions=False) == cases[:5]
+    # and the step after (the default): the thought's reply, then the act its answer asks for against the other act
+    both = store.lookup_cases(world.tasks("train"), n=60)
+    assert both[:60] == cases and len(both) == 120
+    acts = set()
+    for (before, good, bad), (_, thought, _) in zip(both[60:], cases):
+        assert before[-2] == thought and before[-1]["role"] == "tool" and before[-1]["name"] == "think"
+        answer = thought["tool_calls"][0]["function"]["arguments"]["thought"].endswith("yes.")
+        asks = {store.shop.ASK_REASON, store.shop.ASK_REFUND}
+        assert (good["content"] in asks) == answer and (bad["content"] in asks) == (not answer)
+        status = before[-2]["tool_calls"][0]["function"]["arguments"]["thought"].split(":")[0][6:]
+        flow = store.shop.ASK_REASON if status == "pending" else store.shop.ASK_REFUND  # the status's own question
+        assert (good["content"] if answer else bad["content"]) == flow  # the wrong act of a "no": the status's flow
+        assert all(m["role"] == "assistant" and not m.get("tool_calls") for m in (good, bad)) and good != bad
+        refusal = good["content"] if not answer else bad["content"]
+        assert refusal.startswith("Sorry, order #") and f" is {'pending' if ' pending' in refusal else 'delivered'}, " \
+            in refusal
+        acts.add((answer, refusal.split()[-1]))
+    assert acts == {(a, w) for a in (True, False) for w in ("cancelled.", "returned.")}
