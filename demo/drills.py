@@ -75,32 +75,33 @@ def lookup_right(model, tokenizer, cases, system: str, tools: list[dict] = ()) -
 
 def until_lookup(run, model, examples, epochs: float, takes: float = 0.95, **train) -> list[float]:
     """The cold start's SFT (sft.train's arguments), and its check: a probe reads the store's rule lookup off
-    store.lookup_cases (training conversations): the thought's answer, and the act that answer asks for; below
-    `takes` on either, the cold start starts again from the weights it began with (the drills') and trains `epochs` +
+    store.lookup_cases (training conversations): the thought's request and answer, and the act the answer asks for;
+    below `takes` on any, the cold start starts again from the weights it began with (the drills') and trains `epochs` +
     --lookup_epochs in one schedule, and a lookup that still did not take is named. 4 epochs left seed 0 writing the
     status's flow for either request (61 % on the thought; a 66.5 % agent after GRPO); 7 from the drills' weights
     taught it (57.0 -> 97.2 %); one more epoch with its own warm-up taught it too, but lifted the cold start to 68.5 %,
     above the band (docs/demo_notes.md, Session 9). On a second machine seed 4 wrote the thought right and then asked
-    the status's question (the act: 86 %; 36.2 -> 50.5 %, Session 10). `run`: muarl.py's (tokenizer, training tasks,
+    the status's question (the act: 86 %; 36.2 -> 50.5 %), seed 7 copied the status's flow in as the request
+    (Session 10). `run`: muarl.py's (tokenizer, training tasks,
     worlds, config, log). Returns the last training's losses."""
     start = {k: v.detach().clone() for k, v in model.state_dict().items()}  # the drills' weights
     losses = sft.train(model, examples, epochs=epochs, **train)
-    if "store" not in run.worlds or not (cases := store.lookup_cases(run.train_tasks)):
+    if "store" not in run.worlds or not all((probes := store.lookup_cases(run.train_tasks)).values()):
         return losses  # another domain: no such thought to probe
     cfg, world = run.cfg, run.worlds["store"]
-    tools, half = world.tool_schemas() if cfg.tools_in_prompt else [], len(cases) // 2  # the thoughts, then the acts
+    tools = world.tool_schemas() if cfg.tools_in_prompt else []
     for attempt in range(2):
-        shares = [lookup_right(model, run.tok, part, world.rules, tools) for part in (cases[:half], cases[half:])]
-        right = min(shares)  # each step must take: the thought's answer, and the act that answer asks for
+        shares = {kind: lookup_right(model, run.tok, cases, world.rules, tools) for kind, cases in probes.items()}
+        right = min(shares.values())  # each step must take: the request copied, the answer, the act it asks for
         if run.log:
             run.log({"phase": "stage", "stage": "lookup", "attempt": attempt, "epochs": epochs, "right": right,
-                     "thought": shares[0], "act": shares[1], "ok": right >= takes})
+                     **shares, "ok": right >= takes})
         if right >= takes or attempt:
             break
         epochs += cfg.lookup_epochs
-        print(f"[stage] the cold start's rule lookup (thought, act) is right on {100 * shares[0]:.1f} / "
-              f"{100 * shares[1]:.1f} % of {half} training conversations (takes at {100 * takes:.0f} %): again from "
-              f"the drills' weights, {epochs:g} epochs", flush=True)
+        read = ", ".join(f"{kind} {100 * share:.1f} %" for kind, share in shares.items())
+        print(f"[stage] the cold start's rule lookup is right on {read} of {len(probes['act'])} training conversations "
+              f"(each takes at {100 * takes:.0f} %): again from the drills' weights, {epochs:g} epochs", flush=True)
         model.load_state_dict(start)
         losses = sft.train(model, examples, epochs=epochs, **train)
     if right < takes:

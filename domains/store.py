@@ -449,35 +449,39 @@ def build_world(seed: int = 0, n_orders: int = 600, n_test_orders: int = 200, n_
 THOUGHT = re.compile(r"It is \w+: cancel (yes|no), return (yes|no)\. The customer wants to (cancel|return): (yes|no)\.")
 
 
-def lookup_cases(tasks, n: int = 64, decisions: bool = True) -> list[tuple[list[dict], dict, dict]]:
-    """The decision the agent's cold start must learn, as a probe (demo/drills.py): (the expert conversation up to
-    the thought after the lookup, that thought, the same thought with the wrong answer), from the first `n` tasks
-    whose order's status allows one request and not the other (pending, delivered). There the status alone does not
-    say the answer: a policy that writes the status's flow for either request (issue 23's seed 0) gets about half
-    wrong; one that reads the request gets all right. The two thoughts differ only in the last word.
-    With `decisions`, the same tasks' next step follows (n more cases): the conversation up to the thought's reply,
-    the message the thought's answer asks for (the request's question, or the refusal), and the other act: the
-    refusal, or the question of the flow the status allows. A cold start can write the thought right and not act on
-    it (seed 4 on a second machine: "The customer wants to cancel: no." on a delivered order, then "Where should the
-    refund go?" in 114 of 154 such held-out conversations; 36.2 % held-out, README)."""
-    out, acts = [], []
+def lookup_cases(tasks, n: int = 64) -> dict[str, list[tuple[list[dict], dict, dict]]]:
+    """The decision the agent's cold start must learn, as a probe (demo/drills.py), read off the first `n` training
+    tasks whose order's status allows one request and not the other (pending, delivered): there the status alone does
+    not say what to do. Three steps, each a list of (the expert conversation before the step, the expert's step, the
+    same step done wrong the way a cold start was seen to do it):
+      "answer"   the thought after the lookup with the other last word ("The customer wants to return: yes."): seed
+                 0 on the first machine wrote the status's flow for either request (README, "The CPU demo");
+      "request"  the thought with the other request, answered for it ("The customer wants to cancel: yes." when the
+                 customer wants to return a pending order): seed 7 on a second machine copied the status's flow in as
+                 the request in 178 of 180 such held-out conversations (31.0 % held-out);
+      "act"      after the thought's reply, the act its answer asks for (the request's question, or the refusal) against
+                 the other (the refusal, or the question of the status's flow): seed 4 there wrote the thought right and
+                 asked the status's question in 114 of 154 conversations where the answer was no (36.2 %)."""
+    out = {"answer": [], "request": [], "act": []}
+    ask = {"cancel": shop.ASK_REASON, "return": shop.ASK_REFUND}
     for t in tasks:
         for i, m in enumerate(t.expert or []):
             calls = m.get("tool_calls") or []
             hit = THOUGHT.fullmatch(calls[0]["function"]["arguments"].get("thought", "")) \
                 if calls and calls[0]["function"]["name"] == "think" else None
             if hit and hit[1] != hit[2]:
-                wrong = hit[0][: hit.start(4)] + ("no" if hit[4] == "yes" else "yes") + "."
-                out.append((t.expert[:i], m, shop._call("think", {"thought": wrong})))
-                ask = {"cancel": shop.ASK_REASON, "return": shop.ASK_REFUND}
-                refuse = shop.REFUSE[hit[3]].format(t.spec["order_id"], t.spec["status"])
-                flow = ask["return" if hit[3] == "cancel" else "cancel"]  # a "no": the wrong act is the status's flow
-                right, other = (ask[hit[3]], refuse) if hit[4] == "yes" else (refuse, flow)
+                request, other = hit[3], "return" if hit[3] == "cancel" else "cancel"
+                can = {"cancel": hit[1], "return": hit[2]}
+                for kind, thought in (("answer", hit[0][: hit.start(4)] + ("no" if hit[4] == "yes" else "yes") + "."),
+                                      ("request", hit[0][: hit.start(3)] + f"{other}: {can[other]}.")):
+                    out[kind].append((t.expert[:i], m, shop._call("think", {"thought": thought})))
+                refuse = shop.REFUSE[request].format(t.spec["order_id"], t.spec["status"])
+                right, wrong = (ask[request], refuse) if hit[4] == "yes" else (refuse, ask[other])  # other: the flow
                 assert t.expert[i + 2]["content"] == right, t.expert[i + 2]  # what make_task writes after the thought
-                acts.append((t.expert[: i + 2], t.expert[i + 2], {"role": "assistant", "content": other}))
-        if len(out) >= n:
+                out["act"].append((t.expert[: i + 2], t.expert[i + 2], {"role": "assistant", "content": wrong}))
+        if len(out["act"]) >= n:
             break
-    return out[:n] + (acts[:n] if decisions else [])
+    return {kind: cases[:n] for kind, cases in out.items()}
 
 
 class StoreWorld(World):

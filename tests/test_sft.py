@@ -7,7 +7,7 @@ import torch
 
 import chat
 import sft
-from domains import load_world
+from domains import load_world, store
 from demo.drills import copy_examples
 from demo.tiny import build_tiny
 
@@ -86,16 +86,18 @@ def _store_run(tmp_path, lookup_epochs=3):
                            log=records.append, records=records)
 
 
-@pytest.mark.parametrize("probe, taken", [([(1.0, 1.0)], True), ([(0.5, 1.0), (1.0, 1.0)], True),
-                                          ([(1.0, 0.86), (1.0, 0.97)], True), ([(0.5, 1.0), (0.6, 1.0)], False),
-                                          ([(1.0, 0.86), (1.0, 0.9)], False)])
+@pytest.mark.parametrize("probe, taken", [([(1.0, 1.0, 1.0)], True), ([(0.5, 1.0, 1.0), (1.0, 1.0, 1.0)], True),
+                                          ([(1.0, 1.0, 0.86), (1.0, 0.97, 1.0)], True),
+                                          ([(1.0, 0.1, 1.0), (1.0, 1.0, 1.0)], True),
+                                          ([(0.5, 1.0, 1.0), (0.6, 1.0, 1.0)], False),
+                                          ([(1.0, 1.0, 0.86), (1.0, 1.0, 0.9)], False)])
 def test_the_cold_start_starts_again_with_more_epochs_when_the_rule_lookup_did_not_take(monkeypatch, capsys, tmp_path,
                                                                                       probe, taken):
     # issue 23: 4 epochs left seed 0 deciding by the order's status alone and nothing said so; now a probe reads the
     # lookup after SFT, and below 95 % SFT starts again from the weights it began with, with --lookup_epochs more
     from demo import drills
 
-    run, answers, calls = _store_run(tmp_path), iter([share for pair in probe for share in pair]), []
+    run, answers, calls = _store_run(tmp_path), iter([share for shares in probe for share in shares]), []
     model = torch.nn.Linear(2, 2)
     before = {k: v.clone() for k, v in model.state_dict().items()}
 
@@ -105,7 +107,7 @@ def test_the_cold_start_starts_again_with_more_epochs_when_the_rule_lookup_did_n
             m.weight.add_(1.0)
         return [float(len(calls))]
 
-    parts = []  # each probe reads the thoughts, then the acts after them (store.lookup_cases' two halves)
+    parts = []  # each probe reads the answer, the request, the act (store.lookup_cases' three lists)
     monkeypatch.setattr(drills, "lookup_right", lambda m, tok, part, *a: parts.append(part) or next(answers))
     monkeypatch.setattr(drills.sft, "train", train)
     assert drills.until_lookup(run, model, ["examples"], epochs=4, lr=1e-3) == [float(len(probe))]
@@ -113,10 +115,8 @@ def test_the_cold_start_starts_again_with_more_epochs_when_the_rule_lookup_did_n
     stages = [r for r in run.records if r.get("stage") == "lookup"]
     assert [(r["epochs"], r["ok"]) for r in stages] == [(4, False)] * (len(probe) - 1) + [(4 + 3 * (len(probe) > 1),
                                                                                             taken)]
-    assert [(r["thought"], r["act"], r["right"]) for r in stages] == [(t, a, min(t, a)) for t, a in probe]
-    assert len(parts) == 2 * len(probe) and all(len(p) == 64 for p in parts)
-    assert all(p[0][1].get("tool_calls") for p in parts[::2])  # thoughts (think calls), then acts (plain messages)
-    assert not any(p[0][1].get("tool_calls") for p in parts[1::2])
+    assert [(r["answer"], r["request"], r["act"], r["right"]) for r in stages] == [(*p, min(p)) for p in probe]
+    assert parts == list(store.lookup_cases(run.train_tasks).values()) * len(probe)
     out = capsys.readouterr().out
     assert out.count("again from the drills' weights") == len(probe) - 1 and ("did not take" in out) == (not taken)
 
@@ -136,7 +136,7 @@ def test_the_lookup_probe_scores_the_answer_the_model_prefers(tmp_path):
     from domains import store
 
     run = _store_run(tmp_path)
-    cases = store.lookup_cases(run.train_tasks, n=24, decisions=False)
+    cases = store.lookup_cases(run.train_tasks, n=24)["answer"]
     texts = [run.worlds["store"].rules] + [json.dumps(t.expert) for t in run.train_tasks[:100]]
     model, tok = build_tiny(tmp_path / "tiny", texts=texts, hidden=32, layers=1, heads=1, kv_heads=1, intermediate=64,
                             vocab_size=400, split_digits=True)

@@ -260,36 +260,37 @@ def test_the_second_phrasing_keeps_the_key_words_and_is_faithful_whatever_the_ag
 
 
 def test_lookup_cases_are_the_decisions_the_status_alone_does_not_settle(world):
-    # the probe of the cold start (demo/drills.until_lookup): the conversation up to the thought after the lookup, the
-    # thought, and the same thought with the other answer; only where the status allows one request and not the other
-    cases = store.lookup_cases(world.tasks("train"), n=60, decisions=False)
-    assert len(cases) == 60
-    seen = set()
-    for before, good, bad in cases:
-        assert before[-1]["role"] == "tool" and before[-1]["name"] == "get_order_details"
-        thought, wrong = (m["tool_calls"][0]["function"]["arguments"]["thought"] for m in (good, bad))
-        status, request = store.THOUGHT.fullmatch(thought)[0].split(":")[0][6:], store.THOUGHT.fullmatch(thought)[3]
+    # the probe of the cold start (demo/drills.until_lookup), three steps of the same n conversations, only where the
+    # status allows one request and not the other: the thought's answer, its request, the act after it
+    probes = store.lookup_cases(world.tasks("train"), n=60)
+    assert list(probes) == ["answer", "request", "act"] and all(len(cases) == 60 for cases in probes.values())
+    seen, acts = set(), set()
+    for (before, good, bad), (b2, good2, request_wrong), (b3, act, act_wrong) in zip(*probes.values()):
+        assert before == b2 and good == good2 and before[-1]["role"] == "tool" and before[-1]["name"] == \
+            "get_order_details"
+        thought, wrong, swapped = (m["tool_calls"][0]["function"]["arguments"]["thought"]
+                                   for m in (good, bad, request_wrong))
+        hit = store.THOUGHT.fullmatch(thought)
+        status, request = hit[0].split(":")[0][6:], hit[3]
+        other = {"cancel": "return", "return": "cancel"}[request]
         assert status in ("pending", "delivered")
-        assert thought.endswith(f": {'yes' if (request, status) in store.ALLOWED else 'no'}.")
+        answer = (request, status) in store.ALLOWED
+        assert thought.endswith(f": {'yes' if answer else 'no'}.")
         assert wrong[:-4].rstrip(" :ye") == thought[:-4].rstrip(" :ye") and wrong != thought  # the last word alone
-        seen.add((request, status))
-    assert seen == {(r, s) for r in ("cancel", "return") for s in ("pending", "delivered")}
-    assert store.lookup_cases(world.tasks("train"), n=5, decisions=False) == cases[:5]
-    # and the step after (the default): the thought's reply, then the act its answer asks for against the other act
-    both = store.lookup_cases(world.tasks("train"), n=60)
-    assert both[:60] == cases and len(both) == 120
-    acts = set()
-    for (before, good, bad), (_, thought, _) in zip(both[60:], cases):
-        assert before[-2] == thought and before[-1]["role"] == "tool" and before[-1]["name"] == "think"
-        answer = thought["tool_calls"][0]["function"]["arguments"]["thought"].endswith("yes.")
+        # the other request, answered for it: where the request is forbidden, the status's flow and "yes"
+        assert swapped == thought[: thought.index("wants to ")] + f"wants to {other}: {'no' if answer else 'yes'}."
+        # the act: after the thought's reply, what its answer asks for against the other act
+        assert b3 == before + [good, b3[-1]] and b3[-1]["role"] == "tool" and b3[-1]["name"] == "think"
         asks = {store.shop.ASK_REASON, store.shop.ASK_REFUND}
-        assert (good["content"] in asks) == answer and (bad["content"] in asks) == (not answer)
-        status = before[-2]["tool_calls"][0]["function"]["arguments"]["thought"].split(":")[0][6:]
+        assert (act["content"] in asks) == answer and (act_wrong["content"] in asks) == (not answer)
         flow = store.shop.ASK_REASON if status == "pending" else store.shop.ASK_REFUND  # the status's own question
-        assert (good["content"] if answer else bad["content"]) == flow  # the wrong act of a "no": the status's flow
-        assert all(m["role"] == "assistant" and not m.get("tool_calls") for m in (good, bad)) and good != bad
-        refusal = good["content"] if not answer else bad["content"]
-        assert refusal.startswith("Sorry, order #") and f" is {'pending' if ' pending' in refusal else 'delivered'}, " \
-            in refusal
+        assert (act if answer else act_wrong)["content"] == flow  # the wrong act of a "no": the status's flow
+        assert all(m["role"] == "assistant" and not m.get("tool_calls") for m in (act, act_wrong))
+        refusal = (act_wrong if answer else act)["content"]
+        assert refusal == f"Sorry, order {before[-1]['content'].split(chr(34))[3]} is {status}, so it cannot be " \
+            f"{'cancelled' if request == 'cancel' else 'returned'}."
+        seen.add((request, status))
         acts.add((answer, refusal.split()[-1]))
+    assert seen == {(r, s) for r in ("cancel", "return") for s in ("pending", "delivered")}
     assert acts == {(a, w) for a in (True, False) for w in ("cancelled.", "returned.")}
+    assert store.lookup_cases(world.tasks("train"), n=5) == {k: v[:5] for k, v in probes.items()}
