@@ -82,8 +82,8 @@ def until_lookup(run, model, examples, epochs: float, takes: float = 0.95, **tra
     taught it (57.0 -> 97.2 %); one more epoch with its own warm-up taught it too, but lifted the cold start to 68.5 %,
     above the band (docs/demo_notes.md, Session 9). On a second machine seed 4 wrote the thought right and then asked
     the status's question (the act: 86 %; 36.2 -> 50.5 %), seed 7 copied the status's flow in as the request
-    (Session 10). `run`: muarl.py's (tokenizer, training tasks,
-    worlds, config, log). Returns the last training's losses."""
+    (Session 10). `run`: muarl.py's (tokenizer, training tasks, worlds, config, log). Returns the last training's
+    losses."""
     start = {k: v.detach().clone() for k, v in model.state_dict().items()}  # the drills' weights
     losses = sft.train(model, examples, epochs=epochs, **train)
     if "store" not in run.worlds or not all((probes := store.lookup_cases(run.train_tasks)).values()):
