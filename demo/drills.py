@@ -75,7 +75,7 @@ def lookup_right(model, tokenizer, cases, system: str, tools: list[dict] = ()) -
 
 def until_lookup(run, model, examples, epochs: float, takes: float = 0.95, **train) -> list[float]:
     """The cold start's SFT (sft.train's arguments), and its check: a probe reads the store's rule lookup off
-    store.lookup_cases (training conversations): the thought's request and answer, and the act the answer asks for;
+    store.lookup_cases (training conversations): the thought's status, request and answer, and the act it asks for;
     below `takes` on any, the cold start starts again from the weights it began with (the drills') and trains `epochs` +
     --lookup_epochs in one schedule, and a lookup that still did not take is named. 4 epochs left seed 0 writing the
     status's flow for either request (61 % on the thought; a 66.5 % agent after GRPO); 7 from the drills' weights
@@ -92,7 +92,7 @@ def until_lookup(run, model, examples, epochs: float, takes: float = 0.95, **tra
     tools = world.tool_schemas() if cfg.tools_in_prompt else []
     for attempt in range(2):
         shares = {kind: lookup_right(model, run.tok, cases, world.rules, tools) for kind, cases in probes.items()}
-        right = min(shares.values())  # each step must take: the request copied, the answer, the act it asks for
+        right = min(shares.values())  # each step must take: status and request copied, the answer, the act
         if run.log:
             run.log({"phase": "stage", "stage": "lookup", "attempt": attempt, "epochs": epochs, "right": right,
                      **shares, "ok": right >= takes})

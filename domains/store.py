@@ -452,8 +452,11 @@ THOUGHT = re.compile(r"It is \w+: cancel (yes|no), return (yes|no)\. The custome
 def lookup_cases(tasks, n: int = 64) -> dict[str, list[tuple[list[dict], dict, dict]]]:
     """The decision the agent's cold start must learn, as a probe (demo/drills.py), read off the first `n` training
     tasks whose order's status allows one request and not the other (pending, delivered): there the status alone does
-    not say what to do. Three steps, each a list of (the expert conversation before the step, the expert's step, the
+    not say what to do. Four steps, each a list of (the expert conversation before the step, the expert's step, the
     same step done wrong the way a cold start was seen to do it):
+      "status"   the thought with the other status copied in, its flow and the request answered by it ("It is
+                 delivered: cancel no, return yes. ..." after a lookup that said pending): seed 2 on the first machine
+                 did that under a drills variant later reverted (docs/demo_notes.md, Session 8);
       "answer"   the thought after the lookup with the other last word ("The customer wants to return: yes."): seed
                  0 on the first machine wrote the status's flow for either request (README, "The CPU demo");
       "request"  the thought with the other request, answered for it ("The customer wants to cancel: yes." when the
@@ -462,8 +465,9 @@ def lookup_cases(tasks, n: int = 64) -> dict[str, list[tuple[list[dict], dict, d
       "act"      after the thought's reply, the act its answer asks for (the request's question, or the refusal) against
                  the other (the refusal, or the question of the status's flow): seed 4 there wrote the thought right and
                  asked the status's question in 114 of 154 conversations where the answer was no (36.2 %)."""
-    out = {"answer": [], "request": [], "act": []}
+    out = {"status": [], "answer": [], "request": [], "act": []}
     ask = {"cancel": shop.ASK_REASON, "return": shop.ASK_REFUND}
+    flow = {"pending": ("yes", "no"), "delivered": ("no", "yes")}  # (cancel, return) each status allows
     for t in tasks:
         for i, m in enumerate(t.expert or []):
             calls = m.get("tool_calls") or []
@@ -472,7 +476,11 @@ def lookup_cases(tasks, n: int = 64) -> dict[str, list[tuple[list[dict], dict, d
             if hit and hit[1] != hit[2]:
                 request, other = hit[3], "return" if hit[3] == "cancel" else "cancel"
                 can = {"cancel": hit[1], "return": hit[2]}
-                for kind, thought in (("answer", hit[0][: hit.start(4)] + ("no" if hit[4] == "yes" else "yes") + "."),
+                other_status = "delivered" if t.spec["status"] == "pending" else "pending"
+                cancel, ret = flow[other_status]
+                for kind, thought in (("status", f"It is {other_status}: cancel {cancel}, return {ret}. The customer "
+                                                 f"wants to {request}: {cancel if request == 'cancel' else ret}."),
+                                      ("answer", hit[0][: hit.start(4)] + ("no" if hit[4] == "yes" else "yes") + "."),
                                       ("request", hit[0][: hit.start(3)] + f"{other}: {can[other]}.")):
                     out[kind].append((t.expert[:i], m, shop._call("think", {"thought": thought})))
                 refuse = shop.REFUSE[request].format(t.spec["order_id"], t.spec["status"])

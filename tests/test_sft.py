@@ -86,11 +86,14 @@ def _store_run(tmp_path, lookup_epochs=3):
                            log=records.append, records=records)
 
 
-@pytest.mark.parametrize("probe, taken", [([(1.0, 1.0, 1.0)], True), ([(0.5, 1.0, 1.0), (1.0, 1.0, 1.0)], True),
-                                          ([(1.0, 1.0, 0.86), (1.0, 0.97, 1.0)], True),
-                                          ([(1.0, 0.1, 1.0), (1.0, 1.0, 1.0)], True),
-                                          ([(0.5, 1.0, 1.0), (0.6, 1.0, 1.0)], False),
-                                          ([(1.0, 1.0, 0.86), (1.0, 1.0, 0.9)], False)])
+@pytest.mark.parametrize("probe, taken", [([(1.0, 1.0, 1.0, 1.0)], True),
+                                          ([(1.0, 0.5, 1.0, 1.0), (1.0, 1.0, 1.0, 1.0)], True),
+                                          ([(1.0, 1.0, 1.0, 0.86), (1.0, 1.0, 0.97, 1.0)], True),
+                                          ([(1.0, 1.0, 0.1, 1.0), (1.0, 1.0, 1.0, 1.0)], True),
+                                          ([(0.7, 1.0, 1.0, 1.0), (0.96, 1.0, 1.0, 1.0)], True),
+                                          ([(1.0, 0.5, 1.0, 1.0), (1.0, 0.6, 1.0, 1.0)], False),
+                                          ([(0.9, 1.0, 1.0, 1.0), (0.94, 1.0, 1.0, 1.0)], False),
+                                          ([(1.0, 1.0, 1.0, 0.86), (1.0, 1.0, 1.0, 0.9)], False)])
 def test_the_cold_start_starts_again_with_more_epochs_when_the_rule_lookup_did_not_take(monkeypatch, capsys, tmp_path,
                                                                                       probe, taken):
     # issue 23: 4 epochs left seed 0 deciding by the order's status alone and nothing said so; now a probe reads the
@@ -107,7 +110,7 @@ def test_the_cold_start_starts_again_with_more_epochs_when_the_rule_lookup_did_n
             m.weight.add_(1.0)
         return [float(len(calls))]
 
-    parts = []  # each probe reads the answer, the request, the act (store.lookup_cases' three lists)
+    parts = []  # each probe reads the status, the answer, the request, the act (store.lookup_cases' four lists)
     monkeypatch.setattr(drills, "lookup_right", lambda m, tok, part, *a: parts.append(part) or next(answers))
     monkeypatch.setattr(drills.sft, "train", train)
     assert drills.until_lookup(run, model, ["examples"], epochs=4, lr=1e-3) == [float(len(probe))]
@@ -115,7 +118,8 @@ def test_the_cold_start_starts_again_with_more_epochs_when_the_rule_lookup_did_n
     stages = [r for r in run.records if r.get("stage") == "lookup"]
     assert [(r["epochs"], r["ok"]) for r in stages] == [(4, False)] * (len(probe) - 1) + [(4 + 3 * (len(probe) > 1),
                                                                                             taken)]
-    assert [(r["answer"], r["request"], r["act"], r["right"]) for r in stages] == [(*p, min(p)) for p in probe]
+    assert [(r["status"], r["answer"], r["request"], r["act"], r["right"]) for r in stages] == \
+        [(*p, min(p)) for p in probe]
     assert parts == list(store.lookup_cases(run.train_tasks).values()) * len(probe)
     out = capsys.readouterr().out
     assert out.count("again from the drills' weights") == len(probe) - 1 and ("did not take" in out) == (not taken)

@@ -260,16 +260,21 @@ def test_the_second_phrasing_keeps_the_key_words_and_is_faithful_whatever_the_ag
 
 
 def test_lookup_cases_are_the_decisions_the_status_alone_does_not_settle(world):
-    # the probe of the cold start (demo/drills.until_lookup), three steps of the same n conversations, only where the
-    # status allows one request and not the other: the thought's answer, its request, the act after it
+    # the probe of the cold start (demo/drills.until_lookup), four steps of the same n conversations, only where the
+    # status allows one request and not the other: the thought's status, its answer, its request, the act after it
     probes = store.lookup_cases(world.tasks("train"), n=60)
-    assert list(probes) == ["answer", "request", "act"] and all(len(cases) == 60 for cases in probes.values())
-    seen, acts = set(), set()
-    for (before, good, bad), (b2, good2, request_wrong), (b3, act, act_wrong) in zip(*probes.values()):
-        assert before == b2 and good == good2 and before[-1]["role"] == "tool" and before[-1]["name"] == \
-            "get_order_details"
-        thought, wrong, swapped = (m["tool_calls"][0]["function"]["arguments"]["thought"]
-                                   for m in (good, bad, request_wrong))
+    assert list(probes) == ["status", "answer", "request", "act"] and all(len(c) == 60 for c in probes.values())
+    seen, acts, rule_of = set(), set(), {}
+    for t in world.tasks("train"):  # the annotator's thought's first sentence for each status
+        thought = [c["arguments"]["thought"] for c in _calls(t) if c["name"] == "think" and
+                   store.THOUGHT.fullmatch(c["arguments"]["thought"])][0]
+        rule_of[t.spec["status"]] = thought.split(". The")[0]
+    for (b0, good0, status_wrong), (before, good, bad), (b2, good2, request_wrong), (b3, act, act_wrong) in \
+            zip(*probes.values()):
+        assert before == b2 == b0 and good == good2 == good0 and before[-1]["role"] == "tool" and \
+            before[-1]["name"] == "get_order_details"
+        thought, wrong, swapped, misread = (m["tool_calls"][0]["function"]["arguments"]["thought"]
+                                            for m in (good, bad, request_wrong, status_wrong))
         hit = store.THOUGHT.fullmatch(thought)
         status, request = hit[0].split(":")[0][6:], hit[3]
         other = {"cancel": "return", "return": "cancel"}[request]
@@ -279,6 +284,11 @@ def test_lookup_cases_are_the_decisions_the_status_alone_does_not_settle(world):
         assert wrong[:-4].rstrip(" :ye") == thought[:-4].rstrip(" :ye") and wrong != thought  # the last word alone
         # the other request, answered for it: where the request is forbidden, the status's flow and "yes"
         assert swapped == thought[: thought.index("wants to ")] + f"wants to {other}: {'no' if answer else 'yes'}."
+        # the other status (pending <-> delivered) copied in, with its own flow: the request answered the other way
+        flipped = {"pending": "delivered", "delivered": "pending"}[status]
+        assert misread == f"It is {flipped}: cancel {'yes' if flipped == 'pending' else 'no'}, return " \
+            f"{'yes' if flipped == 'delivered' else 'no'}. The customer wants to {request}: {'no' if answer else 'yes'}."
+        assert misread.split(". The")[0] == rule_of[flipped]  # the annotator's own line for that status
         # the act: after the thought's reply, what its answer asks for against the other act
         assert b3 == before + [good, b3[-1]] and b3[-1]["role"] == "tool" and b3[-1]["name"] == "think"
         asks = {store.shop.ASK_REASON, store.shop.ASK_REFUND}
