@@ -318,7 +318,7 @@ class ServedCustomer(User):
         self.llm = LLMUser("customer", base_url=self.server.base_url, api_key=self.server.api_key, **self.llm_settings)
         self.llm.check(list(tasks))
         if self.threshold > 0:
-            self.gate([t for t in tasks if t.split == "test"][:100], self.threshold, self.llm.seed or 0, log)
+            self.gate([t for t in tasks if t.split == "test"], self.threshold, self.llm.seed or 0, log)
         return self.server
 
     @property
@@ -359,8 +359,8 @@ class ServedCustomer(User):
         super().after(where, report, log)
 
     def gate(self, tasks, threshold: float, seed: int, log) -> dict:
-        """gate() on the run's held-out tasks (those with a store spec), at the run's temperature; below `threshold`
-        the server is stopped and GateError says so in one line: nothing is trained against this customer."""
+        """gate() on all the run's held-out tasks with a store spec (on 100, a 97.5 % customer reads < 95 % on ~4 % of
+        seeds), at the run's temperature; below `threshold`: server stopped, GateError in one line, nothing trained."""
         tasks = [t for t in tasks if t.spec and "behaviour" in t.spec]
         if not tasks:
             return {}
