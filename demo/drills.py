@@ -57,18 +57,18 @@ def copy_warmup(model, tokenizer, steps: int, lr: float, words: list[str], seed:
 
 
 def lookup_right(model, tokenizer, cases, system: str, tools: list[dict] = ()) -> float:
-    """The share of `cases` (store.lookup_cases) where the model prefers the right thought (or act) to the wrong one:
+    """The share of `cases` (store.lookup_cases) where the model prefers the right thought (or act) to every wrong one:
     log p of the agent's tokens of the conversation ending in each (teacher-forced; they differ in the last step)."""
     was, right, dev = model.training, 0, compute_device(model)
     model.eval()
-    for before, good, bad in cases:
+    for before, good, *bad in cases:  # (before, the right step, one or more wrong ones)
         lp = []
-        for thought in (good, bad):
+        for thought in (good, *bad):
             ids, mask = chat.conversation_ids(tokenizer, system, list(tools), before + [thought])
             with torch.no_grad():  # logp: (T-1, V), the next token's log-probs at each position
                 logp = torch.log_softmax(model(torch.tensor([ids], device=dev)).logits[0, :-1].float(), -1).cpu()
             lp.append(float((logp.gather(1, torch.tensor(ids[1:])[:, None])[:, 0] * torch.tensor(mask[1:])).sum()))
-        right += lp[0] > lp[1]
+        right += lp[0] > max(lp[1:])
     model.train(was)
     return right / max(1, len(cases))
 

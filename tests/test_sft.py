@@ -159,3 +159,6 @@ def test_the_lookup_probe_scores_the_answer_the_model_prefers(tmp_path):
     p = drills.lookup_right(model, tok, cases, run.worlds["store"].rules)  # a random model: a real forward, in [0, 1]
     swapped = drills.lookup_right(model, tok, [(b, w, g) for b, g, w in cases], run.worlds["store"].rules)
     assert 0 <= p <= 1 and p + swapped == pytest.approx(1.0)
+    rules = run.worlds["store"].rules  # more than one wrong step (the act's): right only above every one of them
+    assert drills.lookup_right(model, tok, [(b, g, w, w) for b, g, w in cases], rules) == pytest.approx(p)
+    assert drills.lookup_right(model, tok, [(b, g, w, g) for b, g, w in cases], rules) == 0.0

@@ -269,7 +269,7 @@ def test_lookup_cases_are_the_decisions_the_status_alone_does_not_settle(world):
         thought = [c["arguments"]["thought"] for c in _calls(t) if c["name"] == "think" and
                    store.THOUGHT.fullmatch(c["arguments"]["thought"])][0]
         rule_of[t.spec["status"]] = thought.split(". The")[0]
-    for (b0, good0, status_wrong), (before, good, bad), (b2, good2, request_wrong), (b3, act, act_wrong) in \
+    for (b0, good0, status_wrong), (before, good, bad), (b2, good2, request_wrong), (b3, act, *act_wrong) in \
             zip(*probes.values()):
         assert before == b2 == b0 and good == good2 == good0 and before[-1]["role"] == "tool" and \
             before[-1]["name"] == "get_order_details"
@@ -289,16 +289,18 @@ def test_lookup_cases_are_the_decisions_the_status_alone_does_not_settle(world):
         assert misread == f"It is {flipped}: cancel {'yes' if flipped == 'pending' else 'no'}, return " \
             f"{'yes' if flipped == 'delivered' else 'no'}. The customer wants to {request}: {'no' if answer else 'yes'}."
         assert misread.split(". The")[0] == rule_of[flipped]  # the annotator's own line for that status
-        # the act: after the thought's reply, what its answer asks for against the other act
+        # the act: after the thought's reply, what its answer asks for against each other act (the refusal and the
+        # two questions): first the status's own question (seed 4 asked it after a "no"), then the third act (after a
+        # "no", the request's own question: seed 13 asked that)
         assert b3 == before + [good, b3[-1]] and b3[-1]["role"] == "tool" and b3[-1]["name"] == "think"
-        asks = {store.shop.ASK_REASON, store.shop.ASK_REFUND}
-        assert (act["content"] in asks) == answer and (act_wrong["content"] in asks) == (not answer)
-        flow = store.shop.ASK_REASON if status == "pending" else store.shop.ASK_REFUND  # the status's own question
-        assert (act if answer else act_wrong)["content"] == flow  # the wrong act of a "no": the status's flow
-        assert all(m["role"] == "assistant" and not m.get("tool_calls") for m in (act, act_wrong))
-        refusal = (act_wrong if answer else act)["content"]
-        assert refusal == f"Sorry, order {before[-1]['content'].split(chr(34))[3]} is {status}, so it cannot be " \
+        asks = {"cancel": store.shop.ASK_REASON, "return": store.shop.ASK_REFUND}
+        flow = asks["cancel"] if status == "pending" else asks["return"]  # the status's own question
+        refusal = f"Sorry, order {before[-1]['content'].split(chr(34))[3]} is {status}, so it cannot be " \
             f"{'cancelled' if request == 'cancel' else 'returned'}."
+        assert act["content"] == (asks[request] if answer else refusal)
+        assert [m["content"] for m in act_wrong] == ([asks[other], refusal] if answer else [flow, asks[request]])
+        assert len({m["content"] for m in [act, *act_wrong]}) == 3  # the three acts, each once
+        assert all(m["role"] == "assistant" and not m.get("tool_calls") for m in (act, *act_wrong))
         seen.add((request, status))
         acts.add((answer, refusal.split()[-1]))
     assert seen == {(r, s) for r in ("cancel", "return") for s in ("pending", "delivered")}
