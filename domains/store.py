@@ -371,9 +371,7 @@ def make_task(world: World, order: dict, request: str, rng: random.Random, task_
     # p(refuse) 0.4 whatever the request, issue 23). The thought turns it into steps it can take: the status copied,
     # the rule for that status (one word decides), the request copied, and the answer is the word that followed the
     # request in the rule: a lookup, what copy heads do (the copy drills train them).
-    can = {r: "yes" if (r, status) in ALLOWED else "no" for r in CHOICES}
-    call("think", {"thought": f"It is {status}: cancel {can['cancel']}, return {can['return']}. "
-                              f"The customer wants to {request}: {can[request]}."})
+    call("think", {"thought": rule_thought(status, request)})
     actions = []
     if allowed:
         say(shop.ASK_REASON if request == "cancel" else shop.ASK_REFUND)
@@ -446,6 +444,13 @@ def build_world(seed: int = 0, n_orders: int = 600, n_test_orders: int = 200, n_
     return StoreWorld("store", db, key, TOOLS, WRITE_TOOLS, POLICY, tasks)
 
 
+def rule_thought(status: str, request: str) -> str:
+    """The annotator's thought after a lookup: the status, the rule for it, the request, the rule's word for it."""
+    can = {r: "yes" if (r, status) in ALLOWED else "no" for r in CHOICES}
+    return f"It is {status}: cancel {can['cancel']}, return {can['return']}. The customer wants to {request}: " \
+        f"{can[request]}."
+
+
 THOUGHT = re.compile(r"It is \w+: cancel (yes|no), return (yes|no)\. The customer wants to (cancel|return): (yes|no)\.")
 
 
@@ -468,7 +473,6 @@ def lookup_cases(tasks, n: int = 64) -> dict[str, list[tuple]]:
                  request's own question after its "no" (35.8 %)."""
     out = {"status": [], "answer": [], "request": [], "act": []}
     ask = {"cancel": shop.ASK_REASON, "return": shop.ASK_REFUND}
-    flow = {"pending": ("yes", "no"), "delivered": ("no", "yes")}  # (cancel, return) each status allows
     for t in tasks:
         for i, m in enumerate(t.expert or []):
             calls = m.get("tool_calls") or []
@@ -476,13 +480,10 @@ def lookup_cases(tasks, n: int = 64) -> dict[str, list[tuple]]:
                 if calls and calls[0]["function"]["name"] == "think" else None
             if hit and hit[1] != hit[2]:
                 request, other = hit[3], "return" if hit[3] == "cancel" else "cancel"
-                can = {"cancel": hit[1], "return": hit[2]}
                 other_status = "delivered" if t.spec["status"] == "pending" else "pending"
-                cancel, ret = flow[other_status]
-                for kind, thought in (("status", f"It is {other_status}: cancel {cancel}, return {ret}. The customer "
-                                                 f"wants to {request}: {cancel if request == 'cancel' else ret}."),
+                for kind, thought in (("status", rule_thought(other_status, request)),
                                       ("answer", hit[0][: hit.start(4)] + ("no" if hit[4] == "yes" else "yes") + "."),
-                                      ("request", hit[0][: hit.start(3)] + f"{other}: {can[other]}.")):
+                                      ("request", rule_thought(t.spec["status"], other))):
                     out[kind].append((t.expert[:i], m, shop._call("think", {"thought": thought})))
                 refuse = shop.REFUSE[request].format(t.spec["order_id"], t.spec["status"])
                 right = ask[request] if hit[4] == "yes" else refuse
