@@ -142,7 +142,7 @@ class Config:
     tiny_vocab: int = flag(4096, "tiny model: BPE vocabulary size (at most)")
     copy_warmup: int = flag(0, "tiny model: steps (16 drills each) of copy drills before the cold start (drills.py)")
     copy_lr: float = flag(3e-3, "tiny model: learning rate of the copy drills (cosine)")
-    lookup_epochs: int = flag(3, "tiny model, store: SFT again with this many more epochs if the rule lookup fails")
+    lookup_draws: int = flag(2, "tiny model, store: SFT drawn again (data in another order) if its probes fail")
     tiny_intermediate: int = flag(768, "tiny model: MLP width")
     threads: int = flag(0, "torch CPU threads (0 = torch's default; 1 is fastest on a busy 2-core machine)")
     train_threads: int = flag(0, "torch CPU threads while the policy alone computes (drills, SFT, updates): 0 = same")
@@ -287,7 +287,7 @@ def _band(text: str) -> tuple | None:
 NONNEG = ("copy_warmup", "steps", "grad_clip", "temperature", "clip_high", "kl_coef", "weight_decay", "eval_tasks",
           "eval_every", "save_every", "micro_batch_tokens", "user_down_s", "sft_epochs", "threads", "train_threads",
           "turn_bonus", "user_temperature", "user_retries", "user_backoff", "synthetic_train", "synthetic_test",
-          "copy_lr", "sft_lr", "lookup_epochs")
+          "copy_lr", "sft_lr", "lookup_draws")
 POSITIVE = ("lr", "max_new_tokens", "max_context", "user_max_tokens", "max_turns", "logprob_chunk", "sft_batch",
             "tiny_hidden", "tiny_layers", "tiny_vocab", "tiny_intermediate", "synthetic_users", "user_timeout",
             "user_concurrency", "eval_trials")

@@ -168,7 +168,7 @@ def cold_start(run) -> None:
         from demo.drills import copy_warmup, until_lookup, words_of
         copy_warmup(run.policy, run.tok, cfg.copy_warmup, cfg.copy_lr, words_of(run.train_tasks), log=run.log, **common)
     convs = [dict(c, tools=[]) for c in convs] if not cfg.tools_in_prompt else convs
-    tiny = cfg.model == "tiny" and cfg.copy_warmup > 0 and cfg.lookup_epochs > 0  # SFT until the store's rule lookup
+    tiny = cfg.model == "tiny" and cfg.copy_warmup > 0  # SFT until the store's probes take (up to --lookup_draws)
     ((lambda *a, **k: until_lookup(run, *a, **k)) if tiny else sft.train)(  # takes (demo's kit); one that fails: named
         run.policy, sft.render_examples(run.tok, convs, run.worlds), epochs=cfg.sft_epochs, batch_size=cfg.sft_batch,
         lr=cfg.sft_lr, log=run.log, **common)

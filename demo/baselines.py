@@ -1,8 +1,7 @@
 """What the demo's result means: rule policies beside the trained agent, and success per behaviour.
 
-A held-out figure says little alone. If a rule that ignores what the customer says reaches the trained agent's score,
-RL learnt that rule, not to listen (EVIDENCE.md). So this file plays, on a run's own held-out tasks and through the
-same rollout() + score() as evaluation:
+If a rule that ignores what the customer says reaches the trained agent's score, RL learnt that rule, not to listen
+(EVIDENCE.md). So this file plays, on a run's held-out tasks and through evaluation's rollout() + score():
 
     default, never transfer      customer-blind: the default option; refuse twice, never hand off
     default, transfer            customer-blind: the default option; hand off whenever a refused customer goes on
@@ -11,9 +10,8 @@ same rollout() + score() as evaluation:
                                  refused customer goes on
     reads everything             last option named, hands off iff the customer asked for a human (the script's match)
 
-and, from a run's transcripts (episodes-rank0.jsonl), success per behaviour of each evaluation (plain, change of
-mind, accept, insist, asks for a human; and the held-out combinations no training task has), with how often the cold
-start's own data (the annotator's conversations) shows each behaviour done right.
+and, from a run's transcripts (episodes-rank0.jsonl), each evaluation's success per behaviour (plain, change of mind,
+accept, insist, human; the held-out combinations no training task has), beside the cold start's data (annotator's).
 
     python -m demo.baselines --run runs/muarl          # the run's world (its seed), against the store's script
     python -m demo.baselines --seed 3 --user sampled   # any world, against the script sampling its paraphrases

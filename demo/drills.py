@@ -1,16 +1,16 @@
-"""Copy drills: the CPU demo's stand-in for pre-training (the demo's kit, not the core).
+"""Copy drills, the CPU demo's stand-in for pre-training, and the probes of its cold start (the demo's kit).
 
-A pre-trained model arrives at the cold start able to copy a string it has just read (an order id, a customer's
-words); the randomly initialised tiny model (demo/tiny.py) cannot, and whether it learns to from ~1,000
-conversations in a few hundred steps depends on the seed (docs/demo_notes.md). A few minutes of drills stand in for
-pre-training: "#W123 lamp #W904 ... || #W123 lamp #W904 ...", the loss on the second half only (mask 1), so the only
-way to lower it is to look back and copy (an induction head). They train with sft.train, the cold start's loop.
+A pre-trained model can copy a string it has just read (an order id, a customer's words); the random tiny model
+(demo/tiny.py) cannot. Drills "#W123 lamp #W904 ... || #W123 lamp #W904 ..." (loss on the second half only, mask 1:
+the only way down is to look back and copy, an induction head) train with sft.train, the cold start's loop. What
+the cold start then learns from ~1,000 conversations is luck at 4 epochs: until_lookup probes it and draws again.
 
     python -m demo.drills            # drills a fresh tiny model for 100 steps, prints the loss
 """
 
 from __future__ import annotations
 
+import math
 import random
 
 import torch
@@ -38,10 +38,9 @@ def copy_examples(tokenizer, n: int, seed: int = 0, words: list[str] | None = No
 
 def copy_warmup(model, tokenizer, steps: int, lr: float, words: list[str], seed: int = 0, log=None,
                 converged: float = 0.15, **common) -> float:
-    """Copy drills until they take: `steps` steps of copy_examples, and a second round when the first ended above
-    loss 0.15 (they take at 0.03-0.07, stall at ~0.6 on some CPUs, issue 23; seed 2's 0.22, once accepted, left an
-    agent that never learnt the store's rule lookup, docs/demo_notes.md). Each round is a logged stage; a stall is
-    said by name. Returns the last round's loss (the mean of its last 20 steps)."""
+    """Copy drills until they take: `steps` steps of copy_examples, a second round if the first ended above loss 0.15
+    (they take at 0.03-0.07, stall at ~0.6 on some CPUs; seed 2's 0.22 left an agent that never learnt the rule
+    lookup, docs/demo_notes.md). Each round a logged stage, a stall named. Returns the mean of the last 20 losses."""
     for attempt in range(2):
         drills = copy_examples(tokenizer, 16 * steps, seed=seed + attempt, words=words)
         losses = sft.train(model, drills, epochs=1, batch_size=16, lr=lr, warmup=20, desc="copy drills", seed=seed,
@@ -56,57 +55,77 @@ def copy_warmup(model, tokenizer, steps: int, lr: float, words: list[str], seed:
     return tail
 
 
+def _logp(model, tokenizer, system: str, tools, messages: list[dict]) -> float:
+    """log p of the agent's tokens of a conversation (teacher-forced: the mask says which tokens are the agent's)."""
+    ids, mask = chat.conversation_ids(tokenizer, system, list(tools), messages)
+    with torch.no_grad():  # logp: (T-1, V), the next token's log-probs at each position
+        logp = torch.log_softmax(model(torch.tensor([ids], device=compute_device(model))).logits[0, :-1].float(), -1)
+    return float((logp.cpu().gather(1, torch.tensor(ids[1:])[:, None])[:, 0] * torch.tensor(mask[1:])).sum())
+
+
 def lookup_right(model, tokenizer, cases, system: str, tools: list[dict] = ()) -> float:
     """The share of `cases` (store.lookup_cases) where the model prefers the right thought (or act) to every wrong one:
     log p of the agent's tokens of the conversation ending in each (teacher-forced; they differ in the last step)."""
-    was, right, dev = model.training, 0, compute_device(model)
+    was, right = model.training, 0
     model.eval()
     for before, good, *bad in cases:  # (before, the right step, one or more wrong ones)
-        lp = []
-        for thought in (good, *bad):
-            ids, mask = chat.conversation_ids(tokenizer, system, list(tools), before + [thought])
-            with torch.no_grad():  # logp: (T-1, V), the next token's log-probs at each position
-                logp = torch.log_softmax(model(torch.tensor([ids], device=dev)).logits[0, :-1].float(), -1).cpu()
-            lp.append(float((logp.gather(1, torch.tensor(ids[1:])[:, None])[:, 0] * torch.tensor(mask[1:])).sum()))
+        lp = [_logp(model, tokenizer, system, tools, before + [step]) for step in (good, *bad)]
         right += lp[0] > max(lp[1:])
     model.train(was)
     return right / max(1, len(cases))
 
 
+def reads_option(model, tokenizer, cases, system: str, tools: list[dict] = (), moves: float = 1.25) -> float:
+    """The share of `cases` (store.option_cases) where the customer's answer moves the model's choice: the odds
+    p(other) / p(default) at the write call are >= `moves` times higher after "the other" than after "the default"
+    (a model that does not read the answer: the same odds after either, ratio 1)."""
+    was, right = model.training, 0
+    model.eval()
+    for said_default, said_other, write_default, write_other in cases:
+        log_o = [_logp(model, tokenizer, system, tools, said + [write_other]) -
+                 _logp(model, tokenizer, system, tools, said + [write_default]) for said in (said_default, said_other)]
+        right += log_o[1] - log_o[0] > math.log(moves)
+    model.train(was)
+    return right / max(1, len(cases))
+
+
 def until_lookup(run, model, examples, epochs: float, takes: float = 0.95, **train) -> list[float]:
-    """The cold start's SFT (sft.train's arguments), and its check: a probe reads the store's rule lookup off
-    store.lookup_cases (training conversations): the thought's status, request and answer, and the act it asks for;
-    below `takes` on any, the cold start starts again from the weights it began with (the drills') and trains `epochs` +
-    --lookup_epochs in one schedule, and a lookup that still did not take is named. 4 epochs left seed 0 writing the
-    status's flow for either request (61 % on the thought; a 66.5 % agent after GRPO); 7 from the drills' weights
-    taught it (57.0 -> 97.2 %); one more epoch with its own warm-up taught it too, but lifted the cold start to 68.5 %,
-    above the band (docs/demo_notes.md, Session 9). On a second machine seed 4 wrote the thought right and then asked
-    the status's question (the act: 86 %; 36.2 -> 50.5 %), seed 7 copied the status's flow in as the request
-    (Session 10). `run`: muarl.py's (tokenizer, training tasks, worlds, config, log). Returns the last training's
-    losses."""
+    """The cold start's SFT (sft.train's arguments) and two probes of it on training conversations: the rule lookup
+    (lookup_right on store.lookup_cases: the thought's status, request, answer, and the act) right on `takes` of them,
+    and the option read (reads_option on store.option_cases) for cancellations and returns on half of them (the
+    annotator writes the other option for half the customers who want it: the odds move, they do not flip). A step
+    that did not take: the cold start is drawn again from the drills' weights, the same epochs, the examples in another
+    order, up to --lookup_draws times; kept: the first draw that passed, else the one that failed the fewest steps,
+    named. Luck decides these at 4 epochs (seed 9: its third draw read both options); 7 epochs instead lifted two cold
+    starts above the band (docs/demo_notes.md, Session 12). Returns the kept draw's losses."""
     start = {k: v.detach().clone() for k, v in model.state_dict().items()}  # the drills' weights
     losses = sft.train(model, examples, epochs=epochs, **train)
     if "store" not in run.worlds or not all((probes := store.lookup_cases(run.train_tasks)).values()):
         return losses  # another domain: no such thought to probe
-    cfg, world = run.cfg, run.worlds["store"]
-    tools = world.tool_schemas() if cfg.tools_in_prompt else []
-    for attempt in range(2):
+    cfg, world, options = run.cfg, run.worlds["store"], store.option_cases(run.train_tasks)
+    tools, draws = world.tool_schemas() if cfg.tools_in_prompt else [], []
+    for draw in range(1 + cfg.lookup_draws):
+        if draw:  # again from the drills' weights, the examples in another order
+            model.load_state_dict(start)
+            losses = sft.train(model, examples, epochs=epochs, **{**train, "seed": train.get("seed", 0) + 1000 * draw})
         shares = {kind: lookup_right(model, run.tok, cases, world.rules, tools) for kind, cases in probes.items()}
-        right = min(shares.values())  # each step must take: status and request copied, the answer, the act
+        reads = {f"reads {r}": reads_option(model, run.tok, cases, world.rules, tools) for r, cases in options.items()}
+        failed = [k for k, v in shares.items() if v < takes] + [k for k, v in reads.items() if v < 0.5]
         if run.log:
-            run.log({"phase": "stage", "stage": "lookup", "attempt": attempt, "epochs": epochs, "right": right,
-                     **shares, "ok": right >= takes})
-        if right >= takes or attempt:
+            run.log({"phase": "stage", "stage": "lookup", "draw": draw, "epochs": epochs, "right": min(shares.values()),
+                     **shares, **reads, "ok": not failed})
+        draws.append(((len(failed), -min(shares.values())), draw, failed, losses, {k: v.detach().clone() for k, v in
+                                                                                  model.state_dict().items()}))
+        if not failed:
             break
-        epochs += cfg.lookup_epochs
-        read = ", ".join(f"{kind} {100 * share:.1f} %" for kind, share in shares.items())
-        print(f"[stage] the cold start's rule lookup is right on {read} of {len(probes['act'])} training conversations "
-              f"(each takes at {100 * takes:.0f} %): again from the drills' weights, {epochs:g} epochs", flush=True)
-        model.load_state_dict(start)
-        losses = sft.train(model, examples, epochs=epochs, **train)
-    if right < takes:
-        print(f"[stage] the rule lookup did not take ({100 * right:.1f} % after {epochs:g} epochs): the agent will "
-              f"decide by the order's status alone", flush=True)
+        read = ", ".join(f"{k} {100 * v:.1f} %" for k, v in {**shares, **reads}.items())
+        print(f"[stage] cold start draw {draw}: {read} (the lookup takes at {100 * takes:.0f} %, the options at 50 %): "
+              f"{', '.join(failed)} did not take" + (": drawn again" if draw < cfg.lookup_draws else ""), flush=True)
+    _, draw, failed, losses, weights = min(draws, key=lambda d: d[0])  # the first of the best
+    model.load_state_dict(weights)
+    if failed:
+        print(f"[stage] the cold start did not take after {len(draws)} draw{'s' * (len(draws) > 1)}: kept draw {draw},"
+              f" where {', '.join(failed)} did not (the agent decides without them)", flush=True)
     return losses
 
 

@@ -1,9 +1,8 @@
 """Serving a model the way people serve models: vLLM's OpenAI-compatible server, as a subprocess on 127.0.0.1.
 
-MUA-RL's customer is a language model behind a chat endpoint (the paper used GPT-4o). A user of this repository points
-`--user llm` at any OpenAI-compatible endpoint; on a laptop there is no hosted model, so the run starts its own server
-for a local model directory and talks to it over loopback with the unchanged `LLMUser`. No special path: the client
-cannot tell this server from a hosted one.
+MUA-RL's customer is a language model behind a chat endpoint (GPT-4o in the paper): `--user llm` takes any
+OpenAI-compatible endpoint; a laptop has none, so the run serves a local model folder on loopback to the unchanged
+`LLMUser`, which cannot tell it from a hosted one.
 
     with ModelServer("runs/demo/customer", name="customer", log_path="runs/demo/customer-server.log") as srv:
         user = make_user("llm", model=srv.name, base_url=srv.base_url, api_key=srv.api_key)  # http://127.0.0.1:PORT/v1
@@ -15,13 +14,11 @@ What the context manager guarantees
 2. It returns only once `GET /v1/models` answers with the served name, or raises ServeError with one line saying
    what to do: vLLM not installed, model folder missing, port taken, the server died while starting (with the last
    log lines), or it did not come up within `start_timeout` seconds.
-3. It stops the whole process group on exit, also on Ctrl-C and on an exception, and once more at interpreter exit
-   (atexit) in case the caller never left the `with` block; a `kill` of the run (SIGTERM) becomes SystemExit so that
-   exit happens too. A server is never left running behind a finished run (SIGKILL aside: nothing runs after it).
-4. `alive()` says whether the process still runs; `restart()` stops and starts it again on the same port, for a run
-   that would rather ride out a crash than stop.
-5. Only its owner can use it: loopback is open to every account on the machine, so it requires a random `api_key`
-   (given to vLLM as $VLLM_API_KEY: unlike a command line, no other user can read it; nor is it logged).
+3. It stops the whole process group on exit, on Ctrl-C, on an exception, and at interpreter exit (atexit); a `kill`
+   (SIGTERM) becomes SystemExit so that exit happens too: no server outlives its run (SIGKILL aside).
+4. `alive()` says whether the process still runs; `restart()` starts it again on the same port (riding out a crash).
+5. Only its owner can use it: loopback is open to every account, so it requires a random `api_key` (vLLM gets it as
+   $VLLM_API_KEY: unlike a command line, no other user can read it; nor is it logged).
 
 Departures: none from the paper (which does not say how its user model was served). On a GPU the same module serves
 the same way; pass `extra_args` such as `["--gpu-memory-utilization", "0.2"]` to share the device with training.

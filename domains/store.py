@@ -495,6 +495,33 @@ def lookup_cases(tasks, n: int = 64) -> dict[str, list[tuple]]:
     return {kind: cases[:n] for kind, cases in out.items()}
 
 
+def option_cases(tasks, n: int = 32) -> dict[str, list[tuple]]:
+    """Does the cold start read the option the customer names? The second probe (demo/drills.reads_option), read off
+    the first `n` training conversations of each request where the customer names one option plainly. Each case is
+    the conversation up to the write call twice, the customer's answer naming the shop's default option and naming
+    the other, and the write call with each option: (said default, said other, write default, write other). The
+    annotator writes the default for half of the customers who want the other (its laziness), so a cold start that
+    imitates it writes the other option sometimes, and only when it was said. Seed 9 (Intel) wrote it as often after
+    either answer for returns: GRPO then never learnt to read the refund's destination (0 -> 2 of 50 held-out
+    returns to a gift card), as seed 4 did not, and seed 9 gained +0.5 points (docs/demo_notes.md, Session 12)."""
+    out = {"cancel": [], "return": []}
+    for t in tasks:
+        s = t.spec or {}
+        if s.get("world") != "store" or not s.get("choice") or s["change"] or len(out[s["request"]]) >= n:
+            continue
+        arg, options = CHOICES[s["request"]]
+        default, other = shop.DEFAULT[arg], next(o for o in options if o != shop.DEFAULT[arg])
+        i = next(i for i, m in enumerate(t.expert) if arg in ((m.get("tool_calls") or [{}])[0].get("function") or
+                                                              {}).get("arguments", {}))
+        before, call = t.expert[:i], t.expert[i]["tool_calls"][0]["function"]
+        assert before[-1]["role"] == "user" and s["choice"] in before[-1]["content"], before[-1]  # the answer
+        said = [before[:-1] + [{"role": "user", "content": before[-1]["content"].replace(s["choice"], o)}]
+                for o in (default, other)]
+        out[s["request"]].append((*said, *(shop._call(call["name"], {**call["arguments"], arg: o})
+                                           for o in (default, other))))
+    return out
+
+
 class StoreWorld(World):
     def customer_mistakes(self, task: Task, messages: list[dict]) -> list[str] | None:
         return customer_mistakes(task.spec, messages) if task.spec else None

@@ -74,55 +74,77 @@ def test_copy_drills_train_exactly_the_repeat():
         assert first.endswith(" ||") and second.strip() == first[: -len(" ||")].strip()
 
 
-def _store_run(tmp_path, lookup_epochs=3):
+def _store_run(tmp_path, lookup_draws=2):
     from types import SimpleNamespace
 
     from domains import store
 
     world = store.build_world(seed=0, n_orders=300, n_test_orders=100, n_train=200, n_test=20)
-    cfg = SimpleNamespace(lookup_epochs=lookup_epochs, sft_batch=8, sft_lr=2e-3, tools_in_prompt=False)
+    cfg = SimpleNamespace(lookup_draws=lookup_draws, sft_batch=8, sft_lr=2e-3, tools_in_prompt=False)
     records = []
     return SimpleNamespace(cfg=cfg, worlds={"store": world}, train_tasks=world.tasks("train"), policy=None, tok=None,
                            log=records.append, records=records)
 
 
-@pytest.mark.parametrize("probe, taken", [([(1.0, 1.0, 1.0, 1.0)], True),
-                                          ([(1.0, 0.5, 1.0, 1.0), (1.0, 1.0, 1.0, 1.0)], True),
-                                          ([(1.0, 1.0, 1.0, 0.86), (1.0, 1.0, 0.97, 1.0)], True),
-                                          ([(1.0, 1.0, 0.1, 1.0), (1.0, 1.0, 1.0, 1.0)], True),
-                                          ([(0.7, 1.0, 1.0, 1.0), (0.96, 1.0, 1.0, 1.0)], True),
-                                          ([(1.0, 0.5, 1.0, 1.0), (1.0, 0.6, 1.0, 1.0)], False),
-                                          ([(0.9, 1.0, 1.0, 1.0), (0.94, 1.0, 1.0, 1.0)], False),
-                                          ([(1.0, 1.0, 1.0, 0.86), (1.0, 1.0, 1.0, 0.9)], False)])
-def test_the_cold_start_starts_again_with_more_epochs_when_the_rule_lookup_did_not_take(monkeypatch, capsys, tmp_path,
-                                                                                      probe, taken):
-    # issue 23: 4 epochs left seed 0 deciding by the order's status alone and nothing said so; now a probe reads the
-    # lookup after SFT, and below 95 % SFT starts again from the weights it began with, with --lookup_epochs more
+# each draw's probe: the lookup's four steps (status, answer, request, act; take at 95 %), then the options read for
+# cancellations and returns (take at 50 %); the kept draw when none passes: fewest failed steps, then the best lookup
+@pytest.mark.parametrize("probe, kept, taken", [([(1.0, 1.0, 1.0, 1.0, 1.0, 1.0)], 0, True),
+                                                ([(1.0, 1.0, 1.0, 1.0, 0.5, 0.5)], 0, True),
+                                                ([(1.0, 0.5, 1.0, 1.0, 1.0, 1.0), (1.0, 1.0, 1.0, 1.0, 1.0, 1.0)],
+                                                 1, True),
+                                                ([(1.0, 1.0, 1.0, 0.86, 1.0, 1.0), (1.0, 1.0, 0.95, 1.0, 1.0, 0.9)],
+                                                 1, True),
+                                                ([(1.0, 1.0, 1.0, 1.0, 1.0, 0.0), (1.0, 1.0, 1.0, 1.0, 0.4, 1.0),
+                                                  (1.0, 1.0, 1.0, 1.0, 1.0, 1.0)], 2, True),
+                                                ([(0.9, 1.0, 1.0, 1.0, 1.0, 1.0), (1.0, 1.0, 1.0, 1.0, 0.4, 0.1),
+                                                  (0.94, 1.0, 1.0, 1.0, 1.0, 1.0)], 2, False),
+                                                ([(1.0, 1.0, 1.0, 1.0, 1.0, 0.49), (0.5, 1.0, 1.0, 1.0, 1.0, 1.0),
+                                                  (1.0, 0.9, 1.0, 1.0, 0.0, 1.0)], 0, False)])
+def test_the_cold_start_is_drawn_again_when_a_probe_did_not_take(monkeypatch, capsys, tmp_path, probe, kept, taken):
+    # issue 23: 4 epochs left seed 0 deciding by the order's status alone, seed 9 writing an option whatever the
+    # customer said, and nothing said so; now two probes read the cold start after SFT, and when a step did not take
+    # SFT starts again from the weights it began with, the same epochs, the examples in another order (a new seed)
     from demo import drills
 
     run, answers, calls = _store_run(tmp_path), iter([share for shares in probe for share in shares]), []
     model = torch.nn.Linear(2, 2)
     before = {k: v.clone() for k, v in model.state_dict().items()}
 
-    def train(m, ex, **kw):  # records each training and where it started from, then changes the weights
-        calls.append((kw["epochs"], all(torch.equal(v, before[k]) for k, v in m.state_dict().items())))
+    def train(m, ex, **kw):  # records each training and where it started from; draw k leaves weight + (k + 1)
+        calls.append((kw["epochs"], kw["seed"], all(torch.equal(v, before[k]) for k, v in m.state_dict().items())))
         with torch.no_grad():
-            m.weight.add_(1.0)
+            m.weight.add_(float(len(calls)))
         return [float(len(calls))]
 
-    parts = []  # each probe reads the status, the answer, the request, the act (store.lookup_cases' four lists)
+    parts = []  # each probe reads the status, the answer, the request, the act, then the options of each request
     monkeypatch.setattr(drills, "lookup_right", lambda m, tok, part, *a: parts.append(part) or next(answers))
+    monkeypatch.setattr(drills, "reads_option", lambda m, tok, part, *a: parts.append(part) or next(answers))
     monkeypatch.setattr(drills.sft, "train", train)
-    assert drills.until_lookup(run, model, ["examples"], epochs=4, lr=1e-3) == [float(len(probe))]
-    assert calls == [(4, True), (7, True)][: len(probe)]  # again from the drills' weights, 4 + 3 epochs
+    assert drills.until_lookup(run, model, ["examples"], epochs=4, lr=1e-3, seed=5) == [float(kept + 1)]
+    assert calls == [(4, 5 + 1000 * k, True) for k in range(len(probe))]  # every draw from the drills' weights
+    assert torch.equal(model.weight, before["weight"] + kept + 1)  # the kept draw's weights
     stages = [r for r in run.records if r.get("stage") == "lookup"]
-    assert [(r["epochs"], r["ok"]) for r in stages] == [(4, False)] * (len(probe) - 1) + [(4 + 3 * (len(probe) > 1),
-                                                                                            taken)]
-    assert [(r["status"], r["answer"], r["request"], r["act"], r["right"]) for r in stages] == \
-        [(*p, min(p)) for p in probe]
-    assert parts == list(store.lookup_cases(run.train_tasks).values()) * len(probe)
+    assert [(r["draw"], r["epochs"], r["ok"]) for r in stages] == \
+        [(k, 4, taken and k == len(probe) - 1) for k in range(len(probe))]
+    assert [tuple(r[k] for k in ("status", "answer", "request", "act", "reads cancel", "reads return"))
+            for r in stages] == probe
+    options = store.option_cases(run.train_tasks)
+    assert parts == (list(store.lookup_cases(run.train_tasks).values()) + [options["cancel"], options["return"]]) * \
+        len(probe)
     out = capsys.readouterr().out
-    assert out.count("again from the drills' weights") == len(probe) - 1 and ("did not take" in out) == (not taken)
+    assert out.count("drawn again") == len(probe) - 1 and ("did not take after 3 draws" in out) == (not taken)
+    assert (f"kept draw {kept}" in out) == (not taken)
+
+
+def test_no_more_draws_with_lookup_draws_0(monkeypatch, capsys, tmp_path):
+    from demo import drills
+
+    run, calls = _store_run(tmp_path, lookup_draws=0), []
+    monkeypatch.setattr(drills, "lookup_right", lambda *a: 0.5)
+    monkeypatch.setattr(drills, "reads_option", lambda *a: 1.0)
+    monkeypatch.setattr(drills.sft, "train", lambda m, ex, **kw: calls.append(kw["epochs"]) or [0.5])
+    assert drills.until_lookup(run, torch.nn.Linear(1, 1), [], epochs=2) == [0.5] and calls == [2]
+    assert "did not take after 1 draw: kept draw 0" in capsys.readouterr().out
 
 
 def test_no_store_no_lookup_stage(tmp_path, monkeypatch):
@@ -162,3 +184,35 @@ def test_the_lookup_probe_scores_the_answer_the_model_prefers(tmp_path):
     rules = run.worlds["store"].rules  # more than one wrong step (the act's): right only above every one of them
     assert drills.lookup_right(model, tok, [(b, g, w, w) for b, g, w in cases], rules) == pytest.approx(p)
     assert drills.lookup_right(model, tok, [(b, g, w, g) for b, g, w in cases], rules) == 0.0
+
+
+def test_the_option_probe_sees_a_model_that_reads_the_customer(tmp_path):
+    # store.option_cases: one conversation, the customer's answer naming the default option or the other. A model
+    # whose next-token scores count each token's occurrences so far (it copies what it read) moves its odds with the
+    # answer on every case; one that scores tokens the same whatever it read never does
+    from demo import drills
+
+    run = _store_run(tmp_path)
+    cases = store.option_cases(run.train_tasks, n=8)
+    assert len(cases["cancel"]) == len(cases["return"]) == 8
+    texts = [run.worlds["store"].rules] + [json.dumps(t.expert) for t in run.train_tasks[:100]]
+    model, tok = build_tiny(tmp_path / "tiny", texts=texts, hidden=32, layers=1, heads=1, kv_heads=1, intermediate=64,
+                            vocab_size=400, split_digits=True)
+
+    class Copies(torch.nn.Linear):
+        def forward(self, ids):  # logits[t, v] = how often v occurs in ids[: t + 1]
+            seen = torch.nn.functional.one_hot(ids, len(tok)).float().cumsum(1)
+            return type("Out", (), {"logits": seen})
+
+    class Blind(torch.nn.Linear):
+        def forward(self, ids):
+            return type("Out", (), {"logits": torch.arange(len(tok)).float().expand(*ids.shape, -1) / len(tok)})
+
+    rules = run.worlds["store"].rules
+    for request, part in cases.items():
+        assert drills.reads_option(Copies(1, 1), tok, part, rules) == 1.0, request
+        assert drills.reads_option(Blind(1, 1), tok, part, rules) == 0.0, request
+        swapped = [(b, a, wd, wo) for a, b, wd, wo in part]  # the answers exchanged: the copier reads them backwards
+        assert drills.reads_option(Copies(1, 1), tok, swapped, rules) == 0.0, request
+        assert 0.0 <= drills.reads_option(model, tok, part, rules) <= 1.0  # a random model: a real forward
+        assert drills.reads_option(Copies(1, 1), tok, part, rules, moves=1e9) == 0.0  # the odds move, by less than that

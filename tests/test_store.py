@@ -306,3 +306,28 @@ def test_lookup_cases_are_the_decisions_the_status_alone_does_not_settle(world):
     assert seen == {(r, s) for r in ("cancel", "return") for s in ("pending", "delivered")}
     assert acts == {(a, w) for a in (True, False) for w in ("cancelled.", "returned.")}
     assert store.lookup_cases(world.tasks("train"), n=5) == {k: v[:5] for k, v in probes.items()}
+
+
+def test_option_cases_swap_the_customers_answer_and_nothing_else(world):
+    # the second probe of the cold start (demo/drills.reads_option): a plain answer to the option question, once naming
+    # the shop's default and once the other option, and the write call with each option
+    cases = store.option_cases(world.tasks("train"), n=20)
+    assert list(cases) == ["cancel", "return"] and all(len(c) == 20 for c in cases.values())
+    for request, part in cases.items():
+        arg, options = store.CHOICES[request]
+        default, other = store.shop.DEFAULT[arg], next(o for o in options if o != store.shop.DEFAULT[arg])
+        for said_default, said_other, write_default, write_other in part:
+            assert said_default[:-1] == said_other[:-1] and said_default[-2]["content"] == \
+                (store.shop.ASK_REASON if request == "cancel" else store.shop.ASK_REFUND)  # asked, then answered
+            a, b = said_default[-1]["content"], said_other[-1]["content"]
+            assert default in a and other not in a and other in b and default not in b
+            assert a.replace(default, other) == b  # the answer's words but the option: the same phrasing
+            calls = [w["tool_calls"][0]["function"] for w in (write_default, write_other)]
+            assert calls[0]["name"] == calls[1]["name"] == \
+                ("cancel_pending_order" if request == "cancel" else "return_delivered_order")
+            assert [c["arguments"][arg] for c in calls] == [default, other]
+            assert set(calls[0]["arguments"]) == {"order_id", arg} and \
+                calls[0]["arguments"]["order_id"] == calls[1]["arguments"]["order_id"]
+    plain = [t for t in world.tasks("train") if t.spec["choice"] and not t.spec["change"]]
+    assert len(plain) > 40  # plain answers only (a change of mind names both options)
+    assert store.option_cases(world.tasks("train"), n=5) == {k: v[:5] for k, v in cases.items()}
