@@ -109,7 +109,7 @@ def until_lookup(run, model, examples, epochs: float, takes: float = 0.95, **tra
             model.load_state_dict(start)
             losses = sft.train(model, examples, epochs=epochs, **{**train, "seed": train.get("seed", 0) + 1000 * draw})
         shares = {kind: lookup_right(model, run.tok, cases, world.rules, tools) for kind, cases in probes.items()}
-        reads = {f"reads {r}": reads_option(model, run.tok, cases, world.rules, tools) for r, cases in options.items()}
+        reads = {f"reads {r}": reads_option(model, run.tok, c, world.rules, tools) for r, c in options.items() if c}
         failed = [k for k, v in shares.items() if v < takes] + [k for k, v in reads.items() if v < 0.5]
         if run.log:
             run.log({"phase": "stage", "stage": "lookup", "draw": draw, "epochs": epochs, "right": min(shares.values()),

@@ -216,3 +216,17 @@ def test_the_option_probe_sees_a_model_that_reads_the_customer(tmp_path):
         assert drills.reads_option(Copies(1, 1), tok, swapped, rules) == 0.0, request
         assert 0.0 <= drills.reads_option(model, tok, part, rules) <= 1.0  # a random model: a real forward
         assert drills.reads_option(Copies(1, 1), tok, part, rules, moves=1e9) == 0.0  # the odds move, by less than that
+
+
+def test_a_request_without_plain_answers_is_not_probed(monkeypatch, tmp_path):
+    # a small world may have no plain answer for a request: nothing to read there, which is not a failure
+    from demo import drills
+
+    run, calls = _store_run(tmp_path), []
+    monkeypatch.setattr(drills.store, "option_cases", lambda tasks: {"cancel": ["case"], "return": []})
+    monkeypatch.setattr(drills, "lookup_right", lambda *a: 1.0)
+    monkeypatch.setattr(drills, "reads_option", lambda m, tok, part, *a: calls.append(part) or 1.0)
+    monkeypatch.setattr(drills.sft, "train", lambda m, ex, **kw: [0.5])
+    assert drills.until_lookup(run, torch.nn.Linear(1, 1), [], epochs=2) == [0.5] and calls == [["case"]]
+    stage = [r for r in run.records if r.get("stage") == "lookup"]
+    assert len(stage) == 1 and stage[0]["ok"] and "reads cancel" in stage[0] and "reads return" not in stage[0]
