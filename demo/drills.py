@@ -114,16 +114,16 @@ def until_lookup(run, model, examples, epochs: float, takes: float = 0.95, **tra
         if run.log:
             run.log({"phase": "stage", "stage": "lookup", "draw": draw, "epochs": epochs, "right": min(shares.values()),
                      **shares, **reads, "ok": not failed})
-        draws.append(((len(failed), -min(shares.values())), draw, failed, losses, {k: v.detach().clone() for k, v in
-                                                                                  model.state_dict().items()}))
+        draws.append(((len(failed), -min(shares.values())), draw, failed, losses,  # (weights: only a failed draw's)
+                      {k: v.detach().clone() for k, v in model.state_dict().items()} if failed else None))
         if not failed:
             break
         read = ", ".join(f"{k} {100 * v:.1f} %" for k, v in {**shares, **reads}.items())
         print(f"[stage] cold start draw {draw}: {read} (the lookup takes at {100 * takes:.0f} %, the options at 50 %): "
               f"{', '.join(failed)} did not take" + (": drawn again" if draw < cfg.lookup_draws else ""), flush=True)
     _, draw, failed, losses, weights = min(draws, key=lambda d: d[0])  # the first of the best
-    model.load_state_dict(weights)
-    if failed:
+    if failed:  # (a draw that passed is the last one, already in the model)
+        model.load_state_dict(weights)
         print(f"[stage] the cold start did not take after {len(draws)} draw{'s' * (len(draws) > 1)}: kept draw {draw},"
               f" where {', '.join(failed)} did not (the agent decides without them)", flush=True)
     return losses

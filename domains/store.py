@@ -507,12 +507,14 @@ def option_cases(tasks, n: int = 32) -> dict[str, list[tuple]]:
     out = {"cancel": [], "return": []}
     for t in tasks:
         s = t.spec or {}
+        if min(map(len, out.values())) >= n:
+            break
         if s.get("world") != "store" or not s.get("choice") or s["change"] or len(out[s["request"]]) >= n:
             continue
         arg, options = CHOICES[s["request"]]
         default, other = shop.DEFAULT[arg], next(o for o in options if o != shop.DEFAULT[arg])
-        i = next(i for i, m in enumerate(t.expert) if arg in ((m.get("tool_calls") or [{}])[0].get("function") or
-                                                              {}).get("arguments", {}))
+        i = next(i for i, m in enumerate(t.expert) for c in m.get("tool_calls") or []
+                 if arg in c["function"]["arguments"])  # the write call
         before, call = t.expert[:i], t.expert[i]["tool_calls"][0]["function"]
         assert before[-1]["role"] == "user" and s["choice"] in before[-1]["content"], before[-1]  # the answer
         said = [before[:-1] + [{"role": "user", "content": before[-1]["content"].replace(s["choice"], o)}]
