@@ -97,9 +97,14 @@ def _store_run(tmp_path, lookup_draws=2):
                                                 ([(1.0, 1.0, 1.0, 1.0, 1.0, 0.0), (1.0, 1.0, 1.0, 1.0, 0.4, 1.0),
                                                   (1.0, 1.0, 1.0, 1.0, 1.0, 1.0)], 2, True),
                                                 ([(0.9, 1.0, 1.0, 1.0, 1.0, 1.0), (1.0, 1.0, 1.0, 1.0, 0.4, 0.1),
-                                                  (0.94, 1.0, 1.0, 1.0, 1.0, 1.0)], 2, False),
+                                                  (0.94, 1.0, 1.0, 1.0, 1.0, 1.0), (1.0, 1.0, 1.0, 1.0, 1.0, 1.0)],
+                                                 3, True),
+                                                ([(0.9, 1.0, 1.0, 1.0, 1.0, 1.0), (1.0, 1.0, 1.0, 1.0, 0.4, 0.1),
+                                                  (0.94, 1.0, 1.0, 1.0, 1.0, 1.0), (1.0, 1.0, 1.0, 0.2, 1.0, 1.0)],
+                                                 2, False),
                                                 ([(1.0, 1.0, 1.0, 1.0, 1.0, 0.49), (0.5, 1.0, 1.0, 1.0, 1.0, 1.0),
-                                                  (1.0, 0.9, 1.0, 1.0, 0.0, 1.0)], 0, False)])
+                                                  (1.0, 0.9, 1.0, 1.0, 0.0, 1.0), (1.0, 1.0, 1.0, 1.0, 0.1, 0.2)],
+                                                 0, False)])
 def test_the_cold_start_is_drawn_again_when_a_probe_did_not_take(monkeypatch, capsys, tmp_path, probe, kept, taken):
     # issue 23: 4 epochs left seed 0 deciding by the order's status alone, seed 9 writing an option whatever the
     # customer said, and nothing said so; now two probes read the cold start after SFT, and when a step did not take
@@ -121,19 +126,21 @@ def test_the_cold_start_is_drawn_again_when_a_probe_did_not_take(monkeypatch, ca
     monkeypatch.setattr(drills, "reads_option", lambda m, tok, part, *a: parts.append(part) or next(answers))
     monkeypatch.setattr(drills.sft, "train", train)
     assert drills.until_lookup(run, model, ["examples"], epochs=4, lr=1e-3, seed=5) == [float(kept + 1)]
-    assert calls == [(4, 5 + 1000 * k, True) for k in range(len(probe))]  # every draw from the drills' weights
-    assert torch.equal(model.weight, before["weight"] + kept + 1)  # the kept draw's weights
+    # draws 0-2 from the drills' weights; when none took, draw 3 trains the best of them (here draw 2: one failed
+    # step each, the best lookup) 3/4 of the epochs more
+    assert calls == [(4, 5 + 1000 * k, True) for k in range(min(3, len(probe)))] + [(3, 3005, False)] * (len(probe) > 3)
+    assert torch.equal(model.weight, before["weight"] + (3 + 4 if kept == 3 else kept + 1))  # the kept draw's weights
     stages = [r for r in run.records if r.get("stage") == "lookup"]
     assert [(r["draw"], r["epochs"], r["ok"]) for r in stages] == \
-        [(k, 4, taken and k == len(probe) - 1) for k in range(len(probe))]
+        [(k, 7 if k == 3 else 4, taken and k == len(probe) - 1) for k in range(len(probe))]
     assert [tuple(r[k] for k in ("status", "answer", "request", "act", "reads cancel", "reads return"))
             for r in stages] == probe
     options = store.option_cases(run.train_tasks)
     assert parts == (list(store.lookup_cases(run.train_tasks).values()) + [options["cancel"], options["return"]]) * \
         len(probe)
     out = capsys.readouterr().out
-    assert out.count("drawn again") == len(probe) - 1 and ("did not take after 3 draws" in out) == (not taken)
-    assert (f"kept draw {kept}" in out) == (not taken)
+    assert out.count("drawn again") == min(2, len(probe) - 1) and ("did not take after 4 draws" in out) == (not taken)
+    assert (f"kept draw {kept}" in out) == (not taken) and ("trains 3 epochs more" in out) == (len(probe) > 3)
 
 
 def test_no_more_draws_with_lookup_draws_0(monkeypatch, capsys, tmp_path):
