@@ -36,13 +36,9 @@ from rollout import RolloutConfig
 from user_sim import make_user
 
 # rule -> (which option it writes, when it hands off after a refusal); None = customer-blind in that decision
-RULES = {
-    "default, never transfer": ("default", "never"),
-    "default, transfer": ("default", "always"),
-    "last option, never transfer": ("last", "never"),
-    "annotator": ("first", "always"),
-    "reads everything": ("last", "human"),
-}
+RULES = {"default, never transfer": ("default", "never"), "default, transfer": ("default", "always"),
+         "last option, never transfer": ("last", "never"), "annotator": ("first", "always"),
+         "reads everything": ("last", "human")}
 BLIND = ("default, never transfer", "default, transfer")  # the rules that read nothing the customer says
 BEHAVIOURS = ("plain", "change", "accept", "insist", "human")
 

@@ -87,35 +87,34 @@ def _store_run(tmp_path, lookup_draws=2):
 
 
 # each draw's probe: the lookup's four steps (status, answer, request, act; take at 95 %), then the options read for
-# cancellations and returns (take at 50 %); the kept draw when none passes: fewest failed steps, then the best lookup
-@pytest.mark.parametrize("probe, kept, taken", [([(1.0, 1.0, 1.0, 1.0, 1.0, 1.0)], 0, True),
-                                                ([(1.0, 1.0, 1.0, 1.0, 0.5, 0.5)], 0, True),
-                                                ([(1.0, 0.5, 1.0, 1.0, 1.0, 1.0), (1.0, 1.0, 1.0, 1.0, 1.0, 1.0)],
-                                                 1, True),
-                                                ([(1.0, 1.0, 1.0, 0.86, 1.0, 1.0), (1.0, 1.0, 0.95, 1.0, 1.0, 0.9)],
-                                                 1, True),
-                                                ([(1.0, 1.0, 1.0, 1.0, 1.0, 0.0), (1.0, 1.0, 1.0, 1.0, 0.4, 1.0),
-                                                  (1.0, 1.0, 1.0, 1.0, 1.0, 1.0)], 2, True),
-                                                ([(0.9, 1.0, 1.0, 1.0, 1.0, 1.0), (1.0, 1.0, 1.0, 1.0, 0.4, 0.1),
-                                                  (0.94, 1.0, 1.0, 1.0, 1.0, 1.0), (1.0, 1.0, 1.0, 1.0, 1.0, 1.0)],
-                                                 3, True),
-                                                ([(0.9, 1.0, 1.0, 1.0, 1.0, 1.0), (1.0, 1.0, 1.0, 1.0, 0.4, 0.1),
-                                                  (0.94, 1.0, 1.0, 1.0, 1.0, 1.0), (1.0, 1.0, 1.0, 0.2, 1.0, 1.0)],
-                                                 2, False),
-                                                ([(1.0, 1.0, 1.0, 1.0, 1.0, 0.49), (0.5, 1.0, 1.0, 1.0, 1.0, 1.0),
-                                                  (1.0, 0.9, 1.0, 1.0, 0.0, 1.0), (1.0, 1.0, 1.0, 1.0, 0.1, 0.2)],
-                                                 0, False)])
-def test_the_cold_start_is_drawn_again_when_a_probe_did_not_take(monkeypatch, capsys, tmp_path, probe, kept, taken):
+# cancellations and returns (take at 50 %); the kept draw when none passes: fewest failed steps, then the best lookup.
+# After three draws whose best failed a lookup step, that draw trains on, one epoch at a time (3 at most)
+OK, STATUS, ACT = (1.0,) * 6, (0.9, 1.0, 1.0, 1.0, 1.0, 1.0), (1.0, 1.0, 1.0, 0.2, 1.0, 1.0)
+READS = (1.0, 1.0, 1.0, 1.0, 0.4, 0.1)
+
+
+@pytest.mark.parametrize("probe, kept, taken, weight", [
+    ([OK], 0, True, 1), ([(1.0, 1.0, 1.0, 1.0, 0.5, 0.5)], 0, True, 1), ([STATUS, OK], 1, True, 2),
+    ([(1.0, 1.0, 1.0, 0.86, 1.0, 1.0), (1.0, 1.0, 0.95, 1.0, 1.0, 0.9)], 1, True, 2),
+    ([(1.0, 1.0, 1.0, 1.0, 1.0, 0.0), (1.0, 1.0, 1.0, 1.0, 0.4, 1.0), OK], 2, True, 3),
+    ([STATUS, READS, (0.94, 1.0, 1.0, 1.0, 1.0, 1.0), OK], 3, True, 3 + 4),  # draw 2 (status 94 %) trains on
+    ([ACT, ACT, (1.0, 1.0, 1.0, 0.7, 1.0, 1.0), ACT, OK], 4, True, 3 + 4 + 5),  # two epochs more
+    ([STATUS, READS, (0.94, 1.0, 1.0, 1.0, 1.0, 1.0), ACT, ACT, STATUS], 2, False, 3),  # three more did not mend it
+    ([(1.0, 1.0, 1.0, 1.0, 1.0, 0.49), (0.5, 1.0, 1.0, 1.0, 1.0, 1.0), (1.0, 0.9, 1.0, 1.0, 0.0, 1.0)],
+     0, False, 1)])  # the best failed an option read only: more epochs do not mend that
+def test_the_cold_start_is_drawn_again_when_a_probe_did_not_take(monkeypatch, capsys, tmp_path, probe, kept, taken,
+                                                                 weight):
     # issue 23: 4 epochs left seed 0 deciding by the order's status alone, seed 9 writing an option whatever the
     # customer said, and nothing said so; now two probes read the cold start after SFT, and when a step did not take
-    # SFT starts again from the weights it began with, the same epochs, the examples in another order (a new seed)
+    # SFT starts again from the weights it began with, the same epochs, the examples in another order (a new seed);
+    # seed 13's act took in none of three orders: the best of them trains on, an epoch at a time
     from demo import drills
 
     run, answers, calls = _store_run(tmp_path), iter([share for shares in probe for share in shares]), []
     model = torch.nn.Linear(2, 2)
     before = {k: v.clone() for k, v in model.state_dict().items()}
 
-    def train(m, ex, **kw):  # records each training and where it started from; draw k leaves weight + (k + 1)
+    def train(m, ex, **kw):  # records each training and where it started from; draw k adds k + 1 to the weights
         calls.append((kw["epochs"], kw["seed"], all(torch.equal(v, before[k]) for k, v in m.state_dict().items())))
         with torch.no_grad():
             m.weight.add_(float(len(calls)))
@@ -126,21 +125,19 @@ def test_the_cold_start_is_drawn_again_when_a_probe_did_not_take(monkeypatch, ca
     monkeypatch.setattr(drills, "reads_option", lambda m, tok, part, *a: parts.append(part) or next(answers))
     monkeypatch.setattr(drills.sft, "train", train)
     assert drills.until_lookup(run, model, ["examples"], epochs=4, lr=1e-3, seed=5) == [float(kept + 1)]
-    # draws 0-2 from the drills' weights; when none took, draw 3 trains the best of them (here draw 2: one failed
-    # step each, the best lookup) 3/4 of the epochs more
-    assert calls == [(4, 5 + 1000 * k, True) for k in range(min(3, len(probe)))] + [(3, 3005, False)] * (len(probe) > 3)
-    assert torch.equal(model.weight, before["weight"] + (3 + 4 if kept == 3 else kept + 1))  # the kept draw's weights
+    assert calls == [(4 if k < 3 else 1, 5 + 1000 * k, k < 3) for k in range(len(probe))]  # 0-2: the drills' weights
+    assert torch.allclose(model.weight, before["weight"] + weight)  # the kept draw's weights
     stages = [r for r in run.records if r.get("stage") == "lookup"]
     assert [(r["draw"], r["epochs"], r["ok"]) for r in stages] == \
-        [(k, 7 if k == 3 else 4, taken and k == len(probe) - 1) for k in range(len(probe))]
+        [(k, 4 + max(0, k - 2), taken and k == len(probe) - 1) for k in range(len(probe))]
     assert [tuple(r[k] for k in ("status", "answer", "request", "act", "reads cancel", "reads return"))
             for r in stages] == probe
     options = store.option_cases(run.train_tasks)
     assert parts == (list(store.lookup_cases(run.train_tasks).values()) + [options["cancel"], options["return"]]) * \
         len(probe)
     out = capsys.readouterr().out
-    assert out.count("drawn again") == min(2, len(probe) - 1) and ("did not take after 4 draws" in out) == (not taken)
-    assert (f"kept draw {kept}" in out) == (not taken) and ("trains 3 epochs more" in out) == (len(probe) > 3)
+    assert out.count("drawn again") == min(2, len(probe) - 1)
+    assert (f"did not take after {len(probe)} draws: kept draw {kept}," in out) == (not taken)
 
 
 def test_no_more_draws_with_lookup_draws_0(monkeypatch, capsys, tmp_path):
