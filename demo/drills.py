@@ -94,36 +94,37 @@ def until_lookup(run, model, examples, epochs: float, takes: float = 0.95, **tra
     (lookup_right on store.lookup_cases: the thought's status, request, answer, the act) right on `takes` of them, the
     option read (reads_option on store.option_cases) of cancellations and returns on half (the annotator writes the
     other option for half who want it). A step that did not take: SFT again from the drills' weights, the examples in
-    another order, up to --lookup_draws times; a lookup step took in none: the best draw trains on, an epoch at a time
-    until it takes (3/4 of the epochs at most; seed 13's act). Keeps the first that passed, else the one failing
-    fewest, named (docs/demo_notes.md 12-13); returns its losses."""
+    another order (--lookup_draws times at most); a lookup step took in none: the best draw trains 3/4 of its epochs
+    more (seed 13's act). Keeps the first that passed, else the one failing fewest, named; returns its losses."""
     start = {k: v.detach().clone() for k, v in model.state_dict().items()}  # the drills' weights
     losses = sft.train(model, examples, epochs=epochs, **train)
     if "store" not in run.worlds or not all((probes := store.lookup_cases(run.train_tasks)).values()):
         return losses  # another domain: no such thought to probe
     cfg, world, options = run.cfg, run.worlds["store"], store.option_cases(run.train_tasks)
-    tools, draws, more = world.tool_schemas() if cfg.tools_in_prompt else [], [], cfg.lookup_draws + 1
-    for draw in range(more + max(1, round(0.75 * epochs)) if cfg.lookup_draws else 1):  # from `more`: an epoch each
-        if draw == more and not set((best := min(draws, key=lambda d: d[0]))[2]) & set(probes):  # (fewest failed)
+    tools, draws, more, on = world.tool_schemas() if cfg.tools_in_prompt else [], [], cfg.lookup_draws + 1, False
+    for draw in range(more + 1 if cfg.lookup_draws else 1):  # draw `more`: the best one trained on, if a lookup failed
+        if draw == more and not on:
             break  # only an option read failed: more epochs do not mend it (seed 9: 7 epochs read returns 0.16 nats)
-        if draw:  # from the drills' weights, the examples in another order; from `more` on, the best draw trains on
-            model.load_state_dict(best[4] if draw == more else start) if draw <= more else None
-            losses = sft.train(model, examples, epochs=1 if draw >= more else epochs,
+        if draw:  # from the drills' weights, the examples in another order (draw `more`: the best draw's weights)
+            model.load_state_dict(best[4] if draw == more else start)
+            losses = sft.train(model, examples, epochs=epochs * (0.75 if draw == more else 1),
                                **{**train, "seed": train.get("seed", 0) + 1000 * draw})
         shares = {kind: lookup_right(model, run.tok, cases, world.rules, tools) for kind, cases in probes.items()}
         reads = {f"reads {r}": reads_option(model, run.tok, c, world.rules, tools) for r, c in options.items() if c}
-        failed, n = [k for k, v in shares.items() if v < takes] + [k for k, v in reads.items() if v < 0.5], (
-            epochs + draw - more + 1 if draw >= more else epochs)  # (the draw's epochs in all)
+        failed = [k for k, v in shares.items() if v < takes] + [k for k, v in reads.items() if v < 0.5]
         if run.log:
-            run.log({"phase": "stage", "stage": "lookup", "draw": draw, "right": min(shares.values()), "epochs": n,
-                     **shares, **reads, "ok": not failed})
+            run.log({"phase": "stage", "stage": "lookup", "draw": draw, "right": min(shares.values()),
+                     "epochs": epochs * (1.75 if draw == more else 1), **shares, **reads, "ok": not failed})
         draws.append(((len(failed), -min(shares.values())), draw, failed, losses,  # (weights: only a failed draw's)
                       {k: v.detach().clone() for k, v in model.state_dict().items()} if failed else None))
         if not failed:
             break
+        best = min(draws, key=lambda d: d[0])  # (fewest failed steps, then the best lookup)
+        on = draw == cfg.lookup_draws and bool(set(best[2]) & set(probes))  # a lookup step took in no draw
         read = ", ".join(f"{k} {100 * v:.1f} %" for k, v in {**shares, **reads}.items())
-        print(f"[stage] cold start draw {draw} ({n:g} epochs): {read} (takes at {100 * takes:.0f} %, options at 50 %): "
-              f"{', '.join(failed)} did not take" + ": drawn again" * (draw < cfg.lookup_draws), flush=True)
+        print(f"[stage] cold start draw {draw}: {read} (the lookup takes at {100 * takes:.0f} %, the options at 50 %): "
+              f"{', '.join(failed)} did not take" + (": drawn again" if draw < cfg.lookup_draws else "")
+              + f": draw {best[1]} trains {0.75 * epochs:g} epochs more" * on, flush=True)
     _, draw, failed, losses, weights = min(draws, key=lambda d: d[0])  # the first of the best
     if failed:  # (a draw that passed is the last one, already in the model)
         model.load_state_dict(weights)
