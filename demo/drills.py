@@ -102,7 +102,7 @@ def until_lookup(run, model, examples, epochs: float, takes: float = 0.95, **tra
         return losses  # another domain: no such thought to probe
     cfg, world, options = run.cfg, run.worlds["store"], store.option_cases(run.train_tasks)
     tools, draws, more, on = world.tool_schemas() if cfg.tools_in_prompt else [], [], cfg.lookup_draws + 1, False
-    for draw in range(more + 1 if cfg.lookup_draws else 1):  # draw `more`: the best one trained on, if a lookup failed
+    for draw in range(more + 1):  # draw `more`: the best draw trained on, when a lookup step took in none
         if draw == more and not on:
             break  # only an option read failed: more epochs do not mend it (seed 9: 7 epochs read returns 0.16 nats)
         if draw:  # from the drills' weights, the examples in another order (draw `more`: the best draw's weights)
@@ -120,7 +120,7 @@ def until_lookup(run, model, examples, epochs: float, takes: float = 0.95, **tra
         if not failed:
             break
         best = min(draws, key=lambda d: d[0])  # (fewest failed steps, then the best lookup)
-        on = draw == cfg.lookup_draws and bool(set(best[2]) & set(probes))  # a lookup step took in no draw
+        on = 0 < draw == cfg.lookup_draws and bool(set(best[2]) & set(probes))  # (--lookup_draws 0: no draw more)
         read = ", ".join(f"{k} {100 * v:.1f} %" for k, v in {**shares, **reads}.items())
         print(f"[stage] cold start draw {draw}: {read} (the lookup takes at {100 * takes:.0f} %, the options at 50 %): "
               f"{', '.join(failed)} did not take" + (": drawn again" if draw < cfg.lookup_draws else "")
