@@ -235,3 +235,44 @@ def test_a_request_without_plain_answers_is_not_probed(monkeypatch, tmp_path):
     assert drills.until_lookup(run, torch.nn.Linear(1, 1), [], epochs=2) == [0.5] and calls == [["case"]]
     stage = [r for r in run.records if r.get("stage") == "lookup"]
     assert len(stage) == 1 and stage[0]["ok"] and "reads cancel" in stage[0] and "reads return" not in stage[0]
+
+
+def test_read_probe_sees_a_reader_and_the_refusals(tmp_path):
+    # bench/read_probe.py (seed 17's diagnosis): the copier gives the other option more probability after the
+    # customer said it than after the default, on both requests; the refusal cases end with the customer's reply to
+    # the refusal (insisting, or asking for a human) and compare the refusal repeated with the transfer
+    import importlib.util
+
+    from conftest import REPO
+    spec = importlib.util.spec_from_file_location("read_probe", REPO / "bench" / "read_probe.py")
+    rp = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(rp)
+    run = _store_run(tmp_path)
+    world = run.worlds["store"]
+    texts = [world.rules] + [json.dumps(t.expert) for t in run.train_tasks[:100]]
+    _, tok = build_tiny(tmp_path / "tiny", texts=texts, hidden=32, layers=1, heads=1, kv_heads=1, intermediate=64,
+                        vocab_size=400, split_digits=True)
+
+    class Copies(torch.nn.Linear):
+        def forward(self, ids):  # logits[t, v] = how often v occurs in ids[: t + 1], scaled: p stays below 1
+            return type("Out", (), {"logits": torch.nn.functional.one_hot(ids, len(tok)).float().cumsum(1) / 200})
+
+    world.tasks = lambda split: run.train_tasks  # the probe reads the training split
+    out = rp.probe(Copies(1, 1), tok, world)
+    class Blind(torch.nn.Linear):  # the same scores whatever it read
+        def forward(self, ids):
+            return type("Out", (), {"logits": torch.arange(len(tok)).float().expand(*ids.shape, -1) / len(tok)})
+
+    blind = rp.probe(Blind(1, 1), tok, world)
+    for request in ("cancel", "return"):
+        assert out[f"{request}: p(other | said other)"] > out[f"{request}: p(other | said default)"], out
+        assert blind[f"{request}: p(other | said other)"] == pytest.approx(blind[f"{request}: p(other | said default)"])
+    cases = rp.insist_cases(run.train_tasks, n=4)
+    assert len(cases["insist"]) == len(cases["human"]) == 4
+    for behaviour, part in cases.items():
+        for before, again, transfer in part:
+            assert before[-2]["role"] == "assistant" and "cannot be" in before[-2]["content"]
+            assert before[-1]["role"] == "user" and again["content"] == store.REFUSE_AGAIN
+            assert transfer["tool_calls"][0]["function"]["name"] == "transfer_to_human_agents"
+            assert rp.p_first(Copies(1, 1), tok, world.rules, before, again, again) == 0.5
+    assert 0.0 <= out["p(refuse again | insist)"] <= 1.0 and 0.0 <= out["p(refuse again | human)"] <= 1.0

@@ -1,0 +1,93 @@
+"""How strongly does a CPU-demo policy read what the customer says? Probabilities where a choice depends on it alone.
+
+The cold start imitates an annotator that writes the customer's option for half of those who want the non-default
+one, and holds a refusal against an insisting customer one time in five (domains/store.py, make_task). So in its data
+p(other option | the customer said it) = 0.5 and p(refuse again | the customer insists) = 0.2; GRPO has to move both
+to 1 (and the second without touching p(transfer | the customer asks for a human) = 1). This prints what a saved
+model gives each, teacher-forced on training conversations (store.option_cases; the annotator's refusals), the two
+continuations compared at the decision (their log-probabilities differ only there):
+
+    option    p(other | said other), p(other | said default), per request: a model that reads the answer has the
+              first well above the second; greedy evaluation writes the other option only where it is above 0.5
+    insist    p(refuse again | insists) against the transfer; and p(refuse again | asks for a human), which should
+              stay near 0
+
+Sampling at top-p 0.9 (the demo's) never draws a continuation whose first token has less mass than the last 10 %, so
+a probability that falls near there during GRPO does not come back. Seed 17 (Intel, docs/demo_notes.md Session 14):
+one GRPO step took p(other | said other) for refunds from 0.22 to 0.08.
+
+    python bench/read_probe.py runs/seed17                        # the run's cold start
+    python bench/read_probe.py runs/seed17 --model runs/seed17/final runs/seed17/checkpoints/step-000010/model.pt
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
+
+from demo.baselines import world_of  # noqa: E402
+from demo.drills import _logp  # noqa: E402
+from domains import store  # noqa: E402
+
+
+def p_first(model, tok, system: str, before: list[dict], first: dict, second: dict) -> float:
+    """p(first) / (p(first) + p(second)): two continuations of `before`, teacher-forced."""
+    lp = [_logp(model, tok, system, [], before + [m]) for m in (first, second)]
+    return 1 / (1 + math.exp(lp[1] - lp[0]))
+
+
+def insist_cases(tasks, n: int = 24) -> dict[str, list[tuple]]:
+    """(the conversation up to the customer's reply to the refusal, refuse again, transfer) for the first `n`
+    training tasks that insist and the first `n` that ask for a human."""
+    out = {"insist": [], "human": []}
+    for t in tasks:
+        s = t.spec or {}
+        if s.get("world") != "store" or s.get("behaviour") not in out or len(out[s["behaviour"]]) >= n:
+            continue
+        i = next(i for i, m in enumerate(t.expert) if m["role"] == "assistant" and "cannot be" in (m["content"] or ""))
+        summary = f"The customer wants to {s['request']} order {s['order_id']}, which is {s['status']}."
+        out[s["behaviour"]].append((t.expert[: i + 2], {"role": "assistant", "content": store.REFUSE_AGAIN},
+                                    store.shop._call("transfer_to_human_agents", {"summary": summary})))
+    return out
+
+
+def probe(model, tok, world) -> dict[str, float]:
+    train, out = world.tasks("train"), {}
+    for request, cases in store.option_cases(train).items():
+        for said, k in (("other", 1), ("default", 0)):  # case: (said default, said other, write default, write other)
+            p = [p_first(model, tok, world.rules, c[k], c[3], c[2]) for c in cases]
+            out[f"{request}: p(other | said {said})"] = sum(p) / max(1, len(p))
+    for behaviour, cases in insist_cases(train).items():
+        p = [p_first(model, tok, world.rules, before, again, transfer) for before, again, transfer in cases]
+        out[f"p(refuse again | {behaviour})"] = sum(p) / max(1, len(p))
+    return out
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description="a CPU-demo policy's option read and refusal hold, teacher-forced")
+    ap.add_argument("run", help="a run folder (its config.json: the world)")
+    ap.add_argument("--model", nargs="*", default=[], help="saved models (folders) or checkpoints (model.pt) to "
+                    "probe besides the run's cold start")
+    a = ap.parse_args()
+    run = Path(a.run)
+    if not (run / "config.json").is_file() or not (run / "cold-start").is_dir():
+        sys.exit(f"read_probe: {run} has no config.json or cold-start/ (a CPU-demo run folder is needed)")
+    world, _ = world_of(json.loads((run / "config.json").read_text()))
+    torch.set_num_threads(1)
+    tok = AutoTokenizer.from_pretrained(run / "cold-start")
+    model = AutoModelForCausalLM.from_pretrained(run / "cold-start").eval()
+    for name in ["cold-start", *a.model]:
+        path = run / name if name == "cold-start" else Path(name)
+        if path.is_dir():
+            model = AutoModelForCausalLM.from_pretrained(path).eval()
+        else:  # a checkpoint's model.pt: a state dict for the same architecture
+            model.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+        print(f"{name}: " + ", ".join(f"{k} {v:.3f}" for k, v in probe(model, tok, world).items()), flush=True)
