@@ -11,12 +11,14 @@ continuations compared at the decision (their log-probabilities differ only ther
               first well above the second; greedy evaluation writes the other option only where it is above 0.5
     insist    p(refuse again | insists) against the transfer; and p(refuse again | asks for a human), which should
               stay near 0
+    written   from the run's transcripts: per evaluation and request, the held-out conversations whose customer
+              wants the non-default option (no change of mind) that wrote it (greedy)
 
 Sampling at top-p 0.9 (the demo's) never draws a continuation whose first token has less mass than the last 10 %, so
 a probability that falls near there during GRPO does not come back. Seed 17 (Intel, docs/demo_notes.md Session 14):
 one GRPO step took p(other | said other) for refunds from 0.22 to 0.08.
 
-    python bench/read_probe.py runs/seed17                        # the run's cold start
+    python bench/read_probe.py runs/seed17                        # the run's cold start, and its evaluations
     python bench/read_probe.py runs/seed17 --model runs/seed17/final runs/seed17/checkpoints/step-000010/model.pt
 """
 
@@ -71,6 +73,23 @@ def probe(model, tok, world) -> dict[str, float]:
     return out
 
 
+def written_other(run: Path, world) -> dict[str, str]:
+    """From a run's transcripts (the eval phase of episodes-rank0.jsonl): per evaluation and request, how many of the
+    held-out conversations whose customer wants the non-default option (no change of mind) wrote it."""
+    spec, count = {t.id: t.spec for t in world.tasks("test")}, {}
+    for line in open(run / "episodes-rank0.jsonl"):
+        e = json.loads(line)
+        s = spec.get(e["task_id"]) if e.get("phase") == "eval" else None
+        arg = store.CHOICES[s["request"]][0] if s else None
+        if not s or not s.get("choice") or s["change"] or s["choice"] == store.shop.DEFAULT[arg]:
+            continue
+        writes = [c["function"]["arguments"].get(arg) for m in e["messages"] for c in m.get("tool_calls") or []
+                  if isinstance(c["function"].get("arguments"), dict) and arg in c["function"]["arguments"]]
+        n = count.setdefault(e["name"], {}).setdefault(s["request"], [0, 0])
+        n[0], n[1] = n[0] + (writes[-1:] == [s["choice"]]), n[1] + 1
+    return {name: ", ".join(f"{r} {a}/{n}" for r, (a, n) in d.items()) for name, d in count.items()}
+
+
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description="a CPU-demo policy's option read and refusal hold, teacher-forced")
     ap.add_argument("run", help="a run folder (its config.json: the world)")
@@ -91,3 +110,6 @@ if __name__ == "__main__":
         else:  # a checkpoint's model.pt: a state dict for the same architecture
             model.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
         print(f"{name}: " + ", ".join(f"{k} {v:.3f}" for k, v in probe(model, tok, world).items()), flush=True)
+    if (run / "episodes-rank0.jsonl").is_file():
+        for name, line in written_other(run, world).items():
+            print(f"held-out, the customer wants the other option, written: {name}: {line}")

@@ -276,3 +276,24 @@ def test_read_probe_sees_a_reader_and_the_refusals(tmp_path):
             assert transfer["tool_calls"][0]["function"]["name"] == "transfer_to_human_agents"
             assert rp.p_first(Copies(1, 1), tok, world.rules, before, again, again) == 0.5
     assert 0.0 <= out["p(refuse again | insist)"] <= 1.0 and 0.0 <= out["p(refuse again | human)"] <= 1.0
+
+
+def test_read_probe_counts_the_other_option_written(tmp_path):
+    # written_other reads a run's transcripts: held-out conversations whose customer wants the non-default option
+    # (no change of mind), per evaluation and request: the last write call's option against the customer's
+    import importlib.util
+
+    from conftest import REPO
+    spec = importlib.util.spec_from_file_location("read_probe", REPO / "bench" / "read_probe.py")
+    rp = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(rp)
+    world = store.build_world(seed=0, n_orders=300, n_test_orders=100, n_train=50, n_test=60)
+    t = next(t for t in world.tasks("test") if t.spec["choice"] and not t.spec["change"] and t.spec["choice"] !=
+             store.shop.DEFAULT[store.CHOICES[t.spec["request"]][0]])
+    arg, other = store.CHOICES[t.spec["request"]][0], t.spec["choice"]
+    lines = [{"phase": "eval", "name": "cold start", "task_id": t.id, "messages": [
+        store.shop._call("write", {"order_id": "#W1", arg: o}) for o in written]}
+        for written in ([other], [store.shop.DEFAULT[arg]], [], [store.shop.DEFAULT[arg], other])]
+    lines.append({"phase": None, "task_id": t.id, "messages": []})  # a training episode: not counted
+    (tmp_path / "episodes-rank0.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    assert rp.written_other(tmp_path, world) == {"cold start": f"{t.spec['request']} 2/4"}
