@@ -105,10 +105,13 @@ if __name__ == "__main__":
     model = AutoModelForCausalLM.from_pretrained(run / "cold-start").eval()
     for name in ["cold-start", *a.model]:
         path = run / name if name == "cold-start" else Path(name)
-        if path.is_dir():
-            model = AutoModelForCausalLM.from_pretrained(path).eval()
-        else:  # a checkpoint's model.pt: a state dict for the same architecture
-            model.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+        try:
+            if path.is_dir():
+                model = AutoModelForCausalLM.from_pretrained(path).eval()
+            else:  # a checkpoint's model.pt: a state dict for the same architecture (weights only: no code runs)
+                model.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+        except Exception as e:  # a missing, damaged or foreign file: say which, no traceback
+            sys.exit(f"read_probe: cannot load {path}: {type(e).__name__}: {str(e)[:200]}")
         print(f"{name}: " + ", ".join(f"{k} {v:.3f}" for k, v in probe(model, tok, world).items()), flush=True)
     if (run / "episodes-rank0.jsonl").is_file():
         for name, line in written_other(run, world).items():

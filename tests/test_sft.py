@@ -297,3 +297,23 @@ def test_read_probe_counts_the_other_option_written(tmp_path):
     lines.append({"phase": None, "task_id": t.id, "messages": []})  # a training episode: not counted
     (tmp_path / "episodes-rank0.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
     assert rp.written_other(tmp_path, world) == {"cold start": f"{t.spec['request']} 2/4"}
+
+
+def test_read_probe_names_a_damaged_checkpoint(tmp_path):
+    # a --model file that is no state dict: one line naming it, exit non-zero, no traceback
+    import subprocess
+    import sys
+
+    from conftest import REPO
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"domains": "store", "synthetic_seed": 0, "synthetic_train": 60,
+                                                 "synthetic_test": 10}))
+    world = store.build_world(seed=0, n_orders=300, n_test_orders=100, n_train=60, n_test=10)
+    build_tiny(run / "cold-start", texts=[world.rules] + [json.dumps(t.expert) for t in world.tasks("train")],
+               hidden=32, layers=1, heads=1, kv_heads=1, intermediate=64, vocab_size=400, split_digits=True)
+    (tmp_path / "bad.pt").write_bytes(b"not a checkpoint")
+    proc = subprocess.run([sys.executable, str(REPO / "bench" / "read_probe.py"), str(run), "--model",
+                           str(tmp_path / "bad.pt")], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0 and "read_probe: cannot load" in proc.stderr and "bad.pt" in proc.stderr
+    assert "Traceback" not in proc.stderr and proc.stdout.startswith("cold-start: cancel: p(other | said other)")
