@@ -16,7 +16,7 @@ continuations compared at the decision (their log-probabilities differ only ther
 
 Sampling at top-p 0.9 (the demo's) never draws a continuation whose first token has less mass than the last 10 %, so
 a probability that falls near there during GRPO does not come back. Seed 17 (Intel, docs/demo_notes.md Session 14):
-one GRPO step took p(other | said other) for refunds from 0.22 to 0.08.
+one GRPO step took p(other | said other) for refunds from 0.245 to 0.089.
 
     python bench/read_probe.py runs/seed17                        # the run's cold start, and its evaluations
     python bench/read_probe.py runs/seed17 --model runs/seed17/final runs/seed17/checkpoints/step-000010/model.pt
@@ -102,8 +102,7 @@ if __name__ == "__main__":
     world, _ = world_of(json.loads((run / "config.json").read_text()))
     torch.set_num_threads(1)
     tok = AutoTokenizer.from_pretrained(run / "cold-start")
-    model = AutoModelForCausalLM.from_pretrained(run / "cold-start").eval()
-    for name in ["cold-start", *a.model]:
+    for name in ["cold-start", *a.model]:  # the cold start first: a checkpoint's state dict is loaded into its model
         path = run / name if name == "cold-start" else Path(name)
         try:
             if path.is_dir():

@@ -237,16 +237,22 @@ def test_a_request_without_plain_answers_is_not_probed(monkeypatch, tmp_path):
     assert len(stage) == 1 and stage[0]["ok"] and "reads cancel" in stage[0] and "reads return" not in stage[0]
 
 
-def test_read_probe_sees_a_reader_and_the_refusals(tmp_path):
-    # bench/read_probe.py (seed 17's diagnosis): the copier gives the other option more probability after the
-    # customer said it than after the default, on both requests; the refusal cases end with the customer's reply to
-    # the refusal (insisting, or asking for a human) and compare the refusal repeated with the transfer
+def _read_probe():
+    """bench/read_probe.py as a module (bench/ is no package)."""
     import importlib.util
 
     from conftest import REPO
     spec = importlib.util.spec_from_file_location("read_probe", REPO / "bench" / "read_probe.py")
     rp = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(rp)
+    return rp
+
+
+def test_read_probe_sees_a_reader_and_the_refusals(tmp_path):
+    # bench/read_probe.py (seed 17's diagnosis): the copier gives the other option more probability after the
+    # customer said it than after the default, on both requests; the refusal cases end with the customer's reply to
+    # the refusal (insisting, or asking for a human) and compare the refusal repeated with the transfer
+    rp = _read_probe()
     run = _store_run(tmp_path)
     world = run.worlds["store"]
     texts = [world.rules] + [json.dumps(t.expert) for t in run.train_tasks[:100]]
@@ -259,6 +265,7 @@ def test_read_probe_sees_a_reader_and_the_refusals(tmp_path):
 
     world.tasks = lambda split: run.train_tasks  # the probe reads the training split
     out = rp.probe(Copies(1, 1), tok, world)
+
     class Blind(torch.nn.Linear):  # the same scores whatever it read
         def forward(self, ids):
             return type("Out", (), {"logits": torch.arange(len(tok)).float().expand(*ids.shape, -1) / len(tok)})
@@ -281,12 +288,7 @@ def test_read_probe_sees_a_reader_and_the_refusals(tmp_path):
 def test_read_probe_counts_the_other_option_written(tmp_path):
     # written_other reads a run's transcripts: held-out conversations whose customer wants the non-default option
     # (no change of mind), per evaluation and request: the last write call's option against the customer's
-    import importlib.util
-
-    from conftest import REPO
-    spec = importlib.util.spec_from_file_location("read_probe", REPO / "bench" / "read_probe.py")
-    rp = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(rp)
+    rp = _read_probe()
     world = store.build_world(seed=0, n_orders=300, n_test_orders=100, n_train=50, n_test=60)
     t = next(t for t in world.tasks("test") if t.spec["choice"] and not t.spec["change"] and t.spec["choice"] !=
              store.shop.DEFAULT[store.CHOICES[t.spec["request"]][0]])
