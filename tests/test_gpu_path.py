@@ -376,3 +376,28 @@ def test_the_gpu_check_runs_on_a_cpu(tmp_path, offload):
     assert "params cpu/float32; grads cpu/float32; adamw cpu/float32" in seen  # fp32 masters and moments
     assert "GRPO step 1:" in seen and "resume: started at step 2; steps logged [2]" in seen
     assert "weights moved: 0.0 %" not in seen and f"offload {bool(offload)}" in seen
+
+
+def test_the_gpu_plan_probe_runs_on_a_cpu(capsys):
+    """bench/gpu_plan.py --tiny: the fp32-master step moves (nearly) every weight at lr 1e-6; bf16 weights barely."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_plan", REPO / "bench" / "gpu_plan.py")
+    gpu_plan = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_plan)
+    gpu_plan.main(["--tiny", "--tokens", "2048"])
+    out = capsys.readouterr().out
+    shares = [float(line.split(": ")[1].split(" %")[0]) for line in out.splitlines() if "% of entries moved" in line]
+    assert len(shares) == 2 and shares[0] > 99.0 and shares[1] < 20.0, out  # float32 masters, then bfloat16 weights
+    assert "update" in out and "skipped False" in out and "measured / planned peak" in out
+
+
+@pytest.mark.slow
+def test_the_gpu_plan_probe_loads_sharded_on_two_gloo_ranks(tmp_path):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(_free_port()),
+           "bench/gpu_plan.py", "--sharded", "--tiny"]
+    r = subprocess.run(cmd, cwd=REPO, env={**ENV, "TMPDIR": str(tmp_path)}, capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    assert "load_sharded on 2 rank(s), cpu: 25 of 25 saved tensors equal" in r.stdout, r.stdout[-2000:]
+    assert "skipped False" in r.stdout
