@@ -133,7 +133,8 @@ def test_cli_resume_after_damage_logs_each_step_once(tmp_path, tiny_init):
 def test_cli_no_usable_checkpoint_is_one_line_and_exit_2(tmp_path):
     out = saved_run(tmp_path, steps=(1,))
     (out / "checkpoints" / "step-000001" / "optim.pt").unlink()
-    r = run_cli(["--model", "tiny", "--out_dir", str(out), "--resume"], timeout=300)
+    # the scripted customer: the refusal is the checkpoint's, whether or not vLLM (the served customer) is installed
+    r = run_cli(["--model", "tiny", "--user", "scripted", "--out_dir", str(out), "--resume"], timeout=300)
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
     assert r.stderr.strip().splitlines()[-1].startswith("muarl: no usable checkpoint")
     assert (out / "log.jsonl").read_text().count("\n") == 1  # nothing started, nothing written
@@ -185,7 +186,8 @@ def test_a_pickled_checkpoint_is_one_line_at_the_cli(tmp_path):
     ck = out / "checkpoints" / "step-000001"
     torch.save(Boom(marker), ck / "optim.pt")
     replant(ck)
-    r = run_cli(["--model", "tiny", "--out_dir", str(out), "--resume"], timeout=300)
+    # the scripted customer: the refusal is the checkpoint's, whether or not vLLM (the served customer) is installed
+    r = run_cli(["--model", "tiny", "--user", "scripted", "--out_dir", str(out), "--resume"], timeout=300)
     assert r.returncode == 2 and "Traceback" not in r.stderr and "holds more than tensors" in r.stderr, r.stderr[-2000:]
     assert not marker.exists()
 

@@ -81,6 +81,7 @@ def standin(tmp_path, monkeypatch):
             super().__init__(*a, **{**k, "command": [sys.executable, str(script), "{port}"]})
 
     monkeypatch.setattr(serve, "ModelServer", StandIn)
+    monkeypatch.setattr(serve, "need_vllm", lambda: None)  # the stand-in is the server: these run without vLLM too
     folder = tmp_path / "customer-model"
     folder.mkdir()
     (folder / "config.json").write_text("{}")
@@ -134,6 +135,7 @@ def test_the_shipped_customer_is_in_the_repository_with_its_fidelity():
 
 def test_a_missing_model_folder_is_one_line(tmp_path, monkeypatch):
     monkeypatch.setattr(customer, "SHIPPED", tmp_path / "nothing")
+    monkeypatch.setattr(serve, "need_vllm", lambda: None)  # the folder is asked for whether or not vLLM is there
     with pytest.raises(serve.ServeError, match="no customer model in .*python -m demo.customer build") as e:
         customer.ServedCustomer("demo", tmp_path).check()
     assert "\n" not in str(e.value)
