@@ -45,30 +45,34 @@ def build(cfg: dict, dev: torch.device, dtype: torch.dtype, seed: int = 0):
         return Qwen3ForCausalLM(Qwen3Config(**cfg)).to(dtype)
 
 
-def settings(tokens: int, bf16: bool) -> dict:
-    c = muarl.Config(micro_batch_tokens=tokens, logprob_chunk=1024, kl_coef=0.0, grad_clip=1.0,
-                     dtype="bfloat16" if bf16 else "float32")
-    return muarl.update_settings(c)
+def settings(tokens: int, world_size: int = 1) -> dict:
+    """update()'s keywords: bf16 compute (over whatever the weights are), no KL, the paper's grad clip."""
+    c = muarl.Config(micro_batch_tokens=tokens, logprob_chunk=1024, kl_coef=0.0, grad_clip=1.0, dtype="bfloat16")
+    return dict(muarl.update_settings(c), world_size=world_size)
 
 
-def measure(cfg: dict, dev: torch.device, tokens: int, checkpointing: bool) -> dict:
-    """Peak bytes allocated during a second update (the first made AdamW's moments), and its seconds."""
-    model = build(cfg, dev, torch.float32)
-    if checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    eps, adv = episodes(tokens // 2048, 2048, cfg["vocab_size"])
+def second_update(model, eps, adv, dev: torch.device, **kw) -> dict:
+    """Peak bytes allocated during a second update (the first made AdamW's moments; nan off a GPU), its seconds."""
     opt = torch.optim.AdamW(model.parameters(), lr=1e-6, weight_decay=0.01)
-    muarl.update(model, None, eps, adv, opt, **settings(tokens, True))
+    muarl.update(model, None, eps, adv, opt, **kw)
     if dev.type == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
     t0 = time.time()
-    st = muarl.update(model, None, eps, adv, opt, **settings(tokens, True))
+    st = muarl.update(model, None, eps, adv, opt, **kw)
     if dev.type == "cuda":
         torch.cuda.synchronize()
     peak = torch.cuda.max_memory_allocated() if dev.type == "cuda" else float("nan")
-    del model, opt
     return {"peak": peak, "s": time.time() - t0, "loss": st["loss"], "skipped": st["skipped"]}
+
+
+def measure(cfg: dict, dev: torch.device, tokens: int, checkpointing: bool) -> dict:
+    """One process: fp32 weights under autocast, activation checkpointing on or off."""
+    model = build(cfg, dev, torch.float32)
+    if checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    eps, adv = episodes(tokens // 2048, 2048, cfg["vocab_size"])
+    return second_update(model, eps, adv, dev, **settings(tokens))
 
 
 def sharded(cfg: dict, tokens: int, checkpointing: bool) -> None:
@@ -77,17 +81,17 @@ def sharded(cfg: dict, tokens: int, checkpointing: bool) -> None:
     import shutil
     import tempfile
 
-    from fsdp import dist_setup, dist_teardown, full_state_dict, load_sharded, rank_device
+    from fsdp import barrier, dist_setup, dist_teardown, full_state_dict, load_sharded, rank_device
 
     rank, world_size = dist_setup()
     dev = rank_device()
     folder = Path(tempfile.gettempdir()) / "muarl-gpu-plan"  # one folder every rank reads (one machine)
     if rank == 0:
         build(cfg, dev, torch.float32).save_pretrained(folder)
-    muarl.barrier(world_size)
+    barrier(world_size)
     saved = None
     model = load_sharded(str(folder), torch.float32, checkpointing, bf16=True)
-    muarl.barrier(world_size)
+    barrier(world_size)
     if rank == 0:
         from safetensors.torch import load_file
 
@@ -103,23 +107,15 @@ def sharded(cfg: dict, tokens: int, checkpointing: bool) -> None:
     del loaded, saved
     eps, adv = episodes(tokens // 2048, 2048, cfg["vocab_size"])
     mine = slice(rank * len(eps) // world_size, (rank + 1) * len(eps) // world_size)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-6, weight_decay=0.01)
-    kw = dict(settings(tokens, True), world_size=world_size)
-    muarl.update(model, None, eps[mine], adv[mine], opt, **kw)
-    if dev.type == "cuda":
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-    t0 = time.time()
-    st = muarl.update(model, None, eps[mine], adv[mine], opt, **kw)
-    peak = torch.cuda.max_memory_allocated() if dev.type == "cuda" else float("nan")
+    m = second_update(model, eps[mine], adv[mine], dev, **settings(tokens, world_size))
     planned = models.plan(cfg, world_size, tokens=tokens // world_size, checkpointing=checkpointing, reference=False,
                           bf16=True, chunk=1024, engine="none", sharded=True)
     if rank == 0:
         print(f"[gpu_plan] FSDP2, activation checkpointing {checkpointing}: planned update "
               f"{planned['update'] / models.GIB:.1f} GiB (copies {planned['copies'] / models.GIB:.1f}, acts "
-              f"{planned['acts'] / models.GIB:.1f}); measured peak {peak / models.GIB:.1f} GiB; update "
-              f"{time.time() - t0:.2f} s, loss {st['loss']:+.4f}, skipped {st['skipped']}")
-        print(f"[gpu_plan] measured / planned peak (FSDP2): {peak / planned['update']:.3f}")
+              f"{planned['acts'] / models.GIB:.1f}); measured peak {m['peak'] / models.GIB:.1f} GiB; update "
+              f"{m['s']:.2f} s, loss {m['loss']:+.4f}, skipped {m['skipped']}")
+        print(f"[gpu_plan] measured / planned peak (FSDP2): {m['peak'] / planned['update']:.3f}")
     dist_teardown(world_size)
 
 
@@ -129,7 +125,7 @@ def moved(cfg: dict, dev: torch.device, tokens: int, weights: torch.dtype) -> fl
     before = [p.detach().clone() for p in model.parameters()]
     eps, adv = episodes(max(1, tokens // 2048), 2048, cfg["vocab_size"])
     opt = torch.optim.AdamW(model.parameters(), lr=1e-6, weight_decay=0.01)
-    muarl.update(model, None, eps, adv, opt, **settings(tokens, True))
+    muarl.update(model, None, eps, adv, opt, **settings(tokens))
     changed = sum(int((p.detach() != b).sum()) for p, b in zip(model.parameters(), before))
     return changed / sum(b.numel() for b in before)
 

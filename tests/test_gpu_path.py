@@ -380,12 +380,9 @@ def test_the_gpu_check_runs_on_a_cpu(tmp_path, offload):
 
 def test_the_gpu_plan_probe_runs_on_a_cpu(capsys):
     """bench/gpu_plan.py --tiny: the fp32-master step moves (nearly) every weight at lr 1e-6; bf16 weights barely."""
-    import importlib.util
+    import importlib
 
-    spec = importlib.util.spec_from_file_location("gpu_plan", REPO / "bench" / "gpu_plan.py")
-    gpu_plan = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(gpu_plan)
-    gpu_plan.main(["--tiny", "--tokens", "2048"])
+    importlib.import_module("bench.gpu_plan").main(["--tiny", "--tokens", "2048"])
     out = capsys.readouterr().out
     shares = [float(line.split(": ")[1].split(" %")[0]) for line in out.splitlines() if "% of entries moved" in line]
     assert len(shares) == 2 and shares[0] > 99.0 and shares[1] < 20.0, out  # float32 masters, then bfloat16 weights

@@ -238,14 +238,10 @@ def test_a_request_without_plain_answers_is_not_probed(monkeypatch, tmp_path):
 
 
 def _read_probe():
-    """bench/read_probe.py as a module (bench/ is no package)."""
-    import importlib.util
+    """bench/read_probe.py as a module (bench/ has no __init__.py: a namespace package from the repository root)."""
+    import importlib
 
-    from conftest import REPO
-    spec = importlib.util.spec_from_file_location("read_probe", REPO / "bench" / "read_probe.py")
-    rp = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(rp)
-    return rp
+    return importlib.import_module("bench.read_probe")
 
 
 def test_read_probe_sees_a_reader_and_the_refusals(tmp_path):
