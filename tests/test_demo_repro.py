@@ -83,8 +83,13 @@ def test_the_seeds_table_counts_gain_band_and_the_last_evaluations_mistakes(tmp_
     assert rows[7]["mistakes"] == "extra_human 2, no_insist 1 (of 3)" and rows[7]["fidelity_min"] == pytest.approx(91.0)
     assert not rows[8]["learned"] and rows[8]["finished"] and rows[8]["mistakes"] == "none (of 1)"
     assert not rows[9]["finished"]
-    text = seeds.table(runs)
+    sft = tmp_path / "d"  # a run still in its cold start: a log, no evaluation, no conversations yet
+    sft.mkdir()
+    (sft / "config.json").write_text(json.dumps({"seed": 10}))
+    (sft / "log.jsonl").write_text(json.dumps({"phase": "sft", "loss": 1.0}) + "\n")
+    text = seeds.table(runs + [sft])
     assert "| 9 |" in text and "unfinished" in text and "2 finished run(s)" in text and "1 of 2 gained" in text
+    assert "| 10 | - | - |" in text and text.count("unfinished") == 2
 
 
 def test_the_per_behaviour_table_reads_who_asked_the_status_flows_question(tmp_path):
