@@ -17,12 +17,13 @@ order every time; the store's customer does what the paper's practitioners list 
 
 The same tools as the shop, plus the two generic tools the paper watched RL prune: `think` (tau2's: no effect) and
 `transfer_to_human_agents`, which here files an escalation record, so an unnecessary transfer changes the database
-and scores 0 (tau2's transfer writes nothing; this is the store's way to make a needless hand-off cost something
-the reward can see). The cold-start annotator is *cautious*: it calls `think` needlessly before the lookup (4 in 10),
+and scores 0 (tau2's transfer writes nothing; this is the store's way to make a needless hand-off cost something the
+reward can see). The cold-start annotator is *cautious*: it calls `think` needlessly before the lookup (4 in 10),
 transfers a customer who insists (8 in 10), writes the default option when the customer wants the other (half the
-time: shop's laziness), and follows the first option a customer names even when it changes its mind (6 in 10). The
-last three cost the reward, and RL against it unlearns them (README); `think` costs nothing here. After every lookup
-it thinks usefully, always: the policy's rule worked out as a lookup a 2-layer model can copy (make_task says why)
+time: shop's laziness; 55 % in a run's world, domains/__init__.py), and follows the first option a customer names
+even when it changes its mind (6 in 10). The last three cost the reward, and RL against it unlearns them (README);
+`think` costs nothing here. After every lookup it thinks usefully, always: the policy's rule worked out as a lookup
+a 2-layer model can copy (make_task says why)
 
     It is pending: cancel yes, return no. The customer wants to return: no.
 
@@ -500,7 +501,7 @@ def option_cases(tasks, n: int = 32) -> dict[str, list[tuple]]:
     the first `n` training conversations of each request where the customer names one option plainly. Each case is
     the conversation up to the write call twice, the customer's answer naming the shop's default option and naming
     the other, and the write call with each option: (said default, said other, write default, write other). The
-    annotator writes the default for half of the customers who want the other (its laziness), so a cold start that
+    annotator writes the default for about half of the customers who want the other (its laziness), so a cold start that
     imitates it writes the other option sometimes, and only when it was said. Seed 9 (Intel) wrote it as often after
     either answer for returns: GRPO then never learnt to read the refund's destination (0 -> 2 of 50 held-out
     returns to a gift card), as seed 4 did not, and seed 9 gained +0.5 points (docs/demo_notes.md, Session 12)."""
