@@ -32,7 +32,7 @@ def row(run: Path) -> dict:
     gain = p1[-1][1] - p1[0][1] if len(p1) > 1 else float("nan")
     last = evals[-1]["name"] if evals else None
     path = run / "episodes-rank0.jsonl"  # the last evaluation's conversations (none yet: a run still in its SFT)
-    eps = [e for e in map(json.loads, path.open()) if e.get("name") == last] if path.is_file() else []
+    eps = [e for e in map(json.loads, path.read_text().splitlines()) if e.get("name") == last] if path.is_file() else []
     mistakes = Counter(m for e in eps for m in e["info"].get("customer_mistakes", []))
     return {"seed": seed, "pass1": p1, "gain": gain, "fidelity_min": min(fid, default=float("nan")),
             "finished": done, "learned": done and gain >= 15 and 25 <= p1[0][1] <= 65, "blind": blind_rule(run),
