@@ -2,6 +2,7 @@
 its ratio lines. The numbers themselves are not checked (they depend on the machine and its load); that the
 scripts run end to end and report what they measured is."""
 
+import json
 import os
 import subprocess
 import sys
@@ -119,3 +120,37 @@ def test_compare_customers_cells_are_eval_commands_of_each_runs_own_world(tmp_pa
                       ("the LLM customer", "a held-out customer"): [(0, 0.8, 0.97), (1, 0.6, 0.9)]})
     assert "| the LLM customer - the script | no seed in both | no seed in both | +30.0, -10.0 (seeds 0, 1; mean " \
            "+10.0) |" in diff  # seed by seed, only the seeds both rows ran
+
+
+def test_fidelity_split_separates_conversations_with_other_agent_text(tmp_path):
+    # bench/fidelity_split.py: the in-loop fidelity of a run's evaluations, split by whether every agent text was a
+    # policy line (any id, any status) or not; an episode that is not an evaluation's is left out.
+    sys.path.insert(0, str(REPO / "bench"))
+    from fidelity_split import policy_line
+
+    from domains import shop, store
+
+    refuse = shop.REFUSE["return"].format("#W113", "pending")
+    assert policy_line(store.ASK_ID) and policy_line(refuse) and policy_line(shop.DONE["cancel"].format("#W7"))
+    assert not policy_line('I am sorry, but the policy do thir", "arguments": {"sum') and not policy_line(refuse + " x")
+
+    def episode(texts, mistakes, phase="eval", name="GRPO step 10"):
+        msgs = [{"role": "user", "content": "Hi, return #W113."}, {"role": "assistant", "content": "", "tool_calls": [
+            {"function": {"name": "get_order_details", "arguments": {"order_id": "#W113"}}}]}]
+        msgs += [{"role": "assistant", "content": t} for t in texts]
+        return {"phase": phase, "name": name, "info": {"customer_mistakes": mistakes}, "messages": msgs}
+
+    run = tmp_path / "run"
+    run.mkdir()
+    rows = [episode([refuse], []), episode([refuse, store.REFUSE_AGAIN], ["no_human"]),
+            episode([refuse, 'I am sorry, but the policy do thir", "arg'], ["extra_insist"]),
+            episode(["Sorry, order #W1 is is is"], []), episode(["garbled"], ["gibberish"], phase="step")]
+    (run / "episodes-rank0.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    out = subprocess.run([sys.executable, str(REPO / "bench" / "fidelity_split.py"), str(run)], cwd=REPO,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "| GRPO step 10 | 50.0 % of 4 | 50.0 % of 2 | 50.0 % of 2 |" in out.stdout, out.stdout
+    assert out.stdout.strip().splitlines()[-1].startswith("lowest in-loop fidelity: 50.0 %")
+    missing = subprocess.run([sys.executable, str(REPO / "bench" / "fidelity_split.py"), str(tmp_path / "none")],
+                             cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert missing.returncode == 1 and "not found" in missing.stderr and "Traceback" not in missing.stderr
