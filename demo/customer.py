@@ -7,7 +7,7 @@ served by vLLM's OpenAI-compatible server (serve.py), reached through the unchan
 
 The data: the store's customer (domains/store.py, `customer_turn` with a random generator: any paraphrase, any id
 position) against a *noisy* agent that mostly follows the policy but asks the wrong thing, refuses, or writes nonsense
-as an untrained policy does (the agents RL brings, not only the annotator); rendered as LLMUser renders a request
+as an untrained or drifted policy does (the agents RL brings, not the annotator); rendered as LLMUser renders a request
 (`user_prompt.simulator_messages`), the loss on the customer's turns, with the cold start's masks and SFT (sft.py).
 
 The training, in three stages (train_customer), each there because a measurement said so (README, issue 12):
