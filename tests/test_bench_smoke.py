@@ -154,3 +154,19 @@ def test_fidelity_split_separates_conversations_with_other_agent_text(tmp_path):
     missing = subprocess.run([sys.executable, str(REPO / "bench" / "fidelity_split.py"), str(tmp_path / "none")],
                              cwd=REPO, capture_output=True, text=True, timeout=120)
     assert missing.returncode == 1 and "not found" in missing.stderr and "Traceback" not in missing.stderr
+
+
+def test_gate_worlds_plays_each_runs_own_gate_tasks(tmp_path):
+    # bench/gate_worlds.py: README command 1's world for each seed, and the held-out tasks its gate plays
+    sys.path.insert(0, str(REPO / "bench"))
+    from gate_worlds import run_tasks, seeds_of
+
+    assert seeds_of("0-3,9") == [0, 1, 2, 3, 9] and seeds_of("5") == [5]
+    cfg, tasks = run_tasks(3)
+    assert (cfg.seed, cfg.synthetic_seed, cfg.user_serve, cfg.user_gate) == (3, 3, "demo", 0.95)
+    assert len(tasks) == 200 and all(t.split == "test" and t.spec["behaviour"] for t in tasks)
+    other = run_tasks(4)[1]
+    assert [t.spec["order_id"] for t in tasks] != [t.spec["order_id"] for t in other]  # a seed is its own world
+    out = subprocess.run([sys.executable, str(REPO / "bench" / "gate_worlds.py"), str(tmp_path), "--seeds", "0"],
+                         cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1 and "no model in" in out.stderr and "Traceback" not in out.stderr
