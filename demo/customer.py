@@ -420,7 +420,7 @@ def build(out: Path, seed: int = 0, threads: int = 2, temperature: float = 0.7, 
     tasks = [t for w in DATA_WORLDS for t in load_world("store", seed=w, n_train=300, n_test=10, n_orders=400,
                                                        n_test_orders=100, train_combos="any").tasks("train")]
     tasks += [t for t in tasks if t.spec["unseen"]] * 2  # the rarer combinations, three times over
-    data = customer_conversations(tasks, per_task=2, seed=seed, phrasing=phrasing)
+    data = customer_conversations(tasks, per_task=3, noise=0.3, seed=seed, phrasing=phrasing)
     t0 = time.perf_counter()
     train_customer(data, out, seed=seed)
     record = {**measure(out, seed, temperature), "data_worlds": list(DATA_WORLDS), "conversations": len(data),
