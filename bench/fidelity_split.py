@@ -32,11 +32,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from domains import shop, store  # noqa: E402
 
 
+FIXED = {store.ASK_ID, shop.ASK_REASON, shop.ASK_REFUND, store.REFUSE_AGAIN}  # the policy's lines without blanks
+FORMS = [re.compile(re.escape(f).replace(r"\{\}", r"(?:#W\d+|[a-z]+)"))  # "Sorry, order {} is {}, so ..." / "Done: ..."
+         for f in (*shop.REFUSE.values(), *shop.DONE.values())]
+
+
 def policy_line(text: str) -> bool:
     """Is `text` one of the store policy's agent lines (any order id, any status)?"""
-    fixed = {store.ASK_ID, shop.ASK_REASON, shop.ASK_REFUND, store.REFUSE_AGAIN}
-    forms = [*shop.REFUSE.values(), *shop.DONE.values()]  # "Sorry, order {} is {}, so ..." / "Done: order {} is ..."
-    return text in fixed or any(re.fullmatch(re.escape(f).replace(r"\{\}", r"(?:#W\d+|[a-z]+)"), text) for f in forms)
+    return text in FIXED or any(f.fullmatch(text) for f in FORMS)
 
 
 def split(episodes) -> dict:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -57,7 +58,7 @@ def main(argv=None) -> None:
     from user_sim import LLMUser
 
     rows, below = [], []
-    log = Path(__import__("tempfile").mkdtemp(prefix="muarl-gate-")) / "customer-server.log"
+    log = Path(tempfile.mkdtemp(prefix="muarl-gate-")) / "customer-server.log"
     with ModelServer(a.folder, name="customer", log_path=log) as srv:
         print(f"| seed | right lines | noisy agent | gate | s |\n|---|---|---|---|---|", flush=True)
         for seed in seeds_of(a.seeds):
