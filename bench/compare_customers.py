@@ -17,8 +17,8 @@ mean and spread over the seeds of that row, and the customer's fidelity (store.c
     done
     python bench/compare_customers.py runs/cmp/*-?                                      # ~1 min per cell
 
-The held-out customer is committed in demo/customer_model_b/ (gate 100 / 97.0 %, its fidelity.json), built by
-`python -m demo.customer build --phrasing b --seed 1 --out DIR` (34 min here); `--held_out DIR` takes another.
+The held-out customer is committed in demo/customer_model_b/ (gate 100 / 98.0 %, its fidelity.json), built by
+`python -m demo.customer build --phrasing b --seed 1 --out DIR` (12 min here); `--held_out DIR` takes another.
 
 The three rows of a seed start from one cold start (the LLM run's `cold-start/` weights, its config: world, limits,
 GRPO settings), so they differ only in the customer GRPO met. Every cell is `python eval.py --model RUN/final ...`
