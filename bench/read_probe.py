@@ -46,28 +46,13 @@ def p_first(model, tok, system: str, before: list[dict], first: dict, second: di
     return 1 / (1 + math.exp(lp[1] - lp[0]))
 
 
-def insist_cases(tasks, n: int = 24) -> dict[str, list[tuple]]:
-    """(the conversation up to the customer's reply to the refusal, refuse again, transfer) for the first `n`
-    training tasks that insist and the first `n` that ask for a human."""
-    out = {"insist": [], "human": []}
-    for t in tasks:
-        s = t.spec or {}
-        if s.get("world") != "store" or s.get("behaviour") not in out or len(out[s["behaviour"]]) >= n:
-            continue
-        i = next(i for i, m in enumerate(t.expert) if m["role"] == "assistant" and "cannot be" in (m["content"] or ""))
-        summary = f"The customer wants to {s['request']} order {s['order_id']}, which is {s['status']}."
-        out[s["behaviour"]].append((t.expert[: i + 2], {"role": "assistant", "content": store.REFUSE_AGAIN},
-                                    store.shop._call("transfer_to_human_agents", {"summary": summary})))
-    return out
-
-
 def probe(model, tok, world) -> dict[str, float]:
     train, out = world.tasks("train"), {}
     for request, cases in store.option_cases(train).items():
         for said, k in (("other", 1), ("default", 0)):  # case: (said default, said other, write default, write other)
             p = [p_first(model, tok, world.rules, c[k], c[3], c[2]) for c in cases]
             out[f"{request}: p(other | said {said})"] = sum(p) / max(1, len(p))
-    for behaviour, cases in insist_cases(train).items():
+    for behaviour, cases in store.hold_cases(train, n=24).items():
         p = [p_first(model, tok, world.rules, before, again, transfer) for before, again, transfer in cases]
         out[f"p(refuse again | {behaviour})"] = sum(p) / max(1, len(p))
     return out

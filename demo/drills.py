@@ -10,6 +10,7 @@ the cold start then learns from ~1,000 conversations is luck at 4 epochs: until_
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 
@@ -56,74 +57,86 @@ def copy_warmup(model, tokenizer, steps: int, lr: float, words: list[str], seed:
 
 
 def _logp(model, tokenizer, system: str, tools, messages: list[dict]) -> float:
-    """log p of the agent's tokens of a conversation (teacher-forced: the mask says which tokens are the agent's)."""
+    """log p of the agent's tokens of a conversation (teacher-forced: the mask says which tokens are the agent's),
+    the model in eval mode meanwhile (then as it was)."""
     ids, mask = chat.conversation_ids(tokenizer, system, list(tools), messages)
-    with torch.no_grad():  # logp: (T-1, V), the next token's log-probs at each position
-        logp = torch.log_softmax(model(torch.tensor([ids], device=compute_device(model))).logits[0, :-1].float(), -1)
+    was = model.training
+    with torch.no_grad():  # logits: (T-1, V), the next token's at each position
+        logits = model.eval()(torch.tensor([ids], device=compute_device(model))).logits[0, :-1]
+    model.train(was)
+    logp = torch.log_softmax(logits.float(), -1)
     return float((logp.cpu().gather(1, torch.tensor(ids[1:])[:, None])[:, 0] * torch.tensor(mask[1:])).sum())
 
 
 def lookup_right(model, tokenizer, cases, system: str, tools: list[dict] = ()) -> float:
     """The share of `cases` (store.lookup_cases) where the model prefers the right thought (or act) to every wrong one:
     log p of the agent's tokens of the conversation ending in each (teacher-forced; they differ in the last step)."""
-    was, right = model.training, 0
-    model.eval()
-    for before, good, *bad in cases:  # (before, the right step, one or more wrong ones)
-        lp = [_logp(model, tokenizer, system, tools, before + [step]) for step in (good, *bad)]
-        right += lp[0] > max(lp[1:])
-    model.train(was)
-    return right / max(1, len(cases))
+    lp = functools.partial(_logp, model, tokenizer, system, tools)
+    return sum(lp(before + [good]) > max(lp(before + [b]) for b in bad)  # (before, the right step, the wrong ones)
+               for before, good, *bad in cases) / max(1, len(cases))
 
 
 def reads_option(model, tokenizer, cases, system: str, tools: list[dict] = (), moves: float = 1.25) -> float:
     """The share of `cases` (store.option_cases) where the customer's answer moves the model's choice: the odds
     p(other) / p(default) at the write call are >= `moves` times higher after "the other" than after "the default"
     (a model that does not read the answer: the same odds after either, ratio 1)."""
-    was, right = model.training, 0
-    model.eval()
-    for said_default, said_other, write_default, write_other in cases:
-        log_o = [_logp(model, tokenizer, system, tools, said + [write_other]) -
-                 _logp(model, tokenizer, system, tools, said + [write_default]) for said in (said_default, said_other)]
-        right += log_o[1] - log_o[0] > math.log(moves)
-    model.train(was)
-    return right / max(1, len(cases))
+    lp = functools.partial(_logp, model, tokenizer, system, tools)
+    log_odds = lambda said, default, other: lp(said + [other]) - lp(said + [default])  # noqa: E731
+    return sum(log_odds(said_o, w_d, w_o) - log_odds(said_d, w_d, w_o) > math.log(moves)
+               for said_d, said_o, w_d, w_o in cases) / max(1, len(cases))
 
 
-def until_lookup(run, model, examples, epochs: float, takes: float = 0.95, **train) -> list[float]:
-    """The cold start's SFT (sft.train's arguments) and two probes of it on training conversations: the rule lookup
+def holds_refusal(model, tokenizer, cases, system: str, tools: list[dict] = ()) -> float:
+    """The mean of p(refuse again) / (p(refuse again) + p(transfer)) over `cases` (store.hold_cases' "insist"): how
+    often the model holds a refusal against an insisting customer (the annotator: 0.2; GRPO learns it only if drawn).
+    (log p(transfer) - log p(again) capped at 700: exp overflows above ~709.)"""
+    lp = functools.partial(_logp, model, tokenizer, system, tools)
+    return sum(1 / (1 + math.exp(min(lp(before + [transfer]) - lp(before + [again]), 700)))
+               for before, again, transfer in cases) / max(1, len(cases))
+
+
+def until_lookup(run, model, examples, epochs: float, takes: float = 0.95, hold: float = 0.1, **train) -> list:
+    """The cold start's SFT (sft.train's arguments) and three probes of it on training conversations: the rule lookup
     (lookup_right on store.lookup_cases: the thought's status, request, answer, the act) right on `takes` of them, the
     option read (reads_option on store.option_cases) of cancellations and returns on half (the annotator writes the
-    other option for half who want it). A step that did not take: SFT again from the drills' weights, the examples in
-    another order (--lookup_draws times at most); a lookup step took in none: the best draw trains 3/4 of its epochs
-    more (seed 13's act). Keeps the first that passed, else the one failing fewest, named; returns its losses."""
+    other option for half who want it), the refusal held (holds_refusal on store.hold_cases) at `hold`, half the
+    annotator's 0.2 (at top-p 0.9 GRPO rarely draws a rarer one: seeds 17, 32 held 0.025). A step that did not take:
+    SFT again from the drills' weights, the examples in another order (--lookup_draws times at most); a lookup step
+    took in none: the best draw trains 3/4 of its epochs more (seed 13's act). Keeps the first that passed, else the
+    one failing fewest, named; returns its losses."""
     start = {k: v.detach().clone() for k, v in model.state_dict().items()}  # the drills' weights
     losses = sft.train(model, examples, epochs=epochs, **train)
     if "store" not in run.worlds or not all((probes := store.lookup_cases(run.train_tasks)).values()):
         return losses  # another domain: no such thought to probe
     cfg, world, options = run.cfg, run.worlds["store"], store.option_cases(run.train_tasks)
+    insist = store.hold_cases(run.train_tasks)["insist"]  # (and the conversations where the annotator held one)
+    held = [e for e in examples if store.REFUSE_AGAIN in run.tok.decode(e[0])] if insist else []
     tools, draws, more, on = world.tool_schemas() if cfg.tools_in_prompt else [], [], cfg.lookup_draws + 1, False
     for draw in range(more + 1):  # draw `more`: the best draw trained on, when a lookup step took in none
         if draw == more and not on:
             break  # only an option read failed: more epochs do not mend it (seed 9: 7 epochs read returns 0.16 nats)
-        if draw:  # from the drills' weights, the examples in another order (draw `more`: the best draw's weights)
-            model.load_state_dict(best[4] if draw == more else start)
-            losses = sft.train(model, examples, epochs=epochs * (0.75 if draw == more else 1),
+        if draw:  # from the drills' weights, the examples in another order (draw `more`: the best draw's weights);
+            model.load_state_dict(best[4] if draw == more else start)  # a hold failed: its conversations 3 times
+            losses = sft.train(model, examples + held * 2 * any("holds insist" in d[2] for d in draws),
+                               epochs=epochs * (0.75 if draw == more else 1),
                                **{**train, "seed": train.get("seed", 0) + 1000 * draw})
         shares = {kind: lookup_right(model, run.tok, cases, world.rules, tools) for kind, cases in probes.items()}
         reads = {f"reads {r}": reads_option(model, run.tok, c, world.rules, tools) for r, c in options.items() if c}
-        failed = [k for k, v in shares.items() if v < takes] + [k for k, v in reads.items() if v < 0.5]
+        reads |= {"holds insist": holds_refusal(model, run.tok, insist, world.rules, tools)} if insist else {}
+        failed = [k for k, v in shares.items() if v < takes] + [k for k, v in reads.items() if v < (
+            hold if k == "holds insist" else 0.5)]
         if run.log:
             run.log({"phase": "stage", "stage": "lookup", "draw": draw, "right": min(shares.values()),
                      "epochs": epochs * (1.75 if draw == more else 1), **shares, **reads, "ok": not failed})
-        draws.append(((len(failed), -min(shares.values())), draw, failed, losses,  # (weights: only a failed draw's)
+        draws.append(((len(failed), -min(shares.values()), -reads.get("holds insist", 1)), draw, failed, losses,
                       {k: v.detach().clone() for k, v in model.state_dict().items()} if failed else None))
         if not failed:
             break
-        best = min(draws, key=lambda d: d[0])  # (fewest failed steps, then the best lookup)
+        best = min(draws, key=lambda d: d[0])  # (fewest failed steps, then the best lookup, then the best hold)
         on = 0 < draw == cfg.lookup_draws and bool(set(best[2]) & set(probes))  # (--lookup_draws 0: no draw more)
         read = ", ".join(f"{k} {100 * v:.1f} %" for k, v in {**shares, **reads}.items())
-        print(f"[stage] cold start draw {draw}: {read} (the lookup takes at {100 * takes:.0f} %, the options at 50 %): "
-              f"{', '.join(failed)} did not take" + (": drawn again" if draw < cfg.lookup_draws else "")
+        print(f"[stage] cold start draw {draw}: {read} (takes at: lookup {100 * takes:.0f} %, options 50 %, hold "
+              f"{100 * hold:g} %): {', '.join(failed)} did not take" + ": drawn again" * (draw < cfg.lookup_draws)
               + f": draw {best[1]} trains {0.75 * epochs:g} epochs more" * on, flush=True)
     _, draw, failed, losses, weights = min(draws, key=lambda d: d[0])  # the first of the best
     if failed:  # (a draw that passed is the last one, already in the model)

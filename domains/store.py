@@ -525,6 +525,24 @@ def option_cases(tasks, n: int = 32) -> dict[str, list[tuple]]:
     return out
 
 
+def hold_cases(tasks, n: int = 32) -> dict[str, list[tuple]]:
+    """Does the cold start ever hold a refusal? The third probe (demo/drills.holds_refusal), read off the first `n`
+    training tasks that insist and the first `n` that ask for a human: (the expert conversation up to the customer's
+    reply to the refusal, the refusal repeated, the transfer). The annotator transfers 8 insisting customers in 10,
+    so a cold start that imitates it holds p(refuse again | insists) near 0.2; GRPO must raise that to 1 from the
+    refusals it samples. Cold starts of seeds 17 and 32 held 0.025 (at top-p 0.9 a continuation under ~0.1 is rarely
+    drawn) and never learnt it, as 29-31 and 33 (0.08-0.18) did (docs/demo_notes.md, Session 19)."""
+    out = {"insist": [], "human": []}
+    for t in tasks:
+        s = t.spec or {}
+        if s.get("world") != "store" or s.get("behaviour") not in out or len(out[s["behaviour"]]) >= n:
+            continue
+        i = next(i for i, m in enumerate(t.expert) if m["role"] == "assistant" and "cannot be" in (m["content"] or ""))
+        hand_off = {"summary": f"The customer wants to {s['request']} order {s['order_id']}, which is {s['status']}."}
+        out[s["behaviour"]].append((t.expert[: i + 2], {"role": "assistant", "content": REFUSE_AGAIN},
+                                    shop._call("transfer_to_human_agents", hand_off)))
+    return out
+
 class StoreWorld(World):
     def customer_mistakes(self, task: Task, messages: list[dict]) -> list[str] | None:
         return customer_mistakes(task.spec, messages) if task.spec else None

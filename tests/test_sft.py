@@ -1,6 +1,7 @@
 """Cold start: conversations render to the same (ids, mask) a rollout grows, and training lowers the loss."""
 
 import json
+import math
 
 import pytest
 import torch
@@ -82,7 +83,8 @@ def _store_run(tmp_path, lookup_draws=2):
     world = store.build_world(seed=0, n_orders=300, n_test_orders=100, n_train=200, n_test=20)
     cfg = SimpleNamespace(lookup_draws=lookup_draws, sft_batch=8, sft_lr=2e-3, tools_in_prompt=False)
     records = []
-    return SimpleNamespace(cfg=cfg, worlds={"store": world}, train_tasks=world.tasks("train"), policy=None, tok=None,
+    tok = SimpleNamespace(decode=lambda ids: store.REFUSE_AGAIN if ids == [1] else str(ids))  # (held: [1])
+    return SimpleNamespace(cfg=cfg, worlds={"store": world}, train_tasks=world.tasks("train"), policy=None, tok=tok,
                            log=records.append, records=records)
 
 
@@ -115,6 +117,7 @@ def test_the_cold_start_is_drawn_again_when_a_probe_did_not_take(monkeypatch, ca
     before = {k: v.clone() for k, v in model.state_dict().items()}
 
     def train(m, ex, **kw):  # records each training and where it started from; draw k adds k + 1 to the weights
+        assert ex == ["examples"]  # the hold took (0.2) on every draw: no conversation trains more than once
         calls.append((kw["epochs"], kw["seed"], all(torch.equal(v, before[k]) for k, v in m.state_dict().items())))
         with torch.no_grad():
             m.weight.add_(float(len(calls)))
@@ -123,6 +126,7 @@ def test_the_cold_start_is_drawn_again_when_a_probe_did_not_take(monkeypatch, ca
     parts = []  # each probe reads the status, the answer, the request, the act, then the options of each request
     monkeypatch.setattr(drills, "lookup_right", lambda m, tok, part, *a: parts.append(part) or next(answers))
     monkeypatch.setattr(drills, "reads_option", lambda m, tok, part, *a: parts.append(part) or next(answers))
+    monkeypatch.setattr(drills, "holds_refusal", lambda *a: 0.2)  # the annotator's own hold: takes
     monkeypatch.setattr(drills.sft, "train", train)
     assert drills.until_lookup(run, model, ["examples"], epochs=4, lr=1e-3, seed=5) == [float(kept + 1)]
     assert calls == [(4 if k < 3 else 3, 5 + 1000 * k, k < 3) for k in range(len(probe))]  # 0-2: the drills' weights
@@ -141,12 +145,67 @@ def test_the_cold_start_is_drawn_again_when_a_probe_did_not_take(monkeypatch, ca
     assert (f"did not take after {len(probe)} draws: kept draw {kept}," in out) == (not taken)
 
 
+@pytest.mark.parametrize("holds, kept, taken", [([0.15], 0, True), ([0.05, 0.12], 1, True),
+                                                 ([0.02, 0.08, 0.05], 1, False), ([0.03, 0.03, 0.01], 0, False)])
+def test_a_cold_start_that_never_holds_a_refusal_is_drawn_again(monkeypatch, capsys, tmp_path, holds, kept, taken):
+    # Session 19: seeds 17 and 32 held a refusal against an insisting customer with p 0.025 (the annotator: 0.2), so
+    # GRPO at top-p 0.9 never drew the hold and never learnt it; below `hold` (0.1) the cold start is drawn again, the
+    # lookup's draws and their budget (no "more epochs": that is for a lookup step), and from then on the
+    # conversations where the annotator held the refusal train three times; of the failed, the best hold is kept
+    from demo import drills
+
+    run, answers, calls = _store_run(tmp_path), iter(holds), []
+    model, examples = torch.nn.Linear(1, 1), [([2], [1]), ([1], [1]), ([3], [1])]  # the second: a held refusal
+
+    def train(m, ex, **kw):  # draw k leaves weight k + 1
+        assert ex == examples + [([1], [1])] * 2 * (len(calls) > 0)  # every draw after draw 0 followed a failed hold
+        calls.append(kw["epochs"])
+        with torch.no_grad():
+            m.weight.fill_(float(len(calls)))
+        return [float(len(calls))]
+
+    monkeypatch.setattr(drills, "lookup_right", lambda *a: 1.0)
+    monkeypatch.setattr(drills, "reads_option", lambda *a: 1.0)
+    monkeypatch.setattr(drills, "holds_refusal", lambda m, tok, cases, *a: cases and next(answers))
+    monkeypatch.setattr(drills.sft, "train", train)
+    assert drills.until_lookup(run, model, examples, epochs=4) == [float(kept + 1)] and calls == [4] * len(holds)
+    assert model.weight.item() == kept + 1
+    stages = [r for r in run.records if r.get("stage") == "lookup"]
+    assert [(r["holds insist"], r["ok"]) for r in stages] == [(h, h >= 0.1) for h in holds]
+    out = capsys.readouterr().out
+    assert out.count("holds insist did not take") == len(holds) - taken and "epochs more" not in out
+    assert ("hold 10 %" in out) == (len(holds) > 1) and ("did not take after 3 draws" in out) == (not taken)
+
+
+def test_the_hold_probe_reads_which_continuation_the_model_prefers(monkeypatch, tmp_path):
+    # drills.holds_refusal on store.hold_cases: p(refuse again) / (p(refuse again) + p(transfer)), averaged over the
+    # cases, from the log-probs of the two whole conversations; swapping the continuations gives 1 - p on each case
+    from demo import drills
+
+    run = _store_run(tmp_path)
+    world = run.worlds["store"]
+    cases = store.hold_cases(run.train_tasks, n=6)["insist"]
+    texts = [world.rules] + [json.dumps(t.expert) for t in run.train_tasks[:100]]
+    model, tok = build_tiny(tmp_path / "tiny", texts=texts, hidden=32, layers=1, heads=1, kv_heads=1, intermediate=64,
+                            vocab_size=400, split_digits=True)
+    swapped = [(before, transfer, again) for before, again, transfer in cases]
+    p = drills.holds_refusal(model, tok, cases, world.rules)  # a random model: a real forward
+    assert 0 <= p <= 1 and drills.holds_refusal(model, tok, swapped, world.rules) == pytest.approx(1 - p)
+    assert drills.holds_refusal(model, tok, [], world.rules) == 0.0
+    logp = {store.REFUSE_AGAIN: math.log(0.03), "": math.log(0.27)}  # a model whose refusal is 1 in 10
+    monkeypatch.setattr(drills, "_logp", lambda m, tok, system, tools, msgs: logp[msgs[-1]["content"]])
+    assert drills.holds_refusal(model, tok, cases, world.rules) == pytest.approx(0.1)
+    logp[""] = -1e4  # a transfer the model would never write: exp(1e4) would overflow, the cap keeps it finite
+    assert drills.holds_refusal(model, tok, swapped, world.rules) == pytest.approx(0.0)
+
+
 def test_no_more_draws_with_lookup_draws_0(monkeypatch, capsys, tmp_path):
     from demo import drills
 
     run, calls = _store_run(tmp_path, lookup_draws=0), []
     monkeypatch.setattr(drills, "lookup_right", lambda *a: 0.5)
     monkeypatch.setattr(drills, "reads_option", lambda *a: 1.0)
+    monkeypatch.setattr(drills, "holds_refusal", lambda *a: 0.2)
     monkeypatch.setattr(drills.sft, "train", lambda m, ex, **kw: calls.append(kw["epochs"]) or [0.5])
     assert drills.until_lookup(run, torch.nn.Linear(1, 1), [], epochs=2) == [0.5] and calls == [2]
     assert "did not take after 1 draw: kept draw 0" in capsys.readouterr().out
@@ -231,6 +290,7 @@ def test_a_request_without_plain_answers_is_not_probed(monkeypatch, tmp_path):
     monkeypatch.setattr(drills.store, "option_cases", lambda tasks: {"cancel": ["case"], "return": []})
     monkeypatch.setattr(drills, "lookup_right", lambda *a: 1.0)
     monkeypatch.setattr(drills, "reads_option", lambda m, tok, part, *a: calls.append(part) or 1.0)
+    monkeypatch.setattr(drills, "holds_refusal", lambda *a: 0.2)
     monkeypatch.setattr(drills.sft, "train", lambda m, ex, **kw: [0.5])
     assert drills.until_lookup(run, torch.nn.Linear(1, 1), [], epochs=2) == [0.5] and calls == [["case"]]
     stage = [r for r in run.records if r.get("stage") == "lookup"]
@@ -270,7 +330,7 @@ def test_read_probe_sees_a_reader_and_the_refusals(tmp_path):
     for request in ("cancel", "return"):
         assert out[f"{request}: p(other | said other)"] > out[f"{request}: p(other | said default)"], out
         assert blind[f"{request}: p(other | said other)"] == pytest.approx(blind[f"{request}: p(other | said default)"])
-    cases = rp.insist_cases(run.train_tasks, n=4)
+    cases = store.hold_cases(run.train_tasks, n=4)
     assert len(cases["insist"]) == len(cases["human"]) == 4
     for behaviour, part in cases.items():
         for before, again, transfer in part:

@@ -331,3 +331,24 @@ def test_option_cases_swap_the_customers_answer_and_nothing_else(world):
     plain = [t for t in world.tasks("train") if t.spec["choice"] and not t.spec["change"]]
     assert len(plain) > 40  # plain answers only (a change of mind names both options)
     assert store.option_cases(world.tasks("train"), n=5) == {k: v[:5] for k, v in cases.items()}
+
+
+def test_hold_cases_end_on_the_customers_reply_to_the_refusal(world):
+    # the third probe of the cold start (demo/drills.holds_refusal): the expert conversation up to the customer's reply
+    # to the first refusal (insisting, or asking for a human), then the refusal repeated and the transfer; the
+    # transfer's arguments are the gold hand-off of a customer who asks for a human
+    cases = store.hold_cases(world.tasks("train"), n=10)
+    assert list(cases) == ["insist", "human"] and all(len(c) == 10 for c in cases.values())
+    specs = {t.id: t for t in world.tasks("train")}
+    for behaviour, part in cases.items():
+        for before, again, transfer in part:
+            assert before[-2]["role"] == "assistant" and "cannot be" in before[-2]["content"]
+            assert before[-1]["role"] == "user" and "###STOP###" not in before[-1]["content"]
+            assert ("human" in before[-1]["content"].lower()) == (behaviour == "human")
+            assert again == {"role": "assistant", "content": store.REFUSE_AGAIN}
+            assert transfer["tool_calls"][0]["function"]["name"] == "transfer_to_human_agents"
+            task = next(t for t in specs.values() if t.expert[: len(before)] == before)
+            assert task.spec["behaviour"] == behaviour
+            if behaviour == "human":
+                assert task.actions == [transfer["tool_calls"][0]["function"]]
+    assert store.hold_cases(world.tasks("train"), n=3) == {k: v[:3] for k, v in cases.items()}
