@@ -39,10 +39,11 @@ def copy_examples(tokenizer, n: int, seed: int = 0, words: list[str] | None = No
 
 def copy_warmup(model, tokenizer, steps: int, lr: float, words: list[str], seed: int = 0, log=None,
                 converged: float = 0.15, **common) -> float:
-    """Copy drills until they take: `steps` steps of copy_examples, a second round if the first ended above loss 0.15
-    (they take at 0.03-0.07, stall at ~0.6 on some CPUs; seed 2's 0.22 left an agent that never learnt the rule
-    lookup, docs/demo_notes.md). Each round a logged stage, a stall named. Returns the mean of the last 20 losses."""
-    for attempt in range(2):
+    """Copy drills until they take: `steps` steps of copy_examples, another round while the last ended above loss 0.15,
+    3 rounds at most (they take at 0.03-0.07, stall at ~0.6 on some CPUs; seed 2's 0.22 left an agent that never
+    learnt the rule lookup, seed 0's 0.16 after two rounds one that read no option, docs/demo_notes.md). Each round a
+    logged stage, a stall named. Returns the mean of the last 20 losses."""
+    for attempt in range(3):
         drills = copy_examples(tokenizer, 16 * steps, seed=seed + attempt, words=words)
         losses = sft.train(model, drills, epochs=1, batch_size=16, lr=lr, warmup=20, desc="copy drills", seed=seed,
                        log=lambda r: log and log({**r, "phase": "copy_warmup"}), **common)
@@ -52,7 +53,7 @@ def copy_warmup(model, tokenizer, steps: int, lr: float, words: list[str], seed:
         if tail < converged:
             break
         print(f"[stage] copy drills did not converge (loss {tail:.2f}, converged < {converged})" +
-              (": a second round" if attempt == 0 else ": the cold start will copy badly"), flush=True)
+              (f": round {attempt + 2} of 3" if attempt < 2 else ": the cold start will copy badly"), flush=True)
     return tail
 
 
