@@ -102,7 +102,8 @@ def until_lookup(run, model, examples, epochs: float, takes: float = 0.95, hold:
     option read (reads_option on store.option_cases) of cancellations and returns on half (the annotator writes the
     other option for half who want it), the refusal held (holds_refusal on store.hold_cases) at `hold`, half the
     annotator's 0.2 (at top-p 0.9 GRPO rarely draws a rarer one: seeds 17, 32 held 0.025). A step that did not take:
-    SFT again from the drills' weights, the examples in another order (--lookup_draws times at most); a lookup step
+    SFT again from the drills' weights, the examples in another order (--lookup_draws times at most), after a failed
+    hold with the annotator's held refusals three times (a redraw alone left seed 32 at 0.025-0.046); a lookup step
     took in none: the best draw trains 3/4 of its epochs more (seed 13's act). Keeps the first that passed, else the
     one failing fewest, named; returns its losses."""
     start = {k: v.detach().clone() for k, v in model.state_dict().items()}  # the drills' weights
