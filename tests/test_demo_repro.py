@@ -58,7 +58,7 @@ def test_repro_ignores_clocks_places_and_endpoint_health_but_not_numbers(tmp_pat
 
 
 def test_the_seeds_table_counts_gain_band_and_the_last_evaluations_mistakes(tmp_path, monkeypatch):
-    from demo import seeds
+    import seeds  # bench/seeds.py (bench/ is on the path: above)
 
     monkeypatch.setattr(seeds, "blind_rule", lambda run: 50.0)  # (the rules' own play: tests/test_store.py)
 
