@@ -36,7 +36,7 @@ import torch  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 from demo.baselines import world_of  # noqa: E402
-from demo.drills import _logp  # noqa: E402
+from demo.drills import _logp, holds_refusal  # noqa: E402
 from domains import store  # noqa: E402
 
 
@@ -52,9 +52,8 @@ def probe(model, tok, world) -> dict[str, float]:
         for said, k in (("other", 1), ("default", 0)):  # case: (said default, said other, write default, write other)
             p = [p_first(model, tok, world.rules, c[k], c[3], c[2]) for c in cases]
             out[f"{request}: p(other | said {said})"] = sum(p) / max(1, len(p))
-    for behaviour, cases in store.hold_cases(train, n=24).items():
-        p = [p_first(model, tok, world.rules, before, again, transfer) for before, again, transfer in cases]
-        out[f"p(refuse again | {behaviour})"] = sum(p) / max(1, len(p))
+    for behaviour, cases in store.hold_cases(train, n=24).items():  # the cold start's third probe, on either kind
+        out[f"p(refuse again | {behaviour})"] = holds_refusal(model, tok, cases, world.rules)
     return out
 
 

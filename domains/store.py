@@ -543,6 +543,7 @@ def hold_cases(tasks, n: int = 32) -> dict[str, list[tuple]]:
                                     shop._call("transfer_to_human_agents", hand_off)))
     return out
 
+
 class StoreWorld(World):
     def customer_mistakes(self, task: Task, messages: list[dict]) -> list[str] | None:
         return customer_mistakes(task.spec, messages) if task.spec else None

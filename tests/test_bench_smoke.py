@@ -170,4 +170,3 @@ def test_gate_worlds_plays_each_runs_own_gate_tasks(tmp_path):
     out = subprocess.run([sys.executable, str(REPO / "bench" / "gate_worlds.py"), str(tmp_path), "--seeds", "0"],
                          cwd=REPO, capture_output=True, text=True, timeout=120)
     assert out.returncode == 1 and "no model in" in out.stderr and "Traceback" not in out.stderr
-
