@@ -102,8 +102,9 @@ def until_lookup(run, model, examples, epochs: float, takes: float = 0.95, hold:
     option read (reads_option on store.option_cases) of cancellations and returns on half (the annotator writes the
     other option for half who want it), the refusal held (holds_refusal on store.hold_cases) at `hold`, half the
     annotator's 0.2 (at top-p 0.9 GRPO rarely draws a rarer one: seeds 17, 32 held 0.025). A step that did not take:
-    SFT again from the drills' weights, the examples in another order (--lookup_draws times at most), after a failed
-    hold with the annotator's held refusals three times (a redraw alone left seed 32 at 0.025-0.046); a lookup step
+    SFT again from the drills' weights, the examples in another order (--lookup_draws times at most); after a failed
+    hold or option read, the annotator's conversations that do it (the refusal held; the other option written) three
+    times (a redraw alone left seed 32 holding 0.025-0.046, seed 17 reading returns 0-6 % in six draws); a lookup step
     took in none: the best draw trains 3/4 of its epochs more (seed 13's act). Keeps the first that passed, else the
     one failing fewest, named; returns its losses."""
     start = {k: v.detach().clone() for k, v in model.state_dict().items()}  # the drills' weights
@@ -111,15 +112,18 @@ def until_lookup(run, model, examples, epochs: float, takes: float = 0.95, hold:
     if "store" not in run.worlds or not all((probes := store.lookup_cases(run.train_tasks)).values()):
         return losses  # another domain: no such thought to probe
     cfg, world, options = run.cfg, run.worlds["store"], store.option_cases(run.train_tasks)
-    insist = store.hold_cases(run.train_tasks)["insist"]  # (and the conversations where the annotator held one)
-    held = [e for e in examples if store.REFUSE_AGAIN in run.tok.decode(e[0])] if insist else []
+    insist, texts = store.hold_cases(run.train_tasks)["insist"], [run.tok.decode(e[0]) for e in examples]
+    done = {"holds insist": store.REFUSE_AGAIN} if insist else {}  # what conversations doing a probe's step hold:
+    for r, (arg, choices) in store.CHOICES.items():  # the refusal repeated; the write call with the other option
+        done[f"reads {r}"] = f'"{arg}": "{next(o for o in choices if o != store.shop.DEFAULT[arg])}"'
     tools, draws, more, on = world.tool_schemas() if cfg.tools_in_prompt else [], [], cfg.lookup_draws + 1, False
     for draw in range(more + 1):  # draw `more`: the best draw trained on, when a lookup step took in none
         if draw == more and not on:
             break  # only an option read failed: more epochs do not mend it (seed 9: 7 epochs read returns 0.16 nats)
         if draw:  # from the drills' weights, the examples in another order (draw `more`: the best draw's weights);
-            model.load_state_dict(best[4] if draw == more else start)  # a hold failed: its conversations 3 times
-            losses = sft.train(model, examples + held * 2 * any("holds insist" in d[2] for d in draws),
+            model.load_state_dict(best[4] if draw == more else start)  # a hold or read failed: its conversations 3x
+            again = [e for e, text in zip(examples, texts) if any(done[k] in text for k in missed if k in done)]
+            losses = sft.train(model, examples + again * 2,
                                epochs=epochs * (0.75 if draw == more else 1),
                                **{**train, "seed": train.get("seed", 0) + 1000 * draw})
         shares = {kind: lookup_right(model, run.tok, cases, world.rules, tools) for kind, cases in probes.items()}
@@ -134,6 +138,7 @@ def until_lookup(run, model, examples, epochs: float, takes: float = 0.95, hold:
                       {k: v.detach().clone() for k, v in model.state_dict().items()} if failed else None))
         if not failed:
             break
+        missed = {k for d in draws for k in d[2]}  # every step failed so far
         best = min(draws, key=lambda d: d[0])  # (fewest failed steps, then the best lookup, then the best hold)
         on = 0 < draw == cfg.lookup_draws and bool(set(best[2]) & set(probes))  # (--lookup_draws 0: no draw more)
         read = ", ".join(f"{k} {100 * v:.1f} %" for k, v in {**shares, **reads}.items())
