@@ -96,6 +96,13 @@ def holds_refusal(model, tokenizer, cases, system: str, tools: list[dict] = ()) 
                for before, again, transfer in cases) / max(1, len(cases))
 
 
+# What an example's text holds when its conversation does a probe's step: the refusal repeated, the write call with
+# the option that is not the shop's default (rendered as the chat template writes a call's arguments: JSON)
+DOES = {"holds insist": store.REFUSE_AGAIN} | {
+    f"reads {r}": f'"{arg}": "{next(o for o in options if o != store.shop.DEFAULT[arg])}"'
+    for r, (arg, options) in store.CHOICES.items()}
+
+
 def until_lookup(run, model, examples, epochs: float, takes: float = 0.95, hold: float = 0.1, **train) -> list:
     """The cold start's SFT (sft.train's arguments) and three probes of it on training conversations: the rule lookup
     (lookup_right on store.lookup_cases: the thought's status, request, answer, the act) right on `takes` of them, the
@@ -113,16 +120,13 @@ def until_lookup(run, model, examples, epochs: float, takes: float = 0.95, hold:
         return losses  # another domain: no such thought to probe
     cfg, world, options = run.cfg, run.worlds["store"], store.option_cases(run.train_tasks)
     insist, texts = store.hold_cases(run.train_tasks)["insist"], [run.tok.decode(e[0]) for e in examples]
-    done = {"holds insist": store.REFUSE_AGAIN} if insist else {}  # what conversations doing a probe's step hold:
-    for r, (arg, choices) in store.CHOICES.items():  # the refusal repeated; the write call with the other option
-        done[f"reads {r}"] = f'"{arg}": "{next(o for o in choices if o != store.shop.DEFAULT[arg])}"'
     tools, draws, more, on = world.tool_schemas() if cfg.tools_in_prompt else [], [], cfg.lookup_draws + 1, False
     for draw in range(more + 1):  # draw `more`: the best draw trained on, when a lookup step took in none
         if draw == more and not on:
             break  # only an option read failed: more epochs do not mend it (seed 9: 7 epochs read returns 0.16 nats)
         if draw:  # from the drills' weights, the examples in another order (draw `more`: the best draw's weights);
             model.load_state_dict(best[4] if draw == more else start)  # a hold or read failed: its conversations 3x
-            again = [e for e, text in zip(examples, texts) if any(done[k] in text for k in missed if k in done)]
+            again = [e for e, text in zip(examples, texts) if any(DOES[k] in text for k in missed if k in DOES)]
             losses = sft.train(model, examples + again * 2,
                                epochs=epochs * (0.75 if draw == more else 1),
                                **{**train, "seed": train.get("seed", 0) + 1000 * draw})
