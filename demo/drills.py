@@ -96,10 +96,18 @@ def holds_refusal(model, tokenizer, cases, system: str, tools: list[dict] = ()) 
                for before, again, transfer in cases) / max(1, len(cases))
 
 
-# What an example's text holds when its conversation does a probe's step: the refusal repeated, the write call with
-# the option that is not the shop's default (rendered as the chat template writes a call's arguments: JSON)
-DOES = {"holds insist": store.REFUSE_AGAIN} | {
-    f"reads {r}": f'"{arg}": "{next(o for o in options if o != store.shop.DEFAULT[arg])}"'
+def _holds(text: str) -> bool:
+    """The refusal repeated after an insisting customer's reply: what came between the first refusal ("... cannot be
+    returned.") and the second is the customer's reply, and one asking for a human agent is not insisting (the
+    annotator refuses those again too: their hand-off not done, not a hold to learn)."""
+    return store.REFUSE_AGAIN in text and "human agent" not in text.split(store.REFUSE_AGAIN)[0].rsplit("cannot be")[-1]
+
+
+# Whether an example's text is a conversation doing a probe's step: the refusal held, the write call with the option
+# that is not the shop's default (rendered as the chat template writes a call's arguments: JSON)
+DOES = {"holds insist": _holds} | {
+    f"reads {r}": functools.partial(lambda call, text: call in text,
+                                    f'"{arg}": "{next(o for o in options if o != store.shop.DEFAULT[arg])}"')
     for r, (arg, options) in store.CHOICES.items()}
 
 
@@ -126,7 +134,7 @@ def until_lookup(run, model, examples, epochs: float, takes: float = 0.95, hold:
             break  # only an option read failed: more epochs do not mend it (seed 9: 7 epochs read returns 0.16 nats)
         if draw:  # from the drills' weights, the examples in another order (draw `more`: the best draw's weights);
             model.load_state_dict(best[4] if draw == more else start)  # a hold or read failed: its conversations 3x
-            again = [e for e, text in zip(examples, texts) if any(DOES[k] in text for k in missed if k in DOES)]
+            again = [e for e, text in zip(examples, texts) if any(DOES[k](text) for k in missed if k in DOES)]
             losses = sft.train(model, examples + again * 2,
                                epochs=epochs * (0.75 if draw == more else 1),
                                **{**train, "seed": train.get("seed", 0) + 1000 * draw})

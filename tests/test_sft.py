@@ -214,7 +214,7 @@ def test_what_a_step_done_looks_like_is_found_in_exactly_the_conversations_that_
     # (the template's JSON for a call), those where the annotator wrote the other option or held the refusal, no other
     from demo import drills
 
-    world = store.build_world(seed=3, n_orders=300, n_test_orders=100, n_train=200, n_test=20)
+    world = store.build_world(seed=3, n_orders=300, n_test_orders=100, n_train=200, n_test=20, refuse_human_rate=0.2)
     tasks = world.tasks("train")
     tok = build_tiny(tmp_path / "m", seed=0, texts=[json.dumps(t.expert) for t in tasks[:50]], vocab_size=512,
                      hidden=32, layers=1, heads=2, kv_heads=1, head_dim=16, intermediate=64)[1]
@@ -223,9 +223,11 @@ def test_what_a_step_done_looks_like_is_found_in_exactly_the_conversations_that_
         other = next(o for o in options if o != store.shop.DEFAULT[arg])
         wrote = [any(c["function"]["arguments"].get(arg) == other for m in t.expert for c in m.get("tool_calls") or [])
                  for t in tasks]
-        assert 0 < sum(wrote) < len(tasks) and [drills.DOES[f"reads {r}"] in x for x in texts] == wrote
-    held = [any(m["role"] == "assistant" and m["content"] == store.REFUSE_AGAIN for m in t.expert) for t in tasks]
-    assert any(held) and [drills.DOES["holds insist"] in x for x in texts] == held
+        assert 0 < sum(wrote) < len(tasks) and [drills.DOES[f"reads {r}"](x) for x in texts] == wrote
+    again = [any(m["role"] == "assistant" and m["content"] == store.REFUSE_AGAIN for m in t.expert) for t in tasks]
+    held = [a and t.spec["insist"] for a, t in zip(again, tasks)]  # (a human-asker refused again: not a hold)
+    assert any(held) and any(a and t.spec["human"] for a, t in zip(again, tasks))
+    assert [drills.DOES["holds insist"](x) for x in texts] == held
 
 
 def test_the_hold_probe_reads_which_continuation_the_model_prefers(monkeypatch, tmp_path):
