@@ -96,30 +96,14 @@ def holds_refusal(model, tokenizer, cases, system: str, tools: list[dict] = ()) 
                for before, again, transfer in cases) / max(1, len(cases))
 
 
-def _holds(text: str) -> bool:
-    """The refusal repeated after an insisting customer's reply: what came between the first refusal ("... cannot be
-    returned.") and the second is the customer's reply, and one asking for a human agent is not insisting (the
-    annotator refuses those again too: their hand-off not done, not a hold to learn)."""
-    return store.REFUSE_AGAIN in text and "human agent" not in text.split(store.REFUSE_AGAIN)[0].rsplit("cannot be")[-1]
-
-
-# Whether an example's text is a conversation doing a probe's step: the refusal held, the write call with the option
-# that is not the shop's default (rendered as the chat template writes a call's arguments: JSON)
-DOES = {"holds insist": _holds} | {
-    f"reads {r}": functools.partial(lambda call, text: call in text,
-                                    f'"{arg}": "{next(o for o in options if o != store.shop.DEFAULT[arg])}"')
-    for r, (arg, options) in store.CHOICES.items()}
-
-
 def until_lookup(run, model, examples, epochs: float, takes: float = 0.95, hold: float = 0.1, **train) -> list:
     """The cold start's SFT (sft.train's arguments) and three probes of it on training conversations: the rule lookup
     (lookup_right on store.lookup_cases: the thought's status, request, answer, the act) right on `takes` of them, the
     option read (reads_option on store.option_cases) of cancellations and returns on half (the annotator writes the
     other option for half who want it), the refusal held (holds_refusal on store.hold_cases) at `hold`, half the
     annotator's 0.2 (at top-p 0.9 GRPO rarely draws a rarer one: seeds 17, 32 held 0.025). A step that did not take:
-    SFT again from the drills' weights, the examples in another order (--lookup_draws times at most); after a failed
-    hold or option read, the annotator's conversations that do it (the refusal held; the other option written) three
-    times (a redraw alone left seed 32 holding 0.025-0.046, seed 17 reading returns 0-6 % in six draws); a lookup step
+    SFT again from the drills' weights, the examples in another order (--lookup_draws times at most), after a failed
+    hold with the annotator's held refusals three times (a redraw alone left seed 32 at 0.025-0.046); a lookup step
     took in none: the best draw trains 3/4 of its epochs more (seed 13's act). Keeps the first that passed, else the
     one failing fewest, named; returns its losses."""
     start = {k: v.detach().clone() for k, v in model.state_dict().items()}  # the drills' weights
@@ -127,15 +111,15 @@ def until_lookup(run, model, examples, epochs: float, takes: float = 0.95, hold:
     if "store" not in run.worlds or not all((probes := store.lookup_cases(run.train_tasks)).values()):
         return losses  # another domain: no such thought to probe
     cfg, world, options = run.cfg, run.worlds["store"], store.option_cases(run.train_tasks)
-    insist, texts = store.hold_cases(run.train_tasks)["insist"], [run.tok.decode(e[0]) for e in examples]
+    insist = store.hold_cases(run.train_tasks)["insist"]  # (and the conversations where the annotator held one)
+    held = [e for e in examples if store.REFUSE_AGAIN in run.tok.decode(e[0])] if insist else []
     tools, draws, more, on = world.tool_schemas() if cfg.tools_in_prompt else [], [], cfg.lookup_draws + 1, False
     for draw in range(more + 1):  # draw `more`: the best draw trained on, when a lookup step took in none
         if draw == more and not on:
             break  # only an option read failed: more epochs do not mend it (seed 9: 7 epochs read returns 0.16 nats)
         if draw:  # from the drills' weights, the examples in another order (draw `more`: the best draw's weights);
-            model.load_state_dict(best[4] if draw == more else start)  # a hold or read failed: its conversations 3x
-            again = [e for e, text in zip(examples, texts) if any(DOES[k](text) for k in missed if k in DOES)]
-            losses = sft.train(model, examples + again * 2,
+            model.load_state_dict(best[4] if draw == more else start)  # a hold failed: its conversations 3 times
+            losses = sft.train(model, examples + held * 2 * any("holds insist" in d[2] for d in draws),
                                epochs=epochs * (0.75 if draw == more else 1),
                                **{**train, "seed": train.get("seed", 0) + 1000 * draw})
         shares = {kind: lookup_right(model, run.tok, cases, world.rules, tools) for kind, cases in probes.items()}
@@ -150,7 +134,6 @@ def until_lookup(run, model, examples, epochs: float, takes: float = 0.95, hold:
                       {k: v.detach().clone() for k, v in model.state_dict().items()} if failed else None))
         if not failed:
             break
-        missed = {k for d in draws for k in d[2]}  # every step failed so far
         best = min(draws, key=lambda d: d[0])  # (fewest failed steps, then the best lookup, then the best hold)
         on = 0 < draw == cfg.lookup_draws and bool(set(best[2]) & set(probes))  # (--lookup_draws 0: no draw more)
         read = ", ".join(f"{k} {100 * v:.1f} %" for k, v in {**shares, **reads}.items())

@@ -41,13 +41,8 @@ DOMAINS: dict[str, Domain] = {
     "acebench_agent": Domain(acebench_agents.build_world, script=acebench),  # ACEBench Agent (its data: see there)
     bfcl.NAME: Domain(bfcl.build_world, script=bfcl),  # BFCL-v3 multi-turn (the bfcl-eval wheel); its customer: a script
     # the shop with a customer worth simulating (the CPU demo's world; its annotator writes the default for 55 % of
-    # those who name the other option: at 50 % a close imitation tipped either way, 4 of 26 cold starts above 65 %;
-    # and it does not read the reply to a refusal, refusing again 2 in 10 who ask for a human as it does insisters:
-    # without, a close imitation of it would score 58-68 % of a world's held-out tasks (seeds 0-59), cold starts of
-    # seeds 13, 14, 16, 18, 29 came out above 65 %, and GRPO, its hand-offs all right at first, learnt the hold
-    # against insisters then traded it back for the hand-off: seed 17)
-    "store": Domain(store.build_world, lambda c: _shop_settings(c, lazy=0.55) | {"refuse_human_rate": 0.2},
-                    script=store),
+    # those who name the other option: at 50 % a close imitation tipped either way, 4 of 26 cold starts above 65 %)
+    "store": Domain(store.build_world, lambda c: _shop_settings(c, lazy=0.55), script=store),
 }
 
 # Benchmarks `eval.py --bench NAME` runs: a domain above, the conversation rules it fixes, and its own figures.

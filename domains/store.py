@@ -19,10 +19,9 @@ The same tools as the shop, plus the two generic tools the paper watched RL prun
 `transfer_to_human_agents`, which here files an escalation record, so an unnecessary transfer changes the database
 and scores 0 (tau2's transfer writes nothing; this is the store's way to make a needless hand-off cost something the
 reward can see). The cold-start annotator is *cautious*: it calls `think` needlessly before the lookup (4 in 10),
-transfers a customer who insists (8 in 10), in a run's world does not read the reply to a refusal at all (it refuses
-again 2 in 10 customers who asked for a human too, domains/__init__.py), writes the default option when the customer
-wants the other (half the time: shop's laziness; 55 % in a run's world), and follows the first option a customer
-names even when it changes its mind (6 in 10). The last four cost the reward, and RL against it unlearns them (README);
+transfers a customer who insists (8 in 10), writes the default option when the customer wants the other (half the
+time: shop's laziness; 55 % in a run's world, domains/__init__.py), and follows the first option a customer names
+even when it changes its mind (6 in 10). The last three cost the reward, and RL against it unlearns them (README);
 `think` costs nothing here. After every lookup it thinks usefully, always: the policy's rule worked out as a lookup
 a 2-layer model can copy (make_task says why)
 
@@ -389,13 +388,9 @@ def make_task(world: World, order: dict, request: str, rng: random.Random, task_
     else:
         say(shop.REFUSE[request].format(oid, status))
         hand_off = {"summary": f"The customer wants to {request} order {oid}, which is {status}."}
-        slip = errors.get("refuse_human", 0)  # (0, and held-out tasks: no draw, so their tasks stay as they were)
         if spec["human"]:  # asked for a human agent: the transfer is the gold action
+            call("transfer_to_human_agents", hand_off)
             actions = [{"name": "transfer_to_human_agents", "arguments": hand_off}]
-            if slip and rng.random() < slip:  # the reply to the refusal not read: refused again, as if insisting
-                say(REFUSE_AGAIN)
-            else:
-                call("transfer_to_human_agents", hand_off)
         elif spec["insist"]:
             if rng.random() < errors.get("transfer", 0):  # the cautious hand-off: a needless escalation
                 call("transfer_to_human_agents", hand_off)
@@ -413,15 +408,13 @@ def make_task(world: World, order: dict, request: str, rng: random.Random, task_
 
 def build_world(seed: int = 0, n_orders: int = 600, n_test_orders: int = 200, n_train: int = 1000, n_test: int = 200,
                 lazy_rate: float = 0.5, first_word_rate: float = 0.6, transfer_rate: float = 0.8,
-                think_rate: float = 0.4, refuse_share: float = 0.4, train_combos: str = "seen",
-                refuse_human_rate: float = 0.0) -> World:
+                think_rate: float = 0.4, refuse_share: float = 0.4, train_combos: str = "seen") -> World:
     """The store with tasks. Held-out tasks use n_test_orders orders no training task mentions, and their
     conversations are written without the annotator's mistakes (they are only used for their spec and gold).
     train_combos "seen" keeps the HELD_OUT combinations out of training; "any" (the customer model's data: the
     customer must play every task, only the agent is held out from some) lets them in."""
     for name, v in (("lazy_rate", lazy_rate), ("first_word_rate", first_word_rate), ("transfer_rate", transfer_rate),
-                    ("think_rate", think_rate), ("refuse_share", refuse_share),
-                    ("refuse_human_rate", refuse_human_rate)):
+                    ("think_rate", think_rate), ("refuse_share", refuse_share)):
         if not 0 <= v <= 1:
             raise ValueError(f"{name} must be in [0, 1], got {v}")
     if n_test > n_test_orders or n_test_orders >= n_orders:
@@ -435,8 +428,7 @@ def build_world(seed: int = 0, n_orders: int = 600, n_test_orders: int = 200, n_
     allowed = {status: request for request, status in ALLOWED}  # the one request each status allows
     request = lambda o: (allowed.get(o["status"], "cancel") if rng.random() >= refuse_share  # noqa: E731
                          else {"cancel": "return", "return": "cancel"}[allowed.get(o["status"], "return")])
-    errors = {"lazy": lazy_rate, "first_word": first_word_rate, "transfer": transfer_rate, "think": think_rate,
-              "refuse_human": refuse_human_rate}
+    errors = {"lazy": lazy_rate, "first_word": first_word_rate, "transfer": transfer_rate, "think": think_rate}
     tasks = []
     for i, o in enumerate(test_orders[:n_test]):
         r = request(o)

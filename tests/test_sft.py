@@ -177,59 +177,6 @@ def test_a_cold_start_that_never_holds_a_refusal_is_drawn_again(monkeypatch, cap
     assert ("hold 10 %" in out) == (len(holds) > 1) and ("did not take after 3 draws" in out) == (not taken)
 
 
-def test_after_a_failed_option_read_the_conversations_writing_the_other_option_train_three_times(monkeypatch):
-    # Session 20: seed 17's cold start read the refund's destination in none of six draws (0-6 %), and its GRPO never
-    # learnt it; after a failed read (as after a failed hold) the annotator's conversations that write that request's
-    # other option (the write call's argument) train three times in every later draw, those of each step failed so far
-    from types import SimpleNamespace
-
-    from demo import drills
-
-    run = _store_run(None)
-    said = {0: "a plain one", 1: store.REFUSE_AGAIN, 2: 'return: {"refund_to": "gift card"}',
-            3: 'cancel: {"reason": "ordered by mistake"}', 4: 'return: {"refund_to": "original payment"}'}
-    run.tok = SimpleNamespace(decode=lambda ids: said[ids[0]])
-    examples = [([k], [1]) for k in said]
-    gift, mistake = examples[2], examples[3]
-    seen = []
-
-    def train(m, ex, **kw):
-        seen.append(ex)
-        return [float(len(seen))]
-
-    monkeypatch.setattr(drills, "lookup_right", lambda *a: 1.0)
-    draws = [(1.0, 0.0), (0.2, 1.0), (1.0, 1.0)]  # (cancel, return) per draw: return fails, then cancel, then none
-    answers = iter(x for d in draws for x in d)
-    monkeypatch.setattr(drills, "reads_option", lambda *a: next(answers))
-    monkeypatch.setattr(drills, "holds_refusal", lambda *a: 0.2)  # the hold takes: a held refusal trains once
-    monkeypatch.setattr(drills.sft, "train", train)
-    assert drills.until_lookup(run, torch.nn.Linear(1, 1), examples, epochs=4) == [3.0]
-    assert seen == [examples, examples + [gift] * 2, examples + [gift, mistake] * 2]
-    stages = [r for r in run.records if r.get("stage") == "lookup"]
-    assert [(r["reads cancel"], r["reads return"], r["ok"]) for r in stages] == [d + (d == (1.0, 1.0),) for d in draws]
-
-
-def test_what_a_step_done_looks_like_is_found_in_exactly_the_conversations_that_do_it(tmp_path):
-    # drills.DOES finds the examples to train three times by their text: it must match the rendered conversations
-    # (the template's JSON for a call), those where the annotator wrote the other option or held the refusal, no other
-    from demo import drills
-
-    world = store.build_world(seed=3, n_orders=300, n_test_orders=100, n_train=200, n_test=20, refuse_human_rate=0.2)
-    tasks = world.tasks("train")
-    tok = build_tiny(tmp_path / "m", seed=0, texts=[json.dumps(t.expert) for t in tasks[:50]], vocab_size=512,
-                     hidden=32, layers=1, heads=2, kv_heads=1, head_dim=16, intermediate=64)[1]
-    texts = [tok.decode(ids) for ids, _ in sft.render_examples(tok, sft.expert_conversations(tasks), {"store": world})]
-    for r, (arg, options) in store.CHOICES.items():
-        other = next(o for o in options if o != store.shop.DEFAULT[arg])
-        wrote = [any(c["function"]["arguments"].get(arg) == other for m in t.expert for c in m.get("tool_calls") or [])
-                 for t in tasks]
-        assert 0 < sum(wrote) < len(tasks) and [drills.DOES[f"reads {r}"](x) for x in texts] == wrote
-    again = [any(m["role"] == "assistant" and m["content"] == store.REFUSE_AGAIN for m in t.expert) for t in tasks]
-    held = [a and t.spec["insist"] for a, t in zip(again, tasks)]  # (a human-asker refused again: not a hold)
-    assert any(held) and any(a and t.spec["human"] for a, t in zip(again, tasks))
-    assert [drills.DOES["holds insist"](x) for x in texts] == held
-
-
 def test_the_hold_probe_reads_which_continuation_the_model_prefers(monkeypatch, tmp_path):
     # drills.holds_refusal on store.hold_cases: p(refuse again) / (p(refuse again) + p(transfer)), averaged over the
     # cases, from the log-probs of the two whole conversations; swapping the continuations gives 1 - p on each case

@@ -75,36 +75,6 @@ def test_the_cautious_annotator_makes_each_mistake(world):
         assert calls[t.id].count("think") == 1 and _score(world, t, _calls(t)) == 1.0
 
 
-def test_in_a_runs_world_the_annotator_does_not_read_the_reply_to_a_refusal(world):
-    # Session 20: the annotator refuses again a share of the customers who asked for a human agent, as it holds the
-    # refusal against 2 in 10 insisters: whatever the reply, the same odds. The held-out tasks (and the customer
-    # model's worlds, rate 0) are exactly as before: no draw is made for them
-    import dataclasses
-
-    from config import Config
-    from domains import load_worlds
-
-    kw = dict(seed=0, n_orders=300, n_test_orders=100, n_train=400, n_test=100)
-    slips = store.build_world(**kw, refuse_human_rate=0.5)
-    assert [(t.spec, t.expert) for t in slips.tasks("test")] == [(t.spec, t.expert) for t in world.tasks("test")]
-    human = [t for t in slips.tasks("train") if t.spec["human"]]
-    again = [t for t in human if "transfer_to_human_agents" not in [c["name"] for c in _calls(t)]]
-    assert 0.3 < len(again) / len(human) < 0.7  # 0.5, drawn
-    for t in again:  # refused twice, the customer accepted; the gold is still the hand-off, so it scores 0
-        said = [m["content"] for m in t.expert if m["role"] == "assistant" and m.get("content")]
-        assert said[-1] == store.REFUSE_AGAIN and store.STOP in t.expert[-1]["content"]
-        assert _score(slips, t, _calls(t)) == 0.0 and t.actions[0]["name"] == "transfer_to_human_agents"
-    assert all(_score(slips, t, _calls(t)) == 1.0 for t in human if t not in again)
-    every = store.build_world(**kw, refuse_human_rate=1.0).tasks("train")
-    assert all("transfer_to_human_agents" not in [c["name"] for c in _calls(t)] for t in every if t.spec["human"])
-    with pytest.raises(ValueError, match="refuse_human_rate"):
-        store.build_world(**kw, refuse_human_rate=1.5)
-    # a run's world (domains/__init__.py's row, from a run's config): 2 in 10
-    run = load_worlds(dataclasses.replace(Config(), domains="store"))["store"].tasks("train")
-    human = [t for t in run if t.spec["human"]]
-    assert 0.1 < sum("transfer_to_human_agents" not in [c["name"] for c in _calls(t)] for t in human) / len(human) < 0.3
-
-
 def test_after_every_lookup_the_annotator_works_the_rule_out_as_a_lookup(world):
     # the status, the rule for that status, the request, and the word that followed the request in the rule; that word
     # is the policy's answer (a refusal task is exactly one whose request the status forbids)
