@@ -16,7 +16,7 @@ An agent that reads the request puts p(refuse) near 1 exactly where the status f
 by the status alone gives the same p(refuse) for both requests on an order (the README's "status flow").
 
     python bench/probe_decision.py runs/muarl                    # the cold start (runs/muarl/cold-start)
-    python bench/probe_decision.py runs/muarl --model final --eval "GRPO (20 steps)"
+    python bench/probe_decision.py runs/muarl --model final --eval "GRPO (40 steps)"
 """
 
 from __future__ import annotations
