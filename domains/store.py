@@ -323,11 +323,11 @@ def customer_mistakes(spec: dict, messages: list[dict]) -> list[str]:
 HELD_OUT = {("return", "change", True), ("cancel", "human", True), ("cancel", "insist", True)}
 
 
-def _behaviour(allowed: bool, rng: random.Random, accept_share: float = 0.3) -> str:
+def _behaviour(allowed: bool, rng: random.Random) -> str:
     if allowed:  # an allowed request: the customer names its option, a third of them changing their mind
         return "change" if rng.random() < 0.35 else "plain"
-    r = rng.random()  # a forbidden one: accept the refusal, or (half and half) insist once or ask for a human agent
-    return "accept" if r < accept_share else "insist" if r < accept_share + (1 - accept_share) / 2 else "human"
+    r = rng.random()  # a forbidden one: accept the refusal, insist once, or ask for a human agent
+    return "accept" if r < 0.3 else "insist" if r < 0.65 else "human"
 
 
 def _choice(arg: str, rng: random.Random, other_share: float | None) -> str:
@@ -340,7 +340,7 @@ def _choice(arg: str, rng: random.Random, other_share: float | None) -> str:
 
 
 def make_task(world: World, order: dict, request: str, rng: random.Random, task_id: str, errors: dict,
-              combos: str = "seen", accept_share: float = 0.3, other_share: float | None = None) -> Task:
+              combos: str = "seen", other_share: float | None = None) -> Task:
     """One task on `order`, its behaviours drawn from rng (combos: "seen" = never a HELD_OUT combination, "unseen" =
     always one, "any"); its cold-start conversation is played against the real tools and the scripted customer by an
     annotator who makes each mistake of `errors` with its probability."""
@@ -348,7 +348,7 @@ def make_task(world: World, order: dict, request: str, rng: random.Random, task_
     allowed = (request, status) in ALLOWED
     arg, options = CHOICES[request]
     while True:
-        behaviour, omit = _behaviour(allowed, rng, accept_share), rng.random() < 0.5
+        behaviour, omit = _behaviour(allowed, rng), rng.random() < 0.5
         if combos == "unseen":
             behaviour = rng.choice(sorted(b for r, b, _ in HELD_OUT if r == request and (b == "change") == allowed))
             omit = True
@@ -418,13 +418,13 @@ def make_task(world: World, order: dict, request: str, rng: random.Random, task_
 def build_world(seed: int = 0, n_orders: int = 600, n_test_orders: int = 200, n_train: int = 1000, n_test: int = 200,
                 lazy_rate: float = 0.5, first_word_rate: float = 0.6, transfer_rate: float = 0.8,
                 think_rate: float = 0.4, refuse_share: float = 0.4, train_combos: str = "seen",
-                accept_share: float = 0.3, other_share: float | None = None) -> World:
+                other_share: float | None = None) -> World:
     """The store with tasks. Held-out tasks use n_test_orders orders no training task mentions, and their
     conversations are written without the annotator's mistakes (they are only used for their spec and gold).
     train_combos "seen" keeps the HELD_OUT combinations out of training; "any" (the customer model's data: the
     customer must play every task, only the agent is held out from some) lets them in."""
     for name, v in (("lazy_rate", lazy_rate), ("first_word_rate", first_word_rate), ("transfer_rate", transfer_rate),
-                    ("think_rate", think_rate), ("refuse_share", refuse_share), ("accept_share", accept_share),
+                    ("think_rate", think_rate), ("refuse_share", refuse_share),
                     ("other_share", 0.5 if other_share is None else other_share)):
         if not 0 <= v <= 1:
             raise ValueError(f"{name} must be in [0, 1], got {v}")
@@ -440,7 +440,7 @@ def build_world(seed: int = 0, n_orders: int = 600, n_test_orders: int = 200, n_
     request = lambda o: (allowed.get(o["status"], "cancel") if rng.random() >= refuse_share  # noqa: E731
                          else {"cancel": "return", "return": "cancel"}[allowed.get(o["status"], "return")])
     errors = {"lazy": lazy_rate, "first_word": first_word_rate, "transfer": transfer_rate, "think": think_rate}
-    mix, tasks = {"accept_share": accept_share, "other_share": other_share}, []
+    mix, tasks = {"other_share": other_share}, []
     for i, o in enumerate(test_orders[:n_test]):
         r = request(o)
         # every other held-out task is a HELD_OUT combination, where its order allows one: a delivered order's return

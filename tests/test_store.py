@@ -273,9 +273,9 @@ def test_the_data_imitated_weights_its_rates_by_the_held_out_behaviours(world):
 
 
 def test_a_runs_world_asks_more_of_the_reading():
-    # Session 21: in a run's world (domains.DOMAINS["store"]) 7 in 10 allowed requests want the option other than the
-    # shop's default and 1 in 10 refused customers accept (build_world's defaults: 5 and 3 in 10), customers no rule
-    # serves for free; the data imitated falls with them (seed 0: 62.6 -> 52.8 %), and so does the blind rule's score
+    # Session 21: in a run's world (domains.DOMAINS["store"]) 8 in 10 allowed requests want the option other than the
+    # shop's default (build_world's default: either as likely), customers no default-writing rule serves; the data
+    # imitated falls with them (seed 0: 62.6 -> 53.4 %), and the refusals' mix is untouched
     import dataclasses
 
     from config import TINY, Config
@@ -289,12 +289,12 @@ def test_a_runs_world_asks_more_of_the_reading():
         allowed = [t.spec for t in w.tasks() if t.spec["choice"]]
         refused = [t.spec for t in w.tasks() if not t.spec["choice"]]
         share[name] = (sum(s["choice"] != shop.DEFAULT[store.CHOICES[s["request"]][0]] for s in allowed) / len(allowed),
-                       sum(s["behaviour"] == "accept" for s in refused) / len(refused),
-                       sum(s["behaviour"] == "insist" for s in refused) / len(refused))
-    assert abs(share["run"][0] - 0.7) < 0.05 and abs(share["plain"][0] - 0.5) < 0.05, share
-    # (training draws no HELD_OUT combination, so accepting lands above its share among refused cancellations)
-    assert share["run"][1] < 0.2 < 0.3 < share["plain"][1] and share["run"][2] > share["plain"][2] + 0.05, share
-    assert imitated(run, annotator_right(run)) < imitated(plain, annotator_right(plain)) - 0.05
+                       sum(s["behaviour"] == "accept" for s in refused) / len(refused))
+    assert abs(share["run"][0] - 0.8) < 0.04 and abs(share["plain"][0] - 0.5) < 0.05, share
+    assert abs(share["run"][1] - share["plain"][1]) < 0.04, share
+    assert imitated(run, annotator_right(run)) < imitated(plain, annotator_right(plain)) - 0.04
+    with pytest.raises(ValueError, match="other_share"):
+        store.build_world(seed=0, n_train=5, n_test=5, other_share=1.5)
 
 
 def test_the_customer_models_worlds_are_the_ones_its_record_was_measured_on():
