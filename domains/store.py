@@ -330,13 +330,12 @@ def _behaviour(allowed: bool, rng: random.Random) -> str:
     return "accept" if r < 0.3 else "insist" if r < 0.65 else "human"
 
 
-def _choice(arg: str, rng: random.Random, other_share: float | None) -> str:
+def _choice(options, default: str, rng: random.Random, other_share: float | None) -> str:
     """The option an allowed request's customer wants: the other than the shop's default with probability
     other_share (None: either as likely, drawn as the customer model's worlds were)."""
-    options = sorted(shop.REASONS if arg == "reason" else shop.REFUNDS)
     if other_share is None:
-        return rng.choice(options)
-    return next(o for o in options if o != shop.DEFAULT[arg]) if rng.random() < other_share else shop.DEFAULT[arg]
+        return rng.choice(sorted(options))
+    return next(o for o in sorted(options) if o != default) if rng.random() < other_share else default
 
 
 def make_task(world: World, order: dict, request: str, rng: random.Random, task_id: str, errors: dict,
@@ -355,7 +354,7 @@ def make_task(world: World, order: dict, request: str, rng: random.Random, task_
         if combos != "seen" or (request, behaviour, omit) not in HELD_OUT:
             break
     spec = {"world": "store", "kind": request if allowed else "refuse", "request": request, "order_id": oid,
-            "status": status, "choice": _choice(arg, rng, other_share) if allowed else None, "omit": omit,
+            "status": status, "choice": _choice(options, shop.DEFAULT[arg], rng, other_share) if allowed else None, "omit": omit,
             "style": rng.randrange(12), "max_user_turns": 6, "change": behaviour == "change",
             "insist": behaviour == "insist", "human": behaviour == "human", "behaviour": behaviour,
             "unseen": (request, behaviour, omit) in HELD_OUT}
@@ -440,7 +439,7 @@ def build_world(seed: int = 0, n_orders: int = 600, n_test_orders: int = 200, n_
     request = lambda o: (allowed.get(o["status"], "cancel") if rng.random() >= refuse_share  # noqa: E731
                          else {"cancel": "return", "return": "cancel"}[allowed.get(o["status"], "return")])
     errors = {"lazy": lazy_rate, "first_word": first_word_rate, "transfer": transfer_rate, "think": think_rate}
-    mix, tasks = {"other_share": other_share}, []
+    tasks = []
     for i, o in enumerate(test_orders[:n_test]):
         r = request(o)
         # every other held-out task is a HELD_OUT combination, where its order allows one: a delivered order's return
@@ -448,11 +447,13 @@ def build_world(seed: int = 0, n_orders: int = 600, n_test_orders: int = 200, n_
         unseen = i % 2 == 0 and o["status"] != "pending"
         r = ("return" if rng.random() < 0.5 else "cancel") if unseen and o["status"] == "delivered" else \
             "cancel" if unseen else r
-        tasks.append(make_task(base, o, r, rng, f"store/test-{i}", {}, combos="unseen" if unseen else "any", **mix))
+        tasks.append(make_task(base, o, r, rng, f"store/test-{i}", {}, combos="unseen" if unseen else "any",
+                               other_share=other_share))
         tasks[-1].split = "test"
     for i in range(n_train):
         o = rng.choice(train_orders)
-        tasks.append(make_task(base, o, request(o), rng, f"store/train-{i}", errors, combos=train_combos, **mix))
+        tasks.append(make_task(base, o, request(o), rng, f"store/train-{i}", errors, combos=train_combos,
+                               other_share=other_share))
     return StoreWorld("store", db, key, TOOLS, WRITE_TOOLS, POLICY, tasks)
 
 
