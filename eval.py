@@ -155,7 +155,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--tasks", type=int, default=0, help="first N tasks of the split (0 = all)")
     p.add_argument("--trials", type=int, default=1, help="k: runs per task (pass^1 ... pass^k)")
     p.add_argument("--check_outputs", type=int, default=1)
-    p.add_argument("--out", default="runs/eval/transcripts.jsonl")
+    p.add_argument("--out", default="runs/eval/transcripts.jsonl", help="this evaluation's transcripts (JSONL; a "
+                   "file there already is replaced, so it never mixes two evaluations)")
     p.error = lambda message: (_ for _ in ()).throw(ConfigError(message))  # a bad type: one line, like the rest
     a = p.parse_args(argv)
     a.domain = BENCHES[a.bench].domain if a.bench else a.domain
@@ -234,6 +235,7 @@ def main(argv=None):
                             model=a.agent_model, base_url=a.agent_base_url, api_key=a.agent_api_key,
                             max_new_tokens=a.max_new_tokens, temperature=a.temperature)
     log = TrajectoryLog(a.out)
+    log.path.unlink(missing_ok=True)  # (TrajectoryLog appends, as training's resumable log must: here, one evaluation)
     metrics, eps = evaluate(tasks, worlds, agent, user, cfg, trials=a.trials, check_outputs=bool(a.check_outputs),
                             log=lambda batch: log.write(batch, phase="eval", agent=name))
     user.close()

@@ -35,6 +35,8 @@ def test_oracle_on_the_shop_scores_one(tmp_path, capsys):
     assert "| oracle (gold actions) | 100.0 |" in printed
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(rows) == 40 and all(r["reward"] == 1.0 for r in rows)
+    main(["--agent", "oracle", "--domain", "shop", "--tasks", "3", "--out", str(out)])  # again, to the same file
+    assert len(out.read_text().splitlines()) == 3  # this evaluation's transcripts only, not appended to the last
 
 
 def test_local_tiny_model_on_the_shop_prints_a_table(tmp_path):
