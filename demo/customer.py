@@ -406,6 +406,8 @@ class GateError(ValueError):
 # model named its options in the wrong order on the held-out returns with a change of mind: 88 % at the gate.)
 DATA_WORLDS = (101, 102, 103)
 GATE_WORLD = 999  # held-out tasks of this world measure the model (fidelity.json)
+DATA_KW = dict(n_train=300, n_test=10, n_orders=400, n_test_orders=100, train_combos="any")  # how each is drawn
+GATE_KW = dict(n_train=10, n_test=200, n_orders=400, n_test_orders=200)
 
 
 def build(out: Path, seed: int = 0, threads: int = 2, temperature: float = 0.7, phrasing: str = "a") -> dict:
@@ -417,8 +419,7 @@ def build(out: Path, seed: int = 0, threads: int = 2, temperature: float = 0.7, 
 
     torch.set_num_threads(threads)
     torch.manual_seed(seed)
-    tasks = [t for w in DATA_WORLDS for t in load_world("store", seed=w, n_train=300, n_test=10, n_orders=400,
-                                                       n_test_orders=100, train_combos="any").tasks("train")]
+    tasks = [t for w in DATA_WORLDS for t in load_world("store", seed=w, **DATA_KW).tasks("train")]
     tasks += [t for t in tasks if t.spec["unseen"]] * 2  # the rarer combinations, three times over
     data = customer_conversations(tasks, per_task=3, noise=0.3, seed=seed, phrasing=phrasing)
     t0 = time.perf_counter()
@@ -439,8 +440,7 @@ def measure(folder: Path, seed: int = 0, temperature: float = 0.7, log_dir: Path
     from domains import load_world
     from user_sim import make_user
 
-    held_out = load_world("store", seed=GATE_WORLD, n_train=10, n_test=200, n_orders=400,
-                          n_test_orders=200).tasks("test")
+    held_out = load_world("store", seed=GATE_WORLD, **GATE_KW).tasks("test")
     log_dir = Path(log_dir or tempfile.mkdtemp(prefix="muarl-customer-"))  # (never inside the repository)
     with ModelServer(folder, name="customer", log_path=log_dir / "customer-server.log") as srv:
         user = make_user("llm", model="customer", base_url=srv.base_url, api_key=srv.api_key, temperature=temperature,
