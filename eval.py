@@ -155,8 +155,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--tasks", type=int, default=0, help="first N tasks of the split (0 = all)")
     p.add_argument("--trials", type=int, default=1, help="k: runs per task (pass^1 ... pass^k)")
     p.add_argument("--check_outputs", type=int, default=1)
-    p.add_argument("--out", default="runs/eval/transcripts.jsonl", help="this evaluation's transcripts (JSONL; a "
-                   "file there already is replaced, so it never mixes two evaluations)")
+    p.add_argument("--out", default="runs/eval/transcripts.jsonl", help="this evaluation's transcripts (replaced)")
     p.error = lambda message: (_ for _ in ()).throw(ConfigError(message))  # a bad type: one line, like the rest
     a = p.parse_args(argv)
     a.domain = BENCHES[a.bench].domain if a.bench else a.domain

@@ -228,8 +228,7 @@ def grpo_loss(logp, old_logp, ref_logp, advantages, mask, clip_low: float = 0.2,
     with torch.no_grad():  # stats: masked means over this call's tokens, as plain floats
         on, n = mask > 0, max(int(n_tok.item()), 1)
         stats = {"clip_frac": float(((clipped * adv < ratio * adv) & on).sum()) / n,  # share the clip zeroed
-                 "kl": float((kl * mask).sum()) / n,
-                 "ratio_min": float(ratio[on].min()) if on.any() else 1.0,
+                 "kl": float((kl * mask).sum()) / n, "ratio_min": float(ratio[on].min()) if on.any() else 1.0,
                  "ratio_max": float(ratio[on].max()) if on.any() else 1.0, "tokens": float(n_tok)}
         if entropy is not None:
             stats["entropy"] = float((entropy * mask).sum()) / n
