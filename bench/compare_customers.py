@@ -6,16 +6,17 @@ sampled`), against the LLM customer (README command 1: the shipped demo/customer
 against the script, against the customer it trained with, and against a held-out customer: a customer model trained
 on another phrase bank (store.PHRASINGS["b"]: the same key words in other frames), which no agent trained against.
 Each cell: held-out pass^1 over the run's world's 200 held-out tasks (2 trials where the customer is stochastic), the
-mean and spread over the seeds of that row, and the customer's fidelity (store.customer_mistakes) in that cell.
+mean and spread over the seeds of that row, and the customer's fidelity (store.customer_mistakes) in that cell; a
+second table gives the share of each cell's conversations that ended in the agent's malformed tool call.
 
-    for s in 29 30 31 32 33 34; do  # the README's six seeds
-      python muarl.py --model tiny --seed $s --out_dir runs/cmp/llm-$s                  # README command 1, 7-12 min
+    for s in 0 17 29 35 37 38; do  # the README's six seeds
+      python muarl.py --model tiny --seed $s --out_dir runs/cmp/llm-$s                  # README command 1, 10-17 min
       for u in scripted sampled; do  # the same seed's cold start (its weights), then RL against another customer
         python muarl.py --config runs/cmp/llm-$s/config.json --model runs/cmp/llm-$s/cold-start --sft_epochs 0 \
-          --user $u --user_serve "" --threads 2 --out_dir runs/cmp/$u-$s               # ~2 min
+          --user $u --user_serve "" --threads 2 --out_dir runs/cmp/$u-$s               # ~4 min
       done
     done
-    python bench/compare_customers.py runs/cmp/*-*                                      # ~15 s per cell
+    python bench/compare_customers.py runs/cmp/*-*                                      # ~20 s per cell
 
 The held-out customer is committed in demo/customer_model_b/ (gate 100 / 98.0 %, its fidelity.json), built by
 `python -m demo.customer build --phrasing b --seed 1 --out DIR` (12 min here); `--held_out DIR` takes another.
@@ -71,6 +72,17 @@ def table(cells: dict) -> str:
     return "\n".join(lines)
 
 
+def broken(shares: dict) -> str:
+    """shares: {(row, column): [share of a cell's conversations that ended in the agent's malformed tool call]} ->
+    a table of the mean over seeds and the range: how much of a column's loss is the agent's own text breaking."""
+    lines = ["| ended in a malformed call | " + " | ".join(COLUMNS) + " |", "|---" * (len(COLUMNS) + 1) + "|"]
+    for row in ROWS.values():
+        got = [[100 * v for v in shares.get((row, col), [])] for col in COLUMNS]
+        lines.append(f"| {row} | " + " | ".join(f"{statistics.mean(g):.1f} % ({min(g):.1f}-{max(g):.1f})" if g else
+                                                 "not run" for g in got) + " |")
+    return "\n".join(lines)
+
+
 def paired(cells: dict, row: str = "the LLM customer") -> str:
     """The LLM row minus each other row, seed by seed (a seed's rows share one cold start, so the pair differs only
     in the customer GRPO met): per column, each seed's difference in points, and their mean."""
@@ -94,7 +106,7 @@ if __name__ == "__main__":
     a = p.parse_args()
     import eval as evaluation
 
-    cells, per_seed, done = {}, [], {}  # done: each command's metrics, evaluated once
+    cells, shares, per_seed, done = {}, {}, [], {}  # done: each command's metrics, evaluated once
     for run in map(Path, a.runs):
         if not (run / "final").is_dir() or not (run / "config.json").is_file():
             sys.exit(f"compare_customers: {run} is not a finished run (no final/ or config.json)")
@@ -108,7 +120,10 @@ if __name__ == "__main__":
             m = done[key]
             cell = (cfg["seed"], m["pass^1"], m.get("customer_fidelity"))
             cells.setdefault((ROWS[cfg["user"]], col), []).append(cell)
+            malformed = m["stop_reasons"].get("malformed_call", 0) / m["episodes"]
+            shares.setdefault((ROWS[cfg["user"]], col), []).append(malformed)
             per_seed.append(f"| {run.name} | {col} | {100 * m['pass^1']:.1f} | "
-                            f"{100 * m.get('customer_fidelity', float('nan')):.1f} |")
-    print("\n| run | against | pass^1 | customer fidelity |\n|---|---|---|---|\n" + "\n".join(per_seed) + "\n")
+                            f"{100 * m.get('customer_fidelity', float('nan')):.1f} | {100 * malformed:.1f} |")
+    print("\n| run | against | pass^1 | customer fidelity | ended in a malformed call |\n|---|---|---|---|---|\n" +
+          "\n".join(per_seed) + "\n\n" + broken(shares) + "\n")
     print(table(cells) + "\n\nSeed by seed, in points of pass^1:\n\n" + paired(cells))

@@ -120,6 +120,8 @@ def test_compare_customers_cells_are_eval_commands_of_each_runs_own_world(tmp_pa
                       ("the LLM customer", "a held-out customer"): [(0, 0.8, 0.97), (1, 0.6, 0.9)]})
     assert "| the LLM customer - the script | no seed in both | no seed in both | +30.0, -10.0 (seeds 0, 1; mean " \
            "+10.0) |" in diff  # seed by seed, only the seeds both rows ran
+    shares = cc.broken({("the sampled script", "a held-out customer"): [0.1, 0.2, 0.3]})
+    assert "| the sampled script | not run | not run | 20.0 % (10.0-30.0) |" in shares
 
 
 def test_fidelity_split_separates_conversations_with_other_agent_text(tmp_path):
