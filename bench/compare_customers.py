@@ -118,10 +118,9 @@ if __name__ == "__main__":
             if key not in done:
                 done[key] = evaluation.main(argv)
             m = done[key]
-            cell = (cfg["seed"], m["pass^1"], m.get("customer_fidelity"))
-            cells.setdefault((ROWS[cfg["user"]], col), []).append(cell)
-            malformed = m["stop_reasons"].get("malformed_call", 0) / m["episodes"]
-            shares.setdefault((ROWS[cfg["user"]], col), []).append(malformed)
+            where, malformed = (ROWS[cfg["user"]], col), m["stop_reasons"].get("malformed_call", 0) / m["episodes"]
+            cells.setdefault(where, []).append((cfg["seed"], m["pass^1"], m.get("customer_fidelity")))
+            shares.setdefault(where, []).append(malformed)
             per_seed.append(f"| {run.name} | {col} | {100 * m['pass^1']:.1f} | "
                             f"{100 * m.get('customer_fidelity', float('nan')):.1f} | {100 * malformed:.1f} |")
     print("\n| run | against | pass^1 | customer fidelity | ended in a malformed call |\n|---|---|---|---|---|\n" +

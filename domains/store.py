@@ -333,9 +333,10 @@ def _behaviour(allowed: bool, rng: random.Random) -> str:
 def _choice(options, default: str, rng: random.Random, other_share: float | None) -> str:
     """The option an allowed request's customer wants: the other than the shop's default with probability
     other_share (None: either as likely, drawn as the customer model's worlds were)."""
+    options = sorted(options)
     if other_share is None:
-        return rng.choice(sorted(options))
-    return next(o for o in sorted(options) if o != default) if rng.random() < other_share else default
+        return rng.choice(options)
+    return next(o for o in options if o != default) if rng.random() < other_share else default
 
 
 def make_task(world: World, order: dict, request: str, rng: random.Random, task_id: str, errors: dict,
@@ -354,8 +355,8 @@ def make_task(world: World, order: dict, request: str, rng: random.Random, task_
         if combos != "seen" or (request, behaviour, omit) not in HELD_OUT:
             break
     spec = {"world": "store", "kind": request if allowed else "refuse", "request": request, "order_id": oid,
-            "status": status, "choice": _choice(options, shop.DEFAULT[arg], rng, other_share) if allowed else None, "omit": omit,
-            "style": rng.randrange(12), "max_user_turns": 6, "change": behaviour == "change",
+            "status": status, "choice": _choice(options, shop.DEFAULT[arg], rng, other_share) if allowed else None,
+            "omit": omit, "style": rng.randrange(12), "max_user_turns": 6, "change": behaviour == "change",
             "insist": behaviour == "insist", "human": behaviour == "human", "behaviour": behaviour,
             "unseen": (request, behaviour, omit) in HELD_OUT}
     env, msgs = world.new_env(), []
