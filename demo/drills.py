@@ -101,11 +101,15 @@ def until_lookup(run, model, examples, epochs: float, takes: float = 0.95, hold:
     (lookup_right on store.lookup_cases: the thought's status, request, answer, the act) right on `takes` of them, the
     option read (reads_option on store.option_cases) of cancellations and returns on half (the annotator writes the
     other option for half who want it), the refusal held (holds_refusal on store.hold_cases) at `hold`, half the
-    annotator's 0.2 (at top-p 0.9 GRPO rarely draws a rarer one: seeds 17, 32 held 0.025). A step that did not take:
-    SFT again from the drills' weights, the examples in another order (--lookup_draws times at most), after a failed
-    hold with the annotator's held refusals three times (a redraw alone left seed 32 at 0.025-0.046); a lookup step
-    took in none: the best draw trains 3/4 of its epochs more (seed 13's act). Keeps the first that passed, else the
-    one failing fewest, named; returns its losses."""
+    annotator's 0.2 (at top-p 0.9 GRPO rarely draws a rarer one: seeds 17, 32 held 0.025). A draw that did not take
+    trains again (--lookup_draws times at most), one of two ways:
+      longer  a step of the lookup failed, and this draw was not trained on yet: its weights train 3/4 of its epochs
+              more. The lookup is slow to learn, not wrongly learnt: seed 0 read the status at 53-56 % after 4 epochs
+              in three orders and took after 3 more, as seed 13's act did (docs/demo_notes.md, Session 23);
+      again   else: SFT again from the drills' weights, the examples in another order (a new seed); after a failed
+              hold with the annotator's held refusals three times (a redraw alone left seed 32 at 0.025-0.046). An
+              option read that failed is drawn again: more epochs do not mend it (seed 9: 7 epochs read returns 0.16).
+    Keeps the first that passed, else the one failing fewest, named; returns its losses."""
     start = {k: v.detach().clone() for k, v in model.state_dict().items()}  # the drills' weights
     losses = sft.train(model, examples, epochs=epochs, **train)
     if "store" not in run.worlds or not all((probes := store.lookup_cases(run.train_tasks)).values()):
@@ -113,37 +117,37 @@ def until_lookup(run, model, examples, epochs: float, takes: float = 0.95, hold:
     cfg, world, options = run.cfg, run.worlds["store"], store.option_cases(run.train_tasks)
     insist = store.hold_cases(run.train_tasks)["insist"]  # (and the conversations where the annotator held one)
     held = [e for e in examples if store.REFUSE_AGAIN in run.tok.decode(e[0])] if insist else []
-    tools, draws, more, on = world.tool_schemas() if cfg.tools_in_prompt else [], [], cfg.lookup_draws + 1, False
-    for draw in range(more + 1):  # draw `more`: the best draw trained on, when a lookup step took in none
-        if draw == more and not on:
-            break  # only an option read failed: more epochs do not mend it (seed 9: 7 epochs read returns 0.16 nats)
-        if draw:  # from the drills' weights, the examples in another order (draw `more`: the best draw's weights);
-            model.load_state_dict(best[4] if draw == more else start)  # a hold failed: its conversations 3 times
-            losses = sft.train(model, examples + held * 2 * any("holds insist" in d[2] for d in draws),
-                               epochs=epochs * (0.75 if draw == more else 1),
-                               **{**train, "seed": train.get("seed", 0) + 1000 * draw})
+    tools = world.tool_schemas() if cfg.tools_in_prompt else []
+    tries, trained, longer = [], epochs, False  # trained: this draw's epochs so far; longer: it was trained on
+    for k in range(cfg.lookup_draws + 1):
+        if k:  # the draw before failed (see the docstring): longer, or again from the drills' weights
+            if not longer:
+                model.load_state_dict(start)
+            more = examples + held * 2 * any("holds insist" in t[2] for t in tries)  # a hold failed: 3 times
+            losses = sft.train(model, more, epochs=epochs * (0.75 if longer else 1),
+                               **{**train, "seed": train.get("seed", 0) + 1000 * k})
+            trained = trained + 0.75 * epochs if longer else epochs
         shares = {kind: lookup_right(model, run.tok, cases, world.rules, tools) for kind, cases in probes.items()}
         reads = {f"reads {r}": reads_option(model, run.tok, c, world.rules, tools) for r, c in options.items() if c}
         reads |= {"holds insist": holds_refusal(model, run.tok, insist, world.rules, tools)} if insist else {}
-        failed = [k for k, v in shares.items() if v < takes] + [k for k, v in reads.items() if v < (
-            hold if k == "holds insist" else 0.5)]
+        failed = [n for n, v in shares.items() if v < takes] + [n for n, v in reads.items() if v < (
+            hold if n == "holds insist" else 0.5)]
         if run.log:
-            run.log({"phase": "stage", "stage": "lookup", "draw": draw, "right": min(shares.values()),
-                     "epochs": epochs * (1.75 if draw == more else 1), **shares, **reads, "ok": not failed})
-        draws.append(((len(failed), -min(shares.values()), -reads.get("holds insist", 1)), draw, failed, losses,
-                      {k: v.detach().clone() for k, v in model.state_dict().items()} if failed else None))
+            run.log({"phase": "stage", "stage": "lookup", "draw": k, "right": min(shares.values()), "epochs": trained,
+                     "longer": longer, **shares, **reads, "ok": not failed})
+        tries.append(((len(failed), -min(shares.values()), -reads.get("holds insist", 1)), k, failed, losses,
+                      {n: v.detach().clone() for n, v in model.state_dict().items()} if failed else None))
         if not failed:
             break
-        best = min(draws, key=lambda d: d[0])  # (fewest failed steps, then the best lookup, then the best hold)
-        on = 0 < draw == cfg.lookup_draws and bool(set(best[2]) & set(probes))  # (--lookup_draws 0: no draw more)
-        read = ", ".join(f"{k} {100 * v:.1f} %" for k, v in {**shares, **reads}.items())
-        print(f"[stage] cold start draw {draw}: {read} (takes at: lookup {100 * takes:.0f} %, options 50 %, hold "
-              f"{100 * hold:g} %): {', '.join(failed)} did not take" + ": drawn again" * (draw < cfg.lookup_draws)
-              + f": draw {best[1]} trains {0.75 * epochs:g} epochs more" * on, flush=True)
-    _, draw, failed, losses, weights = min(draws, key=lambda d: d[0])  # the first of the best
+        longer = not longer and bool(set(failed) & set(probes))  # (a draw trained on once: the next is drawn again)
+        read = ", ".join(f"{n} {100 * v:.1f} %" for n, v in {**shares, **reads}.items())
+        then = (f": trains {0.75 * epochs:g} epochs more" if longer else ": drawn again") * (k < cfg.lookup_draws)
+        print(f"[stage] cold start draw {k}: {read} (takes at: lookup {100 * takes:.0f} %, options 50 %, hold "
+              f"{100 * hold:g} %): {', '.join(failed)} did not take" + then, flush=True)
+    _, k, failed, losses, weights = min(tries, key=lambda t: t[0])  # the first of the best
     if failed:  # (a draw that passed is the last one, already in the model)
         model.load_state_dict(weights)
-        print(f"[stage] the cold start did not take after {len(draws)} draw{'s' * (len(draws) > 1)}: kept draw {draw},"
+        print(f"[stage] the cold start did not take after {len(tries)} draw{'s' * (len(tries) > 1)}: kept draw {k},"
               f" where {', '.join(failed)} did not (the agent decides without them)", flush=True)
     return losses
 

@@ -75,7 +75,7 @@ def test_copy_drills_train_exactly_the_repeat():
         assert first.endswith(" ||") and second.strip() == first[: -len(" ||")].strip()
 
 
-def _store_run(tmp_path, lookup_draws=2):
+def _store_run(tmp_path, lookup_draws=3):
     from types import SimpleNamespace
 
     from domains import store
@@ -89,34 +89,38 @@ def _store_run(tmp_path, lookup_draws=2):
 
 
 # each draw's probe: the lookup's four steps (status, answer, request, act; take at 95 %), then the options read for
-# cancellations and returns (take at 50 %); the kept draw when none passes: fewest failed steps, then the best lookup.
-# After three draws whose best failed a step of the lookup, that draw trains 3/4 of its epochs more
+# cancellations and returns (take at 50 %). A draw whose lookup failed trains 3/4 of its epochs more (longer); one
+# whose options failed, or a longer one that failed, is drawn again from the drills' weights; 3 more at most. The
+# kept draw when none passes: fewest failed steps, then the best lookup.
 OK, STATUS, ACT = (1.0,) * 6, (0.9, 1.0, 1.0, 1.0, 1.0, 1.0), (1.0, 1.0, 1.0, 0.2, 1.0, 1.0)
 READS = (1.0, 1.0, 1.0, 1.0, 0.4, 0.1)
+L, A = "longer", "again"  # how each draw after the first trained
 
 
-@pytest.mark.parametrize("probe, kept, taken, weight", [
-    ([OK], 0, True, 1), ([(1.0, 1.0, 1.0, 1.0, 0.5, 0.5)], 0, True, 1), ([STATUS, OK], 1, True, 2),
-    ([(1.0, 1.0, 1.0, 0.86, 1.0, 1.0), (1.0, 1.0, 0.95, 1.0, 1.0, 0.9)], 1, True, 2),
-    ([(1.0, 1.0, 1.0, 1.0, 1.0, 0.0), (1.0, 1.0, 1.0, 1.0, 0.4, 1.0), OK], 2, True, 3),
-    ([STATUS, READS, (0.94, 1.0, 1.0, 1.0, 1.0, 1.0), OK], 3, True, 3 + 4),  # draw 2 (status 94 %) trains on
-    ([ACT, (1.0, 1.0, 1.0, 0.7, 1.0, 1.0), ACT, OK], 3, True, 2 + 4),  # draw 1 (act 70 %) trains on
-    ([STATUS, READS, (0.94, 1.0, 1.0, 1.0, 1.0, 1.0), ACT], 2, False, 3),  # more epochs did not mend it: draw 2
-    ([(1.0, 1.0, 1.0, 1.0, 1.0, 0.49), (0.5, 1.0, 1.0, 1.0, 1.0, 1.0), (1.0, 0.9, 1.0, 1.0, 0.0, 1.0)],
-     0, False, 1)])  # the best failed an option read only: more epochs do not mend that
-def test_the_cold_start_is_drawn_again_when_a_probe_did_not_take(monkeypatch, capsys, tmp_path, probe, kept, taken,
-                                                                 weight):
+@pytest.mark.parametrize("probe, how, kept, taken, weight", [
+    ([OK], [], 0, True, 1), ([(1.0, 1.0, 1.0, 1.0, 0.5, 0.5)], [], 0, True, 1),
+    ([STATUS, OK], [L], 1, True, 1 + 2),  # seed 0: the status after 4 epochs, then 3 more
+    ([READS, OK], [A], 1, True, 2),  # an option read: drawn again
+    ([(1.0, 1.0, 1.0, 0.86, 1.0, 1.0), (1.0, 1.0, 0.95, 1.0, 1.0, 0.9)], [L], 1, True, 1 + 2),
+    ([STATUS, STATUS, OK], [L, A], 2, True, 3),  # longer did not mend it: drawn again
+    ([READS, STATUS, OK], [A, L], 2, True, 2 + 3),  # the new draw's lookup failed: it trains longer
+    ([STATUS, (0.94, 1.0, 1.0, 1.0, 1.0, 1.0), (0.5, 1.0, 1.0, 1.0, 1.0, 1.0), ACT], [L, A, L], 1, False, 1 + 2),
+    ([READS, (1.0, 1.0, 1.0, 1.0, 1.0, 0.1), READS, READS], [A, A, A], 1, False, 2),  # options only: never longer
+    ([(1.0, 1.0, 1.0, 1.0, 1.0, 0.49), (0.5, 1.0, 1.0, 1.0, 1.0, 1.0), (1.0, 0.9, 1.0, 1.0, 0.0, 1.0), OK],
+     [A, L, A], 3, True, 4)])
+def test_the_cold_start_trains_again_when_a_probe_did_not_take(monkeypatch, capsys, tmp_path, probe, how, kept,
+                                                                taken, weight):
     # issue 23: 4 epochs left seed 0 deciding by the order's status alone, seed 9 writing an option whatever the
     # customer said, and nothing said so; now two probes read the cold start after SFT, and when a step did not take
-    # SFT starts again from the weights it began with, the same epochs, the examples in another order (a new seed);
-    # seed 13's act took in none of three orders: the best of them trains on
+    # it trains again: a lookup step 3 more epochs from where it is (seed 0's status, seed 13's act took so), an option
+    # read from the weights it began with, the same epochs, the examples in another order (a new seed)
     from demo import drills
 
     run, answers, calls = _store_run(tmp_path), iter([share for shares in probe for share in shares]), []
     model = torch.nn.Linear(2, 2)
     before = {k: v.clone() for k, v in model.state_dict().items()}
 
-    def train(m, ex, **kw):  # records each training and where it started from; draw k adds k + 1 to the weights
+    def train(m, ex, **kw):  # records each training and where it started from; training k adds k + 1 to the weights
         assert ex == ["examples"]  # the hold took (0.2) on every draw: no conversation trains more than once
         calls.append((kw["epochs"], kw["seed"], all(torch.equal(v, before[k]) for k, v in m.state_dict().items())))
         with torch.no_grad():
@@ -129,29 +133,30 @@ def test_the_cold_start_is_drawn_again_when_a_probe_did_not_take(monkeypatch, ca
     monkeypatch.setattr(drills, "holds_refusal", lambda *a: 0.2)  # the annotator's own hold: takes
     monkeypatch.setattr(drills.sft, "train", train)
     assert drills.until_lookup(run, model, ["examples"], epochs=4, lr=1e-3, seed=5) == [float(kept + 1)]
-    assert calls == [(4 if k < 3 else 3, 5 + 1000 * k, k < 3) for k in range(len(probe))]  # 0-2: the drills' weights
+    assert calls == [(4, 5, True)] + [(3 if h == L else 4, 5 + 1000 * k, h == A) for k, h in enumerate(how, 1)]
     assert torch.allclose(model.weight, before["weight"] + weight)  # the kept draw's weights
     stages = [r for r in run.records if r.get("stage") == "lookup"]
-    assert [(r["draw"], r["epochs"], r["ok"]) for r in stages] == \
-        [(k, 4 if k < 3 else 7, taken and k == len(probe) - 1) for k in range(len(probe))]
+    epochs = [4] + [7 if h == L else 4 for h in how]  # a longer draw: 4 + 3 epochs in all
+    assert [(r["draw"], r["epochs"], r["longer"], r["ok"]) for r in stages] == \
+        [(k, epochs[k], k > 0 and how[k - 1] == L, taken and k == len(probe) - 1) for k in range(len(probe))]
     assert [tuple(r[k] for k in ("status", "answer", "request", "act", "reads cancel", "reads return"))
             for r in stages] == probe
     options = store.option_cases(run.train_tasks)
     assert parts == (list(store.lookup_cases(run.train_tasks).values()) + [options["cancel"], options["return"]]) * \
         len(probe)
     out = capsys.readouterr().out
-    assert out.count("drawn again") == min(2, len(probe) - 1) and out.count("epochs more") == (len(probe) > 3)
-    assert ("draw 1 trains 3 epochs more" in out) == (probe[1:2] == [(1.0, 1.0, 1.0, 0.7, 1.0, 1.0)])  # named
+    assert out.count("drawn again") == how.count(A) and out.count("trains 3 epochs more") == how.count(L)
     assert (f"did not take after {len(probe)} draws: kept draw {kept}," in out) == (not taken)
 
 
 @pytest.mark.parametrize("holds, kept, taken", [([0.15], 0, True), ([0.05, 0.12], 1, True),
-                                                 ([0.02, 0.08, 0.05], 1, False), ([0.03, 0.03, 0.01], 0, False)])
+                                                 ([0.02, 0.08, 0.05, 0.03], 1, False),
+                                                 ([0.03, 0.03, 0.01, 0.02], 0, False)])
 def test_a_cold_start_that_never_holds_a_refusal_is_drawn_again(monkeypatch, capsys, tmp_path, holds, kept, taken):
     # Session 19: seeds 17 and 32 held a refusal against an insisting customer with p 0.025 (the annotator: 0.2), so
-    # GRPO at top-p 0.9 never drew the hold and never learnt it; below `hold` (0.1) the cold start is drawn again, the
-    # lookup's draws and their budget (no "more epochs": that is for a lookup step), and from then on the
-    # conversations where the annotator held the refusal train three times; of the failed, the best hold is kept
+    # GRPO at top-p 0.9 never drew the hold and never learnt it; below `hold` (0.1) the cold start is drawn again (not
+    # trained longer: that is for a lookup step), and from then on the conversations where the annotator held the
+    # refusal train three times; of the failed, the best hold is kept
     from demo import drills
 
     run, answers, calls = _store_run(tmp_path), iter(holds), []
@@ -174,7 +179,24 @@ def test_a_cold_start_that_never_holds_a_refusal_is_drawn_again(monkeypatch, cap
     assert [(r["holds insist"], r["ok"]) for r in stages] == [(h, h >= 0.1) for h in holds]
     out = capsys.readouterr().out
     assert out.count("holds insist did not take") == len(holds) - taken and "epochs more" not in out
-    assert ("hold 10 %" in out) == (len(holds) > 1) and ("did not take after 3 draws" in out) == (not taken)
+    assert ("hold 10 %" in out) == (len(holds) > 1) and ("did not take after 4 draws" in out) == (not taken)
+
+
+def test_a_hold_and_a_lookup_step_that_fail_together_train_longer_with_the_held_refusals(monkeypatch, tmp_path):
+    # the lookup failed: longer, from the draw's weights; the hold failed too: its conversations train 3 times there
+    from demo import drills
+
+    run, calls = _store_run(tmp_path), []
+    model, examples = torch.nn.Linear(1, 1), [([2], [1]), ([1], [1])]
+    shares, holds = iter([0.5, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0]), iter([0.05, 0.2])
+    monkeypatch.setattr(drills, "lookup_right", lambda *a: next(shares))
+    monkeypatch.setattr(drills, "reads_option", lambda *a: 1.0)
+    monkeypatch.setattr(drills, "holds_refusal", lambda m, tok, cases, *a: next(holds))
+    monkeypatch.setattr(drills.sft, "train", lambda m, ex, **kw: calls.append((len(ex), kw["epochs"])) or [0.5])
+    assert drills.until_lookup(run, model, examples, epochs=4) == [0.5]
+    assert calls == [(2, 4), (4, 3)]  # the longer draw: the examples and the held refusal twice more
+    assert [(r["epochs"], r["longer"], r["ok"]) for r in run.records if r.get("stage") == "lookup"] == \
+        [(4, False, False), (7, True, True)]
 
 
 def test_the_hold_probe_reads_which_continuation_the_model_prefers(monkeypatch, tmp_path):
