@@ -3,7 +3,7 @@
 A pre-trained model can copy a string it has just read (an order id, a customer's words); the random tiny model
 (demo/tiny.py) cannot. Drills "#W123 lamp #W904 ... || #W123 lamp #W904 ..." (loss on the second half only, mask 1:
 the only way down is to look back and copy, an induction head) train with sft.train, the cold start's loop. What
-the cold start then learns from ~1,000 conversations is luck at 4 epochs: until_lookup probes it and draws again.
+the cold start then learns from ~1,000 conversations is luck at 4 epochs: until_lookup probes it and trains again.
 
     python -m demo.drills            # drills a fresh tiny model for 100 steps, prints the loss
 """
