@@ -142,7 +142,7 @@ class Config:
     tiny_vocab: int = flag(4096, "tiny model: BPE vocabulary size (at most)")
     copy_warmup: int = flag(0, "tiny model: steps (16 drills each) of copy drills before the cold start (drills.py)")
     copy_lr: float = flag(3e-3, "tiny model: learning rate of the copy drills (cosine)")
-    lookup_draws: int = flag(3, "tiny model, store: SFT again if its probes fail, N times at most (longer, or anew)")
+    lookup_draws: int = flag(1, "tiny model, store: SFT again if its probes fail, N times at most (longer, or anew)")
     tiny_intermediate: int = flag(768, "tiny model: MLP width")
     threads: int = flag(0, "torch CPU threads (0 = torch's default; 1 is fastest on a busy 2-core machine)")
     train_threads: int = flag(0, "torch CPU threads while the policy alone computes (drills, SFT, updates): 0 = same")

@@ -102,10 +102,12 @@ def until_lookup(run, model, examples, epochs: float, takes: float = 0.95, hold:
     option read (reads_option on store.option_cases) of cancellations and returns on half (the annotator writes the
     other option for half who want it), the refusal held (holds_refusal on store.hold_cases) at `hold`, half the
     annotator's 0.2 (at top-p 0.9 GRPO rarely draws a rarer one: seeds 17, 32 held 0.025). A draw that did not take
-    trains again (--lookup_draws times at most), one of two ways:
+    trains again (--lookup_draws times at most: the preset's 1 bounds the cold start at 8 epochs, README command 1
+    at ~17 minutes whatever the seed), one of two ways:
       longer  a step of the lookup failed, and this draw was not trained on yet: its weights train 3/4 of its epochs
-              more. The lookup is slow to learn, not wrongly learnt: seed 0 read the status at 53-56 % (and returns'
-              options at 0.0 %) after 4 epochs in three orders, and took both after 3 more, as seed 13's act did;
+              more. The lookup is slow to learn, not wrongly learnt: seed 0 read the status at 53-56 % after 4 epochs
+              in three orders and took it after 3 more, as seed 13's act did (its returns' option read stayed 0.0 %
+              throughout: GRPO learnt that, docs/demo_notes.md Session 23);
       again   else: SFT again from the drills' weights, the examples in another order (a new seed); after a failed
               hold with the annotator's held refusals three times (a redraw alone left seed 32 at 0.025-0.046). An
               option read that failed is drawn again: more epochs do not mend it (seed 9: 7 epochs read returns 0.16).

@@ -397,3 +397,20 @@ def test_read_probe_names_a_damaged_checkpoint(tmp_path):
                            str(tmp_path / "bad.pt")], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0 and "read_probe: cannot load" in proc.stderr and "bad.pt" in proc.stderr
     assert "Traceback" not in proc.stderr and proc.stdout.startswith("cold-start: cancel: p(other | said other)")
+
+
+def test_the_demo_trains_its_cold_start_again_once_at_most(monkeypatch, capsys, tmp_path):
+    # item 3 of issue 23 (README command 1 within 20 minutes): `--model tiny` trains a failing cold start once more at
+    # most (4 + 3 epochs when the lookup failed; 4 + 4 when an option read did), so no seed needs 15 epochs
+    from config import parse_config
+    from demo import drills
+
+    cfg = parse_config(["--model", "tiny"])
+    assert cfg.lookup_draws == 1
+    run, calls = _store_run(tmp_path, lookup_draws=cfg.lookup_draws), []
+    monkeypatch.setattr(drills, "lookup_right", lambda *a: 0.5)  # never takes
+    monkeypatch.setattr(drills, "reads_option", lambda *a: 1.0)
+    monkeypatch.setattr(drills, "holds_refusal", lambda *a: 0.2)
+    monkeypatch.setattr(drills.sft, "train", lambda m, ex, **kw: calls.append(kw["epochs"]) or [0.5])
+    drills.until_lookup(run, torch.nn.Linear(1, 1), [], epochs=cfg.sft_epochs)
+    assert calls == [4, 3] and "did not take after 2 draws: kept draw 0" in capsys.readouterr().out
