@@ -102,8 +102,8 @@ def until_lookup(run, model, examples, epochs: float, takes: float = 0.95, hold:
     option read (reads_option on store.option_cases) of cancellations and returns on half (the annotator writes the
     other option for half who want it), the refusal held (holds_refusal on store.hold_cases) at `hold`, half the
     annotator's 0.2 (at top-p 0.9 GRPO rarely draws a rarer one: seeds 17, 32 held 0.025). A draw that did not take
-    trains again (--lookup_draws times at most: the preset's 1 bounds the cold start at 8 epochs, README command 1
-    at ~17 minutes whatever the seed), one of two ways:
+    trains again (--lookup_draws times at most: the preset's 1 bounds the cold start at 8 epochs; seed 0's README
+    command 1 then took 15:21-15:56 with the install, 21:51 with four SFTs), one of two ways:
       longer  a step of the lookup failed, and this draw was not trained on yet: its weights train 3/4 of its epochs
               more. The lookup is slow to learn, not wrongly learnt: seed 0 read the status at 53-56 % after 4 epochs
               in three orders and took it after 3 more, as seed 13's act did (its returns' option read stayed 0.0 %
@@ -119,16 +119,16 @@ def until_lookup(run, model, examples, epochs: float, takes: float = 0.95, hold:
     cfg, world, options = run.cfg, run.worlds["store"], store.option_cases(run.train_tasks)
     insist = store.hold_cases(run.train_tasks)["insist"]  # (and the conversations where the annotator held one)
     held = [e for e in examples if store.REFUSE_AGAIN in run.tok.decode(e[0])] if insist else []
-    tools = world.tool_schemas() if cfg.tools_in_prompt else []
+    tools, extra = world.tool_schemas() if cfg.tools_in_prompt else [], 0.75 * epochs  # extra: a longer draw's
     tries, trained, longer = [], epochs, False  # trained: this draw's epochs so far; longer: it was trained on
     for k in range(cfg.lookup_draws + 1):
         if k:  # the draw before failed (see the docstring): longer, or again from the drills' weights
             if not longer:
                 model.load_state_dict(start)
             more = examples + held * 2 * any("holds insist" in t[2] for t in tries)  # a hold failed: 3 times
-            losses = sft.train(model, more, epochs=epochs * (0.75 if longer else 1),
+            losses = sft.train(model, more, epochs=extra if longer else epochs,
                                **{**train, "seed": train.get("seed", 0) + 1000 * k})
-            trained = trained + 0.75 * epochs if longer else epochs
+            trained = trained + extra if longer else epochs
         shares = {kind: lookup_right(model, run.tok, cases, world.rules, tools) for kind, cases in probes.items()}
         reads = {f"reads {r}": reads_option(model, run.tok, c, world.rules, tools) for r, c in options.items() if c}
         reads |= {"holds insist": holds_refusal(model, run.tok, insist, world.rules, tools)} if insist else {}
@@ -143,7 +143,7 @@ def until_lookup(run, model, examples, epochs: float, takes: float = 0.95, hold:
             break
         longer = not longer and bool(set(failed) & set(probes))  # (a draw trained on once: the next is drawn again)
         read = ", ".join(f"{n} {100 * v:.1f} %" for n, v in {**shares, **reads}.items())
-        then = (f": trains {0.75 * epochs:g} epochs more" if longer else ": drawn again") * (k < cfg.lookup_draws)
+        then = (f": trains {extra:g} epochs more" if longer else ": drawn again") * (k < cfg.lookup_draws)
         print(f"[stage] cold start draw {k}: {read} (takes at: lookup {100 * takes:.0f} %, options 50 %, hold "
               f"{100 * hold:g} %): {', '.join(failed)} did not take" + then, flush=True)
     _, k, failed, losses, weights = min(tries, key=lambda t: t[0])  # the first of the best
