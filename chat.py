@@ -250,7 +250,7 @@ def show_mask(tokenizer, ids: list[int], mask: list[int]) -> str:
 if __name__ == "__main__":
     import tempfile
 
-    from demo.tiny import build_tiny
+    from plumbing.tiny_model import build_tiny
 
     _, tok = build_tiny(tempfile.mkdtemp())
     call = {"type": "function", "function": {"name": "get_order_details", "arguments": {"order_id": "#W1"}}}

@@ -38,8 +38,8 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from hf_engine import HFEngine
-from sampling import Sample, default_stop_ids, prompt_seeds, sample_step  # here too: `engine.Sample` works
+from plumbing.hf_engine import HFEngine
+from plumbing.sampling import Sample, default_stop_ids, prompt_seeds, sample_step  # here too: `engine.Sample` works
 
 # ---------------------------------------------------------------------------------------------------------------
 # 1. The contract
@@ -235,7 +235,7 @@ if __name__ == "__main__":
     import sys
     import tempfile
 
-    from demo.tiny import build_tiny
+    from plumbing.tiny_model import build_tiny
 
     d = tempfile.mkdtemp(prefix="muarl-tiny-")
     model, tok = build_tiny(d)

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from sampling import sampler_logprobs
+from plumbing.sampling import sampler_logprobs
 
 # ---------------------------------------------------------------------------------------------------------------
 # 1. Group-relative advantages

@@ -52,7 +52,7 @@ from typing import Protocol
 import chat
 from domains.base import Env, Task, World
 from domains.dual_control import Phone, customer_only, too_many_errors
-from sampling import episode_seed
+from plumbing.sampling import episode_seed
 from tools import TRANSFER_TOOL, ParsedTurn, clean
 from user_sim import OUT_OF_SCOPE, STOP, TRANSFER, User, UserError, is_terminal
 
@@ -130,6 +130,8 @@ class RolloutConfig:
     malformed: str = "end"  # "end" the episode on a malformed call, or "observe" it as an error message
     tools_in_prompt: bool = True  # render the tool schemas into the system prompt (off: learned from SFT data)
     seed: int | None = None  # the rollout's seed; every episode's own seed is derived from it (module docstring)
+    max_messages: int = 0  # tau2's cap on the conversation's messages (its max_steps, 200); 0: none
+    max_errors: int = 0  # tau2's cap on failed tool calls, from either side (10); 0: dual-control worlds' own
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -221,11 +223,19 @@ def _apply_turn(ep: Episode, turn: ParsedTurn, cfg: RolloutConfig) -> list[dict]
     return results
 
 
+def messages(ep: Episode) -> int:
+    """The conversation's messages as tau2 counts them against its cap: all but the system prompt."""
+    return sum(m["role"] != "system" for m in ep.messages)
+
+
 def _check_caps(ep: Episode, cfg: RolloutConfig) -> None:
     if ep.state == DONE:  # stopped already, for its own reason
         return
-    if ep.env.world.user_tools and too_many_errors(ep.env):  # tau2's rule, in the dual-control worlds it comes with
-        ep.stop("too_many_errors")
+    errors = sum(c.error for c in ep.env.calls)
+    if ep.env.world.user_tools and too_many_errors(ep.env) or cfg.max_errors and errors >= cfg.max_errors:
+        ep.stop("too_many_errors")  # tau2's rule: in the dual-control worlds it comes with, and tau2's evaluation
+    elif cfg.max_messages and messages(ep) >= cfg.max_messages:
+        ep.stop("max_messages")
     elif ep.turns >= cfg.max_turns:
         ep.stop("max_turns")
     elif max(len(ep.ids), ep.context_tokens) >= cfg.max_context:
@@ -292,8 +302,10 @@ def rollout(tasks: list[Task], group_size: int, worlds: dict[str, World], agent:
         if waiting:
             t0 = time.perf_counter()
             # dual-control: a phone per episode, to run the customer's own tool calls on its env (as "user")
-            phones = [Phone(e.env, e.messages, cfg.max_turns - e.turns) if e.env.world.user_tools else None
-                      for e in waiting]
+            # its own tool calls are no turns of the agent's: capped by tau2's message cap, else the turn cap
+            phones = [Phone(e.env, e.messages, cfg.max_messages - messages(e) if cfg.max_messages else cfg.max_turns,
+                            "max_messages" if cfg.max_messages else "max_turns")
+                      if e.env.world.user_tools else None for e in waiting]
             # each request carries its own seed, from the episode's: a sampled customer replies the same on a rerun
             replies = user.replies([(e.task, e.customer_history(), p, None if e.seed is None else
                                      episode_seed(e.seed, "user", e.turns)) for e, p in zip(waiting, phones)])
@@ -303,8 +315,7 @@ def rollout(tasks: list[Task], group_size: int, worlds: dict[str, World], agent:
                 if isinstance(r, UserError):
                     e.stop("user_error", str(r))
                     continue
-                if p is not None:  # the customer's tool executions are turns, like the agent's; a cap can end it
-                    e.turns += p.calls
+                if p is not None:  # a cap on the customer's own calls can end the episode
                     if p.stop or r is None:
                         e.stop(p.stop or "max_turns")
                         continue
@@ -333,8 +344,8 @@ def score(episodes: list[Episode], worlds: dict[str, World], check_outputs: bool
             e.reward, info = worlds[e.task.domain].score(e.task, e.env, e.messages, check_outputs=check_outputs,
                                                          stop_reason=e.stop_reason)  # telecom scores the ending
             e.info.update(info)
-            if e.stop_reason == "too_many_errors":  # tau2 scores that ending 0, whatever the state reached
-                e.reward = 0.0
+            if e.stop_reason in ("too_many_errors", "max_messages"):  # tau2 scores these endings 0, whatever
+                e.reward = 0.0  # the state reached
             if (bad := worlds[e.task.domain].customer_mistakes(e.task, e.messages)) is not None:
                 e.info["customer_mistakes"] = bad  # the customer's fidelity, where the world can check it
         e.env.close()
@@ -360,8 +371,8 @@ if __name__ == "__main__":
     import tempfile
 
     from domains import load_world
-    from hf_engine import HFEngine
-    from demo.tiny import build_tiny
+    from plumbing.hf_engine import HFEngine
+    from plumbing.tiny_model import build_tiny
     from user_sim import ScriptedUser
 
     world = load_world("shop", seed=0, n_train=20, n_test=20)

@@ -28,7 +28,7 @@ import torch
 from tqdm import tqdm
 
 import chat
-from fsdp import all_sum, bf16_compute, compute_device, even_rows, is_sharded
+from plumbing.fsdp import all_sum, bf16_compute, compute_device, even_rows, is_sharded
 from grpo import pack_sequences, token_logprobs
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -61,8 +61,21 @@ def load_jsonl(path: str | Path) -> list[dict]:
 
 
 def expert_conversations(tasks) -> list[dict]:
-    """The scripted expert conversation of each synthetic task, in the JSONL shape above."""
+    """The scripted expert conversation of each generated task, in the JSONL shape above."""
     return [{"messages": t.expert, "domain": t.domain} for t in tasks if t.expert]
+
+
+def conversations(source: str, tasks, seed: int = 0, n: int = 2000) -> list[dict]:
+    """The cold start's conversations (--sft_data): "generated", `n` expert conversations generated in another
+    shop on retail's tools (domains/synthetic.py: its own customers, products and orders), each carrying that
+    shop's policy and tool schemas; "tasks" (or ""), the training tasks' own; else a JSONL file."""
+    if source == "generated":
+        from domains import load_world
+
+        world = load_world("synthetic", seed=seed, n_train=n, n_test=0, tool_set="full")
+        rules, schemas = world.rules, world.tool_schemas()
+        return [{**c, "system": rules, "tools": schemas} for c in expert_conversations(world.tasks("train"))]
+    return expert_conversations(tasks) if source in ("", "tasks") else load_jsonl(source)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -130,7 +143,7 @@ if __name__ == "__main__":
     import tempfile
 
     from domains import load_world
-    from demo.tiny import build_tiny
+    from plumbing.tiny_model import build_tiny
 
     world = load_world("synthetic", seed=0)
     tasks = world.tasks("train")[:32]

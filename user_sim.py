@@ -44,8 +44,8 @@ from typing import Callable
 
 from domains import script_for
 from domains.dual_control import Phone
-from preflight import OPENAI_URL, RunStopped, check_endpoint, endpoint  # noqa: F401 (endpoint, OPENAI_URL: re-exported)
-from sampling import episode_seed
+from plumbing.preflight import OPENAI_URL, RunStopped, check_endpoint, endpoint  # noqa: F401 (endpoint, OPENAI_URL: re-exported)
+from plumbing.sampling import episode_seed
 from user_prompt import (GREETING, NO_REPLY, OUT_OF_SCOPE, STOP, TRANSFER, _LEADING_THINK,  # noqa: F401 (re-exported)
                          _content_of, _Garbage, _turn_of, is_terminal, simulator_messages, system_prompt)
 
@@ -128,7 +128,7 @@ class LLMUser(User):
 
     def __init__(self, model, base_url=None, api_key=None, temperature=0.0, seed=None, timeout=30.0,
                  max_retries=3, backoff=1.0, max_workers=16, max_tokens=512, client=None, allow_http=False,
-                 down_s=float("inf"), preflight=True):
+                 down_s=float("inf"), preflight=True, prompt="auto"):
         import openai  # imported here so ScriptedUser runs without the package
 
         self._openai = openai

@@ -36,12 +36,12 @@ import torch  # noqa: E402
 
 import muarl  # noqa: E402
 from demo import customer  # noqa: E402
-from demo.serve import ModelServer  # noqa: E402
+from plumbing.serve import ModelServer  # noqa: E402
 from domains import load_worlds, task_sets  # noqa: E402
 from engine import make_engine  # noqa: E402
-from models import load_policy  # noqa: E402
+from plumbing.models import load_policy  # noqa: E402
 from rollout import PolicyAgent, rollout, score  # noqa: E402
-from sampling import episode_seed  # noqa: E402
+from plumbing.sampling import episode_seed  # noqa: E402
 from user_sim import make_user  # noqa: E402
 
 

@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anyw
 
 
 def prompts_for(tok, n: int, round_: int) -> list[list[int]]:
-    from demo.tiny import default_corpus
+    from plumbing.tiny_model import default_corpus
     from tools import GENERIC_TOOLS, function_schema
 
     tools = [function_schema(fn) for fn in GENERIC_TOOLS]
@@ -67,9 +67,9 @@ def main() -> None:
     import torch
 
     from engine import VLLMEngine
-    from hf_engine import HFEngine
-    from demo.tiny import build_tiny
-    from models import n_params
+    from plumbing.hf_engine import HFEngine
+    from plumbing.tiny_model import build_tiny
+    from plumbing.models import n_params
 
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -80,7 +80,7 @@ def tiny_model_dir(world, args) -> Path:
 
     import sft
     from domains.base import cache_dir, content_key
-    from demo.tiny import build_tiny
+    from plumbing.tiny_model import build_tiny
 
     settings = {k: getattr(args, k) for k in ("hidden", "layers", "heads", "kv_heads", "intermediate", "vocab",
                                               "split_digits", "sft_convs", "sft_epochs", "sft_batch", "sft_lr", "seed")}
@@ -180,7 +180,7 @@ def run_batched(tasks, group, worlds, engine, tok, user, cfg):
 
 def run_sequential(tasks, group, worlds, engine, tok, user, cfg):
     from rollout import PolicyAgent, rollout, score
-    from sampling import episode_seed
+    from plumbing.sampling import episode_seed
 
     pairs = [(t, j) for t in tasks for j in range(group)]  # the same (task, copy) pairs as the batched call
     fresh_cache(engine)
@@ -252,8 +252,8 @@ def make(kind: str, model_dir: Path, args):
     """(engine, tokenizer) for `kind`, or None with a message when vLLM cannot be imported."""
     import torch
 
-    from hf_engine import HFEngine
-    from models import load_policy
+    from plumbing.hf_engine import HFEngine
+    from plumbing.models import load_policy
 
     if kind == "hf":
         model, tok = load_policy(str(model_dir))
@@ -266,7 +266,7 @@ def make(kind: str, model_dir: Path, args):
         print(f"[vllm] skipped: vllm cannot be imported ({type(e).__name__}: {e})")
         return None
     from engine import VLLMEngine
-    from models import load_tokenizer
+    from plumbing.models import load_tokenizer
 
     t0 = time.perf_counter()
     engine = VLLMEngine(model_dir, max_model_len=args.max_context, seed=args.seed)
@@ -285,7 +285,7 @@ def git_state() -> str:
     repo = Path(__file__).resolve().parent.parent
     try:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=repo, capture_output=True, text=True).stdout.strip()
-        files = ["engine.py", "hf_engine.py", "kv_store.py", "rollout.py", "chat.py"]
+        files = ["engine.py", "plumbing/hf_engine.py", "plumbing/kv_store.py", "rollout.py", "chat.py"]
         dirty = subprocess.run(["git", "status", "--porcelain", *files], cwd=repo,
                                capture_output=True, text=True).stdout.split()[1::2]
     except OSError:

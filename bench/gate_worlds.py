@@ -54,7 +54,7 @@ def main(argv=None) -> None:
     if not (a.folder / "config.json").is_file():
         raise SystemExit(f"gate_worlds: no model in {a.folder} (no config.json)")
     from demo.customer import gate
-    from demo.serve import ModelServer
+    from plumbing.serve import ModelServer
     from user_sim import LLMUser
 
     rows, below = [], []

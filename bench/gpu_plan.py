@@ -22,7 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root
 
-import models  # noqa: E402
+from plumbing import memory_plan as models  # noqa: E402
 import muarl  # noqa: E402
 
 
@@ -81,7 +81,7 @@ def sharded(cfg: dict, tokens: int, checkpointing: bool) -> None:
     import shutil
     import tempfile
 
-    from fsdp import barrier, dist_setup, dist_teardown, full_state_dict, load_sharded, rank_device
+    from plumbing.fsdp import barrier, dist_setup, dist_teardown, full_state_dict, load_sharded, rank_device
 
     rank, world_size = dist_setup()
     dev = rank_device()

@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from chat import assistant_ids, encode, render  # noqa: E402
 from domains import shop, store  # noqa: E402
-from models import load_policy  # noqa: E402
+from plumbing.models import load_policy  # noqa: E402
 
 
 def line_logprob(model, prompt: list[int], line: list[int]) -> float:

@@ -12,6 +12,10 @@
 Nothing in the core (the top-level files) is needed to read MUA-RL; this folder is how the demo runs it on a CPU.
 """
 
+from pathlib import Path
+
+SHIPPED = Path(__file__).resolve().parent / "customer_model"  # the committed customer model (--user_serve demo)
+
 # The CPU preset of `--model tiny`: applied to every field the command line did not set. A 2-layer model built
 # from scratch has no pre-training, so copy drills stand in for it, the cold start runs hot (lr 2e-3), and the KL
 # anchor is off (the reference would be a random model). The store's tasks fit in 10 turns of 64 tokens. Its customer
@@ -23,10 +27,10 @@ Nothing in the core (the top-level files) is needed to read MUA-RL; this folder 
 # requests (75.2 %); from the same cold start it read both by step 30 (83.5 %, 82.8 at 40; docs/demo_notes.md).
 # An evaluation every 20 steps (3 a run, as at 20 steps): seed 0 with all five took 18:28, past item 3 with the install.
 TINY = dict(
-    domains="store", synthetic_train=1000, synthetic_test=200, tiny_hidden=128, tiny_layers=2, tiny_intermediate=512,
+    model="tiny", domains="store", synthetic_train=1000, synthetic_test=200, tiny_hidden=128, tiny_layers=2, tiny_intermediate=512,
     tiny_vocab=512, tiny_split_digits=True, copy_warmup=2000, sft_epochs=4.0, sft_lr=2e-3, sft_batch=8,
     tasks_per_step=8, steps=40, lr=1e-4, kl_coef=0.0, temperature=1.0, top_p=0.9, max_turns=10, max_new_tokens=64,
     max_context=1024, micro_batch_tokens=512, tools_in_prompt=False, train_check_outputs=True, eval_every=20,
     threads=1, train_threads=2, user="llm", user_serve="demo", user_temperature=0.7, user_max_tokens=64,
-    user_concurrency=64, eval_trials=2, stage_band="0.25,0.65",
+    user_concurrency=64, eval_trials=2, stage_band="0.25,0.65", sft_data="tasks",
 )

@@ -26,8 +26,9 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from agents import MessageAgent
-from config import TINY, Config
+from plumbing.agents import MessageAgent
+from demo import TINY
+from demo.train import DemoConfig as Config
 from domains import load_worlds, store
 from eval import evaluate
 from rollout import RolloutConfig

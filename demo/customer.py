@@ -46,12 +46,13 @@ from pathlib import Path
 
 import sft
 from domains import store
-from sampling import episode_seed
-from user_prompt import simulator_messages
-from preflight import RunStopped
+from plumbing.sampling import episode_seed
+from user_sim import simulator_messages
+from plumbing.preflight import RunStopped
+from plumbing.serve import ServedUser, ServeError, need_vllm
 from user_sim import STOP, LLMUser, User
 
-SHIPPED = Path(__file__).resolve().parent / "customer_model"  # the committed customer model (`--user_serve demo`)
+from demo import SHIPPED  # noqa: E402  (the committed customer model: --user_serve demo)
 
 # The agent texts the noisy agent may say instead of the right one (plus nonsense): what a young policy says.
 _AGENT_LINES = [store.ASK_ID, store.shop.ASK_REASON, store.shop.ASK_REFUND, store.REFUSE_AGAIN, "How can I help you?",
@@ -178,7 +179,7 @@ def train_customer(conversations: list[dict], out_dir: str | Path, seed: int = 0
     """Build a tiny model + tokenizer on the customer data and train it in the three stages of the module docstring;
     save it to out_dir with customer.json (written last: its presence means the folder is a finished model)."""
     from demo.drills import copy_warmup
-    from demo.tiny import build_tiny
+    from plumbing.tiny_model import build_tiny
 
     out_dir, t0, losses = Path(out_dir), time.perf_counter(), {}
     texts = [m["content"] for c in conversations[:2000] for m in c["messages"]]
@@ -269,73 +270,25 @@ def gate(user, tasks, seed: int = 0) -> dict:
 # A run's customer: the shipped (or a given) model folder, served and kept alive (muarl.py / eval.py --user_serve)
 
 
-class ServedCustomer(User):
-    """`--user_serve FOLDER` ("demo": the shipped demo/customer_model) as a User that owns its server: check() (vLLM
-    installed, a model in the folder), start() serves it and gates it (nothing is trained against a customer below
-    `gate`), after() restarts a server that died and holds the gate at every evaluation, close() stops it. Its
-    conversations go through an LLMUser, as a hosted model's would. Failures: serve.ServeError / GateError, one line."""
+class ServedCustomer(ServedUser):
+    """The shipped customer model (or another folder) served for a demo run, and gated: start() serves it, then plays
+    the gate (nothing is trained against a customer below `gate`); after() holds the gate at every evaluation. The
+    server itself, its restarts and its stop are plumbing.serve.ServedUser's. Failures: ServeError / GateError."""
 
-    MAX_RESTARTS = 3  # times a run starts its served customer again after the server died
-
-    def __init__(self, spec: str, out, gate: float = 0.0, max_model_len: int = 2048, **llm):
-        self.folder = SHIPPED if spec == "demo" else Path(spec)
-        self.out, self.max_model_len, self.server, self.restarts = Path(out), max_model_len, None, 0
-        self.threshold, self.llm_settings, self.llm = gate, {k: v for k, v in llm.items() if v is not None}, None
-        for own in ("model", "base_url", "api_key"):  # its own server: its own name, address and key
-            self.llm_settings.pop(own, None)
-        self.down_s = self.llm_settings.get("down_s", float("inf"))
-        self.label = f"the served customer model at T={self.llm_settings.get('temperature', 0):g}"
+    def __init__(self, folder, out, gate: float = 0.0, max_model_len: int = 2048, **llm):
+        super().__init__(SHIPPED if folder == "demo" else folder, out, max_model_len=max_model_len, **llm)
+        self.threshold = gate
 
     def check(self, tasks=()) -> "ServedCustomer":
-        """What can be known before any work: vLLM installed, a model in the folder (serve.ServeError, one line)."""
-        from demo.serve import ServeError, need_vllm
-
         need_vllm()
         if not (self.folder / "config.json").is_file():
             raise ServeError(f"no customer model in {self.folder} (no config.json): rebuild it with "
                              "`python -m demo.customer build`, or pass --user_serve FOLDER")
-        return self
+        return super().check(tasks)
 
-    def start(self, tasks=(), log=None):
-        """Serve the model (vLLM's OpenAI server on 127.0.0.1, its own key), then gate it on the held-out tasks."""
-        from demo.serve import ModelServer
-
-        self.check()
-        t0 = time.perf_counter()
-        self.server = ModelServer(self.folder, name="customer", log_path=self.out / "customer-server.log",
-                                  max_model_len=self.max_model_len).start()
-        print(f"[customer] {self.folder.name} served at {self.server.base_url} in {time.perf_counter() - t0:.0f} s "
-              f"(log: {self.server.log_path})", flush=True)
-        if log:
-            log({"phase": "customer_server", "event": "started", "pid": self.server.proc.pid,
-                 "base_url": self.server.base_url, "model": str(self.folder)})
-        self.llm = LLMUser("customer", base_url=self.server.base_url, api_key=self.server.api_key, **self.llm_settings)
-        self.llm.check(list(tasks))
+    def served(self, tasks: list, log=None) -> None:
         if self.threshold > 0:
             self.gate([t for t in tasks if t.split == "test"], self.threshold, self.llm.seed or 0, log)
-        return self.server
-
-    @property
-    def base_url(self) -> str | None:  # where it is served now (a restart keeps the port)
-        return self.server.base_url if self.server is not None else None
-
-    def _live(self) -> LLMUser:
-        if self.llm is None:  # served on first use (eval.py, a script): without a gate
-            self.start()
-        return self.llm
-
-    def first_message(self, task, tools: bool = False) -> str:
-        return self._live().first_message(task, tools)
-
-    def replies(self, requests: list[tuple]) -> list:
-        return self._live().replies(requests)
-
-    def take_stats(self) -> dict:
-        return self.llm.take_stats() if self.llm else {}
-
-    def close(self) -> None:
-        if self.server is not None:
-            self.server.stop()
 
     def after(self, where: str, report: dict, log=None) -> None:
         """After a step or an evaluation: a dead server restarted (RunStopped when it will not come back), the gate held
@@ -349,7 +302,7 @@ class ServedCustomer(User):
             if where in ("cold start", "start"):
                 raise RunStopped(f"customer gate: {line}: no GRPO step is trained against this customer")
             print(f"[customer] warning: {line}", flush=True)
-        super().after(where, report, log)
+        User.after(self, where, report, log)
 
     def gate(self, tasks, threshold: float, seed: int, log) -> dict:
         """gate() on all the run's held-out tasks with a store spec (on 100, a 97.5 % customer reads < 95 % on ~4 % of
@@ -368,30 +321,6 @@ class ServedCustomer(User):
                             f"% of the gate's conversations, below --user_gate {threshold:g}: nothing was trained "
                             "against it (rebuild it: python -m demo.customer build; or lower --user_gate)")
         return g
-
-    def revive(self, where: str, log) -> None:
-        """A dead served customer (killed, out of memory) restarted on its port (the episodes it failed aborted, their
-        tasks drawn again); after MAX_RESTARTS, or when it will not start, RunStopped (a checkpoint saved first)."""
-        from demo.serve import ServeError
-
-        if self.server is None or self.server.alive():
-            return
-        self.restarts += 1
-        tail = self.server.log_tail(3)
-        print(f"[customer] the customer server died ({where}); its log ends: {tail[-1:]}", flush=True)
-        log and log({"phase": "customer_server", "event": "died", "where": where, "restarts": self.restarts,
-                     "log_tail": tail})
-        try:
-            if self.restarts > self.MAX_RESTARTS:
-                raise ServeError(f"it died {self.restarts} times (at most {self.MAX_RESTARTS} restarts)")
-            t0 = time.perf_counter()
-            self.server.restart()
-            print(f"[customer] restarted on {self.server.base_url} in {time.perf_counter() - t0:.0f} s", flush=True)
-            log and log({"phase": "customer_server", "event": "restarted", "where": where, "restarts": self.restarts,
-                         "pid": self.server.proc.pid})
-        except ServeError as e:
-            raise RunStopped(f"the customer server died ({where}) and was not restarted: {e}; see "
-                             f"{self.server.log_path}. Checkpoint saved: rerun with --resume") from None
 
 
 class GateError(ValueError):
@@ -436,7 +365,7 @@ def measure(folder: Path, seed: int = 0, temperature: float = 0.7, log_dir: Path
     fidelity.json keeps; the slow test re-measures the shipped model and compares)."""
     import tempfile
 
-    from demo.serve import ModelServer
+    from plumbing.serve import ModelServer
     from domains import load_world
     from user_sim import make_user
 

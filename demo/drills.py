@@ -18,7 +18,7 @@ import torch
 
 import chat
 import sft
-from fsdp import compute_device
+from plumbing.fsdp import compute_device
 from domains import store
 
 
@@ -165,7 +165,7 @@ def words_of(tasks) -> list[str]:
 if __name__ == "__main__":
     import tempfile
 
-    from demo.tiny import build_tiny
+    from plumbing.tiny_model import build_tiny
 
     model, tok = build_tiny(tempfile.mkdtemp(prefix="muarl-drills-"), hidden=128, layers=2, vocab_size=512,
                             intermediate=512, split_digits=True)

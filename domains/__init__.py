@@ -24,7 +24,7 @@ from domains.base import Bench, Domain, Env, Task, World
 def _shop_settings(c, lazy: float = 0.6) -> dict:
     n_test_orders = max(200, c.synthetic_test)  # one held-out order per test task, 400 more for training tasks
     return dict(seed=c.synthetic_seed, n_train=c.synthetic_train, n_test=c.synthetic_test, n_orders=n_test_orders + 400,
-                n_test_orders=n_test_orders, lazy_rate=lazy if c.lazy_rate == -1 else c.lazy_rate)  # -1: the world's
+                n_test_orders=n_test_orders, lazy_rate=lazy if getattr(c, "lazy_rate", -1) == -1 else c.lazy_rate)  # -1: the world's
 
 
 DEFAULT = "synthetic"  # the world a run trains on unless --domains says otherwise (muarl.py, eval.py)
@@ -79,7 +79,7 @@ def task_sets(cfg, worlds: dict[str, World]) -> tuple[list[Task], list[Task]]:
     so no task the agent trains on leaks into evaluation."""
     train, held_out = [], []
     for name, w in worlds.items():
-        if cfg.tasks == "synthetic" and DOMAINS[name].script is None:  # a generated world has its own tasks
+        if cfg.task_source == "generated" and DOMAINS[name].script is None:  # a generated world has its own tasks
             users = [u for u, _ in w.new_env().db.scan("users")]
             random.Random(cfg.synthetic_seed).shuffle(users)
             k = max(1, len(users) // 5)

@@ -20,8 +20,9 @@ How the calls are recorded (readable messages, as tau2 keeps its trajectory):
      "tool_calls": [{"type": "function", "function": {"name": ..., "arguments": {...}}}]}
     {"role": "tool", "name": ..., "content": <output>, "requestor": "user"}        one per call, in order
 
-Departures from tau2: none in the rules. Our turn cap counts tool executions + customer replies (the paper's 30),
-where tau2 counts every message (max_steps 200); a customer's tool executions count as turns, as the agent's do.
+Departures from tau2: none in the rules. The training turn cap counts the agent's tool executions + the customer's
+replies (the paper's 30); the customer's own calls are capped per turn by it, or by tau2's cap on messages (its
+max_steps, 200) where a rollout sets one (eval.py does in tau2's worlds).
 """
 
 from __future__ import annotations
@@ -55,8 +56,8 @@ class Phone:
     env as requestor "user", logs each call and result in the episode's readable messages (`log`), and stops the
     turn when a cap is reached (the turns left to the episode, or tau2's too-many-errors rule)."""
 
-    def __init__(self, env, log: list[dict], turns_left: int):
-        self.env, self.log, self.turns_left = env, log, turns_left
+    def __init__(self, env, log: list[dict], turns_left: int, cap: str = "max_turns"):
+        self.env, self.log, self.turns_left, self.cap = env, log, turns_left, cap
         self.new: list[dict] = []  # this turn's calls and results: the customer sees them in its next request
         self.calls, self.stop = 0, None  # tool executions this turn (each one a turn); why the turn was cut short
 
@@ -72,7 +73,7 @@ class Phone:
         self.calls += len(calls)
         # errors first: when both caps are hit at once, tau2 reports too many errors
         self.stop = "too_many_errors" if too_many_errors(self.env) else \
-            "max_turns" if self.calls >= self.turns_left else None
+            self.cap if self.calls >= self.turns_left else None
         return [m["content"] for m in new[1:]]
 
 

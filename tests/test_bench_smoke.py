@@ -71,7 +71,7 @@ def test_probe_decision_reads_p_refuse_per_request_and_status(tmp_path):
     # looked an order up, a probability, grouped by (request, status); a run without them is one line, exit 1.
     import json
 
-    from demo.tiny import build_tiny
+    from plumbing.tiny_model import build_tiny
     from domains import store
 
     world = store.build_world(0, n_orders=60, n_test_orders=20, n_train=10, n_test=12)

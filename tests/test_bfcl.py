@@ -174,7 +174,7 @@ def test_env_matches_bfcls_own_executor_on_gold_and_perturbed_calls(world):
 
 @needs_bfcl
 def test_oracle_passes_bfcls_checker_on_a_sample_of_every_category(world):
-    from agents import MessageAgent
+    from plumbing.agents import MessageAgent
 
     tasks = _sample(world)
     m, eps = _play(world, tasks, MessageAgent(bfcl.oracle))
@@ -186,7 +186,7 @@ def test_oracle_passes_bfcls_checker_on_a_sample_of_every_category(world):
 
 @needs_bfcl
 def test_a_run_missing_a_call_or_a_turn_fails(world):
-    from agents import MessageAgent
+    from plumbing.agents import MessageAgent
 
     def skip_a_turn(task):  # the oracle, except that it ends the first turn with gold calls without them
         act, first = bfcl.oracle(task), next(k for k, turn in enumerate(task.raw["gold"]) if turn)
@@ -277,10 +277,10 @@ def test_missing_wheel_is_one_line_saying_how_to_get_it(tmp_path):
 @needs_bfcl
 def test_tiny_local_model_plays_five_tasks_and_the_token_path_can_score(world, tmp_path):
     import chat
-    from hf_engine import HFEngine
-    from demo.tiny import build_tiny
+    from plumbing.hf_engine import HFEngine
+    from plumbing.tiny_model import build_tiny
     from rollout import PolicyAgent
-    from sampling import Sample
+    from plumbing.sampling import Sample
 
     tasks = [t for t in _sample(world, 4) if t.raw["category"] != "long_context"][:5]
     model, tok = build_tiny(tmp_path / "tiny", texts=[t.instructions for t in tasks], hidden=64, layers=1, heads=1,
@@ -348,7 +348,7 @@ class _Endpoint(BaseHTTPRequestHandler):
 @needs_bfcl
 def test_stub_openai_endpoint_plays_five_tasks_through_the_tools_api(world):
     pytest.importorskip("openai")
-    from agents import MessageAgent, openai_act
+    from plumbing.agents import MessageAgent, openai_act
 
     tasks = [t for t in world.tasks() if t.id in ("multi_turn_base_7", "multi_turn_miss_func_0",
                                                   "multi_turn_miss_param_12", "multi_turn_long_context_3",

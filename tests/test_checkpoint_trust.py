@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import muarl
-from checkpoint import TaskSampler, damage, load_checkpoint, newest_checkpoint, save_checkpoint, set_aside
+from plumbing.checkpoint import TaskSampler, damage, load_checkpoint, newest_checkpoint, save_checkpoint, set_aside
 from test_muarl import PY, REPO, TINY, ENV, grpo_records, new_run, run_cli, tiny_init  # noqa: F401 (a fixture)
 
 
@@ -156,7 +156,7 @@ class Boom:
 
 def replant(ck, **manifest):
     """Recompute ck's manifest over the files now there (what anyone can do: it detects damage, not intent)."""
-    from checkpoint import _manifest, _sha256
+    from plumbing.checkpoint import _manifest, _sha256
 
     body = json.loads((ck / "manifest.json").read_text())
     body.pop("check")
@@ -212,7 +212,7 @@ def test_manifest_names_outside_the_run_touch_nothing(tmp_path, capsys, where):
     replant(ck)
     body = json.loads((ck / "manifest.json").read_text())
     body.pop("check")
-    from checkpoint import _manifest
+    from plumbing.checkpoint import _manifest
 
     (ck / "manifest.json").write_text(_manifest({**body, "files": {**body["files"], name: [[9, "0" * 64]]}}))
     assert "no file of a run" in damage(ck)

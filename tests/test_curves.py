@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from demo import curves
+from plumbing import curves
 
 
 def _log(tmp_path, n=6):

@@ -29,9 +29,10 @@ import pytest
 import torch
 
 import muarl
-from demo import customer, serve
+from demo import customer
+from plumbing import serve
 from config import ConfigError, parse_config, validate
-from preflight import RunStopped
+from plumbing.preflight import RunStopped
 
 REPO = Path(__file__).resolve().parent.parent
 

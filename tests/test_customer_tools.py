@@ -16,17 +16,17 @@ from types import SimpleNamespace
 
 import pytest
 
-from sampling import episode_seed
+from plumbing.sampling import episode_seed
 
 import chat
 from conftest import TAU2
-from agents import MessageAgent, OracleAgent
+from plumbing.agents import MessageAgent, OracleAgent
 from user_sim import FixedUser
 from domains import DOMAINS, Domain, script_for, telecom_user
 from domains.base import Task, World, content_key
 from domains.dual_control import MAX_ERRORS, Phone, customer_only
 from engine import Sample
-from demo.tiny import build_tiny
+from plumbing.tiny_model import build_tiny
 from rollout import PolicyAgent, RolloutConfig, rollout, score
 from user_sim import LLMUser, STOP, ScriptedUser, simulator_messages
 

@@ -23,12 +23,12 @@ import torch
 import grpo
 import muarl
 import eval as evaluation
-from agents import MessageAgent, OracleAgent
+from plumbing.agents import MessageAgent, OracleAgent
 from config import Config, ConfigError, make_customer, parse_config, validate
 from domains import BENCHES, DOMAINS, Domain, load_world, load_worlds, script_for
 from eval import evaluate
-from hf_engine import HFEngine
-from demo.tiny import build_tiny
+from plumbing.hf_engine import HFEngine
+from plumbing.tiny_model import build_tiny
 from rollout import PolicyAgent, RolloutConfig, rollout, score
 from user_sim import STOP, USERS, FixedUser, ScriptedUser, User, UserKind
 

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from engine import Engine, ReferenceEngine, check_vllm_model, make_engine
-from hf_engine import HFEngine, common_prefix_len
-from kv_store import weights_version
-from demo.tiny import build_tiny
+from plumbing.hf_engine import HFEngine, common_prefix_len
+from plumbing.kv_store import weights_version
+from plumbing.tiny_model import build_tiny
 
 
 @pytest.fixture(scope="module")

@@ -42,7 +42,7 @@ def test_oracle_on_the_shop_scores_one(tmp_path, capsys):
 def test_local_tiny_model_on_the_shop_prints_a_table(tmp_path):
     # The whole CLI path for a local model: load, engine, scripted user, k trials, table, transcripts.
     from domains import load_world
-    from demo.tiny import build_tiny
+    from plumbing.tiny_model import build_tiny
 
     world = load_world("shop", seed=0, n_train=0)
     model_dir = tmp_path / "tiny"
@@ -63,7 +63,7 @@ def test_sampled_trials_differ_and_replay(tmp_path):
     # --temperature > 0: the k trials of a task are k sampled conversations (pass^k means something), and the
     # same --seed replays them exactly; greedy trials are identical (the scripted user is deterministic)
     from domains import load_world
-    from demo.tiny import build_tiny
+    from plumbing.tiny_model import build_tiny
 
     world = load_world("shop", seed=0, n_train=0)
     model_dir = tmp_path / "tiny"
@@ -104,8 +104,8 @@ def test_real_vllm_server_as_the_agent(tmp_path):
     import time
 
     from domains import load_world
-    from demo.tiny import build_tiny
-    from preflight import PreflightError, check_endpoint
+    from plumbing.tiny_model import build_tiny
+    from plumbing.preflight import PreflightError, check_endpoint
 
     world = load_world("shop", seed=0, n_train=0)
     build_tiny(tmp_path / "tiny", texts=[world.rules] + [json.dumps(t.expert) for t in world.tasks("test")[:20]])

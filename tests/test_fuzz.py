@@ -25,9 +25,9 @@ import pytest
 import chat
 from conftest import HAVE_TAU2
 from domains import load_world
-from demo.tiny import train_tokenizer
+from plumbing.tiny_model import train_tokenizer
 from rollout import PolicyAgent, RolloutConfig, rollout, score
-from sampling import Sample
+from plumbing.sampling import Sample
 from user_sim import STOP, TRANSFER, UserError
 
 def _missing(need: str | None) -> str | None:  # why a world cannot be built here, or None

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import models as memplan  # the memory plan lives in models.py
+from plumbing import memory_plan as memplan  # the memory plan lives in models.py
 import muarl
 
 REPO = Path(__file__).resolve().parents[1]
@@ -163,7 +163,7 @@ SHARDED_WORKER = textwrap.dedent("""
     torch.set_num_threads(1)
     sys.path[:0] = [{repo!r}, {tests!r}]
     import muarl
-    from fsdp import load_sharded
+    from plumbing.fsdp import load_sharded
     from test_gpu_path import measured_update, rss
     from test_muarl import synthetic_episodes, tiny_qwen3
     from transformers import AutoModelForCausalLM, Qwen3ForCausalLM  # imported before the measurement: not its memory
@@ -215,7 +215,7 @@ def qwen3_100m(folder: Path):
 
 @pytest.mark.slow
 def test_a_100m_model_loads_sharded_over_4_ranks_and_steps_like_one_process(tmp_path):
-    from models import n_params
+    from plumbing.models import n_params
 
     model = qwen3_100m(tmp_path / "model")
     whole = 4 * n_params(model)
@@ -278,7 +278,7 @@ OFFLOAD_WORKER = textwrap.dedent("""
     torch.set_num_threads(1)
     sys.path[:0] = [{repo!r}, {tests!r}]
     import muarl
-    from fsdp import load_sharded
+    from plumbing.fsdp import load_sharded
     from test_gpu_path import _moves
     from test_muarl import synthetic_episodes, tiny_qwen3
     rank, world_size = muarl.dist_setup(offload=True)
@@ -294,7 +294,7 @@ OFFLOAD_WORKER = textwrap.dedent("""
     if rank == 0:
         tiny_qwen3().save_pretrained({out!r} + "/tiny")
     muarl.barrier(world_size)
-    from fsdp import moved
+    from plumbing.fsdp import moved
     sd = model.state_dict()  # a shard rebuilt elsewhere gathers to the same whole (what a GPU does with offload)
     out["moved_diff"] = max((moved(t, torch.device("cpu")).full_tensor() - t.full_tensor()).abs().max().item()
                             for t in sd.values())

@@ -4,7 +4,7 @@ the store, against a full re-prefill: tests/test_engine.py."""
 import numpy as np
 import torch
 
-from kv_store import CachedSeq, KVStore
+from plumbing.kv_store import CachedSeq, KVStore
 
 
 def kv(tokens, width=1):

@@ -5,8 +5,8 @@ import json
 import pytest
 import torch
 
-from demo.tiny import SPECIAL_TOKENS, TAG_TOKENS, build_tiny
-from models import load_policy, load_reference, load_tokenizer, n_params
+from plumbing.tiny_model import SPECIAL_TOKENS, TAG_TOKENS, build_tiny
+from plumbing.models import load_policy, load_reference, load_tokenizer, n_params
 from tools import calculate, function_schema
 
 

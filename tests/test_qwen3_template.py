@@ -21,9 +21,9 @@ import pytest
 
 import chat
 from domains import load_world
-from agents import ExpertEngine
-from demo.tiny import build_tiny
-from models import load_tokenizer
+from plumbing.agents import ExpertEngine
+from plumbing.tiny_model import build_tiny
+from plumbing.models import load_tokenizer
 from rollout import PolicyAgent, RolloutConfig, rollout, score
 from tools import GENERIC_TOOLS, function_schema
 from user_sim import ScriptedUser

@@ -7,12 +7,12 @@ import torch
 
 import chat
 from domains import load_world
-from agents import ExpertEngine
+from plumbing.agents import ExpertEngine
 from engine import Sample
-from hf_engine import HFEngine
-from demo.tiny import build_tiny
+from plumbing.hf_engine import HFEngine
+from plumbing.tiny_model import build_tiny
 from rollout import PolicyAgent, RolloutConfig, rollout, score
-from sampling import episode_seed
+from plumbing.sampling import episode_seed
 from user_sim import ScriptedUser, UserError
 
 

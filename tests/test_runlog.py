@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import grpo
-from runlog import RunLog, finite
+from plumbing.runlog import RunLog, finite
 
 
 def strict(line: str) -> dict:
@@ -79,7 +79,7 @@ def test_logp_gap_compares_like_with_like():
     # the top-p nucleus renormalised). The trainer's full-softmax log-probs differ from those even with identical
     # weights (by ~0.1 at top-p 0.9 in issue 15), so a gap against them cannot show a weight-sync bug; the trainer's
     # log-probs under the sampler's distribution (token_logprobs(..., sampler=...)) match to float precision.
-    from hf_engine import HFEngine
+    from plumbing.hf_engine import HFEngine
     from test_muarl import tiny_qwen3
 
     class Tok:

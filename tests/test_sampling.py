@@ -5,7 +5,7 @@ import hashlib
 import pytest
 import torch
 
-from sampling import episode_seed, prompt_seeds, sample_step
+from plumbing.sampling import episode_seed, prompt_seeds, sample_step
 
 
 def test_sample_step_top_p_keeps_top_token():

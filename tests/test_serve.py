@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from demo.serve import ModelServer, ServeError, port_taken, served_models
+from plumbing.serve import ModelServer, ServeError, port_taken, served_models
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -98,7 +98,7 @@ def test_a_killed_run_stops_its_server(standin, tmp_path):
     code = textwrap.dedent(f"""
         import sys, time
         sys.path.insert(0, {str(REPO)!r})
-        from demo.serve import ModelServer
+        from plumbing.serve import ModelServer
         srv = ModelServer("unused", name="standin", log_path={str(tmp_path / "s.log")!r}, command={standin!r}).start()
         print(srv.proc.pid, flush=True)
         time.sleep(600)
@@ -189,7 +189,7 @@ def test_one_line_errors(standin, tmp_path):
 @pytest.mark.vllm
 def test_real_vllm_server_serves_a_tiny_customer(tmp_path):
     pytest.importorskip("vllm")
-    from demo.tiny import build_tiny
+    from plumbing.tiny_model import build_tiny
     from user_sim import make_user, simulator_messages
 
     build_tiny(tmp_path / "m", hidden=128, layers=1, heads=2, kv_heads=1, intermediate=256)  # head_dim 64

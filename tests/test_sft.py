@@ -10,7 +10,7 @@ import chat
 import sft
 from domains import load_world, store
 from demo.drills import copy_examples
-from demo.tiny import build_tiny
+from plumbing.tiny_model import build_tiny
 
 
 @pytest.fixture(scope="module")

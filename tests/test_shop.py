@@ -128,8 +128,8 @@ def test_deterministic():
 
 
 def test_expert_through_the_token_pipeline(world):
-    from agents import ExpertEngine
-    from demo.tiny import build_tiny
+    from plumbing.agents import ExpertEngine
+    from plumbing.tiny_model import build_tiny
     from rollout import PolicyAgent, RolloutConfig, rollout, score
 
     import tempfile

@@ -212,7 +212,7 @@ def test_customer_model_trains_on_the_servers_rendering(world, tmp_path):
     # vLLM's server renders each request with the chat template (add_generation_prompt); the customer model must be
     # trained on exactly that: every request is a token prefix of the rendered conversation, and the trained tokens
     # are the customer's turns with their end-of-turn token, nothing else.
-    from demo.tiny import build_tiny
+    from plumbing.tiny_model import build_tiny
 
     convs = customer.customer_conversations(world.tasks("train")[:6], per_task=1, seed=1)
     _, tok = build_tiny(tmp_path, texts=[m["content"] for c in convs for m in c["messages"]], vocab_size=300,

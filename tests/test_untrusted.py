@@ -14,10 +14,10 @@ import time
 import pytest
 
 import chat
-from agents import MessageAgent
+from plumbing.agents import MessageAgent
 from conftest import REPO, needs_tau2
 from domains import load_world
-from demo.tiny import train_tokenizer
+from plumbing.tiny_model import train_tokenizer
 from rollout import RolloutConfig, rollout, score
 from tools import calculate, check_call, clean, parse_tool_calls
 from user_sim import ScriptedUser
@@ -218,7 +218,7 @@ def tok(request):
 
     from tokenizers import Regex, normalizers, pre_tokenizers
 
-    from demo.tiny import default_corpus
+    from plumbing.tiny_model import default_corpus
 
     # whitespace runs at the ends of texts, so the vocabulary merges them as Qwen3's does ("\n\n", " \n", ...): the
     # ids then depend on where a tokenizer cuts a text, and the identity test below sees a wrong cut
@@ -451,7 +451,7 @@ def test_the_agents_words_reach_the_customers_server_as_text(tok):
 
 
 def test_an_endpoint_agent_receives_customer_and_tool_markers_as_text(tok):
-    from agents import _wire
+    from plumbing.agents import _wire
 
     msgs = [{"role": "system", "content": "rules"}, {"role": "user", "content": FORGED},
             {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "f", "arguments": {}}}]},
@@ -464,7 +464,7 @@ def test_an_endpoint_agent_receives_customer_and_tool_markers_as_text(tok):
 
 def test_acebench_local_agent_encodes_markers_as_text(tok):
     from domains.acebench_agents import engine_complete
-    from sampling import Sample
+    from plumbing.sampling import Sample
 
     class Recorder:  # an engine that records the prompts it was given
         def generate(self, prompts, **kw):

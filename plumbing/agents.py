@@ -18,7 +18,7 @@ import json
 from concurrent.futures import ThreadPoolExecutor
 
 import chat
-from sampling import Sample
+from plumbing.sampling import Sample
 from tools import ParsedTurn, as_text, check_call, clean
 from domains.dual_control import customer_only, gold_requestors
 

@@ -111,6 +111,14 @@ def is_sharded(model) -> bool:
     return isinstance(model, FSDPModule)
 
 
+def reshard(model) -> None:
+    """Free the gathered weights a sharded model kept after a forward with no backward (the frozen reference):
+    FSDP2 never reshards the root module after its forward (reshard_after_forward is off there), and no backward
+    follows to do it, so the root's whole weights (embeddings, lm_head: 2.3 GiB for 8B) would stay on every GPU."""
+    if is_sharded(model):
+        model.reshard()
+
+
 def bf16_compute(model, bf16: bool):
     """The context a forward runs in: bf16 matmuls over fp32 masters. On one process that is torch.autocast (it casts
     each weight to bf16 where it is used; gradients reach the fp32 parameters); under FSDP2 the MixedPrecisionPolicy

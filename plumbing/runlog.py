@@ -16,7 +16,7 @@ from collections import Counter
 from pathlib import Path
 
 from eval import customer_fidelity
-from fsdp import all_gather_episodes, all_sum
+from plumbing.fsdp import all_gather_episodes, all_sum
 
 TRAINING = ("copy_warmup", "sft", "grpo")  # phases whose every record is one optimizer step
 

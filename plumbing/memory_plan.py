@@ -1,13 +1,8 @@
-"""The policy model: load it and its frozen reference; plan what each GPU holds before any work.
+"""The memory plan of a GPU run, from config.json alone: what each GPU holds in both phases of a GRPO step.
 
-MUA-RL starts from Qwen3 (8B/14B/32B, non-thinking mode) and keeps a frozen copy of the starting policy as the
-KL reference (the paper, arXiv:2508.18669). `load_policy("Qwen/Qwen3-8B")` and `load_reference(...)` are all a GPU
-run needs; `--model tiny` is the CPU demo's model, built from nothing by demo/tiny.py.
-
-    python models.py                                   # Qwen3-8B on 1 and 8 GPUs, Qwen3-32B on 8 (configs/)
+    python -m plumbing.memory_plan                     # Qwen3-8B on 1 and 8 GPUs, Qwen3-32B on 8 (configs/)
     python muarl.py --model Qwen/Qwen3-8B --plan 8     # this run's flags, on 8 GPUs, then exit
 
-The memory plan (section 3), computed from config.json alone.
 
 A GRPO step has two phases that share each GPU: the rollout (vLLM awake; the trainer's weights and AdamW moments
 resident) and the update (vLLM asleep, level 1: its weights copied to host memory, its KV cache freed; gradients,
@@ -35,104 +30,19 @@ models, 1 and 4 ranks) to 15 %. On a GPU: flash attention saves what sdpa does h
 and fragmentation are not counted: keep ~10 % free.
 
 Departures: 1. No allocator model: the peak is a sum of what is live, not what the caching allocator reserved.
-2. vLLM's own activations and CUDA graphs are inside its share; its sleep leaves ~1 GiB that we do not count.
-"""
+2. vLLM's own activations and CUDA graphs are inside its share; its sleep leaves ~1 GiB that we do not count."""
 
 from __future__ import annotations
 
-import copy
 import json
 import sys
 from pathlib import Path
-
-import torch
-
-
-def n_params(model) -> int:
-    """Parameter count, shared (tied) tensors counted once."""
-    return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# 1. Loading a policy and its frozen reference
-
-
-def _from_pretrained(name_or_path: str, dtype, device):
-    from transformers import AutoModelForCausalLM
-
-    dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype  # "bfloat16" -> torch.bfloat16
-    return AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype).to(device)
-
-
-def load_tokenizer(name_or_path: str):
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(name_or_path)
-    if not getattr(tokenizer, "chat_template", None):
-        raise ValueError(f"tokenizer of {name_or_path!r} has no chat template: muarl renders every turn with it")
-    return tokenizer
-
-
-def model_folder(name_or_path: str) -> str:
-    """A local folder holding the model: the path itself, or the hub's cached download of an id (sharded loading,
-    vLLM and the memory plan read the files, not a loaded model)."""
-    if Path(name_or_path).is_dir():
-        return name_or_path
-    from huggingface_hub import snapshot_download
-
-    return snapshot_download(name_or_path, allow_patterns=["*.json", "*.safetensors", "*.txt", "*.jinja", "*.model"])
-
-
-def load_policy(name_or_path: str, dtype="float32", device="cpu"):
-    """(model, tokenizer) from a hub id or a local directory (e.g. one written by build_tiny)."""
-    tokenizer = load_tokenizer(name_or_path)  # first: fail fast, before loading gigabytes of weights
-    return _from_pretrained(name_or_path, dtype, device), tokenizer
-
-
-def freeze(model):
-    """Eval mode and no gradients: what a KL reference needs, and nothing the optimizer can touch."""
-    return model.eval().requires_grad_(False)
-
-
-def load_reference(name_or_path: str | None = None, dtype="float32", device="cpu", model=None):
-    """The frozen reference policy: loaded from `name_or_path`, or a deep copy of an in-memory `model`
-    (e.g. the policy right after SFT, before any RL step)."""
-    return freeze(copy.deepcopy(model) if model is not None else _from_pretrained(name_or_path, dtype, device))
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# 2. The run's policy: built (tiny) or loaded, whole or sharded
-
-
-def build_or_load_model(cfg, worlds: dict, out: Path, device: str, dtype: str, rank=0, world_size=1,
-                        sharded: bool = False):
-    """(policy, tokenizer, model_path): fp32 weights, AdamW's masters (`dtype`: the forward's). Under torchrun
-    (`sharded`) each rank reads only its own shards (fsdp.load_sharded). `tiny` builds a model and tokenizer from the
-    training tasks' text (rank 0 builds and saves it; under torchrun the other ranks wait, then load the same files)."""
-    from fsdp import barrier, load_sharded  # (here, not at the top: fsdp needs none of this file)
-    from demo.tiny import build_tiny  # the CPU demo's kit: a model and tokenizer from nothing
-
-    path = out / "tiny-init" if cfg.model == "tiny" else None
-    if path is not None and not (path / "config.json").exists() and rank == 0:
-        texts = [text for w in worlds.values()
-                 for text in [w.rules] + [json.dumps(t.expert) for t in w.tasks("train")[:400] if t.expert]]
-        build_tiny(path, seed=cfg.seed, texts=texts, hidden=cfg.tiny_hidden, layers=cfg.tiny_layers,
-                   split_digits=cfg.tiny_split_digits, vocab_size=cfg.tiny_vocab, intermediate=cfg.tiny_intermediate)
-    path = path or (model_folder(cfg.model) if rank == 0 else None)  # a hub id: rank 0 downloads, then the others
-    barrier(world_size)
-    path = str(path or model_folder(cfg.model))
-    if sharded:
-        policy = load_sharded(path, torch.float32, cfg.activation_checkpointing, dtype == "bfloat16", cfg.offload)
-        return policy, load_tokenizer(path), path
-    return (*load_policy(path, dtype="float32", device=device), path)
-
-
 
 # ---------------------------------------------------------------------------------------------------------------
 # 3. The memory plan: bytes per GPU of each part, for both phases of a step
 
 GIB = 2**30
-CONFIGS = Path(__file__).resolve().parent / "configs"  # public config.json files, by the hub id's last part
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"  # public config.json files, by the hub id's last part
 
 
 def load_config(model: str) -> dict:
@@ -217,9 +127,12 @@ def format_plan(name: str, p: dict) -> str:
     return "\n".join(out)
 
 
-def describe(model: str, gpus: int, tokens: int, checkpointing: bool, reference: bool, bf16: bool, chunk: int,
-             engine: str, engine_share: float, gpu_gib: float, sharded: bool, offload: bool = False) -> str:
-    """muarl's plan of a run, as a table, and the fewest GPUs that fit it when these do not; or why there is none."""
+def describe(cfg, gpus: int, engine: str, gpu_gib: float, sharded: bool) -> str:
+    """muarl's plan of the run `cfg` on `gpus` GPUs, as a table, and the fewest GPUs that fit it when these do not;
+    or why there is none."""
+    model, tokens, checkpointing, reference = cfg.model, cfg.micro_batch_tokens, cfg.activation_checkpointing, \
+        cfg.kl_coef > 0
+    bf16, chunk, engine_share, offload = cfg.dtype == "bfloat16", cfg.logprob_chunk, cfg.engine_memory, cfg.offload
     try:
         c = load_config(model)
     except (ValueError, OSError) as e:
@@ -257,3 +170,4 @@ if __name__ == "__main__":
     P8, P32 = param_counts(load_config("Qwen/Qwen3-8B"))[0], param_counts(load_config("Qwen/Qwen3-32B"))[0]
     print(f"Qwen3-8B: {P8 / 1e9:.2f}B parameters; Qwen3-32B: {P32 / 1e9:.2f}B\n")
     print(demo_plans(int(sys.argv[1]) if sys.argv[1:] else 16384))
+

@@ -1,0 +1,85 @@
+"""Loading the policy, its frozen reference and its tokenizer (a hub id or a local Hugging Face folder).
+
+MUA-RL starts from Qwen3 (8B/14B/32B, non-thinking mode) and keeps a frozen copy of the starting policy as the
+KL reference (the paper, arXiv:2508.18669). `load_policy("Qwen/Qwen3-8B")` and `load_reference(...)` are all a GPU
+run needs; under torchrun each rank reads only its shards instead (fsdp.load_sharded).
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import torch
+
+
+def n_params(model) -> int:
+    """Parameter count, shared (tied) tensors counted once."""
+    return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 1. Loading a policy and its frozen reference
+
+
+def _from_pretrained(name_or_path: str, dtype, device):
+    from transformers import AutoModelForCausalLM
+
+    dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype  # "bfloat16" -> torch.bfloat16
+    return AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype).to(device)
+
+
+def load_tokenizer(name_or_path: str):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(name_or_path)
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError(f"tokenizer of {name_or_path!r} has no chat template: muarl renders every turn with it")
+    return tokenizer
+
+
+def model_folder(name_or_path: str) -> str:
+    """A local folder holding the model: the path itself, or the hub's cached download of an id (sharded loading,
+    vLLM and the memory plan read the files, not a loaded model)."""
+    if Path(name_or_path).is_dir():
+        return name_or_path
+    from huggingface_hub import snapshot_download
+
+    return snapshot_download(name_or_path, allow_patterns=["*.json", "*.safetensors", "*.txt", "*.jinja", "*.model"])
+
+
+def load_policy(name_or_path: str, dtype="float32", device="cpu"):
+    """(model, tokenizer) from a hub id or a local directory (e.g. one written by build_tiny)."""
+    tokenizer = load_tokenizer(name_or_path)  # first: fail fast, before loading gigabytes of weights
+    return _from_pretrained(name_or_path, dtype, device), tokenizer
+
+
+def freeze(model):
+    """Eval mode and no gradients: what a KL reference needs, and nothing the optimizer can touch."""
+    return model.eval().requires_grad_(False)
+
+
+def load_reference(name_or_path: str | None = None, dtype="float32", device="cpu", model=None):
+    """The frozen reference policy: loaded from `name_or_path`, or a deep copy of an in-memory `model`
+    (e.g. the policy right after SFT, before any RL step)."""
+    return freeze(copy.deepcopy(model) if model is not None else _from_pretrained(name_or_path, dtype, device))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 2. The run's policy: loaded whole, or sharded under torchrun
+
+
+def build_or_load_model(cfg, device: str, dtype: str, rank=0, world_size=1, sharded: bool = False, build=None):
+    """(policy, tokenizer, model_path): fp32 weights, AdamW's masters (`dtype`: the forward's). Under torchrun
+    (`sharded`) each rank reads only its own shards (fsdp.load_sharded). `build`: a function () -> folder that makes
+    the model when it is not there yet (the CPU demo's tiny one); rank 0 calls it first, the others once it is done."""
+    from plumbing.fsdp import barrier, load_sharded  # (here, not at the top: fsdp needs none of this file)
+
+    make = build or (lambda: model_folder(cfg.model))  # a hub id: rank 0 downloads, then the others read the cache
+    path = make() if rank == 0 else None
+    barrier(world_size)
+    path = str(path or make())
+    if sharded:
+        policy = load_sharded(path, torch.float32, cfg.activation_checkpointing, dtype == "bfloat16", cfg.offload)
+        return policy, load_tokenizer(path), path
+    return (*load_policy(path, dtype="float32", device=device), path)

@@ -1,0 +1,105 @@
+"""A configuration that cannot work is refused before any work, in one line (ConfigError, exit status 2).
+
+`field_problems` holds the rules of single fields (ranges, choices, paths) and needs only the standard library:
+muarl.py and eval.py run them before torch loads. `validate` adds what needs the tables (domains.DOMAINS,
+user_sim.USERS, grpo's ADVANTAGES and REWARDS: a new row is a new choice) and the rules between fields. No
+domain is named here: the domain checks read the DOMAINS table.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+from plumbing.flags import ConfigError
+
+# Ranges of single fields (a field absent from the object checked is skipped: eval.py shares only some)
+NONNEG = ("steps", "grad_clip", "temperature", "clip_high", "kl_coef", "weight_decay", "eval_tasks", "eval_every",
+          "save_every", "micro_batch_tokens", "user_down_s", "sft_epochs", "threads", "train_threads",
+          "turn_bonus", "user_temperature", "user_retries", "user_backoff", "synthetic_train", "synthetic_test",
+          "sft_lr", "plan")
+POSITIVE = ("lr", "max_new_tokens", "max_context", "user_max_tokens", "max_turns", "logprob_chunk", "sft_batch",
+            "synthetic_users", "user_timeout", "user_concurrency", "eval_trials")
+CHOICES = {"task_source": ("train", "generated"), "malformed": ("end", "observe"), "engine": ("auto", "hf", "vllm"),
+           "logger": ("none", "tensorboard", "wandb"), "dtype": ("auto", "float32", "bfloat16"),
+           "user_prompt": ("auto", "tau2", "muarl")}
+
+
+def model_problem(name: str) -> str | None:
+    """What is wrong with a --model value, or None: a model folder (with config.json) or a hub id (owner/name:
+    fetched later, one line if it cannot be). A path to nothing is caught here, before any work."""
+    if name == "tiny":
+        return "--model tiny is the CPU demo's model: run `python -m demo` (its own flags: python -m demo --help)"
+    if os.path.isfile(os.path.join(os.path.expanduser(name), "config.json")):
+        return None
+    if os.path.isdir(os.path.expanduser(name)):
+        return f"--model {name}: the folder holds no config.json (not a saved model)"
+    bad = name.startswith(("/", ".", "~")) or name.count("/") != 1 or not name  # not owner/name: a path
+    return f"--model {name!r}: no such model folder (and not a hub id like Qwen/Qwen3-8B)" if bad else None
+
+
+def field_problems(cfg, names) -> list[tuple[bool, str]]:
+    """(holds, what to say otherwise) for each single-field rule on the fields `names` of `cfg` (any object with
+    them). NaN fails every comparison: `--kl_coef nan` is refused like `--kl_coef -1`."""
+    v = {k: getattr(cfg, k) for k in names if hasattr(cfg, k)}
+    return [*[(v[k] in CHOICES[k], f"--{k} must be one of {', '.join(CHOICES[k])}, got {v[k]!r}")
+              for k in v if k in CHOICES],
+            *[(v[k] >= 0, f"--{k} must be >= 0, got {v[k]}") for k in v if k in NONNEG],
+            *[(v[k] > 0, f"--{k} must be positive, got {v[k]}") for k in v if k in POSITIVE],
+            *[(0 < v[k] <= 1, f"--top_p must be in (0, 1], got {v[k]}") for k in v if k == "top_p"],
+            *[(v[k] < v["max_context"], "--max_new_tokens must be smaller than --max_context (a turn needs room)")
+              for k in v if k == "max_new_tokens" and "max_context" in v],
+            *[(not v[k] or v[k] in ("generated", "tasks") or os.path.exists(v[k]), f"--{k} {v[k]}: no such file")
+              for k in v if k == "sft_data"],
+            *[(not v[k] or os.path.exists(v[k]), f"--{k} {v[k]}: no such folder") for k in v if k == "data_dir"],
+            *[(not v[k] or os.path.isfile(os.path.join(v[k], "config.json")),
+               f"--user_serve {v[k]}: no model folder there (no config.json)") for k in v if k == "user_serve"],
+            *[(0 < v[k] < 1, f"--{k} must be in (0, 1), got {v[k]}") for k in v if k in ("engine_memory",
+                                                                                         "user_memory")],
+            *[(0 <= v[k] < 1, f"--clip_low must be in [0, 1), got {v[k]}") for k in v if k == "clip_low"]]
+
+
+def first_problem(checks) -> None:
+    """Raise ConfigError with the first check that does not hold (checks: (holds, message) pairs, in order)."""
+    if (message := next((m for ok, m in checks if not ok), None)) is not None:
+        raise ConfigError(message)
+
+
+def early(cfg, names=None) -> None:
+    """The single-field rules, before any heavy import (muarl.py, eval.py run this first)."""
+    first_problem(field_problems(cfg, names or [f.name for f in dataclasses.fields(cfg)]))
+
+
+def validate(cfg, world_size: int = 1, model_given: bool = True) -> None:
+    """Raise ConfigError on the first setting that cannot work. `model_given`: --model names the policy (False:
+    a caller builds it, as the CPU demo does)."""
+    from domains import DOMAINS
+    from grpo import ADVANTAGES, REWARDS
+    from user_sim import USERS
+
+    domains, kind = cfg.domains.split(","), USERS.get(cfg.user)
+    scripted = [d for d in DOMAINS if DOMAINS[d].script is not None]
+    generators = [d for d in DOMAINS if DOMAINS[d].generator]
+    tables = {"advantage": ADVANTAGES, "reward": REWARDS, "user": USERS}
+    first_problem([
+        (cfg.group_size >= 2, f"--group_size must be >= 2 (GRPO compares rollouts within a group), got "
+                              f"{cfg.group_size}"),
+        (cfg.tasks_per_step >= 1 and cfg.tasks_per_step % world_size == 0,
+         f"--tasks_per_step {cfg.tasks_per_step} must be a positive multiple of the {world_size} ranks"),
+        (all(d in DOMAINS for d in domains), f"--domains: unknown domain(s) {[d for d in domains if d not in DOMAINS]}:"
+                                             f" choose from {', '.join(DOMAINS)}"),
+        *[(getattr(cfg, k) in t, f"--{k} must be one of {', '.join(t)}, got {getattr(cfg, k)!r}")
+          for k, t in tables.items()],
+        *field_problems(cfg, [f.name for f in dataclasses.fields(cfg)]),
+        (cfg.task_source != "generated" or all(d in generators for d in domains),
+         f"--task_source generated: the task generator covers only {', '.join(generators)}"),
+        (not getattr(kind, "scripted", False) or cfg.task_source == "generated" or all(d in scripted for d in domains),
+         f"the scripted customer plays only generated tasks ({', '.join(scripted)}); use --user llm for the others"),
+        (getattr(kind, "endpoint", True) or not any(getattr(cfg, x) for x in ("user_model", "user_base_url",
+                                                                            "user_api_key", "user_serve")),
+         f"--user_model / --user_base_url / --user_api_key / --user_serve are for --user llm (got --user {cfg.user})"),
+        (not (cfg.user_serve and cfg.user_base_url), f"--user_serve starts its own customer endpoint: drop "
+                                                     f"--user_base_url {cfg.user_base_url} (or --user_serve)"),
+        *[(False, m) for m in [model_problem(cfg.model) if model_given else None] if m],
+        (not cfg.offload or "WORLD_SIZE" in os.environ or cfg.plan > 0, "--offload shards with FSDP2: use torchrun"),
+    ])
