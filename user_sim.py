@@ -1,33 +1,34 @@
-"""The simulated user: the customer on the other side of every MUA-RL rollout.
+"""The simulated customer: the other side of every MUA-RL rollout, and what it is told and sees.
 
-MUA-RL's central idea (Zhao et al. 2025, section "Method") is to put a *user* inside the RL loop: while the policy
-learns to call tools, a frozen LLM plays a customer who knows the task's hidden instructions and reveals them only
-as the conversation asks. The reward still comes from the database, but the agent must earn its information by
-asking. This file is that customer: `User`, the protocol rollout() and a run call; `LLMUser`, played by any
-OpenAI-compatible chat endpoint (hosted, or a local vLLM server), sent what user_prompt.py builds (the conversation
-with roles swapped, under a system prompt carrying the hidden instructions); `ScriptedUser`, a deterministic customer
-for generated tasks, so the pipeline runs with no LLM; and USERS, the table `--user NAME` picks a row of.
+MUA-RL's one new idea (Zhao et al. 2025, "Method") is to put a *user* inside the RL loop: while the policy learns
+to call tools, a frozen LLM plays a customer who knows the task's hidden instructions and reveals them only as the
+conversation asks, so requests are dynamic (it omits details, changes its mind, insists). The reward still comes
+from the database, but the agent must earn its information by asking. This file holds:
 
-The first message is fixed per task. The paper starts all G rollouts of a task from the same opening message, so
-the group's reward differences come from the agent, not from a different first request: `first_message` asks
-the model once per task id, and a per-task lock makes 8 rollouts asking at once cost one API call.
+    the prompt    system_prompt(instructions): who the customer is, the house rules, its hidden situation;
+                  simulator_messages(instructions, history): the agent-side conversation with roles swapped
+    User          the protocol rollout() and a run call on any customer
+    LLMUser       a customer played by any OpenAI-compatible chat endpoint (a hosted model, a vLLM server)
+    scripted      ScriptedUser and its kin: deterministic customers for generated tasks, no LLM needed
+    USERS         the table `--user NAME` picks a row of
 
-The customer acts (dual-control worlds, tau2's telecom: `world.user_tools`). A customer turn may call its own tools
-before it speaks: `LLMUser` offers them through the OpenAI tools API (`tools=`, `tool_calls`, `tool` messages back,
-asked again until it writes text), as a hosted model or `vllm serve --enable-auto-tool-choice --tool-call-parser
-hermes` speaks it. The calls run on the episode's env as requestor "user" (domains/dual_control.Phone, with tau2's
-caps); the customer remembers them (its later requests carry them, role-swapped), the agent never sees them.
+Two views of one conversation. rollout.py keeps the *agent's*: its own turns are "assistant", the customer's
+"user". The customer model needs the reverse, so every request is rebuilt from the agent-side text with the roles
+swapped. The agent's tool calls and results never reach the customer: a real one cannot see the company's systems.
+In a dual-control world (tau2's telecom, `world.user_tools`) the customer acts on its own phone: its calls run on
+the episode's env as requestor "user" (domains/dual_control.Phone), it remembers them, the agent never sees them.
 
-Failures abort, they do not score zero. If the simulator's API fails for good, the episode says nothing about the
-policy: rollout.py drops it (UserError) instead of training on reward 0. Before giving up we retry transient
-errors (connection errors, timeouts, 408, 429, 5xx) and garbage replies with exponential backoff.
+The opening is fixed per task: all G rollouts of a task start from the same first message, so a group's reward
+differences come from the agent. Failures abort, they never score zero: a request that fails for good
+(plumbing/chat_client.py retries first) raises UserError, and rollout.py drops the episode from training.
 
-Departures from the paper / tau2-bench (user_prompt.py lists those of the request itself):
-1. The paper used GPT-4o-2024-11-20 at temperature 0 with the MUA-RL authors' prompt; any endpoint plays it here.
-2. A reply's leading `<think>...</think>` block (a reasoning model served without a reasoning parser) is removed.
-3. Dual-control: the opening message is text only (no tools offered), since the G rollouts of a task share it;
-   tools are offered from the customer's second turn on. Tool-call ids are renumbered call_0, call_1, ... per request.
-   A malformed call (arguments that are not JSON, an unknown tool) runs as an error observation, as in tau2.
+Departures from the paper / tau2-bench:
+1. The paper used GPT-4o-2024-11-20 at temperature 0 with its authors' prompt; any endpoint plays it here, with
+   tau2's own guidelines in tau2's worlds (--user_prompt auto) and this project's wording elsewhere.
+2. The opening answers a fixed greeting (GREETING); consecutive messages of one role are merged; an agent turn
+   with no text becomes NO_REPLY; special-token look-alikes are broken by a zero-width space (tools.as_text).
+3. Dual control: the opening is text only (the G rollouts of a task share it); tools are offered from the
+   customer's second turn on. A leading <think> block in a reply is removed.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ import itertools
 import json
 import os
 import random
+import re
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -43,38 +45,144 @@ from dataclasses import dataclass
 from typing import Callable
 
 from domains import script_for
-from domains.dual_control import Phone
-from plumbing.preflight import OPENAI_URL, RunStopped, check_endpoint, endpoint  # noqa: F401 (endpoint, OPENAI_URL: re-exported)
+from domains.dual_control import Phone, customer_only
+from domains.tau2_data import LOADED as TAU2_LOADED, user_guidelines
+from plumbing.chat_client import ChatClient, UserError, reply_text, reply_turn  # noqa: F401 (UserError: here too)
+from plumbing.preflight import RunStopped, check_endpoint, endpoint
 from plumbing.sampling import episode_seed
-from user_prompt import (GREETING, NO_REPLY, OUT_OF_SCOPE, STOP, TRANSFER, _LEADING_THINK,  # noqa: F401 (re-exported)
-                         _content_of, _Garbage, _turn_of, is_terminal, simulator_messages, system_prompt)
+from tools import as_text
+
+STOP, TRANSFER, OUT_OF_SCOPE = "###STOP###", "###TRANSFER###", "###OUT-OF-SCOPE###"
+# What the customer "hears" before its first message: a chat model answers better with something to answer.
+GREETING = "Hi! How can I help you today?"
+NO_REPLY = "(the agent sent an empty message)"  # what it "hears" after an agent turn with no text
 
 
-class UserError(Exception):
-    """The user simulator failed for good (retries exhausted or a non-retryable API error): abort the episode."""
+def is_terminal(text: str | None) -> str | None:
+    """The end marker a customer message carries (the earliest, if it somehow carries several), or None."""
+    found = [(text.find(m), m) for m in (STOP, TRANSFER, OUT_OF_SCOPE) if m in text] if isinstance(text, str) else []
+    return min(found)[1] if found else None
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# -------------------------------------------------------------------------------------------------------------
+# The customer's prompt and its view of the conversation
+
+# tau2's guidelines for a customer with tools (simulation_guidelines_tools.md), in this project's words.
+PHONE_RULES = """
+
+Your phone: you have tools that act on your own device. The agent cannot see them, nor what you do with them.
+- In one turn, either call tools or write a message to the agent, never both. Only your messages reach the agent.
+- Use a tool only when the agent asks you to do something on your device, or when you need it to answer the \
+agent's question. If you are unsure what the agent wants you to do, ask.
+- Do one action at a time. If the agent asks for several at once, say you can only do one at a time and ask \
+which comes first.
+- Report only what the tools actually returned; never invent a result. If a call fails, correct it and try again."""
+
+
+def system_prompt(instructions: str, tools: bool = False, guidelines: str | None = None) -> str:
+    """The customer's system prompt. `guidelines`: tau2's own text, laid out as tau2 lays it out (guidelines, then
+    the <scenario>). Else this project's: who it is, the house rules, then its situation, last, right before the
+    conversation, which is what lets a small customer model (demo/customer.py) keep to it."""
+    if guidelines is not None:
+        return f"{guidelines.strip()}\n\n<scenario>\n{instructions.strip()}\n</scenario>"
+    return f"""You are playing a customer who has contacted a company's customer service. The other side of this \
+chat is the company's support agent. You are the customer, never the agent: you cannot see or use the company's \
+systems, and you only know what your situation below tells you.
+
+How to write:
+- Write exactly one message: your next turn in the chat, nothing else. Keep it short and natural, like a \
+real person typing to support.
+- Begin with why you are getting in touch; after that, give details only when the agent asks for them, a \
+little at a time.
+- Use only facts from your situation. If the agent asks for something your situation does not mention, say \
+you don't know or don't have it. Never make up names, numbers, ids, addresses, dates or preferences.
+- Say things in your own words; do not copy sentences from your situation.
+- Stay in character. Only agree to an action if it is what your situation asks for.
+
+How to end the chat (write the marker at the end of your message):
+- {STOP} once everything you came for is done, or once it is clear it cannot be done.
+- {TRANSFER} if the agent hands you over to a human agent.
+- {OUT_OF_SCOPE} if the chat reaches a point your situation gives you no information to handle, so you \
+cannot go on.{PHONE_RULES if tools else ""}
+
+Your situation (private; the agent cannot see it):
+<situation>
+{instructions.strip()}
+</situation>"""
+
+
+# Tool-call markup, tool results and reasoning that might sit inside an agent's text: never shown to the customer.
+_HIDDEN = re.compile(r"<(tool_call|tool_response|think)>.*?(</\1>|$)", re.S)
+
+
+def _own_call(m: dict, ids: list[str], n: int) -> dict:
+    # The customer's own tool call or result, in its (swapped) view: its calls are the model's "assistant" calls,
+    # their results "tool" messages tied by id (n: calls earlier in this request). Arguments travel as a JSON
+    # string; a malformed call's raw text goes back as it came.
+    if m["role"] == "tool":
+        return {"role": "tool", "tool_call_id": ids.pop(0) if ids else "call_x", "content": m["content"]}
+    calls = []
+    for c in m["tool_calls"]:
+        args = c["function"]["arguments"]
+        ids.append(f"call_{n + len(calls)}")
+        calls.append({"id": ids[-1], "type": "function", "function": {
+            "name": str(c["function"]["name"]), "arguments": args if isinstance(args, str) else json.dumps(args)}})
+    return {"role": "assistant", "content": m.get("content") or "", "tool_calls": calls}
+
+
+def simulator_messages(instructions: str, history: list[dict], variant: dict | None = None, tools: bool = False,
+                       guidelines: str | None = None) -> list[dict]:
+    """Agent-side conversation -> the customer's API messages: [system, user: GREETING, assistant: <customer's
+    1st message>, user: <agent's reply>, ...]. `history`: [{"role": "user" | "assistant", "content"}] as the agent
+    saw it, plus the customer's own tool calls and results (dual control). `variant`: a benchmark's own customer
+    (task.spec["simulator"], ACEBench's): its system text, greeting and roles, verbatim."""
+    if variant is not None:
+        msgs = [{"role": "system", "content": variant["system"]}, {"role": "user", "content": variant["greeting"]}]
+        for m in history:
+            text = m["content"]
+            if m["role"] == "assistant":
+                text = next((text[len(p):] for p in variant.get("strip", []) if text.startswith(p)), text)
+            msgs.append({"role": variant["own_role"] if m["role"] == "user" else "user", "content": text})
+        return [{**m, "content": as_text(m["content"])} for m in msgs]  # special-token look-alikes stay text
+    swap, msgs, pending = {"user": "assistant", "assistant": "user"}, [], []  # pending: ids awaiting results
+    for m in history:
+        role, content = m.get("role"), m.get("content")
+        if customer_only(m):
+            msgs.append(_own_call(m, pending, sum(len(x.get("tool_calls", ())) for x in msgs)))
+            continue
+        if role not in swap or not isinstance(content, str):
+            continue  # system prompts, tool messages and tool-call-only turns are the agent's business
+        content = (_HIDDEN.sub("", content) if role == "assistant" else content).strip()  # stray tool markup
+        if not content:
+            continue
+        if msgs and msgs[-1]["role"] == swap[role] and "tool_calls" not in msgs[-1]:  # two agent texts in a row
+            msgs[-1]["content"] += "\n\n" + content
+        else:
+            msgs.append({"role": swap[role], "content": content})
+    if not msgs or msgs[0]["role"] != "user":  # the customer's opening answered the greeting: say the greeting
+        msgs.insert(0, {"role": "user", "content": GREETING})
+    if msgs[-1]["role"] == "assistant":  # the agent's last turn had no text, yet rollout.py handed over: a real
+        msgs.append({"role": "user", "content": NO_REPLY})  # customer would nudge; aborting would hide the turn
+    msgs = [{"role": "system", "content": system_prompt(instructions, tools, guidelines)}] + msgs
+    return [{**m, "content": as_text(m["content"])} for m in msgs]  # marker look-alikes reach the server as text
+
+
+# -------------------------------------------------------------------------------------------------------------
 # The User protocol: what rollout() and a run call on any customer
 
 
 class User:
-    """A simulated customer. rollout() calls the first two methods; a run (muarl.py, eval.py) the others, in order:
-    check before it writes anything, start once its folder is ready, after at every step and evaluation, close at the
-    end. A new simulator subclasses User, overrides `reply` (or `replies`) and `first_message`, and is one row of USERS.
+    """A simulated customer. rollout() calls the first two methods; a run (muarl.py, eval.py) the others: check
+    before it writes anything, start once its folder is ready, after at every step and evaluation, close at the end.
+    A new simulator subclasses User, overrides `reply` (or `replies`) and `first_message`, and is a row of USERS.
 
-    first_message(task, tools=False) -> str  the opening. Fixed per task: all G rollouts of a task share it, so a
-                                             group's reward differences come from the agent.
+    first_message(task, tools=False) -> str  the opening, fixed per task
     replies(requests) -> list                requests [(task, agent-side history, phone | None, seed | None)]: one
                                              answer each, in order, never raising: the text; None (the phone hit a
-                                             cap: the customer says no more); or a UserError (that episode aborts,
-                                             unscored). `seed` is the request's, from the episode's: reruns replay.
-    check(tasks)                             what can fail before any work, without side effects (ValueError: 1 line)
-    start(tasks, log)                        side effects, once the run's folder is ready (serve a model, gate it)
-    after(where, report, log)                after a GRPO step (report: all_aborted, last_error) or an evaluation (its
-                                             metrics): restart what died; RunStopped once down longer than down_s
-    take_stats() -> dict, close()            health since the last call (log.jsonl); stop what was started
-    """
+                                             cap); or a UserError (that episode aborts, unscored)
+    check(tasks) / start(tasks, log)         what can fail before any work / side effects (serve a model)
+    after(where, report, log)                after a GRPO step or an evaluation: RunStopped once down too long
+    take_stats() -> dict, close()            health since the last call (log.jsonl); stop what was started"""
 
     label = "a customer"  # how the results table names it
     down_s = float("inf")  # seconds every group may fail before the run stops (--user_down_s)
@@ -87,7 +195,14 @@ class User:
         raise NotImplementedError
 
     def replies(self, requests: list[tuple]) -> list:
-        return _fan_out(self.reply, requests, self.workers)
+        def one(req):  # the endpoint is the bottleneck, not Python: threads give real concurrency here
+            try:
+                return self.reply(*req)
+            except Exception as e:  # "never raises": a bug in one request must not take down the whole batch
+                return e if isinstance(e, UserError) else UserError(f"{type(e).__name__}: {e}")
+
+        with ThreadPoolExecutor(max_workers=max(1, min(self.workers, len(requests)))) as pool:
+            return list(pool.map(one, requests))  # map yields in submission order
 
     def check(self, tasks: list) -> None:
         pass
@@ -103,10 +218,10 @@ class User:
         self._down_since = (now if getattr(self, "_down_since", None) is None else self._down_since) \
             if report["all_aborted"] else None
         if self._down_since is not None and now - self._down_since >= self.down_s:
-            raise RunStopped(f"the customer endpoint has failed every conversation for {now - self._down_since:.0f} "
-                             f"s (budget --user_down_s {self.down_s:g}); last error: "
-                             f"{report.get('last_error', '')[:200].rstrip('.')}. Checkpoint saved: fix the endpoint, "
-                             "then rerun with --resume")
+            raise RunStopped(f"the customer endpoint has failed every conversation for "
+                             f"{now - self._down_since:.0f} s (budget --user_down_s {self.down_s:g}); last error: "
+                             f"{report.get('last_error', '')[:200].rstrip('.')}. Checkpoint saved: fix the "
+                             "endpoint, then rerun with --resume")
 
     def take_stats(self) -> dict:
         return {}
@@ -115,12 +230,8 @@ class User:
         pass
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# -------------------------------------------------------------------------------------------------------------
 # LLMUser: a customer over an OpenAI-compatible endpoint
-
-
-class _Deadline(Exception):
-    """An attempt ran past the whole-request deadline (retried like a timeout)."""
 
 
 class LLMUser(User):
@@ -129,125 +240,68 @@ class LLMUser(User):
     def __init__(self, model, base_url=None, api_key=None, temperature=0.0, seed=None, timeout=30.0,
                  max_retries=3, backoff=1.0, max_workers=16, max_tokens=512, client=None, allow_http=False,
                  down_s=float("inf"), preflight=True, prompt="auto"):
-        import openai  # imported here so ScriptedUser runs without the package
+        import openai  # imported here so scripted customers run without the package
 
-        self._openai = openai
-        if client is None:  # which key may go where (endpoint's rule), decided here and never by the openai client
+        if client is None:  # which key may go where (preflight.endpoint's rule), decided here, not by openai
             base_url, api_key = endpoint(base_url, api_key, allow_http)
         self.model, self.base_url, self.temperature, self.max_tokens = model, base_url, temperature, max_tokens
-        self.seed, self.max_retries, self.backoff, self.max_workers = seed, max_retries, backoff, max_workers
-        self.workers, self.down_s, self.preflight = max_workers, down_s, preflight
+        self.seed, self.workers, self.down_s, self.preflight, self.prompt = seed, max_workers, down_s, preflight, prompt
         self.label = f"{model} at T={temperature:g}"
-        self.timeout = timeout  # the whole-request deadline of one attempt (connect + every read), seconds
-        # max_retries=0: the client must not retry on its own, or our attempt counts and backoff would be a lie.
+        # max_retries=0: the client must not retry on its own, or ChatClient's counts and backoff would be a lie
         self.client = client or openai.OpenAI(base_url=base_url, api_key=api_key, timeout=timeout, max_retries=0)
+        self.api = ChatClient(self.client, f"user simulator {model!r} at {base_url}", timeout, max_retries, backoff)
+        self.stats = self.api.stats  # calls, retries, failures since the start
         self._first: dict[str, str] = {}  # task id -> the cached opening message
-        self._locks: dict[str, threading.Lock] = {}  # task id -> lock held while that opening is generated
-        self._guard = threading.Lock()  # protects the two dicts and the counters below
-        self.stats = {"calls": 0, "retries": 0, "failures": 0}  # for the training log: API health at a glance
-        self._step: dict = {"calls": 0, "retries": 0, "failures": 0, "deadlines": 0, "latency": []}  # since take_stats
-
-    def _count(self, key: str) -> None:
-        with self._guard:
-            if key in self.stats:  # ("deadlines" is counted per step only)
-                self.stats[key] += 1
-            self._step[key] += 1
+        self._locks: dict[str, threading.Lock] = {}  # task id -> held while that opening is generated
+        self._guard = threading.Lock()
 
     def take_stats(self) -> dict:
-        """The customer's API health since the last call, for one log.jsonl record: calls, retries, failures, attempts
-        cut by the deadline, and the latency of an attempt in seconds (p50 / p90 / p99 / max, nearest rank)."""
-        with self._guard:
-            step, lat = self._step, sorted(self._step.pop("latency"))
-            self._step = {"calls": 0, "retries": 0, "failures": 0, "deadlines": 0, "latency": []}
-        pct = {f"latency_{q}": lat[min(len(lat) - 1, int(p * len(lat)))] if lat else None
-               for q, p in (("p50", 0.5), ("p90", 0.9), ("p99", 0.99), ("max", 1.0))}
-        return {**step, **pct}
+        return self.api.take_stats()
 
-    def _attempt(self, kwargs: dict):
-        """One request under the whole-request deadline. The client's timeout bounds each read, so a server that
-        trickles a byte a second would hold a request for ever; here the request runs on a daemon thread and is given
-        up at the deadline (the thread ends when the server or the client's own read timeout does)."""
-        box, t0 = {}, time.monotonic()
+    def guidelines(self, task, tools: bool = False) -> str | None:
+        """tau2's own guidelines where --user_prompt asks for them (auto: in the worlds read from tau2's data)."""
+        tau2 = self.prompt == "tau2" or self.prompt == "auto" and getattr(task, "domain", None) in TAU2_LOADED
+        return user_guidelines(task.domain, tools) if tau2 else None
 
-        def run():
-            try:
-                box["reply"] = self.client.chat.completions.create(**kwargs)
-            except Exception as e:  # noqa: BLE001 - handed to complete(), which sorts retryable from fatal
-                box["error"] = e
-
-        worker = threading.Thread(target=run, daemon=True)
-        worker.start()
-        worker.join(self.timeout)
-        with self._guard:
-            self._step["latency"].append(time.monotonic() - t0)
-        if worker.is_alive():
-            self._count("deadlines")
-            raise _Deadline(f"Timeout: no complete reply within the {self.timeout:g} s deadline")
-        if "error" in box:
-            raise box["error"]
-        return box["reply"]
+    def request(self, task, history, tools: bool = False) -> list[dict]:
+        """The messages this customer is sent for `task` after `history`."""
+        return simulator_messages(task.instructions, history, _variant(task), tools, self.guidelines(task, tools))
 
     def complete(self, messages: list[dict], tools: list[dict] | None = None, sampling: dict | None = None,
                  verbatim: bool = False, seed: int | None = None):
-        """One chat completion with retries; returns the reply text or raises UserError. With `tools` (the OpenAI
-        tools API), returns (text, calls) instead: see _turn_of. `seed`: this request's sampling seed (the
-        episode's, from rollout.py), else the customer's own; the OpenAI API and vLLM's server take one per request,
-        so a rerun of one seed meets the same customer replies."""
+        """One chat completion with retries: the reply text, or with `tools` (text, calls); else UserError.
+        `seed`: this request's sampling seed (the episode's), else the customer's own: the OpenAI API and vLLM's
+        server take one per request, so a rerun of one seed meets the same replies."""
         kwargs = dict(model=self.model, messages=messages, temperature=self.temperature, max_tokens=self.max_tokens)
         kwargs.update(sampling or {})  # a benchmark's own customer settings (ACEBench: temperature 0.001, top_p 1)
         if tools:
             kwargs["tools"] = tools
         if seed is not None or self.seed is not None:
             kwargs["seed"] = (seed if seed is not None else self.seed) % 2**31  # (any endpoint takes an int32)
-        oa, last, who = self._openai, None, f"user simulator {self.model!r} at {self.base_url}"
-        for attempt in range(self.max_retries + 1):
-            if attempt:  # exponential backoff; the jitter keeps 16 threads from retrying in lockstep
-                self._count("retries")
-                time.sleep(self.backoff * 2 ** (attempt - 1) * (1 + 0.25 * random.random()))
-            self._count("calls")
-            try:
-                resp = self._attempt(kwargs)
-                return _content_of(resp, verbatim) if not tools else _turn_of(resp)
-            except _Garbage as e:
-                last = f"garbage reply: {e}"
-            except _Deadline as e:  # a hung or trickling server: retried like a timeout
-                last = str(e)
-            except oa.APIStatusError as e:
-                last = f"HTTP {e.status_code}: {e}"
-                if e.status_code not in (408, 429) and e.status_code < 500:  # 400/401/404...: asking again cannot help
-                    self._count("failures")
-                    raise UserError(f"{who}: HTTP {e.status_code} (not retried): {e}") from e
-            except oa.APIConnectionError as e:  # includes APITimeoutError
-                last = f"{type(e).__name__}: {e}"
-            except (oa.APIResponseValidationError, json.JSONDecodeError) as e:  # a body that is not valid JSON
-                last = f"garbage reply: {type(e).__name__}: {e}"
-        self._count("failures")
-        raise UserError(f"{who} failed after {self.max_retries + 1} attempts; last error: {last}")
+        return self.api.complete(kwargs, reply_turn if tools else lambda r: reply_text(r, verbatim))
 
     def first_message(self, task, tools: bool = False) -> str:
-        """The customer's opening for this task: generated once, then shared by every rollout of the task (`tools`:
-        the customer has a phone; its rules are in the prompt, but the opening is text, see departure 5)."""
+        """The opening for this task: generated once, then shared by every rollout of the task. A per-task lock
+        makes 8 rollouts asking at once cost one request; a failure is not cached (a later call tries again)."""
         with self._guard:
             lock = self._locks.setdefault(task.id, threading.Lock())
-        with lock:  # concurrent callers for one task queue here; the first one generates, the rest read the cache
+        with lock:
             if task.id not in self._first:
-                v = _variant(task)  # a fixed opening (ACEBench's multi-step question) needs no model
-                # Not cached on failure: a later call (e.g. next epoch) tries again instead of failing forever.
+                v = _variant(task)  # a fixed opening (ACEBench's question) needs no model
                 self._first[task.id] = v["opening"] if v and "opening" in v else self.complete(
-                    simulator_messages(task.instructions, [], v, tools), sampling=(v or {}).get("sampling"),
-                    verbatim=bool(v), seed=None if self.seed is None else episode_seed(self.seed, "opening", task.id))
+                    self.request(task, [], tools), sampling=(v or {}).get("sampling"), verbatim=bool(v),
+                    seed=None if self.seed is None else episode_seed(self.seed, "opening", task.id))
             return self._first[task.id]
 
     def reply(self, task, history: list[dict], phone: Phone | None = None, seed: int | None = None) -> str | None:
-        """The customer's next message, given the agent-side text conversation so far. With a `phone` (dual-control)
-        the model may first call its tools: they run, their results go back, and it is asked again until it writes
-        text. None: the phone hit a cap mid-turn (phone.stop says which) and the customer says nothing more."""
+        """The customer's next message. With a `phone` (dual control) the model may first call its tools: they
+        run, their results go back, and it is asked again until it writes text (None: the phone hit a cap)."""
         if phone is None:
             v = _variant(task)
-            return self.complete(simulator_messages(task.instructions, history, v), sampling=(v or {}).get("sampling"),
-                                 verbatim=bool(v), seed=seed)
-        for k in itertools.count():  # bounded: each round runs >= 1 call; the phone stops at the episode's turns left
-            text, calls = self.complete(simulator_messages(task.instructions, history + phone.new, tools=True),
+            return self.complete(self.request(task, history), sampling=(v or {}).get("sampling"), verbatim=bool(v),
+                                 seed=seed)
+        for k in itertools.count():  # bounded: each round runs >= 1 call, and the phone stops at its cap
+            text, calls = self.complete(self.request(task, history + phone.new, tools=True),
                                         tools=phone.env.world.user_tool_schemas(),
                                         seed=None if seed is None else episode_seed(seed, k))
             if not calls:
@@ -259,8 +313,8 @@ class LLMUser(User):
     def check(self, tasks: list) -> None:
         """Preflight: the endpoint reachable, the model served, its longest opening request within its context."""
         if self.preflight and tasks:
-            longest = max(tasks, key=lambda t: len(t.instructions)).instructions
-            ok = check_endpoint("customer", self.model, simulator_messages(longest, []), self.max_tokens,
+            longest = max(tasks, key=lambda t: len(t.instructions))
+            ok = check_endpoint("customer", self.model, self.request(longest, []), self.max_tokens,
                                 client=self.client)
             print(f"[preflight] customer {ok['model']} at {ok['base_url']}: ok ({ok})", flush=True)
 
@@ -270,20 +324,8 @@ def _variant(task) -> dict | None:
     return spec.get("simulator") if isinstance(spec, dict) else None
 
 
-def _fan_out(fn, requests: list[tuple], max_workers: int) -> list:
-    # The API is the bottleneck (network + a large model), not Python, so threads give real concurrency here.
-    def one(req):
-        try:
-            return fn(*req)
-        except Exception as e:  # "never raises": a bug in one request must not take down the whole batch
-            return e if isinstance(e, UserError) else UserError(f"{type(e).__name__}: {e}")
-
-    with ThreadPoolExecutor(max_workers=max(1, min(max_workers, len(requests)))) as pool:
-        return list(pool.map(one, requests))  # map yields in submission order
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# ScriptedUser: synthetic tasks, no LLM
+# -------------------------------------------------------------------------------------------------------------
+# Scripted customers: generated tasks, no LLM
 
 
 class ScriptedUser(User):
@@ -291,10 +333,10 @@ class ScriptedUser(User):
     task with no spec (tau2's own) is played by its domain's script from the task itself, with the phone in
     dual-control worlds (domains/telecom_user.py: it performs the task's user-side gold actions when asked)."""
 
+    label = "the script"
+
     def first_message(self, task, tools: bool = False) -> str:
         return script_for(task).scripted_first_message(task.spec if task.spec is not None else task)
-
-    label = "the script"
 
     def reply(self, task, history: list[dict], phone: Phone | None = None, seed: int | None = None) -> str | None:
         if phone is not None:  # a dual-control world's script reads the customer's phone too
@@ -303,9 +345,8 @@ class ScriptedUser(User):
 
 
 class SampledScriptUser(ScriptedUser):
-    """The script, sampling its paraphrases: a world whose script takes a random generator (`sampled_reply(spec,
-    history, rng)`, the store's) draws each reply with the request's own seed; any other plays as ScriptedUser. The
-    control between a fixed script and a language model: stochastic wording, the script's decisions."""
+    """The script, sampling its paraphrases with each request's seed (`sampled_reply(spec, history, rng)`, the
+    store's); another world plays as ScriptedUser. The control between a fixed script and a language model."""
 
     label = "the sampled script"
 
@@ -317,8 +358,8 @@ class SampledScriptUser(ScriptedUser):
 
 
 class FixedUser(User):
-    """A customer that states the task's request and stops at the agent's first text reply (for the oracle). In a
-    dual-control world (a phone comes with the request) the customer must act, so its domain's script plays it."""
+    """States the task's request and stops at the agent's first text reply (for the oracle). In a dual-control
+    world (a phone comes with the request) the customer must act, so its domain's script plays it."""
 
     label = "a fixed line"
 
@@ -331,30 +372,31 @@ class FixedUser(User):
         return "Thanks, that's all. " + STOP if phone is None else ScriptedUser().reply(task, history, phone)
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# The table of user simulators: --user NAME picks a row; config.validate, eval.py and muarl.py read it
+# -------------------------------------------------------------------------------------------------------------
+# The table of customers: --user NAME picks a row; validation, eval.py and muarl.py read it
 
 
 def _llm(model: str | None = None, **kw) -> User:
-    """An LLM customer at an endpoint: model, base_url, api_key from kw, else MUARL_USER_MODEL and the environment's,
-    under preflight.endpoint's rule. (A local model served for the run, --user_serve, is config.make_customer's.)"""
+    """An LLM customer at an endpoint: model, base_url, api_key from kw, else $MUARL_USER_MODEL."""
     model = model or os.environ.get("MUARL_USER_MODEL")
     if not model:
-        raise ValueError("the LLM user needs a model: pass --user_model / model=... or set MUARL_USER_MODEL")
+        raise ValueError("the customer is a language model: give it an endpoint (--user_model NAME, and "
+                         "--user_base_url URL/v1 unless it is OpenAI's) or serve a local model on this machine "
+                         "(--user_serve FOLDER)")
     return LLMUser(model, **kw)
 
 
 @dataclass(frozen=True)
 class UserKind:
-    make: Callable[..., User]  # settings (muarl / eval flags, by LLMUser's names) -> a User; unused ones are ignored
-    scripted: bool = False  # plays only worlds whose DOMAINS row has a script (config.validate checks the domains)
+    make: Callable[..., User]  # settings (the run's flags, by LLMUser's names) -> a User; unused ones ignored
+    scripted: bool = False  # plays only worlds whose DOMAINS row has a script (validation checks the domains)
     endpoint: bool = False  # an LLM: the --user_model / _base_url / _api_key / _serve flags are for it
 
 
 USERS = {
+    "llm": UserKind(_llm, endpoint=True),
     "scripted": UserKind(lambda **kw: ScriptedUser(), scripted=True),
     "sampled": UserKind(lambda **kw: SampledScriptUser(), scripted=True),
-    "llm": UserKind(_llm, endpoint=True),
     "fixed": UserKind(lambda **kw: FixedUser()),
 }
 
@@ -366,30 +408,31 @@ def make_user(kind: str, **kw) -> User:
     return USERS[kind].make(**kw)
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Demo: a short exchange with OpenAI (if OPENAI_API_KEY is set) or a canned client; then what the simulator was sent
+# -------------------------------------------------------------------------------------------------------------
+# Demo: a short exchange with a canned endpoint (no network), then what the customer was sent
 
 if __name__ == "__main__":
     from types import SimpleNamespace
 
-    task = SimpleNamespace(id="demo/0", spec=None, instructions="Reason for call:\nReturn the desk lamp from order "
-                           "#W1234567, refund to your gift card.\n\nKnown info:\nYou are Ana Lopez, zip code 10001.")
+    task = SimpleNamespace(id="demo/0", spec=None, domain="demo", instructions="Reason for call:\nReturn the desk "
+                           "lamp from order #W1234567, refund to your gift card.\n\nKnown info:\nYou are Ana Lopez, "
+                           "zip code 10001.")
     canned = ["Hi, I'd like to return something from a recent order.", "Sure, it's Ana Lopez, zip code 10001.",
               "Yes, please, back to the gift card.", "Great, that's all I needed. Thanks! " + STOP]
 
-    def create(messages, **_):  # a chat endpoint answering by turn number: what a model would say, no network
+    def create(messages, **_):  # a chat endpoint answering by turn number: what a model would say
         text = canned[sum(m["role"] == "assistant" for m in messages)]
         return SimpleNamespace(choices=[SimpleNamespace(message=SimpleNamespace(content=text))])
 
     client = SimpleNamespace(chat=SimpleNamespace(completions=SimpleNamespace(create=create)))
     user = make_user("llm", model="fake-customer", base_url="http://127.0.0.1/v1", client=client)
     history = [{"role": "user", "content": user.first_message(task)}]
-    for said in ["Your name and zip code, please?", "Order #W1234567, the desk lamp, refund to the gift card: correct?",
-                 "Done: the return is requested."]:
+    for said in ["Your name and zip code, please?", "Order #W1234567, the desk lamp, refund to the gift card: "
+                 "correct?", "Done: the return is requested."]:
         history += [{"role": "assistant", "content": said}, {"role": "user", "content": user.reply(task, history)}]
     print("\n".join(f"[{'agent' if m['role'] == 'assistant' else 'user '}] {m['content']}" for m in history))
-    print("\nThe last request, as the simulator saw it (roles swapped):")
-    for m in simulator_messages(task.instructions, history[:-1])[1:]:
+    print("\nThe last request, as the customer saw it (roles swapped):")
+    for m in user.request(task, history[:-1])[1:]:
         print(f"  {m['role']:>9}: {m['content']}")
-    print(f"\nconversation ends: {is_terminal(history[-1]['content'])}; opening cached: "
+    print(f"\nends: {is_terminal(history[-1]['content'])}; opening cached: "
           f"{user.first_message(task) == history[0]['content']}; USERS: {list(USERS)}; API stats: {user.stats}")

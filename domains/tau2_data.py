@@ -107,6 +107,22 @@ def find_data(domain: str, data_dir: str | Path | None = None) -> DataSource:
     )
 
 
+def user_guidelines(domain: str, tools: bool = False) -> str | None:
+    """tau2's own guidelines for its user simulator (data/tau2/user_simulator/simulation_guidelines[_tools].md), from
+    the same copy of the data `domain` was read from; None if that copy has none (or `domain` is not tau2's)."""
+    src, name = LOADED.get(domain), f"simulation_guidelines{'_tools' if tools else ''}.md"
+    if src is None:
+        return None
+    try:
+        if src.folder is not None:
+            found = [p / "user_simulator" / name for p in src.folder.parents if (p / "user_simulator" / name).is_file()]
+            return found[0].read_text() if found else None
+        with zipfile.ZipFile(src.wheel) as z:
+            return z.read(f"tau2/data/tau2/user_simulator/{name}").decode()
+    except (OSError, KeyError):
+        return None
+
+
 def provenance(domains) -> list[dict]:
     """DataSource.describe() of every tau2 domain in `domains` whose data this process has read (others: skipped)."""
     return [LOADED[d].describe() for d in domains if d in LOADED]

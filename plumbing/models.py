@@ -40,12 +40,19 @@ def load_tokenizer(name_or_path: str):
 
 def model_folder(name_or_path: str) -> str:
     """A local folder holding the model: the path itself, or the hub's cached download of an id (sharded loading,
-    vLLM and the memory plan read the files, not a loaded model)."""
+    vLLM and the memory plan read the files, not a loaded model). A hub that cannot be reached is one line."""
     if Path(name_or_path).is_dir():
         return name_or_path
-    from huggingface_hub import snapshot_download
+    try:
+        from huggingface_hub import snapshot_download
 
-    return snapshot_download(name_or_path, allow_patterns=["*.json", "*.safetensors", "*.txt", "*.jinja", "*.model"])
+        return snapshot_download(name_or_path, allow_patterns=["*.json", "*.safetensors", "*.txt", "*.jinja",
+                                                               "*.model"])
+    except Exception as e:  # noqa: BLE001 - no network, no such repo, no token: the same advice
+        first = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
+        raise ValueError(f"--model {name_or_path}: cannot fetch it from the Hugging Face hub ({first}); download it "
+                         f"where the hub can be reached (huggingface-cli download {name_or_path} --local-dir DIR) "
+                         "and pass the local folder: --model DIR") from None
 
 
 def load_policy(name_or_path: str, dtype="float32", device="cpu"):

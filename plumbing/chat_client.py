@@ -1,0 +1,158 @@
+"""One chat completion that survives a flaky endpoint: a whole-request deadline, retries, health counters.
+
+The simulated customer (user_sim.LLMUser) asks an OpenAI-compatible endpoint for every reply, thousands of times
+a run. This file is what keeps one bad request from costing an episode, and a dead endpoint from costing a run:
+
+    ChatClient.complete(kwargs)   one request under a whole-request deadline (a daemon thread: a server that
+                                  trickles a byte a second cannot hold it), retried with exponential backoff on
+                                  connection errors, timeouts, 408, 429, 5xx and garbage (200 with no usable
+                                  message); any other HTTP error fails at once. Failure: UserError, one line.
+    reply_text / reply_turn       what came back, checked: a non-empty message (a leading <think> block cut),
+                                  or, when tools were offered, (text, [(name, arguments)])
+    take_stats()                  calls, retries, failures, deadlines and latency percentiles since last asked
+
+Departure from the openai client's own retries: switched off (max_retries=0), or our counts would be a lie.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import threading
+import time
+
+
+class UserError(Exception):
+    """The user simulator failed for good (retries exhausted or a non-retryable API error): abort the episode."""
+
+
+class Garbage(Exception):
+    """The server answered 200 but the answer holds no usable message (retried like a 5xx)."""
+
+
+class _Deadline(Exception):
+    """An attempt ran past the whole-request deadline (retried like a timeout)."""
+
+
+# A leading reasoning block in the simulator's own reply (a thinking model served without a reasoning parser).
+LEADING_THINK = re.compile(r"^\s*<think>.*?</think>", re.S)
+
+
+def reply_text(resp, verbatim: bool = False) -> str:
+    """choices[0].message.content as a non-empty string, or Garbage. The openai client returns the raw body text (a
+    str) when the server does not send JSON, so every step uses getattr."""
+    choices = getattr(resp, "choices", None)
+    if not choices:
+        raise Garbage(f"no choices in the response ({type(resp).__name__})")
+    content = getattr(getattr(choices[0], "message", None), "content", None)
+    if not isinstance(content, str):
+        raise Garbage(f"message content is {type(content).__name__}, not a string")
+    if not content.strip():
+        raise Garbage("empty message content")
+    if verbatim:  # a benchmark that passes the reply on as it came (ACEBench)
+        return content
+    content = LEADING_THINK.sub("", content).strip()
+    if not content:
+        raise Garbage("empty message content")
+    return content  # a reply cut by max_tokens (finish_reason "length") is still a usable customer message
+
+
+def reply_turn(resp) -> tuple[str, list[tuple]]:
+    """A reply to a request that offered tools: (text, [(name, arguments), ...]). With no calls it must be text
+    (reply_text); with calls, any text beside them stays private to the customer (as in tau2)."""
+    msg = getattr((getattr(resp, "choices", None) or [None])[0], "message", None)
+    raw = getattr(msg, "tool_calls", None)
+    calls = []
+    for c in raw if isinstance(raw, list) else []:
+        fn = getattr(c, "function", None)
+        name, args = getattr(fn, "name", None), getattr(fn, "arguments", None)
+        try:  # bad JSON stays the raw text: env.call answers it with an error observation (counted, as in tau2)
+            args = json.loads(args) if isinstance(args, str) else args
+        except (RecursionError, ValueError):
+            pass
+        calls.append((name, args))
+    if not calls:
+        return reply_text(resp), []
+    text = getattr(msg, "content", None)
+    return (LEADING_THINK.sub("", text).strip() if isinstance(text, str) else ""), calls
+
+
+class ChatClient:
+    """Requests to one endpoint's /v1/chat/completions through an openai client, with the guarantees above."""
+
+    def __init__(self, client, who: str, timeout: float = 30.0, max_retries: int = 3, backoff: float = 1.0):
+        import openai  # imported here so scripted runs need no package
+
+        self.oa, self.client, self.who = openai, client, who
+        self.timeout, self.max_retries, self.backoff = timeout, max_retries, backoff
+        self._guard = threading.Lock()
+        self.stats = {"calls": 0, "retries": 0, "failures": 0}  # for the training log: API health at a glance
+        self._step: dict = {"calls": 0, "retries": 0, "failures": 0, "deadlines": 0, "latency": []}
+
+    def _count(self, key: str) -> None:
+        with self._guard:
+            if key in self.stats:  # ("deadlines" is counted per step only)
+                self.stats[key] += 1
+            self._step[key] += 1
+
+    def take_stats(self) -> dict:
+        """The endpoint's health since the last call, for one log.jsonl record: calls, retries, failures, attempts
+        cut by the deadline, and the latency of an attempt in seconds (p50 / p90 / p99 / max, nearest rank)."""
+        with self._guard:
+            step, lat = self._step, sorted(self._step.pop("latency"))
+            self._step = {"calls": 0, "retries": 0, "failures": 0, "deadlines": 0, "latency": []}
+        pct = {f"latency_{q}": lat[min(len(lat) - 1, int(p * len(lat)))] if lat else None
+               for q, p in (("p50", 0.5), ("p90", 0.9), ("p99", 0.99), ("max", 1.0))}
+        return {**step, **pct}
+
+    def _attempt(self, kwargs: dict):
+        """One request under the whole-request deadline. The client's timeout bounds each read, so a server that
+        trickles a byte a second would hold a request for ever; here it runs on a daemon thread and is given up at
+        the deadline (the thread ends when the server or the client's own read timeout does)."""
+        box, t0 = {}, time.monotonic()
+
+        def run():
+            try:
+                box["reply"] = self.client.chat.completions.create(**kwargs)
+            except Exception as e:  # noqa: BLE001 - handed to complete(), which sorts retryable from fatal
+                box["error"] = e
+
+        worker = threading.Thread(target=run, daemon=True)
+        worker.start()
+        worker.join(self.timeout)
+        with self._guard:
+            self._step["latency"].append(time.monotonic() - t0)
+        if worker.is_alive():
+            self._count("deadlines")
+            raise _Deadline(f"Timeout: no complete reply within the {self.timeout:g} s deadline")
+        if "error" in box:
+            raise box["error"]
+        return box["reply"]
+
+    def complete(self, kwargs: dict, read=reply_text):
+        """One chat completion with retries: `read(response)` (reply_text, or reply_turn when tools were offered),
+        or UserError."""
+        oa, last = self.oa, None
+        for attempt in range(self.max_retries + 1):
+            if attempt:  # exponential backoff; the jitter keeps 16 threads from retrying in lockstep
+                self._count("retries")
+                time.sleep(self.backoff * 2 ** (attempt - 1) * (1 + 0.25 * random.random()))
+            self._count("calls")
+            try:
+                return read(self._attempt(kwargs))
+            except Garbage as e:
+                last = f"garbage reply: {e}"
+            except _Deadline as e:  # a hung or trickling server: retried like a timeout
+                last = str(e)
+            except oa.APIStatusError as e:
+                last = f"HTTP {e.status_code}: {e}"
+                if e.status_code not in (408, 429) and e.status_code < 500:  # 400/401/404: asking again cannot help
+                    self._count("failures")
+                    raise UserError(f"{self.who}: HTTP {e.status_code} (not retried): {e}") from e
+            except oa.APIConnectionError as e:  # includes APITimeoutError
+                last = f"{type(e).__name__}: {e}"
+            except (oa.APIResponseValidationError, json.JSONDecodeError) as e:  # a body that is not valid JSON
+                last = f"garbage reply: {type(e).__name__}: {e}"
+        self._count("failures")
+        raise UserError(f"{self.who} failed after {self.max_retries + 1} attempts; last error: {last}")
