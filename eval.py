@@ -6,19 +6,20 @@
     python eval.py --agent oracle --domains retail,airline       # the gold actions replayed: every task scores 1
 
 pass^k (tau-bench): run every task k times; with c successes out of n trials, a task contributes
-C(c, k) / C(n, k), the chance that k trials drawn without replacement all succeed; pass^k is the mean over
-tasks. MUA-RL reports pass^1 with the customer at temperature 0, the mean of 4 runs: here 4 trials a task by
-default, and pass^1..4.
+C(c, k) / C(n, k), the chance that k trials drawn without replacement all succeed; pass^k is the
+mean over tasks. MUA-RL reports pass^1 with the customer at temperature 0, the mean of 4 runs: here
+4 trials a task by default, and pass^1..4.
 
-Every conversation runs through rollout.rollout(), the loop training uses, then rollout.score(). Three agents:
-local (a model through an engine, rollout.PolicyAgent, as in training); openai (any OpenAI-compatible endpoint,
-message-level, with its own tool calling); oracle (the gold actions replayed: a harness check). `--model RUN/final`
-takes the settings that run trained with (its worlds, turn and token limits, customer) unless a flag says
-otherwise. In tau2's worlds the conversation keeps tau2's own limits (200 messages, 10 tool errors: an episode cut
-by either scores 0) and the customer reads tau2's own guidelines (--user_prompt auto).
+Every conversation runs through rollout.rollout(), the loop training uses, then rollout.score().
+Three agents: local (a model through an engine, rollout.PolicyAgent, as in training); openai (any
+OpenAI-compatible endpoint, message-level, with its own tool calling); oracle (the gold actions
+replayed: a harness check). `--model RUN/final` takes the settings that run trained with (its
+worlds, turn and token limits, customer) unless a flag says otherwise. In tau2's worlds the
+conversation keeps tau2's own limits (200 messages, 10 tool errors: an episode cut by either scores
+0) and the customer reads tau2's own guidelines (--user_prompt auto).
 
-Departure from tau2's evaluation: the reward is the database check plus the required outputs (--check_outputs);
-tau2's newest natural-language assertions need an LLM judge and are not run.
+Departure from tau2's evaluation: the reward is the database check plus the required outputs
+(--check_outputs); tau2's newest natural-language assertions need an LLM judge and are not run.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ import sys
 
 from plumbing.flags import ConfigError
 
-if __name__ == "__main__":  # the command line first: --help and a bad flag answer before torch loads
+# the command line first: --help and a bad flag answer before torch loads
+if __name__ == "__main__":
     from plumbing.eval_flags import parse_args
 
     try:
@@ -66,12 +68,14 @@ def summarize(episodes: list[Episode], trials: int) -> dict:
     for e in scored:
         by_task.setdefault(e.task.id, []).append(e.reward == 1.0)
     calls, n = Counter(c for e in scored for c in e.tool_calls), max(1, len(scored))
-    shares: dict[str, list[float]] = {}  # the paper's task completion rate: share of a task's assertions met
+    # the paper's task completion rate: share of a task's assertions met
+    shares: dict[str, list[float]] = {}
     for e in (e for e in scored if "completion" in e.info):
         shares.setdefault(e.task.domain, []).append(e.info["completion"])
     n_calls = max(1, sum(calls.values()))
-    # The paper's Table 3 diagnostics: how long conversations run, and the share of think / calculate / transfer
-    # among tool calls (RL raised think use and lowered needless transfers to a human).
+    # The paper's Table 3 diagnostics: how long conversations run, and the share of think /
+    # calculate / transfer among tool calls (RL raised think use and lowered needless transfers to a
+    # human).
     return {**{f"pass^{k}": pass_hat_k(by_task, k) for k in range(1, trials + 1)},
             "episodes": len(episodes), "aborted": len(episodes) - len(scored),
             "avg_turns": sum(e.turns for e in scored) / n, "avg_agent_turns": sum(e.agent_turns for e in scored) / n,
@@ -98,7 +102,8 @@ def format_table(rows: list[tuple[str, dict]], trials: int = 1) -> str:
     lines = ["| model | " + " | ".join(cols) + " | completion % | stop reasons |", "|" + "---|" * (len(cols) + 3)]
     for name, m in rows:
         cells = ["-" if isinstance(v, float) and math.isnan(v) else f"{100 * v:.1f}" if c.startswith("pass") else
-                 f"{v:.3f}" if isinstance(v, float) else str(v)  # "-": not measured (pass^4 of a 1-trial row)
+                 # "-": not measured (pass^4 of a 1-trial row)
+                 f"{v:.3f}" if isinstance(v, float) else str(v)
                  for c, v in zip(cols, (m.get(c, float("nan")) for c in cols))]
         done = ", ".join(f"{d}:{100 * v:.1f}" for d, v in sorted(m.get("completion", {}).items())) or "-"
         stops = ", ".join(f"{k}:{v}" for k, v in sorted(m.get("stop_reasons", {}).items(), key=lambda kv: -kv[1]))
@@ -113,7 +118,8 @@ def format_table(rows: list[tuple[str, dict]], trials: int = 1) -> str:
 def evaluate(tasks, worlds, agent, user, cfg: RolloutConfig, trials: int = 1, batch: int = 64,
              check_outputs: bool = True, progress: bool = True, log=None):
     """Run every task `trials` times through rollout() (batches of `batch` tasks), score; (metrics, episodes).
-    Episode seeds depend on (cfg.seed, task, trial) only, so batching changes nothing a trial samples. `log`: each
+    Episode seeds depend on (cfg.seed, task, trial) only, so batching changes nothing a trial
+    samples. `log`: each
     batch's transcripts are written as soon as it is scored. The bar counts finished episodes, with their rate."""
     episodes = []
     with tqdm(total=len(tasks) * trials, desc="eval", unit="episode", disable=not progress, mininterval=1) as bar:
@@ -122,7 +128,8 @@ def evaluate(tasks, worlds, agent, user, cfg: RolloutConfig, trials: int = 1, ba
             eps = rollout(tasks[s : s + batch], trials, worlds, agent, user, cfg,
                           progress=lambda k, n: bar.update(done + k - bar.n))
             episodes += score(eps, worlds, check_outputs)
-            if log is not None:  # a function of a batch of episodes (eval.py: a TrajectoryLog's write)
+            # a function of a batch of episodes (eval.py: a TrajectoryLog's write)
+            if log is not None:
                 log(eps)
     return summarize(episodes, trials), episodes
 
@@ -143,8 +150,10 @@ def main(argv=None, a=None) -> dict:
     cfg = RolloutConfig(max_turns=a.max_turns, max_new_tokens=a.max_new_tokens, max_context=a.max_context,
                         temperature=a.temperature, top_p=a.top_p, seed=a.seed, tools_in_prompt=bool(a.tools_in_prompt),
                         max_messages=200 * tau2, max_errors=10 * tau2)
-    cfg = dataclasses.replace(cfg, **bench.rollout) if bench else cfg  # e.g. BFCL runs every call of a step
-    if getattr(a, "scripted_user", False) and a.agent != "oracle":  # a task no script plays would abort
+    # e.g. BFCL runs every call of a step
+    cfg = dataclasses.replace(cfg, **bench.rollout) if bench else cfg
+    # a task no script plays would abort
+    if getattr(a, "scripted_user", False) and a.agent != "oracle":
         try:
             for t in tasks:
                 script_for(t)
@@ -152,11 +161,13 @@ def main(argv=None, a=None) -> dict:
             raise ConfigError(f"the scripted customer does not play {a.domains}'s tasks: use --user llm") from None
     for source in provenance(worlds):  # where the tau2 data came from
         print(f"[data] {source['domain']}: {source['path']} (sha256 {source['sha256']}; {source['revision']})")
-    user = start_customer(a, tasks, bench)  # each endpoint checked once, before any episode (one line if not)
+    # each endpoint checked once, before any episode (one line if not)
+    user = start_customer(a, tasks, bench)
     t0 = time.time()
     agent, name = make_agent(a, worlds, bench)
     log = TrajectoryLog(a.out)
-    log.path.unlink(missing_ok=True)  # (TrajectoryLog appends, as training's resumable log must: one evaluation)
+    # (TrajectoryLog appends, as training's resumable log must: one evaluation)
+    log.path.unlink(missing_ok=True)
     metrics, eps = evaluate(tasks, worlds, agent, user, cfg, trials=a.eval_trials,
                             check_outputs=bool(a.check_outputs),
                             log=lambda batch: log.write(batch, phase="eval", agent=name))
@@ -167,7 +178,8 @@ def main(argv=None, a=None) -> dict:
     rows = [(f"{name} [{d}]", summarize([e for e in eps if e.task.domain == d], a.eval_trials)) for d in domains]
     print(format_table(rows + [(f"{name} [all]", metrics)] if len(domains) > 1 else [(name, metrics)],
                        a.eval_trials))
-    if bench is not None:  # the benchmark's own figures, computed as it computes them (BFCL: accuracy)
+    # the benchmark's own figures, computed as it computes them (BFCL: accuracy)
+    if bench is not None:
         extra, text = bench.summary(eps)
         metrics.update(extra)
         print(text)
@@ -182,6 +194,7 @@ def main(argv=None, a=None) -> dict:
 if __name__ == "__main__":
     try:
         main(a=CLI)
-    except (ImportError, OSError, ValueError) as e:  # bad input (ConfigError is a ValueError): one line, status 2
+    # bad input (ConfigError is a ValueError): one line, status 2
+    except (ImportError, OSError, ValueError) as e:
         print(f"eval: {e}", file=sys.stderr)
         sys.exit(2)

@@ -4,23 +4,26 @@
     torchrun --nproc_per_node 8 muarl.py --model Qwen/Qwen3-8B --user_serve /models/Qwen3-32B   # FSDP2
     python -m demo                                       # the CPU demo: a tiny model learns on a laptop
 
-The loop (MUA-RL, Zhao et al. 2025, arXiv:2508.18669, Algorithm 1), one optimizer step per iteration, is
-`train()`:
+The loop (MUA-RL, Zhao et al. 2025, arXiv:2508.18669, Algorithm 1), one optimizer step per
+iteration, is `train()`:
 
     1 roll out B tasks x G conversations   5 optimizer step (AdamW, grad clip; skipped if not finite)
     2 score: the final database            6 sync the new weights into the rollout engine
     3 rewards -> group advantages          7 log (JSONL + progress bar)
     4 loss and backward, packed rows       8 evaluate and checkpoint, every so often
 
-Everything before the loop (worlds, tasks, customer, models, the cold start, the engine) is `build_run()`. A
-variant plugs its own pieces in through a `Kit` (the CPU demo's builds its tiny model and drills it).
-Symbols: B = tasks per step, G = group size (rollouts per task), T = tokens, N_tok = trained tokens in a step.
+Everything before the loop (worlds, tasks, customer, models, the cold start, the engine) is
+`build_run()`. A variant plugs its own pieces in through a `Kit` (the CPU demo's builds its tiny
+model and drills it). Symbols: B = tasks per step, G = group size (rollouts per task), T = tokens,
+N_tok = trained tokens in a step.
 
 Departures from the paper (see also the README):
-1. One update per batch, as the authors ran it: the policy that sampled is the one we update, so old_logp =
-   logp.detach() (ratio == 1, the clip never fires), no second pass. Engine vs trainer log-probs: `logp_gap`.
-2. Groups with an aborted episode (the customer's endpoint failed) are dropped from the step, not scored 0;
-   their tasks are drawn again. A customer down for longer than --user_down_s stops the run (exit 3).
+1. One update per batch, as the authors ran it: the policy that sampled is the one we update, so
+   old_logp = logp.detach() (ratio == 1, the clip never fires), no second pass. Engine vs trainer
+   log-probs: `logp_gap`.
+2. Groups with an aborted episode (the customer's endpoint failed) are dropped from the step, not
+   scored 0; their tasks are drawn again. A customer down for longer than --user_down_s stops the
+   run (exit 3).
 """
 
 from __future__ import annotations
@@ -31,7 +34,8 @@ from config import GROUPS, Config
 from plumbing.flags import ConfigError, parse_config
 from plumbing.validate import early
 
-if __name__ == "__main__":  # the command line first: --help and a bad flag answer before torch loads
+# the command line first: --help and a bad flag answer before torch loads
+if __name__ == "__main__":
     try:
         CLI = parse_config(None, Config, groups=GROUPS, prog="muarl.py")
         early(CLI)
@@ -81,9 +85,12 @@ class Kit:
     """What a variant of the run plugs in; None (or True) is the core's own. The CPU demo's (demo/train.py) builds
     a tiny model, drills it before the cold start, probes the cold start, serves and gates its customer model."""
 
-    build_model: Callable | None = None  # (cfg, worlds, out) -> folder: makes the policy; else --model is it
-    customer: Callable | None = None  # (cfg, out, rank, world_size) -> User; else plumbing.serve.customer_for
-    cold_start: Callable | None = None  # (run, model, examples, **sft.train's arguments) -> losses; else sft.train
+    # (cfg, worlds, out) -> folder: makes the policy; else --model is it
+    build_model: Callable | None = None
+    # (cfg, out, rank, world_size) -> User; else plumbing.serve.customer_for
+    customer: Callable | None = None
+    # (run, model, examples, **sft.train's arguments) -> losses; else sft.train
+    cold_start: Callable | None = None
     eval_untrained: bool = True  # evaluate the model as loaded, before the cold start
     started: Callable | None = None  # (run) -> None, once the evaluation RL starts from is done
 
@@ -95,7 +102,8 @@ class Kit:
 def advantages(episodes, G: int, estimator: str = "grpo", reward: str = "outcome", turn_bonus: float = 0.0,
                drop_faults: bool = False) -> tuple[list, list]:
     """Training rewards (grpo.REWARDS[reward]) -> advantages, group by group (grpo.ADVANTAGES[estimator]). Groups
-    holding an aborted episode are dropped (with `drop_faults`, also those whose customer provably broke its
+    holding an aborted episode are dropped (with `drop_faults`, also those whose customer provably
+    broke its
     instructions). Returns (kept episodes, their advantages: a number or a per-token list each)."""
     keep, adv = [], []
     for g in range(0, len(episodes), G):
@@ -113,32 +121,40 @@ def update(policy, reference, episodes, advantages, opt, *, row_tokens: int, chu
            world_size: int = 1) -> dict:
     """One optimizer step of GRPO on this rank's episodes: pack -> log-probs -> loss -> backward -> step.
 
-    The step's loss is the token mean over every trained token of every rank's episodes; each packed row (of at
-    most `row_tokens`; a longer episode gets a row of its own, counted as `long_rows`) adds its share (masked sum
-    / N_tok) to the gradient, so splitting into rows changes nothing. With `bf16` the forward computes in bf16
+    The step's loss is the token mean over every trained token of every rank's episodes; each packed
+    row (of at most `row_tokens`; a longer episode gets a row of its own, counted as `long_rows`)
+    adds its share (masked sum / N_tok) to the gradient, so splitting into rows changes nothing.
+    With `bf16` the forward computes in bf16
     while AdamW updates fp32 weights. `sampler`: the engine's (temperature, top-p), to compare like for like."""
     rows = pack_sequences([e.ids for e in episodes], [e.mask for e in episodes], row_tokens,
                           adv=advantages, sample_logp=[e.logprobs for e in episodes])
-    rows = even_rows(rows, world_size)  # FSDP: every rank runs as many rows (one process: unchanged)
-    n_tok = all_sum(float(sum(sum(e.mask) for e in episodes)), world_size)  # N_tok of the whole step
-    # Under FSDP the forward runs as a registered method of the sharded model, so its root gathers its weights.
+    # FSDP: every rank runs as many rows (one process: unchanged)
+    rows = even_rows(rows, world_size)
+    # N_tok of the whole step
+    n_tok = all_sum(float(sum(sum(e.mask) for e in episodes)), world_size)
+    # Under FSDP the forward runs as a registered method of the sharded model, so its root gathers
+    # its weights.
     logprobs = (lambda m, *a, **k: m.token_logprobs(*a, **k)) if is_sharded(policy) else token_logprobs
     dev = compute_device(policy)  # rows are packed on the CPU: they go to the GPU
     use_ref = reference is not None and kl_coef > 0
     opt.zero_grad(set_to_none=True)
     stats = []
     for row in rows:
-        row = {k: v.to(dev) for k, v in row.items()}  # every tensor the loss meets, not just the forward's inputs
+        # every tensor the loss meets, not just the forward's inputs
+        row = {k: v.to(dev) for k, v in row.items()}
         ids, pos, mask = row["input_ids"], row["position_ids"], row["mask"]  # (1, L) each
-        with bf16_compute(policy, bf16):  # the forward in bf16 (fp32 log-softmax inside); backward outside
+        # the forward in bf16 (fp32 log-softmax inside); backward outside
+        with bf16_compute(policy, bf16):
             with torch.no_grad():  # (1, L): the frozen reference's log-probs, for the KL term
                 ref_logp = logprobs(reference, ids, position_ids=pos, chunk_size=chunk) if use_ref else None
             if use_ref:
-                reshard(reference)  # FSDP2 keeps a root gathered after a forward no backward follows
+                # FSDP2 keeps a root gathered after a forward no backward follows
+                reshard(reference)
             # logp_seen: these tokens' log-probs under the distribution the engine drew them from
             logp, ent, logp_seen = logprobs(policy, ids, position_ids=pos, chunk_size=chunk,
                                             return_entropy=True, sampler=sampler)
-        old_logp = logp.detach()  # one update per batch: the sampling policy is this policy (departure 1)
+        # one update per batch: the sampling policy is this policy (departure 1)
+        old_logp = logp.detach()
         loss, st = grpo_loss(logp, old_logp, ref_logp, row["adv"], mask, *clip, kl_coef,
                              num_tokens=max(n_tok, 1.0), entropy=ent)
         loss.backward()
@@ -187,7 +203,8 @@ def run_eval(run, name: str, step: int = 0, model=None, trials: int | None = Non
     fid = f"; customer fidelity {100 * m['customer_fidelity']:.1f}%" if "customer_fidelity" in m else ""
     print(f"[eval] {name}: pass^1 {100 * m['pass^1']:.1f}%{extra} over {len(run.eval_tasks)} held-out tasks "
           f"x {k}{fid}", flush=True)
-    run.user.after(name, m, run.log)  # (a served customer: a dead server restarted; the demo's gate held)
+    # (a served customer: a dead server restarted; the demo's gate held)
+    run.user.after(name, m, run.log)
 
 
 def cold_start(run, kit: Kit) -> None:
@@ -202,41 +219,52 @@ def cold_start(run, kit: Kit) -> None:
     (kit.cold_start and (lambda *a, **k: kit.cold_start(run, *a, **k)) or sft.train)(
         run.policy, sft.render_examples(run.tok, convs, run.worlds), epochs=cfg.sft_epochs, batch_size=cfg.sft_batch,
         lr=cfg.sft_lr, log=run.log, **common)
-    ckpt.save_pretrained(run.policy, run.tok, run.out / "cold-start", run.world_size, run.rank)  # a collective
+    # a collective
+    ckpt.save_pretrained(run.policy, run.tok, run.out / "cold-start", run.world_size, run.rank)
 
 
 def build_run(cfg: Config, kit: Kit) -> SimpleNamespace:
     """Worlds, tasks, customer (all that can fail on bad input fails first), then the policy, the cold start, the
-    frozen reference and the rollout engine. Returns the run's state as one namespace. A start that fails before
+    frozen reference and the rollout engine. Returns the run's state as one namespace. A start that
+    fails before
     anything trained leaves the output folder as it found it (plumbing/checkpoint.undo_start)."""
     rank, world_size = dist_setup(cfg.offload)
     validate(cfg, world_size, model_given=kit.build_model is None)
-    on_gpu, sharded = torch.cuda.is_available(), torch.distributed.is_initialized()  # torchrun: FSDP2, even 1 rank
+    # torchrun: FSDP2, even 1 rank
+    on_gpu, sharded = torch.cuda.is_available(), torch.distributed.is_initialized()
     device = f"cuda:{torch.cuda.current_device()}" if on_gpu else "cpu"
-    on_gpu = on_gpu or cfg.plan > 0  # --plan plans a GPU run (bf16, vLLM, 16,384 tokens) wherever it is asked
-    dtype = ("bfloat16" if on_gpu else "float32") if cfg.dtype == "auto" else cfg.dtype  # compute; masters fp32
+    # --plan plans a GPU run (bf16, vLLM, 16,384 tokens) wherever it is asked
+    on_gpu = on_gpu or cfg.plan > 0
+    # compute; masters fp32
+    dtype = ("bfloat16" if on_gpu else "float32") if cfg.dtype == "auto" else cfg.dtype
     engine_kind = ("vllm" if on_gpu else "hf") if cfg.engine == "auto" else cfg.engine
     cfg = dataclasses.replace(cfg, micro_batch_tokens=cfg.micro_batch_tokens or (16384 if on_gpu else 7000),
-                              dtype=dtype, threads=cfg.threads or torch.get_num_threads())  # 0: torch's own count
+                              # 0: torch's own count
+                              dtype=dtype, threads=cfg.threads or torch.get_num_threads())
     torch.set_num_threads(cfg.threads)
-    if cfg.plan or (on_gpu and rank == 0):  # the memory plan, before any work: --plan N prints it and exits
+    # the memory plan, before any work: --plan N prints it and exits
+    if cfg.plan or (on_gpu and rank == 0):
         gib = torch.cuda.mem_get_info()[1] / GIB if torch.cuda.is_available() else 80.0
         print(describe(cfg, cfg.plan or world_size, engine_kind, gib, sharded), flush=True)
         if cfg.plan:
             raise SystemExit(0)
-    if engine_kind == "vllm" and kit.build_model is None:  # a model vLLM cannot run: said now, not after SFT
+    # a model vLLM cannot run: said now, not after SFT
+    if engine_kind == "vllm" and kit.build_model is None:
         check_vllm_model(cfg.model, on_cpu=not on_gpu)
     out = Path(cfg.out_dir)
-    found = ckpt.newest_checkpoint(out) if cfg.resume else None  # --resume: the newest whole checkpoint
+    # --resume: the newest whole checkpoint
+    found = ckpt.newest_checkpoint(out) if cfg.resume else None
     random.seed(cfg.seed + rank)
     np.random.seed(cfg.seed + rank)
-    torch.manual_seed(cfg.seed)  # the same on every rank: a built model is initialised identically everywhere
+    # the same on every rank: a built model is initialised identically everywhere
+    torch.manual_seed(cfg.seed)
     worlds = load_worlds(cfg)
     train_tasks, eval_tasks = task_sets(cfg, worlds)
     if not train_tasks:
         raise ConfigError(f"no training tasks in {cfg.domains}")
     held_out = eval_tasks[: cfg.eval_tasks or None]
-    # Every input is checked before anything is written: the customer checks what it can now, starts later
+    # Every input is checked before anything is written: the customer checks what it can now, starts
+    # later
     user = (kit.customer or customer_for)(cfg, out, rank, world_size)
     user.check(train_tasks + held_out)
     # Only then is an earlier run set aside (previous-<k>/: never appended to nor overwritten)
@@ -260,8 +288,10 @@ def build_run(cfg: Config, kit: Kit) -> SimpleNamespace:
 def _prepare(cfg, kit, rank, world_size, out, worlds, train_tasks, held_out, user, found, device, sharded,
              on_gpu) -> SimpleNamespace:
     """The log, the customer started, the policy loaded (or built), the optimizer (restored on --resume)."""
-    log = RunLog(out / "log.jsonl", rank, cfg.logger, public(cfg))  # one global step; strict JSON; no secrets
-    user.start(train_tasks + held_out, log)  # a served model is served now (the demo's is gated: below, exit 2)
+    # one global step; strict JSON; no secrets
+    log = RunLog(out / "log.jsonl", rank, cfg.logger, public(cfg))
+    # a served model is served now (the demo's is gated: below, exit 2)
+    user.start(train_tasks + held_out, log)
     if rank == 0:
         save_config(out, cfg)  # a changed configuration keeps the previous file beside it
     for source in provenance(worlds):  # where the tau2 data came from, printed and logged
@@ -280,13 +310,16 @@ def _prepare(cfg, kit, rank, world_size, out, worlds, train_tasks, held_out, use
     if fresh and rank == 0 and run.eval_tasks and cfg.sft_epochs and kit.eval_untrained and not (sharded and on_gpu):
         # rank 0 (FSDP2 on a CPU: a whole copy from disk; GPUs: none)
         run_eval(run, "untrained", model=load_policy(model_path)[0] if sharded else None, trials=1)
-    if not sharded and cfg.activation_checkpointing:  # (under torchrun, load_sharded sharded the policy)
+    # (under torchrun, load_sharded sharded the policy)
+    if not sharded and cfg.activation_checkpointing:
         policy.gradient_checkpointing_enable()
-    run.opt = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)  # fp32 moments
+    # fp32 moments
+    run.opt = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     run.start, state = ckpt.load_checkpoint(out, policy, run.opt, run.sampler, world_size, found) if found \
         else (0, {})
     run.results.update(state.get("results", {}))
-    run.updates, log.global_step = state.get("updates", run.start), state.get("global_step", 0)  # both go on
+    # both go on
+    run.updates, log.global_step = state.get("updates", run.start), state.get("global_step", 0)
     run.model_path = model_path
     return run
 
@@ -295,13 +328,14 @@ def _ready(run, kit: Kit, fresh: bool, device: str, engine_kind: str, sharded: b
     """The cold start, the frozen reference, the rollout engine, the evaluation RL starts from."""
     cfg, policy, tok, out, model_path, rank = run.cfg, run.policy, run.tok, run.out, run.model_path, run.rank
     if fresh and cfg.sft_epochs > 0:
-        torch.set_num_threads(cfg.train_threads or cfg.threads)  # the policy alone computes: no customer beside it
+        # the policy alone computes: no customer beside it
+        torch.set_num_threads(cfg.train_threads or cfg.threads)
         cold_start(run, kit)
         torch.set_num_threads(cfg.threads)
 
-    # The frozen reference: the policy as RL starts (after the cold start, else the model itself), as in the
-    # paper, read from disk in the compute dtype (bf16 on a GPU: it never trains); under FSDP2 each rank reads
-    # its shards.
+    # The frozen reference: the policy as RL starts (after the cold start, else the model itself),
+    # as in the paper, read from disk in the compute dtype (bf16 on a GPU: it never trains); under
+    # FSDP2 each rank reads its shards.
     run.reference = None
     if cfg.kl_coef > 0:
         start = str(out / "cold-start" if (out / "cold-start").exists() else model_path)
@@ -309,9 +343,11 @@ def _ready(run, kit: Kit, fresh: bool, device: str, engine_kind: str, sharded: b
                                      offload=cfg.offload) if sharded \
             else load_reference(start, dtype=cfg.dtype, device=device)
 
-    # the rollout engine: on one process "hf" shares the policy's weights; vLLM (or FSDP) keeps its own copy
+    # the rollout engine: on one process "hf" shares the policy's weights; vLLM (or FSDP) keeps its
+    # own copy
     run.shares_weights = engine_kind == "hf" and not sharded
-    rng = ckpt.rng_state()  # vLLM seeds the global generators as it starts: a resumed run's are put back
+    # vLLM seeds the global generators as it starts: a resumed run's are put back
+    rng = ckpt.rng_state()
     if run.shares_weights:
         run.engine = make_engine("hf", model=policy, tokenizer=tok)
     elif engine_kind == "hf":
@@ -322,7 +358,8 @@ def _ready(run, kit: Kit, fresh: bool, device: str, engine_kind: str, sharded: b
                                  seed=cfg.seed, gpu_memory_utilization=cfg.engine_memory,
                                  max_model_len=cfg.max_context)
     ckpt.set_rng_state(rng)
-    if not run.shares_weights:  # one tensor at a time (fsdp.full_tensors), cast to the engine's dtype
+    # one tensor at a time (fsdp.full_tensors), cast to the engine's dtype
+    if not run.shares_weights:
         run.engine.update_weights(full_tensors(policy, dtype=getattr(torch, cfg.dtype)))
     run.agent = PolicyAgent(run.engine, tok)
     if fresh and rank == 0 and run.eval_tasks:
@@ -345,38 +382,48 @@ def train(cfg: Config, kit: Kit | None = None) -> dict:
     bar = tqdm(range(run.start, cfg.steps), desc="GRPO", initial=run.start, total=cfg.steps, disable=run.rank != 0)
     for step in bar:
         t0 = time.perf_counter()
-        # 1. roll out: B tasks (every rank draws the same B and plays its share) x G conversations each
+        # 1. roll out: B tasks (every rank draws the same B and plays its share) x G conversations
+        # each
         tasks = run.sampler.next(cfg.tasks_per_step)[run.rank * per_rank : (run.rank + 1) * per_rank]
         run.policy.eval()
         live = tqdm(desc=f"step {step} rollout", unit="episode", leave=False, mininterval=10, disable=run.rank != 0)
-        episodes = rollout(tasks, cfg.group_size, run.worlds, run.agent, run.user,  # the bar: finished episodes
+        # the bar: finished episodes
+        episodes = rollout(tasks, cfg.group_size, run.worlds, run.agent, run.user,
                            rollout_cfg(cfg, seed=episode_seed(cfg.seed, "grpo", step, run.rank)),
                            progress=lambda done, total: live.update(done - live.n))
         live.close()
-        run.engine.sleep()  # vLLM on a GPU frees its memory for the update; HFEngine drops its stored keys/values
+        # vLLM on a GPU frees its memory for the update; HFEngine drops its stored keys/values
+        run.engine.sleep()
         # 2. score: reward 1 iff the final database is the gold one
         score(episodes, run.worlds, check_outputs=cfg.train_check_outputs)
         t1 = time.perf_counter()
         run.episodes_log.write(episodes, step=step)
-        # 3. advantages, group by group (groups with an aborted episode are dropped, their tasks drawn again)
+        # 3. advantages, group by group (groups with an aborted episode are dropped, their tasks
+        # drawn again)
         kept, adv = advantages(episodes, cfg.group_size, cfg.advantage, cfg.reward, cfg.turn_bonus,
                                cfg.drop_customer_faults)
-        lost = [{"id": t} for t in {e.group: e.task.id for e in episodes if e.aborted}.values()]  # one per group
-        run.sampler.put_back([r["id"] for r in all_gather_episodes(lost, run.world_size)])  # every rank, in order
-        # 4 + 5. loss, backward, optimizer step (every rank takes the same branch: the update is collective)
+        # one per group
+        lost = [{"id": t} for t in {e.group: e.task.id for e in episodes if e.aborted}.values()]
+        # every rank, in order
+        run.sampler.put_back([r["id"] for r in all_gather_episodes(lost, run.world_size)])
+        # 4 + 5. loss, backward, optimizer step (every rank takes the same branch: the update is
+        # collective)
         run.policy.train()
         if all_sum(float(sum(sum(e.mask) for e in kept)), run.world_size) > 0:
-            torch.set_num_threads(cfg.train_threads or cfg.threads)  # (--train_threads: the customer is idle now)
+            # (--train_threads: the customer is idle now)
+            torch.set_num_threads(cfg.train_threads or cfg.threads)
             upd = update(run.policy, run.reference, kept, adv, run.opt, **update_settings(cfg),
                          world_size=run.world_size)
             torch.set_num_threads(cfg.threads)
-        else:  # a forward and backward over 0 trained tokens would cost a full update and change nothing
+        # a forward and backward over 0 trained tokens would cost a full update and change nothing
+        else:
             upd = {"skipped": True, "reason": "no trained tokens (the prompt alone fills the context?)"
                    if all_sum(len(kept), run.world_size) else "every group had an aborted episode"}
             print(f"[step {step}] warning: update skipped: {upd['reason']}", flush=True)
         run.updates += not upd["skipped"]
         t2 = time.perf_counter()
-        # 6. sync: the engine wakes first (asleep, vLLM has handed its weights' memory back); none if shared
+        # 6. sync: the engine wakes first (asleep, vLLM has handed its weights' memory back); none
+        # if shared
         run.engine.wake_up()
         if not run.shares_weights:
             run.engine.update_weights(full_tensors(run.policy, dtype=getattr(torch, cfg.dtype)))
@@ -392,8 +439,8 @@ def train(cfg: Config, kit: Kit | None = None) -> dict:
                 f.write(f"=== step {step}  task {e.task.id}  reward {e.reward}  stop {e.stop_reason}  "
                         f"(trained tokens in [[...]])\n{chat.show_mask(run.tok, e.ids, e.mask)}\n\n")
         bar.set_postfix(reward=f"{st['reward']:.3f}", kl=f"{upd.get('kl', 0):.4f}", turns=f"{st['turns']:.1f}")
-        # 8. evaluate and checkpoint. A customer that stays down stops the run: the checkpoint keeps what this
-        # step trained; a step that trained nothing is played again on --resume.
+        # 8. evaluate and checkpoint. A customer that stays down stops the run: the checkpoint keeps
+        # what this step trained; a step that trained nothing is played again on --resume.
         done = step + 1
         try:
             run.user.after(f"step {step}", {"all_aborted": st["kept_groups"] == 0 < st["aborted"], "last_error": next(
@@ -418,7 +465,8 @@ def state(run) -> dict:
 def finish(run) -> dict:
     """The final evaluation, checkpoint and model; the results table."""
     cfg, n = run.cfg, run.updates
-    # the label says how many steps really updated the model: a run whose customer failed throughout is not trained
+    # the label says how many steps really updated the model: a run whose customer failed throughout
+    # is not trained
     label = f"GRPO ({cfg.steps} steps)" if n == cfg.steps else f"GRPO ({n} of {cfg.steps} steps updated)" if n \
         else f"not trained (0 of {cfg.steps} GRPO steps updated)"
     if run.eval_tasks and cfg.steps > run.start:
@@ -430,7 +478,8 @@ def finish(run) -> dict:
     ckpt.save_pretrained(run.policy, run.tok, run.out / "final", run.world_size, run.rank)
     run.user.close()  # a served customer's server (also stopped at exit, on an error or Ctrl-C)
     if run.rank == 0:
-        curves.draw(run.out)  # runs/<name>/curves.png: the training dynamics (needs matplotlib; else one line)
+        # runs/<name>/curves.png: the training dynamics (needs matplotlib; else one line)
+        curves.draw(run.out)
         (run.out / "final" / "muarl.json").write_text(json.dumps({"model": label, "grpo_steps": cfg.steps,
                                                                   "updates": n, "data": provenance(run.worlds)}))
     if run.rank == 0 and run.results:
@@ -457,7 +506,8 @@ def run_cli(entry: Callable[[], object], name: str) -> None:
     a missing file); 3 stopped on purpose (the customer is down; nothing trained), checkpoint saved."""
     try:
         entry()
-        exit_now(int(os.environ.get("WORLD_SIZE", 1)))  # under torchrun: leave before gloo's exit-time abort
+        # under torchrun: leave before gloo's exit-time abort
+        exit_now(int(os.environ.get("WORLD_SIZE", 1)))
     except (ImportError, OSError, ValueError) as e:
         print(f"{name}: {'config error: ' if isinstance(e, ConfigError) else ''}{e}", file=sys.stderr)
         sys.exit(2)

@@ -1,9 +1,10 @@
 """Multi-turn rollouts: B tasks x G episodes of agent <-> simulated customer <-> tools. The one episode loop.
 
-This is MUA-RL's rollout (Zhao et al., 2025, arXiv:2508.18669, section 3): each episode is a live conversation.
-The agent writes a turn; a tool call in it runs on the episode's own database and the result comes back; a turn
-without one is a message to the simulated customer, who answers (or ends the conversation). Training (muarl.py)
-and evaluation (eval.py) both run conversations through `rollout()` alone. All episodes advance together, by rounds:
+This is MUA-RL's rollout (Zhao et al., 2025, arXiv:2508.18669, section 3): each episode is a live
+conversation. The agent writes a turn; a tool call in it runs on the episode's own database and the
+result comes back; a turn without one is a message to the simulated customer, who answers (or ends
+the conversation). Training (muarl.py) and evaluation (eval.py) both run conversations through
+`rollout()` alone. All episodes advance together, by rounds:
 
     round:  1. every live episode waiting on the agent     -> ONE agent.act call (one batched generate)
             2. tool calls                                   -> run on each episode's own env
@@ -17,26 +18,28 @@ turn as sampled, incl. its end-of-turn token (mask 1) | tool result or customer 
 agent turn (mask 1) | ...  Log-probs ride on the mask-1 tokens; `Episode.spans` records each turn's span and author,
 so a turn-level reward needs no change here. Message-level agents (agents.py) play the same loop without tokens.
 
-Seeds: episode j of the k-th occurrence of a task in a call samples with episode_seed(cfg.seed, task id, k, j), each
-of its turns with episode_seed(that, turn): an episode's samples depend on its seed alone, not on its batch-mates,
-so evaluation and training give identical episodes on the same seed.
+Seeds: episode j of the k-th occurrence of a task in a call samples with episode_seed(cfg.seed, task
+id, k, j), each of its turns with episode_seed(that, turn): an episode's samples depend on its seed
+alone, not on its batch-mates, so evaluation and training give identical episodes on the same seed.
 
-Stop reasons: user_stop (the customer said ###STOP### or ###OUT-OF-SCOPE###), transfer (transfer_to_human_agents
-called, or the customer said ###TRANSFER###), max_turns (tool executions + customer replies reached the cap, as in
-the paper), context_full, malformed_call, too_many_errors (dual-control worlds only: tau2's rule, 10 failed tool calls
-from either side; it scores 0); user_error / agent_error (the customer simulator or an agent endpoint
-failed for good): the episode is *aborted*, never scored, and the trainer drops its group instead of scoring it 0.
+Stop reasons: user_stop (the customer said ###STOP### or ###OUT-OF-SCOPE###), transfer
+(transfer_to_human_agents called, or the customer said ###TRANSFER###), max_turns (tool executions +
+customer replies reached the cap, as in the paper), context_full, malformed_call, too_many_errors
+(dual-control worlds only: tau2's rule, 10 failed tool calls from either side; it scores 0);
+user_error / agent_error (the customer simulator or an agent endpoint failed for good): the episode
+is *aborted*, never scored, and the trainer drops its group instead of scoring it 0.
 
 Departures from the paper:
 1. Several tool calls in one turn: only the first runs (the paper's rule) unless `all_calls=True`.
-2. A malformed call ends the episode (the paper's rule) unless `malformed="observe"`: the parse error goes back to
-   the agent as a tool message.
-3. A turn cut off by `max_new_tokens` without its end-of-turn token is closed with that token at mask 0 (the
-   policy did not sample it, so it is not trained) and handled like any other turn.
+2. A malformed call ends the episode (the paper's rule) unless `malformed="observe"`: the parse
+   error goes back to the agent as a tool message.
+3. A turn cut off by `max_new_tokens` without its end-of-turn token is closed with that token at
+   mask 0 (the policy did not sample it, so it is not trained) and handled like any other turn.
 
-Dual-control worlds (telecom: `world.user_tools`): the customer's turn may run its own tools first (dual_control.Phone).
-Those calls and results go into the episode's readable `messages` (transcripts show them) and into the customer's
-own view, never into the agent's token stream, mask or messages: the agent hears only the customer's text.
+Dual-control worlds (telecom: `world.user_tools`): the customer's turn may run its own tools first
+(dual_control.Phone). Those calls and results go into the episode's readable `messages` (transcripts
+show them) and into the customer's own view, never into the agent's token stream, mask or messages:
+the agent hears only the customer's text.
 """
 
 from __future__ import annotations
@@ -57,8 +60,10 @@ from tools import TRANSFER_TOOL, ParsedTurn, clean
 from user_sim import OUT_OF_SCOPE, STOP, TRANSFER, User, UserError, is_terminal
 
 AGENT, USER, DONE = "agent", "user", "done"  # whom an episode waits on
-ABORTED = ("user_error", "agent_error")  # stop reasons that say nothing about the agent: never scored
-ENDS = {STOP: "user_stop", OUT_OF_SCOPE: "user_stop", TRANSFER: "transfer"}  # the customer's end markers
+# stop reasons that say nothing about the agent: never scored
+ABORTED = ("user_error", "agent_error")
+# the customer's end markers
+ENDS = {STOP: "user_stop", OUT_OF_SCOPE: "user_stop", TRANSFER: "transfer"}
 
 # ---------------------------------------------------------------------------------------------------------------
 # The episode record
@@ -67,12 +72,18 @@ ENDS = {STOP: "user_stop", OUT_OF_SCOPE: "user_stop", TRANSFER: "transfer"}  # t
 @dataclass
 class Episode:
     task: Task
-    group: int  # index of the task in this batch: episodes of a group share a task (and a first user message)
-    ids: list[int] = field(default_factory=list)  # (T,) the token stream (empty for message-level agents)
-    mask: list[int] = field(default_factory=list)  # (T,) 1 = sampled by the policy (trained), 0 = context
-    logprobs: list[float] = field(default_factory=list)  # (T,) sampling log-prob of mask-1 tokens, 0.0 elsewhere
-    spans: list[dict] = field(default_factory=list)  # one per piece of the stream: {"who", "start", "end"}, see append
-    messages: list[dict] = field(default_factory=list)  # readable: system, user, assistant (+tool_calls), tool
+    # index of the task in this batch: episodes of a group share a task (and a first user message)
+    group: int
+    # (T,) the token stream (empty for message-level agents)
+    ids: list[int] = field(default_factory=list)
+    # (T,) 1 = sampled by the policy (trained), 0 = context
+    mask: list[int] = field(default_factory=list)
+    # (T,) sampling log-prob of mask-1 tokens, 0.0 elsewhere
+    logprobs: list[float] = field(default_factory=list)
+    # one per piece of the stream: {"who", "start", "end"}, see append
+    spans: list[dict] = field(default_factory=list)
+    # readable: system, user, assistant (+tool_calls), tool
+    messages: list[dict] = field(default_factory=list)
     env: Env | None = None
     state: str = AGENT
     turns: int = 0  # tool executions + customer replies (the paper's turn count)
@@ -83,7 +94,8 @@ class Episode:
     info: dict = field(default_factory=dict)
     timings: dict = field(default_factory=lambda: {"generate": 0.0, "tools": 0.0, "user": 0.0})
     seed: int | None = None  # this episode's sampling seed (None: unseeded)
-    context_tokens: int = 0  # message-level agents, which have no ids: the endpoint's own count of the conversation
+    # message-level agents, which have no ids: the endpoint's own count of the conversation
+    context_tokens: int = 0
 
     @property
     def aborted(self) -> bool:
@@ -107,7 +119,8 @@ class Episode:
 
     def stop(self, reason: str, error: str | None = None) -> None:
         self.state, self.stop_reason = DONE, reason
-        if error is not None:  # an aborted episode keeps why, as info["user_error"] or info["agent_error"]
+        # an aborted episode keeps why, as info["user_error"] or info["agent_error"]
+        if error is not None:
             self.info[reason] = error
 
     def to_json(self, with_tokens: bool = False) -> dict:
@@ -127,11 +140,15 @@ class RolloutConfig:
     temperature: float = 1.0
     top_p: float = 1.0
     all_calls: bool = False  # run every call of a turn instead of only the first
-    malformed: str = "end"  # "end" the episode on a malformed call, or "observe" it as an error message
-    tools_in_prompt: bool = True  # render the tool schemas into the system prompt (off: learned from SFT data)
-    seed: int | None = None  # the rollout's seed; every episode's own seed is derived from it (module docstring)
+    # "end" the episode on a malformed call, or "observe" it as an error message
+    malformed: str = "end"
+    # render the tool schemas into the system prompt (off: learned from SFT data)
+    tools_in_prompt: bool = True
+    # the rollout's seed; every episode's own seed is derived from it (module docstring)
+    seed: int | None = None
     max_messages: int = 0  # tau2's cap on the conversation's messages (its max_steps, 200); 0: none
-    max_errors: int = 0  # tau2's cap on failed tool calls, from either side (10); 0: dual-control worlds' own
+    # tau2's cap on failed tool calls, from either side (10); 0: dual-control worlds' own
+    max_errors: int = 0
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -140,7 +157,8 @@ class RolloutConfig:
 
 class Agent(Protocol):
     """The agent side of the loop: rollout() calls begin() once per episode, act() once per round with every episode
-    waiting on the agent, observe() with what came back (tool results, or the customer's reply). act() returns, per
+    waiting on the agent, observe() with what came back (tool results, or the customer's reply).
+    act() returns, per
     episode in order, a tools.ParsedTurn (text, calls, parse errors) or, if the agent itself failed, an Exception."""
 
     def begin(self, ep: Episode, rules: str, schemas: list[dict], first: str) -> None: ...
@@ -158,7 +176,8 @@ class PolicyAgent:
         self.engine, self.tok, self.eot = engine, tokenizer, chat.end_of_turn_id(tokenizer)
 
     def begin(self, ep, rules, schemas, first):
-        ep.append(chat.prompt_ids(self.tok, rules, schemas, first), 0, who="prompt")  # system + tools + 1st message
+        # system + tools + 1st message
+        ep.append(chat.prompt_ids(self.tok, rules, schemas, first), 0, who="prompt")
 
     def act(self, episodes, cfg):
         budget = [min(cfg.max_new_tokens, cfg.max_context - len(e.ids)) for e in episodes]
@@ -167,16 +186,20 @@ class PolicyAgent:
                                        temperature=cfg.temperature, top_p=cfg.top_p, stop_token_ids=[self.eot])
         turns = []
         for e, s, b in zip(episodes, samples, budget):
-            ids, lps = list(s.token_ids)[:b], list(s.logprobs)[:b]  # one engine call serves many budgets
+            # one engine call serves many budgets
+            ids, lps = list(s.token_ids)[:b], list(s.logprobs)[:b]
             closed = bool(ids) and ids[-1] == self.eot
             text = self.tok.decode(ids[:-1] if closed else ids, skip_special_tokens=False)
-            shut = [] if closed else [self.eot]  # cut off by max_new_tokens: close the turn, unsampled (mask 0)
+            # cut off by max_new_tokens: close the turn, unsampled (mask 0)
+            shut = [] if closed else [self.eot]
             e.append(ids + shut, [1] * len(ids) + [0] * len(shut), lps + [0.0] * len(shut), who="agent")
-            turns.append(e.env.world.parse_turn(e.env, text))  # <tool_call> JSON, or a benchmark's own syntax
+            # <tool_call> JSON, or a benchmark's own syntax
+            turns.append(e.env.world.parse_turn(e.env, text))
         return turns
 
     def observe(self, ep, messages):
-        # tool results / a customer message + the next generation prompt, rendered by the template (mask 0)
+        # tool results / a customer message + the next generation prompt, rendered by the template
+        # (mask 0)
         ep.append(chat.delta_ids(self.tok, messages), 0, who=messages[-1]["role"])
 
 
@@ -192,7 +215,8 @@ def _apply_turn(ep: Episode, turn: ParsedTurn, cfg: RolloutConfig) -> list[dict]
     ep.messages.append({"role": "assistant", "content": turn.content}
                        | ({"tool_calls": [{"type": "function", "function": c} for c in calls]} if calls else {})
                        | ({"malformed": turn.errors} if turn.errors else {}))
-    if why := ep.env.world.ends(ep):  # a domain's own stop rule, after every message (ACEBench: "finish conversation")
+    # a domain's own stop rule, after every message (ACEBench: "finish conversation")
+    if why := ep.env.world.ends(ep):
         ep.stop(why)
         return []
     if turn.errors and cfg.malformed == "end":
@@ -201,7 +225,8 @@ def _apply_turn(ep: Episode, turn: ParsedTurn, cfg: RolloutConfig) -> list[dict]
     if turn.errors and not calls:  # malformed="observe": the parse error goes back to the agent
         obs = [{"role": "tool", "name": "error", "content": "Error: " + "; ".join(turn.errors)}]
         ep.messages += obs
-        ep.turns += 1  # an observation, like a tool execution: counted, so a model stuck on bad calls hits the cap
+        # an observation, like a tool execution: counted, so a model stuck on bad calls hits the cap
+        ep.turns += 1
         return obs
     if not calls:  # a message to the customer
         ep.state = USER
@@ -214,8 +239,10 @@ def _apply_turn(ep: Episode, turn: ParsedTurn, cfg: RolloutConfig) -> list[dict]
         if c["name"] == TRANSFER_TOOL:
             break
     ep.timings["tools"] += time.perf_counter() - t0
-    if ep.spans and ep.spans[-1]["who"] == "agent":  # for turn-level rewards: which calls this turn made, and
-        ep.spans[-1]["calls"] = [(c.name, not c.error) for c in ep.env.calls[n_calls:]]  # whether each succeeded
+    # for turn-level rewards: which calls this turn made, and
+    if ep.spans and ep.spans[-1]["who"] == "agent":
+        # whether each succeeded
+        ep.spans[-1]["calls"] = [(c.name, not c.error) for c in ep.env.calls[n_calls:]]
     ep.messages += results
     if ep.tool_calls[-1] == TRANSFER_TOOL or (why := ep.env.world.ends(ep)):
         ep.stop("transfer" if ep.tool_calls[-1] == TRANSFER_TOOL else why)
@@ -233,7 +260,8 @@ def _check_caps(ep: Episode, cfg: RolloutConfig) -> None:
         return
     errors = sum(c.error for c in ep.env.calls)
     if ep.env.world.user_tools and too_many_errors(ep.env) or cfg.max_errors and errors >= cfg.max_errors:
-        ep.stop("too_many_errors")  # tau2's rule: in the dual-control worlds it comes with, and tau2's evaluation
+        # tau2's rule: in the dual-control worlds it comes with, and tau2's evaluation
+        ep.stop("too_many_errors")
     elif cfg.max_messages and messages(ep) >= cfg.max_messages:
         ep.stop("max_messages")
     elif ep.turns >= cfg.max_turns:
@@ -258,7 +286,8 @@ def rollout(tasks: list[Task], group_size: int, worlds: dict[str, World], agent:
     score() next. `seeds`: one per episode, in order, for those from cfg.seed (a logged .seed replays its episode)."""
     if seeds is not None and len(seeds) != len(tasks) * group_size:
         raise ValueError(f"rollout: {len(seeds)} seeds for {len(tasks) * group_size} episodes")
-    # the first customer message: generated once per task and shared by the task's G episodes (user_sim caches it)
+    # the first customer message: generated once per task and shared by the task's G episodes
+    # (user_sim caches it)
     with ThreadPoolExecutor(max_workers=max(1, min(16, len(tasks)))) as pool:
         firsts = list(pool.map(_first_message, [user] * len(tasks), tasks,
                                [bool(worlds[t.domain].user_tools) for t in tasks]))
@@ -282,7 +311,8 @@ def rollout(tasks: list[Task], group_size: int, worlds: dict[str, World], agent:
             episodes.append(ep)
 
     while any(e.state != DONE for e in episodes):
-        # 1. every episode waiting on the agent: one call; 2. tool calls, on each episode's own database
+        # 1. every episode waiting on the agent: one call; 2. tool calls, on each episode's own
+        # database
         live = [e for e in episodes if e.state == AGENT]
         if live:
             t0 = time.perf_counter()
@@ -290,7 +320,8 @@ def rollout(tasks: list[Task], group_size: int, worlds: dict[str, World], agent:
             dt = (time.perf_counter() - t0) / len(live)
             for e, turn in zip(live, turns):
                 e.timings["generate"] += dt
-                if isinstance(turn, Exception):  # the endpoint failed; or said the context is full (agents.py)
+                # the endpoint failed; or said the context is full (agents.py)
+                if isinstance(turn, Exception):
                     e.stop("context_full" if getattr(turn, "context_full", False) else "agent_error",
                            f"{type(turn).__name__}: {turn}")
                     continue
@@ -301,12 +332,14 @@ def rollout(tasks: list[Task], group_size: int, worlds: dict[str, World], agent:
         waiting = [e for e in episodes if e.state == USER]
         if waiting:
             t0 = time.perf_counter()
-            # dual-control: a phone per episode, to run the customer's own tool calls on its env (as "user")
-            # its own tool calls are no turns of the agent's: capped by tau2's message cap, else the turn cap
+            # dual-control: a phone per episode, to run the customer's own tool calls on its env (as
+            # "user") its own tool calls are no turns of the agent's: capped by tau2's message cap,
+            # else the turn cap
             phones = [Phone(e.env, e.messages, cfg.max_messages - messages(e) if cfg.max_messages else cfg.max_turns,
                             "max_messages" if cfg.max_messages else "max_turns")
                       if e.env.world.user_tools else None for e in waiting]
-            # each request carries its own seed, from the episode's: a sampled customer replies the same on a rerun
+            # each request carries its own seed, from the episode's: a sampled customer replies the
+            # same on a rerun
             replies = user.replies([(e.task, e.customer_history(), p, None if e.seed is None else
                                      episode_seed(e.seed, "user", e.turns)) for e, p in zip(waiting, phones)])
             dt = (time.perf_counter() - t0) / len(waiting)
@@ -320,7 +353,8 @@ def rollout(tasks: list[Task], group_size: int, worlds: dict[str, World], agent:
                         e.stop(p.stop or "max_turns")
                         continue
                 e.turns += 1
-                r = clean(r) if isinstance(r, str) else str(r)  # the customer's text is data: carried, never trusted
+                # the customer's text is data: carried, never trusted
+                r = clean(r) if isinstance(r, str) else str(r)
                 e.messages.append({"role": "user", "content": r})
                 if marker := is_terminal(r):
                     e.stop(ENDS[marker])
@@ -337,17 +371,21 @@ def rollout(tasks: list[Task], group_size: int, worlds: dict[str, World], agent:
 
 def score(episodes: list[Episode], worlds: dict[str, World], check_outputs: bool = False) -> list[Episode]:
     """The outcome reward, its own step: r = 1 iff the final database equals the one the task's gold actions
-    produce [and the required outputs were said]. Sets each episode's reward and info, closes its database.
+    produce [and the required outputs were said]. Sets each episode's reward and info, closes its
+    database.
     Aborted episodes are not scored (reward stays 0, and the trainer drops their groups)."""
     for e in [e for e in episodes if e.env is not None]:  # (env None: scored already)
         if not e.aborted:
             e.reward, info = worlds[e.task.domain].score(e.task, e.env, e.messages, check_outputs=check_outputs,
-                                                         stop_reason=e.stop_reason)  # telecom scores the ending
+                                                         # telecom scores the ending
+                                                         stop_reason=e.stop_reason)
             e.info.update(info)
-            if e.stop_reason in ("too_many_errors", "max_messages"):  # tau2 scores these endings 0, whatever
+            # tau2 scores these endings 0, whatever
+            if e.stop_reason in ("too_many_errors", "max_messages"):
                 e.reward = 0.0  # the state reached
             if (bad := worlds[e.task.domain].customer_mistakes(e.task, e.messages)) is not None:
-                e.info["customer_mistakes"] = bad  # the customer's fidelity, where the world can check it
+                # the customer's fidelity, where the world can check it
+                e.info["customer_mistakes"] = bad
         e.env.close()
         e.env = None
     return episodes
@@ -366,8 +404,9 @@ class TrajectoryLog:
 
 
 if __name__ == "__main__":
-    # A tiny untrained model as the policy, the scripted customer, two shop tasks x G = 2: watch the token stream, its
-    # spans and its mask (rewards are chance). `python agents.py` plays the oracle through this loop: all score 1.
+    # A tiny untrained model as the policy, the scripted customer, two shop tasks x G = 2: watch the
+    # token stream, its spans and its mask (rewards are chance). `python agents.py` plays the oracle
+    # through this loop: all score 1.
     import tempfile
 
     from domains import load_world

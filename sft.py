@@ -1,19 +1,23 @@
 """Cold start: supervised fine-tuning on multi-turn tool-use conversations, with the same mask as RL.
 
-MUA-RL (paper, "Cold start") first fine-tunes the base model on ~2,000 synthesized multi-turn trajectories (batch
-128, 2 epochs, AdamW, lr 5e-6 cosine), the loss on the agent's own tokens only, so RL starts from a policy that
-already speaks the tool-call format. Here chat.conversation_ids, the code that grows rollout token streams, renders
-the conversations to (ids, mask), so SFT and RL train the same tokens: the agent's turns including their end-of-turn
-token (mask 1), nothing else (mask 0).
+MUA-RL (paper, "Cold start") first fine-tunes the base model on ~2,000 synthesized multi-turn
+trajectories (batch 128, 2 epochs, AdamW, lr 5e-6 cosine), the loss on the agent's own tokens only,
+so RL starts from a policy that already speaks the tool-call format. Here chat.conversation_ids, the
+code that grows rollout token streams, renders the conversations to (ids, mask), so SFT and RL train
+the same tokens: the agent's turns including their end-of-turn token (mask 1), nothing else (mask
+0).
 
     loss = - (1 / N_tok) * sum_t m_t * log p(y_t | y_<t)        token mean over the optimizer step's trained tokens
 
-Data: a JSONL file, one conversation per line, {"messages": [...], "domain": "retail"} with OpenAI-style messages
-(system optional, then user / assistant with tool_calls / tool); by default, synthetic tasks' expert conversations.
+Data: a JSONL file, one conversation per line, {"messages": [...], "domain": "retail"} with
+OpenAI-style messages (system optional, then user / assistant with tool_calls / tool); by default,
+synthetic tasks' expert conversations.
 
 Departures from the paper:
-1. A short linear warm-up before the cosine; the batch counts conversations (16 by default for a CPU, 128 in the paper).
-2. The default data are the scripted expert trajectories of this project's generator (domains/synthetic.py).
+1. A short linear warm-up before the cosine; the batch counts conversations (16 by default for a
+   CPU, 128 in the paper).
+2. The default data are the scripted expert trajectories of this project's generator
+   (domains/synthetic.py).
 """
 
 from __future__ import annotations
@@ -56,7 +60,8 @@ def load_jsonl(path: str | Path) -> list[dict]:
             try:
                 rows.append(json.loads(line))
             except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{i}: not JSON ({e.msg})") from None  # the line a person must fix
+                # the line a person must fix
+                raise ValueError(f"{path}:{i}: not JSON ({e.msg})") from None
     return rows
 
 
@@ -67,7 +72,8 @@ def expert_conversations(tasks) -> list[dict]:
 
 def conversations(source: str, tasks, seed: int = 0, n: int = 2000) -> list[dict]:
     """The cold start's conversations (--sft_data): "generated", `n` expert conversations generated in another
-    shop on retail's tools (domains/synthetic.py: its own customers, products and orders), each carrying that
+    shop on retail's tools (domains/synthetic.py: its own customers, products and orders), each
+    carrying that
     shop's policy and tool schemas; "tasks" (or ""), the training tasks' own; else a JSONL file."""
     if source == "generated":
         from domains import load_world
@@ -83,7 +89,8 @@ def conversations(source: str, tasks, seed: int = 0, n: int = 2000) -> list[dict
 
 
 def lr_at(step: int, total: int, lr: float, warmup: int) -> float:
-    if step < warmup:  # linear warm-up: AdamW's early moment estimates are noisy, so keep its first steps small
+    # linear warm-up: AdamW's early moment estimates are noisy, so keep its first steps small
+    if step < warmup:
         return lr * (step + 1) / warmup
     progress = (step - warmup) / max(1, total - warmup)
     return lr * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))  # then cosine to 0
@@ -94,13 +101,15 @@ def train(model, examples: list[tuple[list[int], list[int]]], epochs: float = 2.
           chunk_size: int = 1024, warmup: int = 5, seed: int = 0, log=None, show_progress: bool = True,
           desc: str = "cold start (SFT)", world_size: int = 1, rank: int = 0, bf16: bool = False) -> list[float]:
     """Fine-tune `model` in place on (ids, mask) examples; return the loss of every step. Under FSDP (world_size > 1,
-    `model` sharded by fsdp.shard) every rank draws the same batches and trains on its share of each; each adds
-    masked sum / N_tok of the WHOLE batch and FSDP sums gradients over the ranks: one process's token mean. bf16: the
+    `model` sharded by fsdp.shard) every rank draws the same batches and trains on its share of
+    each; each adds masked sum / N_tok of the WHOLE batch and FSDP sums gradients over the ranks:
+    one process's token mean. bf16: the
     forward computes in bf16, AdamW updates the fp32 weights (fsdp.bf16_compute)."""
     rng = random.Random(seed)
     total = max(1, int(round(epochs * max(1, len(examples) // batch_size))))  # optimizer steps
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=weight_decay)
-    # under FSDP the log-probs run as the sharded model's registered method (fsdp.shard), so its hooks fire
+    # under FSDP the log-probs run as the sharded model's registered method (fsdp.shard), so its
+    # hooks fire
     logprobs = model.token_logprobs if is_sharded(model) else functools.partial(token_logprobs, model)
     dev = compute_device(model)  # rows are packed on the CPU
     model.train()
@@ -112,7 +121,8 @@ def train(model, examples: list[tuple[list[int], list[int]]], epochs: float = 2.
             rng.shuffle(perm)
             order += perm
         idx, order = order[:batch_size], order[batch_size:]
-        n_tok = sum(sum(examples[i][1]) for i in idx)  # N_tok of the whole batch (every rank drew the same one)
+        # N_tok of the whole batch (every rank drew the same one)
+        n_tok = sum(sum(examples[i][1]) for i in idx)
         mine = idx[rank::world_size]
         rows = pack_sequences([examples[i][0] for i in mine], [examples[i][1] for i in mine], micro_batch_tokens)
         rows = even_rows(rows, world_size)  # FSDP: as many rows on every rank
@@ -122,15 +132,18 @@ def train(model, examples: list[tuple[list[int], list[int]]], epochs: float = 2.
         opt.zero_grad(set_to_none=True)
         loss = 0.0
         for row in rows:  # gradients accumulate row by row: one optimizer step per batch
-            row = {k: v.to(dev) for k, v in row.items()}  # ids and the mask the loss multiplies: on the model's device
+            # ids and the mask the loss multiplies: on the model's device
+            row = {k: v.to(dev) for k, v in row.items()}
             with bf16_compute(model, bf16):
                 logp = logprobs(row["input_ids"], position_ids=row["position_ids"], chunk_size=chunk_size)  # (1, L)
-            row_loss = -(logp * row["mask"]).sum() / max(1, n_tok)  # this row's share of the batch's token mean
+            # this row's share of the batch's token mean
+            row_loss = -(logp * row["mask"]).sum() / max(1, n_tok)
             row_loss.backward()
             loss += row_loss.item()
         loss = all_sum(loss, world_size)  # the whole batch's loss, every rank's rows
         gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-        if math.isfinite(loss) and torch.isfinite(gnorm):  # a step with a non-finite loss or gradient is skipped
+        # a step with a non-finite loss or gradient is skipped
+        if math.isfinite(loss) and torch.isfinite(gnorm):
             opt.step()
         losses.append(loss)
         bar.set_postfix(loss=f"{loss:.3f}")

@@ -1,19 +1,22 @@
 """Tools, as the policy sees them: two halves of one contract with the model.
 
-1. Out: `function_schema(fn)` turns a tool's Python signature and Google-style docstring into the OpenAI
-   function schema that chat templates (Qwen3's included) render into the system prompt. The schema is never
-   written by hand, so the tool the model is told about is always the tool that runs.
+1. Out: `function_schema(fn)` turns a tool's Python signature and Google-style docstring into the
+   OpenAI function schema that chat templates (Qwen3's included) render into the system prompt. The
+   schema is never written by hand, so the tool the model is told about is always the tool that
+   runs.
 2. In: `parse_tool_calls(text)` finds the Qwen3/Hermes calls in a sampled turn,
 
        <tool_call>
        {"name": "get_order_details", "arguments": {"order_id": "#W2378156"}}
        </tool_call>
 
-   and says exactly what is wrong with each malformed one. Turning those verdicts into an observation for the
-   agent, or into the end of the episode, is rollout.py's job (configurable there).
+   and says exactly what is wrong with each malformed one. Turning those verdicts into an
+   observation for the agent, or into the end of the episode, is rollout.py's job (configurable
+   there).
 
-It also holds the three generic tools every domain offers: `think`, `calculate`, `transfer_to_human_agents`
-(tau2 ships the last two in retail and airline; MUA-RL tracks how often all three are called).
+It also holds the three generic tools every domain offers: `think`, `calculate`,
+`transfer_to_human_agents` (tau2 ships the last two in retail and airline; MUA-RL tracks how often
+all three are called).
 
 Departures: none from the paper. `think` is not a tau2 tool (it changes nothing; see its docstring).
 """
@@ -38,7 +41,8 @@ HEADER = re.compile(r"(Args|Arguments|Parameters|Attributes|Returns|Raises|Yield
 def parse_docstring(doc: str | None) -> tuple[str, dict[str, str]]:
     """Google-style docstring -> (description, {argument: description}).
 
-    The description is everything before the first section header (Args:, Returns:, Raises:, ...); under
+    The description is everything before the first section header (Args:, Returns:, Raises:, ...);
+    under
     "Args:" each `name: text` line starts an argument and more-indented lines continue it."""
     desc, args, section, current = [], {}, None, None
     for line in inspect.cleandoc(doc or "").splitlines():
@@ -58,14 +62,16 @@ def parse_docstring(doc: str | None) -> tuple[str, dict[str, str]]:
 
 
 def _with_doc(schema: dict, doc: str | None) -> dict:
-    # the argument's docstring line becomes its "description", after the type: the key order tau2's schemas have
+    # the argument's docstring line becomes its "description", after the type: the key order tau2's
+    # schemas have
     return schema if doc is None else schema | {"description": doc}
 
 
 def type_schema(tp: Any) -> dict:
     """JSON schema of a Python type hint: str, int, float, bool, list[X], dict, Literal[...], TypedDicts."""
     origin, args = get_origin(tp), get_args(tp)
-    scalars = {str: "string", bool: "boolean", int: "integer", float: "number"}  # exact types: bool is not int here
+    # exact types: bool is not int here
+    scalars = {str: "string", bool: "boolean", int: "integer", float: "number"}
     if tp in scalars:
         return {"type": scalars[tp]}
     if tp is Any:
@@ -97,7 +103,8 @@ def function_schema(fn: Callable, skip_first: bool = True) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# 2. Generic tools (the first argument is the database, unused here, so they sit beside domain tools)
+# 2. Generic tools (the first argument is the database, unused here, so they sit beside domain
+# tools)
 
 
 def think(db: Any, thought: str) -> str:
@@ -113,28 +120,33 @@ def calculate(db: Any, expression: str) -> str:
     """Calculate the result of a mathematical expression.
 
     Args:
-        expression: The mathematical expression to calculate, such as '2 + 2'. The expression can contain
+        expression: The mathematical expression to calculate, such as '2 + 2'. The expression can
+        contain
             numbers, operators (+, -, *, /), parentheses, and spaces.
 
     Returns:
         The result of the expression, rounded to 2 decimal places.
     """
-    # tau2's behaviour: a character whitelist, then the arithmetic, then round(float(x), 2) as text. The whitelist
-    # leaves no names, attribute access or calls to a builtin. We walk the syntax tree instead of eval(), so that an
-    # int result past CALC_BITS (9**9**8: 136M bits, minutes of CPU) fails at once with the error tau2 reaches
-    # only at float() after those minutes; every answer below that size is tau2's, bit for bit.
+    # tau2's behaviour: a character whitelist, then the arithmetic, then round(float(x), 2) as text.
+    # The whitelist leaves no names, attribute access or calls to a builtin. We walk the syntax tree
+    # instead of eval(), so that an int result past CALC_BITS (9**9**8: 136M bits, minutes of CPU)
+    # fails at once with the error tau2 reaches only at float() after those minutes; every answer
+    # below that size is tau2's, bit for bit.
     if not isinstance(expression, str) or not all(ch in "0123456789+-*/(). " for ch in expression):
         raise ValueError("Invalid characters in expression")
     return str(round(float(_arith(compile(expression, "<string>", "eval", ast.PyCF_ONLY_AST).body)), 2))
 
 
-CALC_BITS = 100_000  # the largest int an intermediate result may hold (float() refuses > 1,024 bits anyway)
+# the largest int an intermediate result may hold (float() refuses > 1,024 bits anyway)
+CALC_BITS = 100_000
 _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
         ast.FloorDiv: operator.floordiv, ast.Pow: operator.pow, ast.UAdd: operator.pos, ast.USub: operator.neg}
 
 
-def _arith(node):  # what eval() would compute from the whitelisted characters, with a bound on int sizes
-    if isinstance(node, ast.Constant):  # a number, or `...` (Ellipsis), which float() then refuses as eval's would
+# what eval() would compute from the whitelisted characters, with a bound on int sizes
+def _arith(node):
+    # a number, or `...` (Ellipsis), which float() then refuses as eval's would
+    if isinstance(node, ast.Constant):
         return node.value
     if isinstance(node, ast.UnaryOp):
         return _OPS[type(node.op)](_arith(node.operand))
@@ -177,7 +189,8 @@ CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 @dataclass
 class ParsedTurn:
     content: str  # the text outside <tool_call> blocks, stripped
-    calls: list[dict] = field(default_factory=list)  # well-formed calls, in order: {"name", "arguments"}
+    # well-formed calls, in order: {"name", "arguments"}
+    calls: list[dict] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)  # one message per malformed block, in order
 
 
@@ -187,13 +200,15 @@ def clean(text):
     return text.encode("utf-8", "backslashreplace").decode("utf-8") if isinstance(text, str) else text
 
 
-# Special-token look-alikes: <|...|> (ChatML, Qwen, Llama 3, Phi), <｜...｜> (DeepSeek), <s> </s> [INST] (Llama 2)
+# Special-token look-alikes: <|...|> (ChatML, Qwen, Llama 3, Phi), <｜...｜> (DeepSeek), <s> </s>
+# [INST] (Llama 2)
 _MARKERS = re.compile(r"<(?=[|｜]|/?s>)|\[(?=/?INST\])")
 
 
 def as_text(text):
     """`text` with each special-token look-alike broken by a zero-width space after its first character: no server's
-    tokenizer reads it as a live marker (the policy could forge a system turn in the customer's prompt), and the text
+    tokenizer reads it as a live marker (the policy could forge a system turn in the customer's
+    prompt), and the text
     still reads the same, unlike an escape. (Our own tokenizer's path is stricter: chat.py sets such contents aside.)"""
     return _MARKERS.sub(lambda m: m.group() + "\u200b", text) if isinstance(text, str) else text
 
@@ -204,7 +219,8 @@ def check_call(obj, known: set[str] | None) -> dict | str:
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
         return 'a tool call must be a JSON object with a string "name" and an object "arguments"'
     args = obj.get("arguments", {})
-    if isinstance(args, str):  # some models put the arguments in a JSON string; accept it when it parses
+    # some models put the arguments in a JSON string; accept it when it parses
+    if isinstance(args, str):
         try:
             args = json.loads(args)
         except (ValueError, RecursionError):
@@ -216,10 +232,12 @@ def check_call(obj, known: set[str] | None) -> dict | str:
     return {"name": obj["name"], "arguments": args}
 
 
-def _parse_one(body: str, known: set[str] | None) -> dict | str:  # the call, or what is wrong with it
+# the call, or what is wrong with it
+def _parse_one(body: str, known: set[str] | None) -> dict | str:
     try:
         obj = json.loads(body)
-    except (ValueError, RecursionError) as e:  # bad JSON; also an int of > 4,300 digits, or nesting past the stack
+    # bad JSON; also an int of > 4,300 digits, or nesting past the stack
+    except (ValueError, RecursionError) as e:
         return f"the tool call is not valid JSON ({getattr(e, 'msg', type(e).__name__)} at {getattr(e, 'pos', 0)})"
     return check_call(obj, known)
 
@@ -227,7 +245,8 @@ def _parse_one(body: str, known: set[str] | None) -> dict | str:  # the call, or
 def parse_tool_calls(text: str, known_tools: set[str] | None = None) -> ParsedTurn:
     """Split a sampled assistant turn into its text and its tool calls.
 
-    Each <tool_call> block is parsed on its own: bad JSON, a missing name, arguments that are not an object, an
+    Each <tool_call> block is parsed on its own: bad JSON, a missing name, arguments that are not an
+    object, an
     unknown tool (if `known_tools` is given) or no closing tag (a turn cut off mid-call) gives an error, not a call."""
     calls, errors, content, pos = [], [], [], 0
     while (i := text.find(CALL_OPEN, pos)) >= 0:
@@ -238,7 +257,8 @@ def parse_tool_calls(text: str, known_tools: set[str] | None = None) -> ParsedTu
         call = _parse_one(text[i + len(CALL_OPEN) : j].strip(), known_tools)
         (calls if isinstance(call, dict) else errors).append(call)
         pos = j + len(CALL_CLOSE)
-    else:  # no more calls: the rest is text (a cut-off call broke out above, and its text is dropped)
+    # no more calls: the rest is text (a cut-off call broke out above, and its text is dropped)
+    else:
         content.append(text[pos:])
     return ParsedTurn("".join(content).strip(), calls, errors)
 
@@ -246,7 +266,8 @@ def parse_tool_calls(text: str, known_tools: set[str] | None = None) -> ParsedTu
 def check_arguments(fn: Callable, arguments: dict) -> str | None:
     """A clear message if `arguments` cannot bind to the tool's signature (missing or unexpected names), else None.
 
-    Types are not checked here on purpose: tau2 passes arguments through unchanged, and its tools' reactions to a
+    Types are not checked here on purpose: tau2 passes arguments through unchanged, and its tools'
+    reactions to a
     wrong type (a numeric zip code that never matches, a float amount stored as int) are part of what we copy."""
     params = list(inspect.signature(fn).parameters.values())[1:]
     missing = [p.name for p in params if p.name not in arguments and p.default is inspect.Parameter.empty]

@@ -1,34 +1,40 @@
 """The simulated customer: the other side of every MUA-RL rollout, and what it is told and sees.
 
-MUA-RL's one new idea (Zhao et al. 2025, "Method") is to put a *user* inside the RL loop: while the policy learns
-to call tools, a frozen LLM plays a customer who knows the task's hidden instructions and reveals them only as the
-conversation asks, so requests are dynamic (it omits details, changes its mind, insists). The reward still comes
-from the database, but the agent must earn its information by asking. This file holds:
+MUA-RL's one new idea (Zhao et al. 2025, "Method") is to put a *user* inside the RL loop: while the
+policy learns to call tools, a frozen LLM plays a customer who knows the task's hidden instructions
+and reveals them only as the conversation asks, so requests are dynamic (it omits details, changes
+its mind, insists). The reward still comes from the database, but the agent must earn its
+information by asking. This file holds:
 
     the prompt    system_prompt(instructions): who the customer is, the house rules, its hidden situation;
-                  simulator_messages(instructions, history): the agent-side conversation with roles swapped
+                  simulator_messages(instructions, history): the agent-side conversation with roles
+                  swapped
     User          the protocol rollout() and a run call on any customer
     LLMUser       a customer played by any OpenAI-compatible chat endpoint (a hosted model, a vLLM server)
     scripted      ScriptedUser and its kin: deterministic customers for generated tasks, no LLM needed
     USERS         the table `--user NAME` picks a row of
 
-Two views of one conversation. rollout.py keeps the *agent's*: its own turns are "assistant", the customer's
-"user". The customer model needs the reverse, so every request is rebuilt from the agent-side text with the roles
-swapped. The agent's tool calls and results never reach the customer: a real one cannot see the company's systems.
-In a dual-control world (tau2's telecom, `world.user_tools`) the customer acts on its own phone: its calls run on
-the episode's env as requestor "user" (domains/dual_control.Phone), it remembers them, the agent never sees them.
+Two views of one conversation. rollout.py keeps the *agent's*: its own turns are "assistant", the
+customer's "user". The customer model needs the reverse, so every request is rebuilt from the
+agent-side text with the roles swapped. The agent's tool calls and results never reach the customer:
+a real one cannot see the company's systems. In a dual-control world (tau2's telecom,
+`world.user_tools`) the customer acts on its own phone: its calls run on the episode's env as
+requestor "user" (domains/dual_control.Phone), it remembers them, the agent never sees them.
 
-The opening is fixed per task: all G rollouts of a task start from the same first message, so a group's reward
-differences come from the agent. Failures abort, they never score zero: a request that fails for good
-(plumbing/chat_client.py retries first) raises UserError, and rollout.py drops the episode from training.
+The opening is fixed per task: all G rollouts of a task start from the same first message, so a
+group's reward differences come from the agent. Failures abort, they never score zero: a request
+that fails for good (plumbing/chat_client.py retries first) raises UserError, and rollout.py drops
+the episode from training.
 
 Departures from the paper / tau2-bench:
-1. The paper used GPT-4o-2024-11-20 at temperature 0 with its authors' prompt; any endpoint plays it here, with
-   tau2's own guidelines in tau2's worlds (--user_prompt auto) and this project's wording elsewhere.
-2. The opening answers a fixed greeting (GREETING); consecutive messages of one role are merged; an agent turn
-   with no text becomes NO_REPLY; special-token look-alikes are broken by a zero-width space (tools.as_text).
-3. Dual control: the opening is text only (the G rollouts of a task share it); tools are offered from the
-   customer's second turn on. A leading <think> block in a reply is removed.
+1. The paper used GPT-4o-2024-11-20 at temperature 0 with its authors' prompt; any endpoint plays it
+   here, with tau2's own guidelines in tau2's worlds (--user_prompt auto) and this project's wording
+   elsewhere.
+2. The opening answers a fixed greeting (GREETING); consecutive messages of one role are merged; an
+   agent turn with no text becomes NO_REPLY; special-token look-alikes are broken by a zero-width
+   space (tools.as_text).
+3. Dual control: the opening is text only (the G rollouts of a task share it); tools are offered
+   from the customer's second turn on. A leading <think> block in a reply is removed.
 """
 
 from __future__ import annotations
@@ -53,7 +59,8 @@ from plumbing.sampling import episode_seed
 from tools import as_text
 
 STOP, TRANSFER, OUT_OF_SCOPE = "###STOP###", "###TRANSFER###", "###OUT-OF-SCOPE###"
-# What the customer "hears" before its first message: a chat model answers better with something to answer.
+# What the customer "hears" before its first message: a chat model answers better with something to
+# answer.
 GREETING = "Hi! How can I help you today?"
 NO_REPLY = "(the agent sent an empty message)"  # what it "hears" after an agent turn with no text
 
@@ -67,7 +74,8 @@ def is_terminal(text: str | None) -> str | None:
 # -------------------------------------------------------------------------------------------------------------
 # The customer's prompt and its view of the conversation
 
-# tau2's guidelines for a customer with tools (simulation_guidelines_tools.md), in this project's words.
+# tau2's guidelines for a customer with tools (simulation_guidelines_tools.md), in this project's
+# words.
 PHONE_RULES = """
 
 Your phone: you have tools that act on your own device. The agent cannot see them, nor what you do with them.
@@ -81,7 +89,8 @@ which comes first.
 
 def system_prompt(instructions: str, tools: bool = False, guidelines: str | None = None) -> str:
     """The customer's system prompt. `guidelines`: tau2's own text, laid out as tau2 lays it out (guidelines, then
-    the <scenario>). Else this project's: who it is, the house rules, then its situation, last, right before the
+    the <scenario>). Else this project's: who it is, the house rules, then its situation, last,
+    right before the
     conversation, which is what lets a small customer model (demo/customer.py) keep to it."""
     if guidelines is not None:
         return f"{guidelines.strip()}\n\n<scenario>\n{instructions.strip()}\n</scenario>"
@@ -111,14 +120,15 @@ Your situation (private; the agent cannot see it):
 </situation>"""
 
 
-# Tool-call markup, tool results and reasoning that might sit inside an agent's text: never shown to the customer.
+# Tool-call markup, tool results and reasoning that might sit inside an agent's text: never shown to
+# the customer.
 _HIDDEN = re.compile(r"<(tool_call|tool_response|think)>.*?(</\1>|$)", re.S)
 
 
 def _own_call(m: dict, ids: list[str], n: int) -> dict:
-    # The customer's own tool call or result, in its (swapped) view: its calls are the model's "assistant" calls,
-    # their results "tool" messages tied by id (n: calls earlier in this request). Arguments travel as a JSON
-    # string; a malformed call's raw text goes back as it came.
+    # The customer's own tool call or result, in its (swapped) view: its calls are the model's
+    # "assistant" calls, their results "tool" messages tied by id (n: calls earlier in this
+    # request). Arguments travel as a JSON string; a malformed call's raw text goes back as it came.
     if m["role"] == "tool":
         return {"role": "tool", "tool_call_id": ids.pop(0) if ids else "call_x", "content": m["content"]}
     calls = []
@@ -133,8 +143,9 @@ def _own_call(m: dict, ids: list[str], n: int) -> dict:
 def simulator_messages(instructions: str, history: list[dict], variant: dict | None = None, tools: bool = False,
                        guidelines: str | None = None) -> list[dict]:
     """Agent-side conversation -> the customer's API messages: [system, user: GREETING, assistant: <customer's
-    1st message>, user: <agent's reply>, ...]. `history`: [{"role": "user" | "assistant", "content"}] as the agent
-    saw it, plus the customer's own tool calls and results (dual control). `variant`: a benchmark's own customer
+    1st message>, user: <agent's reply>, ...]. `history`: [{"role": "user" | "assistant",
+    "content"}] as the agent saw it, plus the customer's own tool calls and results (dual control).
+    `variant`: a benchmark's own customer
     (task.spec["simulator"], ACEBench's): its system text, greeting and roles, verbatim."""
     if variant is not None:
         msgs = [{"role": "system", "content": variant["system"]}, {"role": "user", "content": variant["greeting"]}]
@@ -143,28 +154,37 @@ def simulator_messages(instructions: str, history: list[dict], variant: dict | N
             if m["role"] == "assistant":
                 text = next((text[len(p):] for p in variant.get("strip", []) if text.startswith(p)), text)
             msgs.append({"role": variant["own_role"] if m["role"] == "user" else "user", "content": text})
-        return [{**m, "content": as_text(m["content"])} for m in msgs]  # special-token look-alikes stay text
-    swap, msgs, pending = {"user": "assistant", "assistant": "user"}, [], []  # pending: ids awaiting results
+        # special-token look-alikes stay text
+        return [{**m, "content": as_text(m["content"])} for m in msgs]
+    # pending: ids awaiting results
+    swap, msgs, pending = {"user": "assistant", "assistant": "user"}, [], []
     for m in history:
         role, content = m.get("role"), m.get("content")
         if customer_only(m):
             msgs.append(_own_call(m, pending, sum(len(x.get("tool_calls", ())) for x in msgs)))
             continue
         if role not in swap or not isinstance(content, str):
-            continue  # system prompts, tool messages and tool-call-only turns are the agent's business
-        content = (_HIDDEN.sub("", content) if role == "assistant" else content).strip()  # stray tool markup
+            # system prompts, tool messages and tool-call-only turns are the agent's business
+            continue
+        # stray tool markup
+        content = (_HIDDEN.sub("", content) if role == "assistant" else content).strip()
         if not content:
             continue
-        if msgs and msgs[-1]["role"] == swap[role] and "tool_calls" not in msgs[-1]:  # two agent texts in a row
+        # two agent texts in a row
+        if msgs and msgs[-1]["role"] == swap[role] and "tool_calls" not in msgs[-1]:
             msgs[-1]["content"] += "\n\n" + content
         else:
             msgs.append({"role": swap[role], "content": content})
-    if not msgs or msgs[0]["role"] != "user":  # the customer's opening answered the greeting: say the greeting
+    # the customer's opening answered the greeting: say the greeting
+    if not msgs or msgs[0]["role"] != "user":
         msgs.insert(0, {"role": "user", "content": GREETING})
-    if msgs[-1]["role"] == "assistant":  # the agent's last turn had no text, yet rollout.py handed over: a real
-        msgs.append({"role": "user", "content": NO_REPLY})  # customer would nudge; aborting would hide the turn
+    # the agent's last turn had no text, yet rollout.py handed over: a real
+    if msgs[-1]["role"] == "assistant":
+        # customer would nudge; aborting would hide the turn
+        msgs.append({"role": "user", "content": NO_REPLY})
     msgs = [{"role": "system", "content": system_prompt(instructions, tools, guidelines)}] + msgs
-    return [{**m, "content": as_text(m["content"])} for m in msgs]  # marker look-alikes reach the server as text
+    # marker look-alikes reach the server as text
+    return [{**m, "content": as_text(m["content"])} for m in msgs]
 
 
 # -------------------------------------------------------------------------------------------------------------
@@ -173,13 +193,15 @@ def simulator_messages(instructions: str, history: list[dict], variant: dict | N
 
 class User:
     """A simulated customer. rollout() calls the first two methods; a run (muarl.py, eval.py) the others: check
-    before it writes anything, start once its folder is ready, after at every step and evaluation, close at the end.
-    A new simulator subclasses User, overrides `reply` (or `replies`) and `first_message`, and is a row of USERS.
+    before it writes anything, start once its folder is ready, after at every step and evaluation,
+    close at the end. A new simulator subclasses User, overrides `reply` (or `replies`) and
+    `first_message`, and is a row of USERS.
 
     first_message(task, tools=False) -> str  the opening, fixed per task
     replies(requests) -> list                requests [(task, agent-side history, phone | None, seed | None)]: one
-                                             answer each, in order, never raising: the text; None (the phone hit a
-                                             cap); or a UserError (that episode aborts, unscored)
+                                             answer each, in order, never raising: the text; None
+                                             (the phone hit a cap); or a UserError (that episode
+                                             aborts, unscored)
     check(tasks) / start(tasks, log)         what can fail before any work / side effects (serve a model)
     after(where, report, log)                after a GRPO step or an evaluation: RunStopped once down too long
     take_stats() -> dict, close()            health since the last call (log.jsonl); stop what was started"""
@@ -195,10 +217,12 @@ class User:
         raise NotImplementedError
 
     def replies(self, requests: list[tuple]) -> list:
-        def one(req):  # the endpoint is the bottleneck, not Python: threads give real concurrency here
+        # the endpoint is the bottleneck, not Python: threads give real concurrency here
+        def one(req):
             try:
                 return self.reply(*req)
-            except Exception as e:  # "never raises": a bug in one request must not take down the whole batch
+            # "never raises": a bug in one request must not take down the whole batch
+            except Exception as e:
                 return e if isinstance(e, UserError) else UserError(f"{type(e).__name__}: {e}")
 
         with ThreadPoolExecutor(max_workers=max(1, min(self.workers, len(requests)))) as pool:
@@ -242,17 +266,20 @@ class LLMUser(User):
                  down_s=float("inf"), preflight=True, prompt="auto"):
         import openai  # imported here so scripted customers run without the package
 
-        if client is None:  # which key may go where (preflight.endpoint's rule), decided here, not by openai
+        # which key may go where (preflight.endpoint's rule), decided here, not by openai
+        if client is None:
             base_url, api_key = endpoint(base_url, api_key, allow_http)
         self.model, self.base_url, self.temperature, self.max_tokens = model, base_url, temperature, max_tokens
         self.seed, self.workers, self.down_s, self.preflight, self.prompt = seed, max_workers, down_s, preflight, prompt
         self.label = f"{model} at T={temperature:g}"
-        # max_retries=0: the client must not retry on its own, or ChatClient's counts and backoff would be a lie
+        # max_retries=0: the client must not retry on its own, or ChatClient's counts and backoff
+        # would be a lie
         self.client = client or openai.OpenAI(base_url=base_url, api_key=api_key, timeout=timeout, max_retries=0)
         self.api = ChatClient(self.client, f"user simulator {model!r} at {base_url}", timeout, max_retries, backoff)
         self.stats = self.api.stats  # calls, retries, failures since the start
         self._first: dict[str, str] = {}  # task id -> the cached opening message
-        self._locks: dict[str, threading.Lock] = {}  # task id -> held while that opening is generated
+        # task id -> held while that opening is generated
+        self._locks: dict[str, threading.Lock] = {}
         self._guard = threading.Lock()
 
     def take_stats(self) -> dict:
@@ -270,14 +297,17 @@ class LLMUser(User):
     def complete(self, messages: list[dict], tools: list[dict] | None = None, sampling: dict | None = None,
                  verbatim: bool = False, seed: int | None = None):
         """One chat completion with retries: the reply text, or with `tools` (text, calls); else UserError.
-        `seed`: this request's sampling seed (the episode's), else the customer's own: the OpenAI API and vLLM's
+        `seed`: this request's sampling seed (the episode's), else the customer's own: the OpenAI
+        API and vLLM's
         server take one per request, so a rerun of one seed meets the same replies."""
         kwargs = dict(model=self.model, messages=messages, temperature=self.temperature, max_tokens=self.max_tokens)
-        kwargs.update(sampling or {})  # a benchmark's own customer settings (ACEBench: temperature 0.001, top_p 1)
+        # a benchmark's own customer settings (ACEBench: temperature 0.001, top_p 1)
+        kwargs.update(sampling or {})
         if tools:
             kwargs["tools"] = tools
         if seed is not None or self.seed is not None:
-            kwargs["seed"] = (seed if seed is not None else self.seed) % 2**31  # (any endpoint takes an int32)
+            # (any endpoint takes an int32)
+            kwargs["seed"] = (seed if seed is not None else self.seed) % 2**31
         return self.api.complete(kwargs, reply_turn if tools else lambda r: reply_text(r, verbatim))
 
     def first_message(self, task, tools: bool = False) -> str:
@@ -300,7 +330,8 @@ class LLMUser(User):
             v = _variant(task)
             return self.complete(self.request(task, history), sampling=(v or {}).get("sampling"), verbatim=bool(v),
                                  seed=seed)
-        for k in itertools.count():  # bounded: each round runs >= 1 call, and the phone stops at its cap
+        # bounded: each round runs >= 1 call, and the phone stops at its cap
+        for k in itertools.count():
             text, calls = self.complete(self.request(task, history + phone.new, tools=True),
                                         tools=phone.env.world.user_tool_schemas(),
                                         seed=None if seed is None else episode_seed(seed, k))
@@ -330,7 +361,8 @@ def _variant(task) -> dict | None:
 
 class ScriptedUser(User):
     """Plays a generated task's spec deterministically with its domain's script (domains/synthetic.py, shop.py). A
-    task with no spec (tau2's own) is played by its domain's script from the task itself, with the phone in
+    task with no spec (tau2's own) is played by its domain's script from the task itself, with the
+    phone in
     dual-control worlds (domains/telecom_user.py: it performs the task's user-side gold actions when asked)."""
 
     label = "the script"
@@ -388,9 +420,12 @@ def _llm(model: str | None = None, **kw) -> User:
 
 @dataclass(frozen=True)
 class UserKind:
-    make: Callable[..., User]  # settings (the run's flags, by LLMUser's names) -> a User; unused ones ignored
-    scripted: bool = False  # plays only worlds whose DOMAINS row has a script (validation checks the domains)
-    endpoint: bool = False  # an LLM: the --user_model / _base_url / _api_key / _serve flags are for it
+    # settings (the run's flags, by LLMUser's names) -> a User; unused ones ignored
+    make: Callable[..., User]
+    # plays only worlds whose DOMAINS row has a script (validation checks the domains)
+    scripted: bool = False
+    # an LLM: the --user_model / _base_url / _api_key / _serve flags are for it
+    endpoint: bool = False
 
 
 USERS = {

@@ -9,23 +9,27 @@
     curves.py        the training dynamics drawn from a run's log.jsonl
     baselines.py     rule policies (customer-blind and not) and the per-behaviour table of a run
 
-Nothing in the core (the top-level files) is needed to read MUA-RL; this folder is how the demo runs it on a CPU.
+Nothing in the core (the top-level files) is needed to read MUA-RL; this folder is how the demo runs
+it on a CPU.
 """
 
 from pathlib import Path
 
-SHIPPED = Path(__file__).resolve().parent / "customer_model"  # the committed customer model (--user_serve demo)
+# the committed customer model (--user_serve demo)
+SHIPPED = Path(__file__).resolve().parent / "customer_model"
 
-# The CPU preset of `--model tiny`: applied to every field the command line did not set. A 2-layer model built
-# from scratch has no pre-training, so copy drills stand in for it, the cold start runs hot (lr 2e-3), and the KL
-# anchor is off (the reference would be a random model). The store's tasks fit in 10 turns of 64 tokens. Its customer
-# is a language model, as in the paper: a tiny one trained for the store once and shipped (demo/customer_model),
-# served by vLLM's OpenAI server and sampled at temperature 0.7; every evaluation plays each held-out task twice
-# against it (pass^1, pass^2). Drills, SFT and updates take 2 threads (the customer idles then), conversations 1.
-# `--user scripted` plays the script instead. The seed is the world's too unless --synthetic_seed is given.
-# 40 GRPO steps (~5.5 s each here): at 20, seed 17 had learned the insisting customer, then traded it for plain
-# requests (75.2 %); from the same cold start it read both by step 30 (83.5 %, 82.8 at 40; docs/demo_notes.md).
-# An evaluation every 20 steps (3 a run, as at 20 steps): seed 0 with all five took 18:28, past item 3 with the install.
+# The CPU preset of `--model tiny`: applied to every field the command line did not set. A 2-layer
+# model built from scratch has no pre-training, so copy drills stand in for it, the cold start runs
+# hot (lr 2e-3), and the KL anchor is off (the reference would be a random model). The store's tasks
+# fit in 10 turns of 64 tokens. Its customer is a language model, as in the paper: a tiny one
+# trained for the store once and shipped (demo/customer_model), served by vLLM's OpenAI server and
+# sampled at temperature 0.7; every evaluation plays each held-out task twice against it (pass^1,
+# pass^2). Drills, SFT and updates take 2 threads (the customer idles then), conversations 1.
+# `--user scripted` plays the script instead. The seed is the world's too unless --synthetic_seed is
+# given. 40 GRPO steps (~5.5 s each here): at 20, seed 17 had learned the insisting customer, then
+# traded it for plain requests (75.2 %); from the same cold start it read both by step 30 (83.5 %,
+# 82.8 at 40; docs/demo_notes.md). An evaluation every 20 steps (3 a run, as at 20 steps): seed 0
+# with all five took 18:28, past item 3 with the install.
 TINY = dict(
     model="tiny", domains="store", synthetic_train=1000, synthetic_test=200, tiny_hidden=128, tiny_layers=2, tiny_intermediate=512,
     tiny_vocab=512, tiny_split_digits=True, copy_warmup=2000, sft_epochs=4.0, sft_lr=2e-3, sft_batch=8,

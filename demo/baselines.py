@@ -1,7 +1,8 @@
 """What the demo's result means: rule policies beside the trained agent, and success per behaviour.
 
-If a rule that ignores what the customer says reaches the trained agent's score, RL learnt that rule, not to listen
-(EVIDENCE.md). So this file plays, on a run's held-out tasks and through evaluation's rollout() + score():
+If a rule that ignores what the customer says reaches the trained agent's score, RL learnt that
+rule, not to listen (EVIDENCE.md). So this file plays, on a run's held-out tasks and through
+evaluation's rollout() + score():
 
     default, never transfer      customer-blind: the default option; refuse twice, never hand off
     default, transfer            customer-blind: the default option; hand off whenever a refused customer goes on
@@ -10,8 +11,9 @@ If a rule that ignores what the customer says reaches the trained agent's score,
                                  refused customer goes on
     reads everything             last option named, hands off iff the customer asked for a human (the script's match)
 
-and, from a run's transcripts (episodes-rank0.jsonl), each evaluation's success per behaviour (plain, change of mind,
-accept, insist, human; the held-out combinations no training task has), beside the cold start's data (annotator's).
+and, from a run's transcripts (episodes-rank0.jsonl), each evaluation's success per behaviour
+(plain, change of mind, accept, insist, human; the held-out combinations no training task has),
+beside the cold start's data (annotator's).
 
     python -m demo.baselines --run runs/muarl          # the run's world (its seed), against the store's script
     python -m demo.baselines --seed 3 --user sampled   # any world, against the script sampling its paraphrases
@@ -34,11 +36,13 @@ from eval import evaluate
 from rollout import RolloutConfig
 from user_sim import make_user
 
-# rule -> (which option it writes, when it hands off after a refusal); None = customer-blind in that decision
+# rule -> (which option it writes, when it hands off after a refusal); None = customer-blind in that
+# decision
 RULES = {"default, never transfer": ("default", "never"), "default, transfer": ("default", "always"),
          "last option, never transfer": ("last", "never"), "annotator": ("first", "always"),
          "reads everything": ("last", "human")}
-BLIND = ("default, never transfer", "default, transfer")  # the rules that read nothing the customer says
+# the rules that read nothing the customer says
+BLIND = ("default, never transfer", "default, transfer")
 BEHAVIOURS = ("plain", "change", "accept", "insist", "human")
 
 
@@ -75,7 +79,8 @@ def rule_act(option: str, hand_off: str):
         refused = sum(store._refuses(m["content"] or "") for m in mine)
         if not refused:
             return {"content": store.shop.REFUSE[request].format(ids[-1], status), "tool_calls": []}
-        if hand_off == "always" or (hand_off == "human" and "human" in said[-1].lower()):  # (after a refusal)
+        # (after a refusal)
+        if hand_off == "always" or (hand_off == "human" and "human" in said[-1].lower()):
             return _call("transfer_to_human_agents", {"summary": f"The customer wants to {request} {ids[-1]}."})
         return {"content": store.REFUSE_AGAIN, "tool_calls": []}
 
@@ -117,7 +122,8 @@ def annotator_right(world) -> dict:
 
 def imitated(world, right: dict) -> float:
     """What a policy doing each behaviour right as often as the cold start's data does (`right`, annotator_right)
-    would score on the held-out tasks: those rates weighted by the held-out tasks' behaviours. A cold start that
+    would score on the held-out tasks: those rates weighted by the held-out tasks' behaviours. A
+    cold start that
     imitated its data exactly would land here; the band asks 25-65 % of it (issue 23)."""
     test = [t.spec["behaviour"] for t in world.tasks("test")]
     return sum(right.get(b, 0.0) for b in test) / max(1, len(test))
@@ -125,7 +131,8 @@ def imitated(world, right: dict) -> float:
 
 def run_table(run: Path, world) -> dict:
     """Success per behaviour of each evaluation in a run's transcripts (eval phase of episodes-rank0.jsonl); and
-    "status flow": where the request and the order's status disagree (a delivered order to cancel, a pending one to
+    "status flow": where the request and the order's status disagree (a delivered order to cancel, a
+    pending one to
     return), the share of conversations in which the agent asked the question of the flow the status implies."""
     spec = {t.id: t.spec for t in world.tasks("test")}
     pairs, flow = defaultdict(list), defaultdict(list)
@@ -171,7 +178,8 @@ if __name__ == "__main__":
     rules = play_rules(world, make_user(a.user), seed=seed)
     for name, d in rules.items():
         print(_row(name + (" (customer-blind)" if name in BLIND else ""), {"all": d["pass^1"], **d}))
-    data = annotator_right(world)  # its "all": the data's rates weighted by the held-out tasks' behaviours
+    # its "all": the data's rates weighted by the held-out tasks' behaviours
+    data = annotator_right(world)
     print(_row("cold-start data (annotator, train)", data | {"all": imitated(world, data)}))
     if run and (run / "episodes-rank0.jsonl").is_file():
         for name, d in run_table(run, world).items():

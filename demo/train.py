@@ -1,15 +1,16 @@
 """The CPU demo's run: muarl.train with the demo's kit and knobs (`python -m demo [flags]`).
 
-The core (muarl.py) trains any model folder against any customer. A laptop has neither a pre-trained model nor
-a hosted customer, so this kit stands in for both, beside the core and through its `muarl.Kit`:
+The core (muarl.py) trains any model folder against any customer. A laptop has neither a pre-trained
+model nor a hosted customer, so this kit stands in for both, beside the core and through its
+`muarl.Kit`:
 
     build_model   a tiny Qwen3-architecture model and BPE tokenizer, built from the training tasks' text
     cold_start    copy drills first (its stand-in for pre-training), then the cold start, probed (drills.py)
     customer      the store's customer model (demo/customer_model), served by vLLM's OpenAI server and gated
     started       the cold start's held-out pass^1 checked against --stage_band
 
-Its knobs (DemoConfig, the `demo` group of --help) are the demo's own; TINY (demo/__init__.py) is its preset,
-applied to every flag the command line leaves out.
+Its knobs (DemoConfig, the `demo` group of --help) are the demo's own; TINY (demo/__init__.py) is
+its preset, applied to every flag the command line leaves out.
 """
 
 from __future__ import annotations
@@ -59,16 +60,19 @@ def parse(argv=None) -> DemoConfig:
                                       prog="python -m demo", description="The CPU demo of MUA-RL: a tiny model "
                                       "learns against a served customer model")
     if not resumed:
-        # The preset's customer is its world's own customer model: a run without that world keeps the scripted
-        # customer unless --user says otherwise, and another customer chosen replaces the served one.
+        # The preset's customer is its world's own customer model: a run without that world keeps
+        # the scripted customer unless --user says otherwise, and another customer chosen replaces
+        # the served one.
         own = TINY["domains"] in cfg.domains.split(",")
         if "user" not in given and not own:
             cfg = dataclasses.replace(cfg, user="scripted")
         if "user_serve" not in given and (cfg.user != "llm" or cfg.user_base_url or not own):
             cfg = dataclasses.replace(cfg, user_serve="")
-        if "eval_trials" not in given and cfg.user == "scripted":  # a script and a greedy agent: every trial alike
+        # a script and a greedy agent: every trial alike
+        if "eval_trials" not in given and cfg.user == "scripted":
             cfg = dataclasses.replace(cfg, eval_trials=1)
-        if "synthetic_seed" not in given:  # one seed, one world: another seed is other orders and tasks
+        # one seed, one world: another seed is other orders and tasks
+        if "synthetic_seed" not in given:
             cfg = dataclasses.replace(cfg, synthetic_seed=cfg.seed)
     if cfg.user_serve == "demo":  # the shipped customer model
         cfg = dataclasses.replace(cfg, user_serve=str(SHIPPED))

@@ -1,14 +1,18 @@
 """Agents other than the policy in training (rollout.PolicyAgent), for rollout.py's one loop (its `Agent` Protocol).
 
     MessageAgent + openai_act  any OpenAI-compatible chat endpoint (GPT-4.1, a `vllm serve` model), message-level,
-                               with the endpoint's own tool calling (the provider renders its own template)
+                               with the endpoint's own tool calling (the provider renders its own
+                               template)
     OracleAgent                replays each task's gold actions and states the required outputs, to user_sim.FixedUser
-                               (who leaves at the first reply): a check of the harness (every task must score 1)
+                               (who leaves at the first reply): a check of the harness (every task
+                               must score 1)
     ExpertEngine               a token *engine* that replays a generated task's scripted expert through
-                               rollout.PolicyAgent: a check of the token pipeline (every episode must score 1)
+                               rollout.PolicyAgent: a check of the token pipeline (every episode
+                               must score 1)
 
-Message-level agents have no token stream: their episodes carry messages, tool calls and rewards, no ids or mask
-(nothing to train). Their turns are asked for concurrently (threads: the endpoint is the bottleneck).
+Message-level agents have no token stream: their episodes carry messages, tool calls and rewards, no
+ids or mask (nothing to train). Their turns are asked for concurrently (threads: the endpoint is the
+bottleneck).
 """
 
 from __future__ import annotations
@@ -28,8 +32,9 @@ from domains.dual_control import customer_only, gold_requestors
 
 class MessageAgent:
     """Wraps make_act(task) -> act(messages, tools[, max_tokens]) -> {"content", "tool_calls": [{"id", "function":
-    {"name", "arguments"}}], "context": tokens so far (optional)} as a rollout Agent; one act per episode (the oracle
-    keeps per-task state). max_tokens: max_new_tokens, or less when the endpoint's count nears max_context; a "context
+    {"name", "arguments"}}], "context": tokens so far (optional)} as a rollout Agent; one act per
+    episode (the oracle keeps per-task state). max_tokens: max_new_tokens, or less when the
+    endpoint's count nears max_context; a "context
     full" answer ends the episode context_full, any other failure aborts it (agent_error, kept in its transcript)."""
 
     def __init__(self, make_act, workers: int = 8):
@@ -40,17 +45,21 @@ class MessageAgent:
 
     def _one(self, ep, cfg) -> ParsedTurn | Exception:
         act, budget = self.acts[id(ep)], max(1, min(cfg.max_new_tokens, cfg.max_context - ep.context_tokens))
-        # the agent's view: never the customer's own tool calls and results (dual-control worlds); the tools the
-        # episode shows now (BFCL reveals some later): an endpoint's tool calling needs their schemas
+        # the agent's view: never the customer's own tool calls and results (dual-control worlds);
+        # the tools the episode shows now (BFCL reveals some later): an endpoint's tool calling
+        # needs their schemas
         msgs, tools = [m for m in ep.messages if not customer_only(m)], ep.env.tool_schemas(ep.messages)
-        try:  # an act(messages, tools) without a max_tokens parameter (the oracle's) is called without it
+        # an act(messages, tools) without a max_tokens parameter (the oracle's) is called without it
+        try:
             takes = "max_tokens" in inspect.signature(act).parameters
             msg = act(msgs, tools, **({"max_tokens": budget} if takes else {}))
         except Exception as e:  # noqa: BLE001 - an endpoint failure aborts this episode, not the evaluation
-            e.context_full = "maximum context length" in str(e)  # the phrase of vLLM's and OpenAI's HTTP 400
+            # the phrase of vLLM's and OpenAI's HTTP 400
+            e.context_full = "maximum context length" in str(e)
             return e
         ep.context_tokens = msg.get("context") or ep.context_tokens
-        # the endpoint's native calls pass the same check as the <tool_call> text of a local model (tools.check_call)
+        # the endpoint's native calls pass the same check as the <tool_call> text of a local model
+        # (tools.check_call)
         checked = [check_call(c.get("function") if isinstance(c, dict) else None, set(ep.env.world.tools))
                    for c in msg.get("tool_calls") or []]
         return ParsedTurn(content=clean(msg.get("content") or ""), calls=[c for c in checked if isinstance(c, dict)],
@@ -70,7 +79,8 @@ def _wire(messages: list[dict]) -> list[dict]:
         return {"id": "call_0", "type": "function",
                 "function": {"name": c["function"]["name"], "arguments": json.dumps(c["function"]["arguments"])}}
 
-    # as_text: the server renders and tokenizes the contents; a customer's or a tool's marker look-alikes stay text
+    # as_text: the server renders and tokenizes the contents; a customer's or a tool's marker
+    # look-alikes stay text
     return [{"role": "tool", "tool_call_id": "call_0", "content": as_text(m["content"])} if m["role"] == "tool" else
             {"role": m["role"], "content": as_text(m.get("content") or "")}
             | ({"tool_calls": [call(c) for c in m["tool_calls"]]} if m.get("tool_calls") else {})
@@ -79,7 +89,8 @@ def _wire(messages: list[dict]) -> list[dict]:
 
 def openai_act(model: str, base_url: str | None, api_key: str | None, temperature: float = 0.0, max_tokens: int = 1024):
     """act() over any OpenAI-compatible chat endpoint, with the endpoint's native tool calling. A vLLM server needs
-    `--enable-auto-tool-choice --tool-call-parser hermes` for tool calls (README "Endpoints"; preflight.py checks).
+    `--enable-auto-tool-choice --tool-call-parser hermes` for tool calls (README "Endpoints";
+    preflight.py checks).
     Every request sends max_tokens (else a reply may fill the context); "context" is the endpoint's token count."""
     import openai  # optional dependency: only endpoint agents need it
 
@@ -119,7 +130,8 @@ class OracleAgent:
 
 class ExpertEngine:
     """Plays each generated task's scripted expert, token for token: it decodes the prompt, finds the task by its
-    first customer message, counts the agent turns so far, and returns the expert's next assistant message
+    first customer message, counts the agent turns so far, and returns the expert's next assistant
+    message
     (chat.assistant_ids) with log-prob 0."""
 
     def __init__(self, tokenizer, tasks):
@@ -138,7 +150,8 @@ class ExpertEngine:
             out.append(Sample(token_ids=ids, logprobs=[0.0] * len(ids), finish_reason="stop"))
         return out
 
-    update_weights = sleep = wake_up = lambda self, *args: None  # the rest of the Engine protocol: no weights here
+    # the rest of the Engine protocol: no weights here
+    update_weights = sleep = wake_up = lambda self, *args: None
 
 
 if __name__ == "__main__":

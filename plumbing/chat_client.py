@@ -1,17 +1,20 @@
 """One chat completion that survives a flaky endpoint: a whole-request deadline, retries, health counters.
 
-The simulated customer (user_sim.LLMUser) asks an OpenAI-compatible endpoint for every reply, thousands of times
-a run. This file is what keeps one bad request from costing an episode, and a dead endpoint from costing a run:
+The simulated customer (user_sim.LLMUser) asks an OpenAI-compatible endpoint for every reply,
+thousands of times a run. This file is what keeps one bad request from costing an episode, and a
+dead endpoint from costing a run:
 
     ChatClient.complete(kwargs)   one request under a whole-request deadline (a daemon thread: a server that
-                                  trickles a byte a second cannot hold it), retried with exponential backoff on
-                                  connection errors, timeouts, 408, 429, 5xx and garbage (200 with no usable
-                                  message); any other HTTP error fails at once. Failure: UserError, one line.
+                                  trickles a byte a second cannot hold it), retried with exponential
+                                  backoff on connection errors, timeouts, 408, 429, 5xx and garbage
+                                  (200 with no usable message); any other HTTP error fails at once.
+                                  Failure: UserError, one line.
     reply_text / reply_turn       what came back, checked: a non-empty message (a leading <think> block cut),
                                   or, when tools were offered, (text, [(name, arguments)])
     take_stats()                  calls, retries, failures, deadlines and latency percentiles since last asked
 
-Departure from the openai client's own retries: switched off (max_retries=0), or our counts would be a lie.
+Departure from the openai client's own retries: switched off (max_retries=0), or our counts would be
+a lie.
 """
 
 from __future__ import annotations
@@ -35,7 +38,8 @@ class _Deadline(Exception):
     """An attempt ran past the whole-request deadline (retried like a timeout)."""
 
 
-# A leading reasoning block in the simulator's own reply (a thinking model served without a reasoning parser).
+# A leading reasoning block in the simulator's own reply (a thinking model served without a
+# reasoning parser).
 LEADING_THINK = re.compile(r"^\s*<think>.*?</think>", re.S)
 
 
@@ -55,7 +59,8 @@ def reply_text(resp, verbatim: bool = False) -> str:
     content = LEADING_THINK.sub("", content).strip()
     if not content:
         raise Garbage("empty message content")
-    return content  # a reply cut by max_tokens (finish_reason "length") is still a usable customer message
+    # a reply cut by max_tokens (finish_reason "length") is still a usable customer message
+    return content
 
 
 def reply_turn(resp) -> tuple[str, list[tuple]]:
@@ -67,7 +72,9 @@ def reply_turn(resp) -> tuple[str, list[tuple]]:
     for c in raw if isinstance(raw, list) else []:
         fn = getattr(c, "function", None)
         name, args = getattr(fn, "name", None), getattr(fn, "arguments", None)
-        try:  # bad JSON stays the raw text: env.call answers it with an error observation (counted, as in tau2)
+        # bad JSON stays the raw text: env.call answers it with an error observation (counted, as in
+        # tau2)
+        try:
             args = json.loads(args) if isinstance(args, str) else args
         except (RecursionError, ValueError):
             pass
@@ -87,7 +94,8 @@ class ChatClient:
         self.oa, self.client, self.who = openai, client, who
         self.timeout, self.max_retries, self.backoff = timeout, max_retries, backoff
         self._guard = threading.Lock()
-        self.stats = {"calls": 0, "retries": 0, "failures": 0}  # for the training log: API health at a glance
+        # for the training log: API health at a glance
+        self.stats = {"calls": 0, "retries": 0, "failures": 0}
         self._step: dict = {"calls": 0, "retries": 0, "failures": 0, "deadlines": 0, "latency": []}
 
     def _count(self, key: str) -> None:
@@ -108,7 +116,8 @@ class ChatClient:
 
     def _attempt(self, kwargs: dict):
         """One request under the whole-request deadline. The client's timeout bounds each read, so a server that
-        trickles a byte a second would hold a request for ever; here it runs on a daemon thread and is given up at
+        trickles a byte a second would hold a request for ever; here it runs on a daemon thread and
+        is given up at
         the deadline (the thread ends when the server or the client's own read timeout does)."""
         box, t0 = {}, time.monotonic()
 
@@ -135,7 +144,8 @@ class ChatClient:
         or UserError."""
         oa, last = self.oa, None
         for attempt in range(self.max_retries + 1):
-            if attempt:  # exponential backoff; the jitter keeps 16 threads from retrying in lockstep
+            # exponential backoff; the jitter keeps 16 threads from retrying in lockstep
+            if attempt:
                 self._count("retries")
                 time.sleep(self.backoff * 2 ** (attempt - 1) * (1 + 0.25 * random.random()))
             self._count("calls")
@@ -147,12 +157,14 @@ class ChatClient:
                 last = str(e)
             except oa.APIStatusError as e:
                 last = f"HTTP {e.status_code}: {e}"
-                if e.status_code not in (408, 429) and e.status_code < 500:  # 400/401/404: asking again cannot help
+                # 400/401/404: asking again cannot help
+                if e.status_code not in (408, 429) and e.status_code < 500:
                     self._count("failures")
                     raise UserError(f"{self.who}: HTTP {e.status_code} (not retried): {e}") from e
             except oa.APIConnectionError as e:  # includes APITimeoutError
                 last = f"{type(e).__name__}: {e}"
-            except (oa.APIResponseValidationError, json.JSONDecodeError) as e:  # a body that is not valid JSON
+            # a body that is not valid JSON
+            except (oa.APIResponseValidationError, json.JSONDecodeError) as e:
                 last = f"garbage reply: {type(e).__name__}: {e}"
         self._count("failures")
         raise UserError(f"{self.who} failed after {self.max_retries + 1} attempts; last error: {last}")

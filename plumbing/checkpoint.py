@@ -1,18 +1,21 @@
 """Resumable state: the order tasks are drawn in (TaskSampler) and atomic checkpoints.
 
-Why atomic: a run can die at any instant (SIGKILL, a preempted node), leaving a file written in place truncated
-yet named by latest.json. A rename (os.replace) is atomic: a reader finds the old file or the new, never half. So a
-checkpoint is written to a temporary folder and renamed, and `latest.json`, which --resume reads first, is replaced
-last: a crash loses at most the current step (tests/test_muarl.py kills runs, and fails each file operation).
+Why atomic: a run can die at any instant (SIGKILL, a preempted node), leaving a file written in
+place truncated yet named by latest.json. A rename (os.replace) is atomic: a reader finds the old
+file or the new, never half. So a checkpoint is written to a temporary folder and renamed, and
+`latest.json`, which --resume reads first, is replaced last: a crash loses at most the current step
+(tests/test_muarl.py kills runs, and fails each file operation).
 
-Why a manifest: a rename guards against a crash, not against a disk. Each checkpoint holds manifest.json, the size
-and sha256 of each of its files and the length of every log at that step. --resume takes the newest checkpoint whose
-files match it, names each damaged one it passes over, and cuts the logs back to that step, so a step re-run after
-the resume is logged once; with checkpoints but none usable it stops with one line. A new run (not --resume) in a
-folder holding an old one first moves the old one into previous-<k>/: nothing is overwritten or appended to.
+Why a manifest: a rename guards against a crash, not against a disk. Each checkpoint holds
+manifest.json, the size and sha256 of each of its files and the length of every log at that step.
+--resume takes the newest checkpoint whose files match it, names each damaged one it passes over,
+and cuts the logs back to that step, so a step re-run after the resume is logged once; with
+checkpoints but none usable it stops with one line. A new run (not --resume) in a folder holding an
+old one first moves the old one into previous-<k>/: nothing is overwritten or appended to.
 
-Why no pickle: the manifest finds damage, not intent (anyone can recompute it), and unpickling can run any code. So
-tensors load with `weights_only=True` (model.pt, optim.pt), the rest (step, sampler, generators, results) is
+Why no pickle: the manifest finds damage, not intent (anyone can recompute it), and unpickling can
+run any code. So tensors load with `weights_only=True` (model.pt, optim.pt), the rest (step,
+sampler, generators, results) is
 state.json, and a manifest naming a path outside the run folder (`../x`, `/x`) makes its checkpoint unusable."""
 
 from __future__ import annotations
@@ -52,7 +55,8 @@ class TaskSampler:
         self.again = self.again[n:]
         while len(out) < n:  # a draw that runs past the end of an epoch goes on into the next one
             order = list(range(len(self.tasks)))
-            random.Random(self.seed * 100003 + self.epoch).shuffle(order)  # its own generator: global ones untouched
+            # its own generator: global ones untouched
+            random.Random(self.seed * 100003 + self.epoch).shuffle(order)
             take = order[self.pos : self.pos + n - len(out)]
             out += [self.tasks[i] for i in take]
             self.pos += len(take)
@@ -64,8 +68,10 @@ class TaskSampler:
 # ---------------------------------------------------------------------------------------------------------------
 # Trust: the manifest's checksums, the newest checkpoint that matches them, an old run set aside
 
-RUN_LOGS = ("log.jsonl", "samples.txt")  # with episodes-rank*.jsonl: the logs a resume cuts back to its step
-CHECKPOINT_FILES = ("model.pt", "optim.pt", "state.json")  # what a checkpoint folder holds, beside its manifest
+# with episodes-rank*.jsonl: the logs a resume cuts back to its step
+RUN_LOGS = ("log.jsonl", "samples.txt")
+# what a checkpoint folder holds, beside its manifest
+CHECKPOINT_FILES = ("model.pt", "optim.pt", "state.json")
 RUN_FILES = RUN_LOGS + ("latest.json", "checkpoints", "config.json", "results.md", "cold-start", "final")
 
 
@@ -74,11 +80,13 @@ def _sha256(path: Path) -> str:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
-def _manifest(body: dict) -> str:  # the manifest's text, carrying its own checksum (so damage to it is named too)
+# the manifest's text, carrying its own checksum (so damage to it is named too)
+def _manifest(body: dict) -> str:
     return json.dumps({**body, "check": hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()})
 
 
-def _log_name(name) -> bool:  # a run log's own plain name, as save_checkpoint writes them: no folder, no ../, no /x
+# a run log's own plain name, as save_checkpoint writes them: no folder, no ../, no /x
+def _log_name(name) -> bool:
     return isinstance(name, str) and (name in RUN_LOGS or re.fullmatch(r"episodes-rank\d+\.jsonl", name) is not None)
 
 
@@ -92,8 +100,9 @@ def damage(path: Path) -> str | None:
         return "manifest.json is missing or unreadable"
     if json.loads(_manifest(body))["check"] != check:
         return "manifest.json fails its own checksum (damaged on disk)"
-    # names are joined to the run folder (logs are cut back on resume): only the names save_checkpoint writes. (An
-    # older muarl's state.pt is refused too: a pickle, and loading one can run code.)
+    # names are joined to the run folder (logs are cut back on resume): only the names
+    # save_checkpoint writes. (An older muarl's state.pt is refused too: a pickle, and loading one
+    # can run code.)
     if bad := [n for n in files if n not in CHECKPOINT_FILES] + [n for n in logs if not _log_name(n)]:
         return f"manifest.json names {bad[0]!r}, no file of a run (refused: a pickle, or a path out of the run folder)"
     for name, versions in files.items():
@@ -108,7 +117,8 @@ def damage(path: Path) -> str | None:
 
 def newest_checkpoint(out: Path) -> Path | None:
     """The newest checkpoint in out/checkpoints whose files match its manifest; each newer damaged one is named on
-    stderr. None if there is no checkpoint; if there are some but none is usable, a ValueError says what to do.
+    stderr. None if there is no checkpoint; if there are some but none is usable, a ValueError says
+    what to do.
     latest.json is not needed: a folder is renamed into place only once complete, manifest included."""
     folders = sorted((p for p in (out / "checkpoints").glob("step-*") if not p.name.endswith(".tmp")), reverse=True)
     bad = []
@@ -138,7 +148,8 @@ def set_aside(out: Path) -> Path | None:
 
 def undo_start(out: Path, before: set[str] | None, aside: Path | None) -> None:
     """A run that stopped before it trained anything leaves nothing behind: what it wrote in `out` goes (the names not
-    in `before`, the folder's entries when it started; None: the folder did not exist), and the earlier run it set
+    in `before`, the folder's entries when it started; None: the folder did not exist), and the
+    earlier run it set
     aside in `aside` comes back where it was."""
     if not out.is_dir():
         return
@@ -166,17 +177,20 @@ def rng_state() -> dict:
 
 
 def set_rng_state(rng: dict) -> None:
-    random.setstate((rng["python"][0], tuple(rng["python"][1]), rng["python"][2]))  # JSON lists back to the types
+    # JSON lists back to the types
+    random.setstate((rng["python"][0], tuple(rng["python"][1]), rng["python"][2]))
     np.random.set_state((rng["numpy"][0], np.array(rng["numpy"][1], dtype=np.uint32), *rng["numpy"][2:]))
     torch.set_rng_state(torch.tensor(rng["torch"], dtype=torch.uint8))
 
 
 def save_checkpoint(out: Path, step: int, policy, opt, sampler: TaskSampler, extra: dict, world_size: int, rank: int):
     """Weights, AdamW's moments, the sampler and the generators at `step`. Under FSDP2 every rank calls it (the
-    gathers are collectives) and only rank 0 keeps the whole, in host memory, one tensor gathered at a time: no GPU
+    gathers are collectives) and only rank 0 keeps the whole, in host memory, one tensor gathered at
+    a time: no GPU
     ever holds a whole copy (#24, defect 7)."""
     state = full_state_dict(policy, world_size, keep=rank == 0)
-    if is_sharded(policy):  # the optimizer state is sharded like the weights: gathered whole onto rank 0's CPU
+    # the optimizer state is sharded like the weights: gathered whole onto rank 0's CPU
+    if is_sharded(policy):
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
         optim = get_optimizer_state_dict(policy, opt, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
@@ -198,9 +212,10 @@ def save_checkpoint(out: Path, step: int, policy, opt, sampler: TaskSampler, ext
     logs = {f.name: f.stat().st_size for f in out.iterdir() if f.name in RUN_LOGS or f.match("episodes-rank*.jsonl")}
     (tmp / "manifest.json").write_text(_manifest({"step": step, "files": files, "logs": logs}))
     if latest.exists() and json.loads(latest.read_text())["path"] == final.name:
-        # the same step again (a run's end adds its final evaluation), named by latest.json: never remove the folder.
-        # Its files are replaced one at a time, so the manifest accepts the old and the new version of each until the
-        # last one is in (same step, same weights: any mix of the two is the same checkpoint).
+        # the same step again (a run's end adds its final evaluation), named by latest.json: never
+        # remove the folder. Its files are replaced one at a time, so the manifest accepts the old
+        # and the new version of each until the last one is in (same step, same weights: any mix of
+        # the two is the same checkpoint).
         both = json.loads((final / "manifest.json").read_text())["files"] if (final / "manifest.json").exists() else {}
         (tmp / "both.json").write_text(_manifest({"step": step, "logs": logs,
                                                   "files": {k: v + both.get(k, []) for k, v in files.items()}}))
@@ -209,10 +224,12 @@ def save_checkpoint(out: Path, step: int, policy, opt, sampler: TaskSampler, ext
             os.replace(f, final / f.name)  # one file at a time, each atomically; the manifest last
         tmp.rmdir()
     else:
-        shutil.rmtree(final, ignore_errors=True)  # a leftover of a run killed before latest.json pointed to it
+        # a leftover of a run killed before latest.json pointed to it
+        shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
     (out / "latest.json.tmp").write_text(json.dumps({"step": step, "path": final.name}))
-    os.replace(out / "latest.json.tmp", latest)  # the commit point: from here on --resume starts at this step
+    # the commit point: from here on --resume starts at this step
+    os.replace(out / "latest.json.tmp", latest)
     for old in sorted((out / "checkpoints").glob("step-*"))[:-2]:  # keep the last two
         if old.name != final.name and not old.name.endswith(".tmp"):
             shutil.rmtree(old, ignore_errors=True)
@@ -220,9 +237,11 @@ def save_checkpoint(out: Path, step: int, policy, opt, sampler: TaskSampler, ext
 
 def save_pretrained(policy, tokenizer, path: Path, world_size: int, rank: int) -> None:
     """The whole model in Hugging Face format (for vLLM, eval.py, load_policy); `path` is complete or absent."""
-    # every rank calls save_pretrained (under FSDP the gathers are collectives); rank 0 keeps the whole, on its CPU
+    # every rank calls save_pretrained (under FSDP the gathers are collectives); rank 0 keeps the
+    # whole, on its CPU
     state = full_state_dict(policy, world_size, keep=rank == 0)
-    # a gathered dict holds tied weights twice (lm_head.weight beside the embedding): drop the copy, as HF does
+    # a gathered dict holds tied weights twice (lm_head.weight beside the embedding): drop the copy,
+    # as HF does
     if getattr(policy.config, "tie_word_embeddings", False):
         for tied in getattr(policy, "_tied_weights_keys", None) or {}:
             state.pop(tied, None)
@@ -239,15 +258,19 @@ def save_pretrained(policy, tokenizer, path: Path, world_size: int, rank: int) -
 def load_checkpoint(out: Path, policy, opt, sampler: TaskSampler, world_size: int,
                     path: Path | None = None) -> tuple[int, dict]:
     """(step, state) of the newest usable checkpoint (or `path`), or (0, {}), after restoring what a run needs to go on
-    as if never stopped: weights, AdamW's moments (zero ones would jolt the policy), the sampler's place, every random
+    as if never stopped: weights, AdamW's moments (zero ones would jolt the policy), the sampler's
+    place, every random
     generator; and the logs, cut back to that step (what was logged after it is logged again as the steps re-run)."""
     if (path := path or newest_checkpoint(out)) is None:
         return 0, {}
-    # map_location: tensors saved from a GPU would otherwise return to it (cuda:0 on every rank); mmap: read as used.
-    # Under FSDP2 rank 0 alone reads the files and broadcasts one tensor at a time; each rank keeps its shard.
+    # map_location: tensors saved from a GPU would otherwise return to it (cuda:0 on every rank);
+    # mmap: read as used. Under FSDP2 rank 0 alone reads the files and broadcasts one tensor at a
+    # time; each rank keeps its shard.
     sharded, lead = is_sharded(policy), not is_sharded(policy) or torch.distributed.get_rank() == 0
     state = json.loads((path / "state.json").read_text())
-    try:  # weights_only: tensors, numbers, strings, lists, dicts; a pickle building anything else (os.system is one
+    # weights_only: tensors, numbers, strings, lists, dicts; a pickle building anything else
+    # (os.system is one
+    try:
         # __reduce__ away) is refused before it runs
         model_sd, optim_sd = (torch.load(path / f, weights_only=True, map_location="cpu", mmap=True) if lead else {}
                               for f in ("model.pt", "optim.pt"))
@@ -255,7 +278,8 @@ def load_checkpoint(out: Path, policy, opt, sampler: TaskSampler, world_size: in
         raise ValueError(f"checkpoint {path}: a file holds more than tensors and numbers (refused, nothing in it ran: "
                          f"{str(e).splitlines()[0][:120]})") from None
     for name, size in json.loads((path / "manifest.json").read_text())["logs"].items():
-        if not _log_name(name):  # damage() refuses these; checked again here, for a `path` passed in unchecked
+        # damage() refuses these; checked again here, for a `path` passed in unchecked
+        if not _log_name(name):
             raise ValueError(f"checkpoint {path}: manifest.json names {name!r}, outside the run folder: not resumed")
         log = out / name  # a link is not followed out of the run either
         if log.is_file() and not log.is_symlink() and log.stat().st_size > size:
@@ -276,7 +300,8 @@ def load_checkpoint(out: Path, policy, opt, sampler: TaskSampler, world_size: in
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Demo: python checkpoint.py — a run saved at step 2 and resumed draws the same tasks and holds the same weights
+# Demo: python checkpoint.py — a run saved at step 2 and resumed draws the same tasks and holds the
+# same weights
 
 if __name__ == "__main__":
     import tempfile
@@ -290,7 +315,8 @@ if __name__ == "__main__":
     opt.step()  # now AdamW holds moments worth saving
     save_checkpoint(out, 2, model, opt, sampler, {"note": "demo"}, world_size=1, rank=0)
     print("saved", (out / "latest.json").read_text(), sorted(os.listdir(out / "checkpoints" / "step-000002")))
-    model2, sampler2 = torch.nn.Linear(4, 2), TaskSampler(sampler.tasks, seed=0)  # a fresh process: all new
+    # a fresh process: all new
+    model2, sampler2 = torch.nn.Linear(4, 2), TaskSampler(sampler.tasks, seed=0)
     opt2 = torch.optim.AdamW(model2.parameters(), lr=0.1)
     step, state = load_checkpoint(out, model2, opt2, sampler2, world_size=1)
     print(f"resumed at step {step} ({state['note']}): step 2 draws {sampler2.next(3)}, uninterrupted "

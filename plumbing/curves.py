@@ -1,8 +1,9 @@
 """The training dynamics of a run, drawn: one small panel per curve, from its log.jsonl (`runs/<name>/curves.png`).
 
-MUA-RL's paper shows how its agents changed under RL (its training-dynamics figure): success goes up, turns settle,
-and the needless uses of generic tools (asking a human to take over, thinking out loud for nothing) are pruned. The
-same curves for any muarl run, read from the GRPO step records of its log, with the held-out evaluations marked:
+MUA-RL's paper shows how its agents changed under RL (its training-dynamics figure): success goes
+up, turns settle, and the needless uses of generic tools (asking a human to take over, thinking out
+loud for nothing) are pruned. The same curves for any muarl run, read from the GRPO step records of
+its log, with the held-out evaluations marked:
 
     reward                              mean outcome reward of the step's scored episodes (dots: held-out pass^1)
     all_correct / all_wrong groups      the groups GRPO cannot learn from (every episode the same reward)
@@ -12,8 +13,8 @@ same curves for any muarl run, read from the GRPO step records of its log, with 
 
     python curves.py runs/muarl          # redraws runs/muarl/curves.png from runs/muarl/log.jsonl
 
-matplotlib is an optional extra (`pip install matplotlib`): without it, `draw` says so in one line and returns
-None; a run never fails for want of a picture.
+matplotlib is an optional extra (`pip install matplotlib`): without it, `draw` says so in one line
+and returns None; a run never fails for want of a picture.
 """
 
 from __future__ import annotations
@@ -66,7 +67,8 @@ def draw(run_dir: str | Path) -> Path | None:
         ys = [r[key] for r in steps if isinstance(r.get(key), (int, float))]
         ax.plot(xs, ys, lw=1.2)
         if key == "reward":  # held-out pass^1 at each evaluation, at the step it measured
-            # each eval record carries the GRPO step of the model it measured; older logs: read it from the name
+            # each eval record carries the GRPO step of the model it measured; older logs: read it
+            # from the name
             pts = [(e["step"] if "step" in e else _eval_step(e), e["pass^1"]) for e in evals if "pass^1" in e]
             ax.scatter([p[0] for p in pts], [p[1] for p in pts], s=14, color="black", zorder=3)
         ax.set_title(title, fontsize=9)

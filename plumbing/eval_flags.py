@@ -1,10 +1,11 @@
 """eval.py's command line, its customer and its agent: what eval.py needs around `evaluate()`.
 
-The flags it shares with muarl.py are config.Config's, with the same names, types and help (--domains,
---eval_tasks, --eval_trials, the customer's); its own are the agent's and the benchmark's. `--model RUN/final`
-(a folder muarl.py wrote, with RUN/config.json beside it) takes that run's settings for every shared flag the
-command line leaves out (the agent stays greedy: --temperature is evaluation's own). Every endpoint in use is
-checked once before any episode (plumbing/preflight.py).
+The flags it shares with muarl.py are config.Config's, with the same names, types and help
+(--domains, --eval_tasks, --eval_trials, the customer's); its own are the agent's and the
+benchmark's. `--model RUN/final` (a folder muarl.py wrote, with RUN/config.json beside it) takes
+that run's settings for every shared flag the command line leaves out (the agent stays greedy:
+--temperature is evaluation's own). Every endpoint in use is checked once before any episode
+(plumbing/preflight.py).
 """
 
 from __future__ import annotations
@@ -18,15 +19,18 @@ from config import Config
 from plumbing.flags import ConfigError, add_flags, one_line_errors
 from plumbing.validate import field_problems, first_problem, model_problem
 
-# The flags eval.py shares with muarl.py, declared once (config.Config); evaluation's own defaults beside them
+# The flags eval.py shares with muarl.py, declared once (config.Config); evaluation's own defaults
+# beside them
 SHARED = ("model", "engine", "domains", "data_dir", "synthetic_seed", "eval_tasks", "eval_trials", "seed",
           "max_turns", "max_new_tokens", "max_context", "tools_in_prompt", "temperature", "top_p",
           "user", "user_model", "user_base_url", "user_api_key", "user_serve", "user_prompt", "user_temperature",
           "user_max_tokens", "user_concurrency", "user_timeout", "user_retries", "user_backoff", "preflight",
           "allow_insecure_http")
 DEFAULTS = {**{k: getattr(Config, k) for k in SHARED}, "model": "", "engine": "hf", "eval_tasks": 0,
-            "eval_trials": 4, "temperature": 0.0, "top_p": 1.0, "seed": 0}  # a greedy agent, 4 trials a task
-NOT_FROM_RUN = ("model", "temperature", "top_p", "engine", "eval_tasks")  # evaluation's own, even for a run
+            # a greedy agent, 4 trials a task
+            "eval_trials": 4, "temperature": 0.0, "top_p": 1.0, "seed": 0}
+# evaluation's own, even for a run
+NOT_FROM_RUN = ("model", "temperature", "top_p", "engine", "eval_tasks")
 EVAL = "evaluation"
 
 
@@ -65,13 +69,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     own = dict(agent="local", agent_model="", agent_base_url="", agent_api_key="", bench="", category="",
                split="test", check_outputs=1, out="runs/eval/transcripts.jsonl")
     saved = run_settings(a.model or "")
-    for k, v in {**own, **DEFAULTS}.items():  # the run's settings under the command line, the defaults under both
+    # the run's settings under the command line, the defaults under both
+    for k, v in {**own, **DEFAULTS}.items():
         if getattr(a, k) is None:
             setattr(a, k, saved[k] if k in saved and k in SHARED and k not in NOT_FROM_RUN else v)
-    for k, v in saved.items():  # a run's world settings (sizes and seeds of generated worlds) the flags lack
+    # a run's world settings (sizes and seeds of generated worlds) the flags lack
+    for k, v in saved.items():
         if not hasattr(a, k):
             setattr(a, k, v)
-    a.synthetic_train, a.user_down_s = 0, float("inf")  # (held-out tasks only; no steps to be down for)
+    # (held-out tasks only; no steps to be down for)
+    a.synthetic_train, a.user_down_s = 0, float("inf")
     if a.bench:
         from domains import BENCHES
 
@@ -111,7 +118,8 @@ def start_customer(a, tasks, bench):
     try:
         user.check(tasks)
         user.start(tasks)
-    except PreflightError as e:  # (a served model that cannot start: ServeError, an OSError, one line)
+    # (a served model that cannot start: ServeError, an OSError, one line)
+    except PreflightError as e:
         raise ConfigError(str(e)) from None
     return user
 
@@ -125,7 +133,8 @@ def make_agent(a, worlds, bench):
     from rollout import PolicyAgent
 
     if a.agent == "local":
-        # vLLM reads the weights itself: only the tokenizer here (a transformers copy of 32B: 131 GB of RAM)
+        # vLLM reads the weights itself: only the tokenizer here (a transformers copy of 32B: 131 GB
+        # of RAM)
         folder = model_folder(a.model)
         model, tok = load_policy(folder) if a.engine == "hf" else (None, load_tokenizer(folder))
         agent = PolicyAgent(make_engine(a.engine, model=model, tokenizer=tok, model_path=folder,
@@ -135,11 +144,13 @@ def make_agent(a, worlds, bench):
         name = a.model
     elif a.agent == "oracle":
         agent, name = MessageAgent(bench.oracle if bench and bench.oracle else OracleAgent), "oracle (gold actions)"
-    else:  # the agent's endpoint and key under preflight.endpoint's rule (a key goes to its own host only)
+    # the agent's endpoint and key under preflight.endpoint's rule (a key goes to its own host only)
+    else:
         a.agent_base_url, a.agent_api_key = endpoint(a.agent_base_url or None, a.agent_api_key or None,
                                                      bool(a.allow_insecure_http), "--agent")
         if a.preflight:
-            w = max(worlds.values(), key=lambda w: len(json.dumps(w.tool_schemas())))  # the longest prompt
+            # the longest prompt
+            w = max(worlds.values(), key=lambda w: len(json.dumps(w.tool_schemas())))
             first = [{"role": "system", "content": w.rules}, {"role": "user", "content": "Hello"}]
             try:
                 check_endpoint("agent", a.agent_model, first, a.max_new_tokens, None if bench and bench.agent else
@@ -148,7 +159,8 @@ def make_agent(a, worlds, bench):
                 raise ConfigError(str(e)) from None
         act = openai_act(a.agent_model, a.agent_base_url, a.agent_api_key, a.temperature, a.max_new_tokens)
         agent, name = MessageAgent(lambda task: act), a.agent_model
-    if bench is not None and bench.agent is not None:  # a benchmark speaking its own protocol brings its agent
+    # a benchmark speaking its own protocol brings its agent
+    if bench is not None and bench.agent is not None:
         agent = bench.agent(a.agent, engine=getattr(agent, "engine", None), tokenizer=getattr(agent, "tok", None),
                             model=a.agent_model, base_url=a.agent_base_url, api_key=a.agent_api_key,
                             max_new_tokens=a.max_new_tokens, temperature=a.temperature)

@@ -1,12 +1,13 @@
 """From the command line to a settings dataclass: grouped flags, a --config file, --resume, one-line errors.
 
-Every field of the dataclass (config.Config, or a subclass such as the CPU demo's) is a flag of the same name
-and type, in the --help group its metadata names. Where a value comes from, last wins: the defaults (or a
-`preset` of them), `--config run.json` (JSON or YAML of field: value), the command line. `--resume` starts
-from the run's saved config.json instead of the defaults: a flag given again must match it unless it is one a
-resumed run may change (RESUMABLE, e.g. --steps) or is named in --allow_change. A bad value is one line that
-names the flag and its type (ConfigError), never argparse's page of usage. Secrets (config.SECRETS) are never
-written or printed: `public(cfg)` blanks them. Only the standard library is imported: --help is instant.
+Every field of the dataclass (config.Config, or a subclass such as the CPU demo's) is a flag of the
+same name and type, in the --help group its metadata names. Where a value comes from, last wins: the
+defaults (or a `preset` of them), `--config run.json` (JSON or YAML of field: value), the command
+line. `--resume` starts from the run's saved config.json instead of the defaults: a flag given again
+must match it unless it is one a resumed run may change (RESUMABLE, e.g. --steps) or is named in
+--allow_change. A bad value is one line that names the flag and its type (ConfigError), never
+argparse's page of usage. Secrets (config.SECRETS) are never written or printed: `public(cfg)`
+blanks them. Only the standard library is imported: --help is instant.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ class ConfigError(ValueError):
     """A configuration that cannot work: reported as one line at start, before anything expensive."""
 
 
-# What --resume may change without --allow_change; the rest shapes the training and must match the saved run.
+# What --resume may change without --allow_change; the rest shapes the training and must match the
+# saved run.
 RESUMABLE = {"steps", "resume", "eval", "eval_tasks", "eval_every", "save_every", "threads", "train_threads",
              "logger", "config", "allow_change", "preflight", "user_base_url", "user_api_key", "user_down_s",
              "allow_insecure_http"}
@@ -47,13 +49,15 @@ _bool.__name__ = "true/false"  # what argparse's one line says the flag takes
 def add_flags(p: argparse.ArgumentParser, cls, names=None, defaults: dict | None = None, groups=None,
               shown: dict | None = None) -> None:
     """Declare the fields `names` (all by default) of dataclass `cls` as flags of `p`, in argument groups
-    (`groups`: name -> description, in --help order). `defaults`: a caller's own; else None ("not given").
+    (`groups`: name -> description, in --help order). `defaults`: a caller's own; else None ("not
+    given").
     `shown`: the defaults --help states, where they are not the dataclass's (a preset's, eval.py's)."""
     sections = {g: p.add_argument_group(g, what) for g, what in (groups or {}).items()}
     for f in dataclasses.fields(cls):
         if names is not None and f.name not in names:
             continue
-        # a bool flag alone means true (`--resume`); `--resume false` / `--resume true` say it explicitly
+        # a bool flag alone means true (`--resume`); `--resume false` / `--resume true` say it
+        # explicitly
         kind = dict(type=_bool, nargs="?", const=True, metavar="BOOL") if type(f.default) is bool else \
             dict(type=type(f.default), metavar=type(f.default).__name__.upper())
         where = sections.get(f.metadata.get("group"), p)
@@ -79,7 +83,8 @@ def read_settings(path: str, cls) -> dict:
         data = __import__("yaml").safe_load(text) if path.endswith((".yaml", ".yml")) else json.loads(text)
         bad = next((k for k, v in data.items() if k not in types or not isinstance(v, types[k])
                     and not (types[k] is float and type(v) is int)), None)
-    except (OSError, ValueError, ImportError, AttributeError) as e:  # no file, not JSON / YAML, not a mapping
+    # no file, not JSON / YAML, not a mapping
+    except (OSError, ValueError, ImportError, AttributeError) as e:
         raise ConfigError(f"--config {path}: {e}") from None
     if bad is not None:
         raise ConfigError(f"--config {path}: {bad!r} is not a setting of type {types.get(bad, '?')}: "
@@ -98,14 +103,15 @@ def parse_flags(argv, cls, preset: dict | None = None, groups=None, prog: str | 
     """(settings, the names given on the command line or in --config, resumed from a saved run or not)."""
     p = one_line_errors(argparse.ArgumentParser(prog=prog, description=description, allow_abbrev=False))
     add_flags(p, cls, defaults=None, groups=groups, shown=preset)
-    # Flags default to None, so "not given" can be told from "given the default value": the preset fills
-    # only what the command line (and a --config file under it) left out.
+    # Flags default to None, so "not given" can be told from "given the default value": the preset
+    # fills only what the command line (and a --config file under it) left out.
     given = {k: v for k, v in vars(p.parse_args(sys.argv[1:] if argv is None else argv)).items()
              if v is not None}
     given = {**read_settings(given["config"], cls), **given} if given.get("config") else given
     base = dataclasses.replace(cls(), **(preset or {}))
     saved_file = Path(given.get("out_dir", base.out_dir)) / "config.json"
-    if given.get("resume") and saved_file.is_file():  # --resume: the saved run's settings, not the defaults
+    # --resume: the saved run's settings, not the defaults
+    if given.get("resume") and saved_file.is_file():
         saved = json.loads(saved_file.read_text())
         free = RESUMABLE | set(given.get("allow_change", "").split(","))
         for k, v in given.items():

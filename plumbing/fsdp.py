@@ -1,17 +1,18 @@
 """Data-parallel training with FSDP2 under torchrun: one process per GPU (NCCL), or gloo processes on a CPU (the
-tests run two). Each rank plays its share of a step's tasks; the loss each rank backpropagates is its share of the
-step's token mean, so summing gradients over ranks (not averaging) gives exactly one process's gradient
-(tests/test_muarl.py checks weights after a step against one process, to ~1e-7). Contents: the process group's
-life (dist_setup, barrier, dist_teardown, exit_now); shard (FSDP2 over every decoder layer, then the root);
-load_sharded (built on the meta device, each rank reads only its rows of the safetensors files); full_tensors (the
-unsharded weights, one tensor at a time); even_rows (as many forwards on every rank); a step's numbers over the
-ranks (all_reduce, all_sum, reduce_stats, all_gather_episodes).
+tests run two). Each rank plays its share of a step's tasks; the loss each rank backpropagates is
+its share of the step's token mean, so summing gradients over ranks (not averaging) gives exactly
+one process's gradient (tests/test_muarl.py checks weights after a step against one process, to
+~1e-7). Contents: the process group's life (dist_setup, barrier, dist_teardown, exit_now); shard
+(FSDP2 over every decoder layer, then the root); load_sharded (built on the meta device, each rank
+reads only its rows of the safetensors files); full_tensors (the unsharded weights, one tensor at a
+time); even_rows (as many forwards on every rank); a step's numbers over the ranks (all_reduce,
+all_sum, reduce_stats, all_gather_episodes).
 
-Precision, as every large-model trainer keeps it: the parameters AdamW updates (the "masters") and its moments are
-fp32; the forward and backward compute in bf16. Under FSDP2 `MixedPrecisionPolicy` all-gathers bf16 copies of the
-fp32 shards and reduce-scatters fp32 gradients; on one process muarl.update runs under torch.autocast. bf16 masters
-would not train: an update of lr 1e-6 is below bf16's resolution for a weight of 0.02 (PLATFORM.md: 1.9 % of the
-entries moved in 10 steps).
+Precision, as every large-model trainer keeps it: the parameters AdamW updates (the "masters") and
+its moments are fp32; the forward and backward compute in bf16. Under FSDP2 `MixedPrecisionPolicy`
+all-gathers bf16 copies of the fp32 shards and reduce-scatters fp32 gradients; on one process
+muarl.update runs under torch.autocast. bf16 masters would not train: an update of lr 1e-6 is below
+bf16's resolution for a weight of 0.02 (PLATFORM.md: 1.9 % of the entries moved in 10 steps).
 """
 
 from __future__ import annotations
@@ -31,12 +32,14 @@ from grpo import pack_sequences, token_logprobs
 def dist_setup(offload: bool = False) -> tuple[int, int]:
     """(rank, world_size): (0, 1) for a plain `python muarl.py`; under torchrun, joins the process group (NCCL on
     GPUs, gloo on a CPU) and picks this rank's GPU."""
-    if "WORLD_SIZE" not in os.environ:  # torchrun sets it (even to 1: one rank still trains with FSDP2)
+    # torchrun sets it (even to 1: one rank still trains with FSDP2)
+    if "WORLD_SIZE" not in os.environ:
         return 0, 1
-    # Rank 0 evaluates alone (muarl.run_eval) while the other ranks wait in their next collective; a held-out
-    # evaluation with an LLM user can outlast the default timeout (10 min for NCCL), so allow hours.
-    # --offload on GPUs: CUDA tensors travel by NCCL, CPU ones by gloo (the shards live in host memory, and a
-    # checkpoint's gather or the gradient norm reduces them where they are), as torchtitan does for its CPU offload
+    # Rank 0 evaluates alone (muarl.run_eval) while the other ranks wait in their next collective; a
+    # held-out evaluation with an LLM user can outlast the default timeout (10 min for NCCL), so
+    # allow hours. --offload on GPUs: CUDA tensors travel by NCCL, CPU ones by gloo (the shards live
+    # in host memory, and a checkpoint's gather or the gradient norm reduces them where they are),
+    # as torchtitan does for its CPU offload
     backend = ("cpu:gloo,cuda:nccl" if offload else "nccl") if torch.cuda.is_available() else "gloo"
     dist.init_process_group(backend, timeout=datetime.timedelta(hours=4))
     if torch.cuda.is_available():
@@ -69,8 +72,9 @@ def exit_now(world_size: int) -> None:
 
 def shard(model, activation_checkpointing: bool, bf16: bool, offload: bool = False):
     """FSDP2: shard every decoder layer, then the root. Parameters stay fp32 shards (so AdamW's state is fp32);
-    with bf16, each layer computes in bf16 and gradients are reduced in fp32. With `offload` the shards, their
-    gradients and so AdamW's state live in host memory: a layer is copied to the GPU as it is gathered, its gradient
+    with bf16, each layer computes in bf16 and gradients are reduced in fp32. With `offload` the
+    shards, their gradients and so AdamW's state live in host memory: a layer is copied to the GPU
+    as it is gathered, its gradient
     shard copied back, and AdamW steps on the CPU (slower; what lets 8B train on one GPU, models.plan)."""
     from torch.distributed.fsdp import (CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard,
                                         register_fsdp_forward_method)
@@ -78,16 +82,19 @@ def shard(model, activation_checkpointing: bool, bf16: bool, offload: bool = Fal
     mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16
           else MixedPrecisionPolicy())  # the default: no casts, all fp32
     layers = model.get_decoder().layers
-    if activation_checkpointing:  # sets each layer's flag *and* its checkpoint function (the flag alone crashes)
+    # sets each layer's flag *and* its checkpoint function (the flag alone crashes)
+    if activation_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    # Sum gradients over ranks, not average (see the top), by a plain SUM: gloo lacks premul_sum, FSDP's op for factors
+    # Sum gradients over ranks, not average (see the top), by a plain SUM: gloo lacks premul_sum,
+    # FSDP's op for factors
     for m in [*layers, model]:  # every layer, then the root: it takes the parameters no layer holds
         fully_shard(m, mp_policy=mp, offload_policy=CPUOffloadPolicy(pin_memory=torch.cuda.is_available()) if offload
                     else OffloadPolicy())
         m.set_gradient_divide_factor(1.0)
         m.set_force_sum_reduction_for_comms(True)
-    # token_logprobs runs the decoder body and lm_head, never model.forward, so the root's hooks (gather embeddings,
-    # norm, lm_head before; reduce their gradients after) would not fire: registered as a forward method, they do.
+    # token_logprobs runs the decoder body and lm_head, never model.forward, so the root's hooks
+    # (gather embeddings, norm, lm_head before; reduce their gradients after) would not fire:
+    # registered as a forward method, they do.
     model.token_logprobs = types.MethodType(token_logprobs, model)
     register_fsdp_forward_method(model, "token_logprobs")
     return model
@@ -95,11 +102,13 @@ def shard(model, activation_checkpointing: bool, bf16: bool, offload: bool = Fal
 
 def even_rows(rows: list[dict], world_size: int) -> list[dict]:
     """`rows` padded to the most any rank has. Under FSDP every forward and backward gathers / reduce-scatters the
-    weights with the other ranks, so every rank must run as many rows: one with fewer (or none: all its groups
+    weights with the other ranks, so every rank must run as many rows: one with fewer (or none: all
+    its groups
     aborted) runs empty ones, two tokens with mask 0 (the fewest token_logprobs scores): loss and gradient 0."""
     if world_size == 1:
         return rows
-    empty = pack_sequences([[0, 0]], [[0, 0]], 2, adv=[0.0], sample_logp=[[0.0, 0.0]])[0]  # mask 0: no loss
+    # mask 0: no loss
+    empty = pack_sequences([[0, 0]], [[0, 0]], 2, adv=[0.0], sample_logp=[[0.0, 0.0]])[0]
     n_rows = int(all_reduce([len(rows)], world_size, "max")[0])
     return rows + [empty] * (n_rows - len(rows))
 
@@ -113,7 +122,8 @@ def is_sharded(model) -> bool:
 
 def reshard(model) -> None:
     """Free the gathered weights a sharded model kept after a forward with no backward (the frozen reference):
-    FSDP2 never reshards the root module after its forward (reshard_after_forward is off there), and no backward
+    FSDP2 never reshards the root module after its forward (reshard_after_forward is off there), and
+    no backward
     follows to do it, so the root's whole weights (embeddings, lm_head: 2.3 GiB for 8B) would stay on every GPU."""
     if is_sharded(model):
         model.reshard()
@@ -121,7 +131,8 @@ def reshard(model) -> None:
 
 def bf16_compute(model, bf16: bool):
     """The context a forward runs in: bf16 matmuls over fp32 masters. On one process that is torch.autocast (it casts
-    each weight to bf16 where it is used; gradients reach the fp32 parameters); under FSDP2 the MixedPrecisionPolicy
+    each weight to bf16 where it is used; gradients reach the fp32 parameters); under FSDP2 the
+    MixedPrecisionPolicy
     of shard() already gathers bf16 weights, so nothing more is needed. Backward runs outside it, as autocast wants."""
     import contextlib
 
@@ -142,11 +153,13 @@ def compute_device(model) -> torch.device:
 
 def full_tensors(model, dtype: torch.dtype | None = None, cpu: bool = False):
     """(name, whole tensor) pairs, one at a time, for the rollout engine and for checkpoints. Under FSDP2 each is
-    all-gathered on its own (a collective: every rank must draw every pair, in the same order), so at most one whole
-    parameter is ever on a GPU beside the shards; `cpu` moves it off the GPU before the next one is gathered, `dtype`
+    all-gathered on its own (a collective: every rank must draw every pair, in the same order), so
+    at most one whole parameter is ever on a GPU beside the shards; `cpu` moves it off the GPU
+    before the next one is gathered, `dtype`
     casts it (bf16 for vLLM). Never the whole model gathered on every GPU at once (#24, defect 6)."""
     for name, t in model.state_dict().items():
-        if isinstance(t, DTensor) and t.to_local().device != rank_device():  # --offload: its shard in host memory
+        # --offload: its shard in host memory
+        if isinstance(t, DTensor) and t.to_local().device != rank_device():
             t = moved(t, rank_device())  # gathered on the GPU by NCCL, not over gloo
         t = t.full_tensor() if isinstance(t, DTensor) else t.detach()  # (the whole tensor's shape)
         t = t.to(dtype) if dtype is not None else t
@@ -161,20 +174,23 @@ def moved(t: DTensor, device: torch.device) -> DTensor:
 
 def full_state_dict(model, world_size: int = 1, dtype: torch.dtype | None = None, keep: bool = True) -> dict:
     """The unsharded weights as one dict on the CPU (collective under FSDP2: every rank calls it; only those with
-    `keep`, e.g. rank 0 that writes the checkpoint, hold the result): what a checkpoint or save_pretrained writes. On
+    `keep`, e.g. rank 0 that writes the checkpoint, hold the result): what a checkpoint or
+    save_pretrained writes. On
     one process the dict holds the model's own tensors (no copy)."""
     return {n: t for n, t in full_tensors(model, dtype, cpu=is_sharded(model) and keep) if keep}
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Loading without a whole copy anywhere: the model is built on the meta device (shapes, no memory), sharded, given
-# empty storage on the device, and each rank copies in only its own rows, read from the safetensors files.
+# Loading without a whole copy anywhere: the model is built on the meta device (shapes, no memory),
+# sharded, given empty storage on the device, and each rank copies in only its own rows, read from
+# the safetensors files.
 
 
 def load_sharded(path: str, dtype: torch.dtype, activation_checkpointing: bool = False, bf16: bool = False,
                  offload: bool = False, frozen: bool = False):
     """A Hugging Face model folder loaded straight into FSDP2 shards: rank r of W reads rows [r*c, r*c + n_r) of each
-    tensor (c = ceil(rows / W), FSDP2's dim-0 chunks), cast to `dtype` (fp32 masters; the reference may stay bf16).
+    tensor (c = ceil(rows / W), FSDP2's dim-0 chunks), cast to `dtype` (fp32 masters; the reference
+    may stay bf16).
     Peak memory per rank: its shards plus one tensor's slice (tests/test_gpu_path.py measures it on 4 ranks)."""
     import json
     from pathlib import Path
@@ -184,13 +200,16 @@ def load_sharded(path: str, dtype: torch.dtype, activation_checkpointing: bool =
 
     folder, device = Path(path), rank_device()
     config = AutoConfig.from_pretrained(folder)
-    with torch.device("meta"):  # parameters with shapes and no storage: nothing is read or allocated yet
+    # parameters with shapes and no storage: nothing is read or allocated yet
+    with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     if frozen:
         model.eval().requires_grad_(False)
     model = shard(model, activation_checkpointing, bf16, offload)
-    model.to_empty(device="cpu" if offload else device)  # each rank's shards get storage; the whole never exists
-    index = folder / "model.safetensors.index.json"  # big models: tensor name -> file; small ones: one file
+    # each rank's shards get storage; the whole never exists
+    model.to_empty(device="cpu" if offload else device)
+    # big models: tensor name -> file; small ones: one file
+    index = folder / "model.safetensors.index.json"
     where = json.loads(index.read_text())["weight_map"] if index.exists() else None
     handles = {}
     with torch.no_grad():
@@ -199,8 +218,10 @@ def load_sharded(path: str, dtype: torch.dtype, activation_checkpointing: bool =
             f = handles.setdefault(file, safe_open(file, framework="pt", device="cpu"))
             local = p.to_local() if isinstance(p, DTensor) else p  # (n_r, ...): this rank's rows
             start = min(dist.get_rank() * -(-p.shape[0] // dist.get_world_size()), p.shape[0])
-            local.copy_(f.get_slice(name)[start : start + local.shape[0]])  # reads these rows only; casts, moves
-    body = model.get_decoder()  # non-persistent buffers (RoPE's inverse frequencies) are not in the files: rebuild
+            # reads these rows only; casts, moves
+            local.copy_(f.get_slice(name)[start : start + local.shape[0]])
+    # non-persistent buffers (RoPE's inverse frequencies) are not in the files: rebuild
+    body = model.get_decoder()
     body.rotary_emb = type(body.rotary_emb)(config=config).to(device)
     return model
 
@@ -209,7 +230,8 @@ def all_reduce(values: list[float], world_size: int, op: str = "sum") -> list[fl
     """Sum (or "min" / "max") each value over the ranks; the values themselves on one process."""
     if world_size == 1:
         return list(values)
-    t = torch.tensor(values, dtype=torch.float64, device=rank_device())  # NCCL reduces CUDA tensors only
+    # NCCL reduces CUDA tensors only
+    t = torch.tensor(values, dtype=torch.float64, device=rank_device())
     dist.all_reduce(t, op={"sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}[op])
     return t.tolist()
 
@@ -220,7 +242,8 @@ def all_sum(x: float, world_size: int) -> float:
 
 def reduce_stats(stats: list[dict], world_size: int) -> dict:
     """A GRPO step's statistics from every rank's packed rows (grpo_loss's, plus "loss" and "logp_gap", a sum over
-    the row's trained tokens): loss summed (each row's is its share of the step's mean), clip_frac / kl / entropy /
+    the row's trained tokens): loss summed (each row's is its share of the step's mean), clip_frac /
+    kl / entropy /
     logp_gap as means weighted by trained tokens, ratio_min / ratio_max the extremes over rows that trained any."""
     keys = ("clip_frac", "kl", "entropy")
     sums = [sum(s["loss"] for s in stats), sum(s["logp_gap"] for s in stats), sum(s["tokens"] for s in stats)]
@@ -244,7 +267,8 @@ def all_gather_episodes(records: list[dict], world_size: int) -> list[dict]:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Demo: torchrun --nproc_per_node 2 fsdp.py — two gloo processes on a CPU shard a tiny model and gather it back
+# Demo: torchrun --nproc_per_node 2 fsdp.py — two gloo processes on a CPU shard a tiny model and
+# gather it back
 
 if __name__ == "__main__":
     from transformers import Qwen3Config, Qwen3ForCausalLM

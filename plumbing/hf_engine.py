@@ -1,10 +1,12 @@
 """HFEngine: batched sampling with a transformers model, keeping each conversation's keys/values across turns.
 
-engine.py states the contract and holds ReferenceEngine, the same loop one prompt at a time: read it first. Here
-it is made fast, and stays exact: greedy outputs equal a full re-prefill (tests/test_engine.py).
+engine.py states the contract and holds ReferenceEngine, the same loop one prompt at a time: read it
+first. Here it is made fast, and stays exact: greedy outputs equal a full re-prefill
+(tests/test_engine.py).
 
-Symbols: B = prompts in a batch, c_i = tokens of prompt i whose keys/values are reused (stored or shared), C = max
-c_i, r_i = the rest of prompt i (run in this call), R = max r_i, H = key/value heads, D = head size, V = vocab.
+Symbols: B = prompts in a batch, c_i = tokens of prompt i whose keys/values are reused (stored or
+shared), C = max c_i, r_i = the rest of prompt i (run in this call), R = max r_i, H = key/value
+heads, D = head size, V = vocab.
 """
 
 from __future__ import annotations
@@ -38,60 +40,74 @@ GQA_SDPA = "muarl_sdpa_gqa"
 
 def sdpa_gqa_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
     """transformers' "sdpa" attention minus a copy. With grouped-query attention (Hq query heads share Hkv key/value
-    heads, G = Hq / Hkv) and a mask, transformers copies each key/value head G times (repeat_kv: on CUDA, SDPA's
-    fast kernels take no mask with enable_gqa); on a CPU torch's SDPA takes both. In a decode step the G query heads
+    heads, G = Hq / Hkv) and a mask, transformers copies each key/value head G times (repeat_kv: on
+    CUDA, SDPA's fast kernels take no mask with enable_gqa); on a CPU torch's SDPA takes both. In a
+    decode step the G query heads
     of a key/value head become G queries of one head: each key/value is read once (equal up to rounding, ~1e-7)."""
     B, Hq, q, D = query.shape  # key, value: (B, Hkv, k, D)
     Hkv = key.shape[1]
-    if q == 1 and Hq != Hkv:  # decode: fold the groups into the query axis; the mask (B, 1, 1, k) broadcasts
+    # decode: fold the groups into the query axis; the mask (B, 1, 1, k) broadcasts
+    if q == 1 and Hq != Hkv:
         out = F.scaled_dot_product_attention(query.view(B, Hkv, Hq // Hkv, D), key, value,
-                                             attn_mask=attention_mask, scale=scaling)  # (B, Hkv, G, D)
+                                             # (B, Hkv, G, D)
+                                             attn_mask=attention_mask, scale=scaling)
         return out.reshape(B, 1, Hq, D), None  # query head h = kv head h // G, as in repeat_kv
-    out = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, scale=scaling,  # (B, Hq, q, D)
-                                         is_causal=attention_mask is None and q > 1,  # no mask: unpadded prefill
+    # (B, Hq, q, D)
+    out = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, scale=scaling,
+                                         # no mask: unpadded prefill
+                                         is_causal=attention_mask is None and q > 1,
                                          enable_gqa=Hq != Hkv)
     return out.transpose(1, 2).contiguous(), None  # (B, q, Hq, D), no attention weights
 
 
 class HFEngine:
     """Why not `model.generate`? We need each token's log-prob under the exact distribution it was drawn from, finished
-    rows to stop costing compute, and the next turn to start from this turn's keys/values. A short loop does all
-    three. Its phases, and what each device buys on a CPU (demo model size, 1 thread; bench/bench_rollout.py):
+    rows to stop costing compute, and the next turn to start from this turn's keys/values. A short
+    loop does all three. Its phases, and what each device buys on a CPU (demo model size, 1 thread;
+    bench/bench_rollout.py):
 
       lookup    each prompt's longest prefix in the store (KVStore: what earlier calls computed). On the synthetic
                 workload, 200,314 of 228,946 prompt tokens came from the store instead of a prefill
       prefix    if several rows lack it, the prefix all prompts share (the system prompt) is computed once
       prefill   the rest of each prompt, right-aligned:  [ pad (C - c_i) | cached c_i ][ pad (R - r_i) | rest r_i ]
-                attention_mask marks real columns and position_ids count real tokens only, so a padded row
-                computes exactly what it would alone. Rows of similar rest length run as one forward (on slices of
-                the same buffers): a short user message is not padded to a long tool result
+                attention_mask marks real columns and position_ids count real tokens only, so a
+                padded row computes exactly what it would alone. Rows of similar rest length run as
+                one forward (on slices of the same buffers): a short user message is not padded to a
+                long tool result
       decode    one token per row per step, all rows in one forward: ~1.5 ms for one row (mostly transformers'
-                fixed work per forward) + ~0.2 ms per extra row; the cache grows in place (BufferLayer). On a CPU,
-                sdpa_gqa_attention: ~30 % faster attention (the repeat_kv copy it avoids was a third of a step). A
-                ready-made padding mask, all-padding columns hidden: within noise (3.87x with them, 3.85x before)
+                fixed work per forward) + ~0.2 ms per extra row; the cache grows in place
+                (BufferLayer). On a CPU, sdpa_gqa_attention: ~30 % faster attention (the repeat_kv
+                copy it avoids was a third of a step). A ready-made padding mask, all-padding
+                columns hidden: within noise (3.87x with them, 3.85x before)
       finish    a row that sampled a stop token (kept, with its log-prob) or used its budget stores its real
-                keys/values and leaves the batch at once (the last unfinished row moves into its slot)
+                keys/values and leaves the batch at once (the last unfinished row moves into its
+                slot)
 
-    Altogether, 32 episodes advanced together run 6.13x the episodes per second of one at a time on the shop world,
-    3.87x on the synthetic one (~1,000-token contexts make each row dearer). Not measured alone: the shared prefix,
-    the prefill groups, rows leaving the batch, BufferLayer.
+    Altogether, 32 episodes advanced together run 6.13x the episodes per second of one at a time on
+    the shop world, 3.87x on the synthetic one (~1,000-token contexts make each row dearer). Not
+    measured alone: the shared prefix, the prefill groups, rows leaving the batch, BufferLayer.
 
-    The store is valid only for the weights that filled it: it is emptied when `weights_version` changes, on `sleep()`
-    (after each rollout, freeing memory for the update) and `reset_cache()`; `cache_gib` bounds it (0: no reuse). With
-    the trainer's own `model`, `update_weights` copies nothing (it checks); give it a copy to mimic a separate engine.
+    The store is valid only for the weights that filled it: it is emptied when `weights_version`
+    changes, on `sleep()` (after each rollout, freeing memory for the update) and `reset_cache()`;
+    `cache_gib` bounds it (0: no reuse). With the trainer's own `model`, `update_weights` copies
+    nothing (it checks); give it a copy to mimic a separate engine.
     """
 
     def __init__(self, model, tokenizer=None, stop_token_ids: list[int] | None = None, min_shared_prefix: int = 16,
                  cache_gib: float = 2.0):
-        AttentionInterface.register(GQA_SDPA, sdpa_gqa_attention)  # for generate(); here, not on import (idempotent)
+        # for generate(); here, not on import (idempotent)
+        AttentionInterface.register(GQA_SDPA, sdpa_gqa_attention)
         AttentionMaskInterface.register(GQA_SDPA, sdpa_mask)  # the same boolean masks as "sdpa"
         self.model = model
-        self.min_shared_prefix = min_shared_prefix  # shorter common prefixes are not worth a separate forward
+        # shorter common prefixes are not worth a separate forward
+        self.min_shared_prefix = min_shared_prefix
         self.stop_token_ids = stop_token_ids if stop_token_ids is not None else default_stop_ids(tokenizer, model)
-        self.pad_id = getattr(tokenizer, "pad_token_id", None) or 0  # any id works: padded positions are masked out
+        # any id works: padded positions are masked out
+        self.pad_id = getattr(tokenizer, "pad_token_id", None) or 0
         self.store = KVStore(int(cache_gib * 2**30))
         self._version = None  # weights_version(model) when the store was filled
-        self.stats = Counter()  # tokens and seconds, per phase, summed over calls (bench/bench_rollout.py prints them)
+        # tokens and seconds, per phase, summed over calls (bench/bench_rollout.py prints them)
+        self.stats = Counter()
 
     def reset_cache(self) -> None:
         """Forget every stored key/value (call after changing the weights in a way torch does not version)."""
@@ -102,25 +118,31 @@ class HFEngine:
         if any(len(p) == 0 for p in prompts):
             raise ValueError("HFEngine.generate: every prompt needs at least one token")
         stop = set(self.stop_token_ids if stop_token_ids is None else stop_token_ids)
-        # One generator per prompt (sampling.prompt_seeds): draws independent of batch and cache, as in ReferenceEngine
+        # One generator per prompt (sampling.prompt_seeds): draws independent of batch and cache, as
+        # in ReferenceEngine
         gens = [torch.Generator().manual_seed(s) for s in prompt_seeds(seed, len(prompts))]
         version = weights_version(self.model)
-        if version != self._version:  # new weights: what the store holds was computed with the old ones
+        # new weights: what the store holds was computed with the old ones
+        if version != self._version:
             self.store.clear()
             self._version = version
         was_training = self.model.training
-        self.model.eval()  # no dropout while sampling; restored after, since the trainer may share this model
+        # no dropout while sampling; restored after, since the trainer may share this model
+        self.model.eval()
         gqa = self.model.device.type == "cpu" and self.model.config._attn_implementation == "sdpa"
         if gqa:
             self.model.set_attn_implementation(GQA_SDPA)  # see sdpa_gqa_attention; restored below
-        try:  # our attention function takes the decode mask ready-made (4D); other implementations get a 2D one
+        # our attention function takes the decode mask ready-made (4D); other implementations get a
+        # 2D one
+        try:
             return self._sample(prompts, max_new_tokens, temperature, top_p, stop, gens, mask_4d=gqa)
         finally:
             if gqa:
                 self.model.set_attn_implementation("sdpa")
             self.model.train(was_training)
 
-    # -- the phases of one call, in order ------------------------------------------------------------------------
+    # -- the phases of one call, in order
+    # ------------------------------------------------------------------------
 
     def _lookup(self, tokens: list[int]) -> tuple[CachedSeq | None, int]:
         seq, m = self.store.longest_prefix(np.asarray(tokens, dtype=np.int64))
@@ -134,7 +156,8 @@ class HFEngine:
         if P < self.min_shared_prefix or len(short) < 2:
             return hits
         prefix = prompts[0][:P]
-        hit = self._lookup(prefix)  # the prefix itself may be partly stored (the system prompt, from an earlier call)
+        # the prefix itself may be partly stored (the system prompt, from an earlier call)
+        hit = self._lookup(prefix)
         cache, mask, _ = self._prefill([prefix], [hit], reserve=0)
         seq = self._cut(cache, mask, 0, prefix)
         self.store.put(seq, parent=hit[0])
@@ -158,43 +181,56 @@ class HFEngine:
         groups = groups or [(0, B)]
         t0 = time.perf_counter()
         c = torch.tensor([m for _, m in hits], device=dev)  # (B,) cached tokens per row
-        r = [len(p) - m for p, (_, m) in zip(prompts, hits)]  # rest per row, >= 1: every row runs a token
+        # rest per row, >= 1: every row runs a token
+        r = [len(p) - m for p, (_, m) in zip(prompts, hits)]
         C, R = int(c.max()), max(r)
         H, D, dtype = self._kv_shape()
-        # One buffer per layer for the whole call: [cached C | rest R | decode budget]. Padding columns are masked
-        # out but must hold zeros, not garbage: a masked weight is 0, and 0 * NaN would still be NaN.
+        # One buffer per layer for the whole call: [cached C | rest R | decode budget]. Padding
+        # columns are masked out but must hold zeros, not garbage: a masked weight is 0, and 0 * NaN
+        # would still be NaN.
         bufs = []
         for li in range(self.model.config.num_hidden_layers):
             k, v = (torch.empty(B, H, C + R + reserve, D, dtype=dtype, device=dev) for _ in range(2))  # (B, H, *, D)
-            k[:, :, C : C + R], v[:, :, C : C + R] = 0, 0  # rests and the gaps before them (forwards fill the rests)
-            for i, (s, m) in enumerate(hits):  # right-aligned: row i's cached tokens end at column C
+            # rests and the gaps before them (forwards fill the rests)
+            k[:, :, C : C + R], v[:, :, C : C + R] = 0, 0
+            # right-aligned: row i's cached tokens end at column C
+            for i, (s, m) in enumerate(hits):
                 k[i, :, : C - m], v[i, :, : C - m] = 0, 0
                 if m:
                     k[i, :, C - m : C], v[i, :, C - m : C] = s.keys[li][:, :m], s.values[li][:, :m]
             bufs.append((k, v))
-        cached = (torch.arange(C, device=dev) >= C - c[:, None]).long()  # (B, C) 1 = a reused column
+        # (B, C) 1 = a reused column
+        cached = (torch.arange(C, device=dev) >= C - c[:, None]).long()
         t1 = time.perf_counter()
         masks, logits = [], []
         for a, b in groups:
-            # rows a..b-1 run together on their slice of the buffers (a view: what they write lands in place).
-            # Their rest is right-aligned at column C + R, so after all groups every row ends at the same column.
+            # rows a..b-1 run together on their slice of the buffers (a view: what they write lands
+            # in place). Their rest is right-aligned at column C + R, so after all groups every row
+            # ends at the same column.
             Rg = max(r[a:b])
             ids = torch.full((b - a, Rg), self.pad_id, dtype=torch.long, device=dev)  # (b, Rg)
-            own = torch.zeros((b - a, Rg), dtype=torch.long, device=dev)  # (b, Rg) 1 = a real token of the rest
+            # (b, Rg) 1 = a real token of the rest
+            own = torch.zeros((b - a, Rg), dtype=torch.long, device=dev)
             for j, (p, (_, m)) in enumerate(zip(prompts[a:b], hits[a:b])):
                 ids[j, Rg - (len(p) - m) :] = torch.tensor(p[m:], dtype=torch.long)
                 own[j, Rg - (len(p) - m) :] = 1
             gap = own.new_zeros(b - a, R - Rg)  # (b, R - Rg) columns no row of this group uses
-            mask = torch.cat([cached[a:b], gap, own], dim=1)  # (b, C + R) 1 = a token this row attends to
-            pos = c[a:b, None] + (own.cumsum(-1) - 1).clamp(min=0)  # (b, Rg) each token's position in its prompt
-            S = C - int(c[a:b].max())  # columns 0 .. S - 1 are padding for every row here: the model sees S on
+            # (b, C + R) 1 = a token this row attends to
+            mask = torch.cat([cached[a:b], gap, own], dim=1)
+            # (b, Rg) each token's position in its prompt
+            pos = c[a:b, None] + (own.cumsum(-1) - 1).clamp(min=0)
+            # columns 0 .. S - 1 are padding for every row here: the model sees S on
+            S = C - int(c[a:b].max())
             view = self._new_cache([(k[a:b], v[a:b]) for k, v in bufs], C + R - Rg, S)
             logits.append(self.model(input_ids=ids, attention_mask=mask[:, S:], position_ids=pos, use_cache=True,
-                                     past_key_values=view, logits_to_keep=1).logits[:, -1])  # (b, V): last only
+                                     # (b, V): last only
+                                     past_key_values=view, logits_to_keep=1).logits[:, -1])
             masks.append(mask)
-            self.stats.update(prefill_tokens=int(own.sum()), prefill_padded=own.numel())  # Counter.update adds
+            # Counter.update adds
+            self.stats.update(prefill_tokens=int(own.sum()), prefill_padded=own.numel())
         self.stats.update(store_s=t1 - t0, prefill_s=time.perf_counter() - t1)
-        return self._new_cache(bufs, C + R), torch.cat(masks), torch.cat(logits)  # (B, C + R), (B, V)
+        # (B, C + R), (B, V)
+        return self._new_cache(bufs, C + R), torch.cat(masks), torch.cat(logits)
 
     @staticmethod
     def _layout(cache, attends: torch.Tensor, n: int) -> tuple[int, bool]:
@@ -208,10 +244,13 @@ class HFEngine:
         """Row j's keys/values, real columns only (a copy: the batch's buffers are freed after the call)."""
         cols = mask[j].nonzero()[:, 0]  # (n,) the columns row j attends to, in order
         assert len(cols) == len(tokens), "every real column is one token of the row's sequence"
-        # They form a few contiguous spans (cached | rest | sampled): copy span by span, ~5x faster than indexing
-        cut = (torch.nonzero(cols[1:] - cols[:-1] != 1)[:, 0] + 1).tolist()  # where a new span starts
+        # They form a few contiguous spans (cached | rest | sampled): copy span by span, ~5x faster
+        # than indexing
+        # where a new span starts
+        cut = (torch.nonzero(cols[1:] - cols[:-1] != 1)[:, 0] + 1).tolist()
         spans = [(int(cols[a]), int(cols[b - 1]) + 1) for a, b in zip([0] + cut, cut + [len(cols)])]
-        kv = [layer.copy_row(j, spans) for layer in cache.layers]  # per layer: keys, values (H, n, D) each
+        # per layer: keys, values (H, n, D) each
+        kv = [layer.copy_row(j, spans) for layer in cache.layers]
         return CachedSeq(np.asarray(tokens, dtype=np.int64), [k for k, _ in kv], [v for _, v in kv])
 
     def _keep(self, cache, mask, js, rows, prompts, samples, hits) -> None:
@@ -230,23 +269,28 @@ class HFEngine:
         if not prompts or max_new_tokens <= 0:
             return samples
         uniforms = torch.stack([torch.rand(max_new_tokens, dtype=torch.float64, generator=g) for g in gens])  # (B, N)
-        uniforms = uniforms.to(self.model.device)  # uniforms[i, t]: prompt i's draw for its t-th token
+        # uniforms[i, t]: prompt i's draw for its t-th token
+        uniforms = uniforms.to(self.model.device)
         t0 = time.perf_counter()
         # 1. what earlier calls computed, then 2. the prefix shared within this call
         hits = [self._lookup(p) for p in prompts]  # (CachedSeq | None, cached tokens) per prompt
         self.stats["store_s"] += time.perf_counter() - t0
         self.stats.update(reused_tokens=sum(m for _, m in hits), prompt_tokens=sum(map(len, prompts)))  # adds
         hits = self._share_prefix(prompts, hits)
-        # 3. prefill, rows ordered by rest length, longest first; rests within a factor sqrt(2) (or all under ~45
-        # tokens) run as one group: <= ~1.4x padding, for a few more forwards (each costs about 30-50 tokens here)
+        # 3. prefill, rows ordered by rest length, longest first; rests within a factor sqrt(2) (or
+        # all under ~45 tokens) run as one group: <= ~1.4x padding, for a few more forwards (each
+        # costs about 30-50 tokens here)
         rest = [len(p) - m for p, (_, m) in zip(prompts, hits)]
-        rows = sorted(range(len(prompts)), key=lambda i: -rest[i])  # rows[j] = the prompt batch row j samples for
-        size = [int(2 * math.log2(max(rest[i], 32))) for i in rows]  # rests within a factor sqrt(2) share a size
+        # rows[j] = the prompt batch row j samples for
+        rows = sorted(range(len(prompts)), key=lambda i: -rest[i])
+        # rests within a factor sqrt(2) share a size
+        size = [int(2 * math.log2(max(rest[i], 32))) for i in rows]
         groups = [(j, j + size.count(z)) for j, z in enumerate(size) if j == 0 or size[j - 1] != z]
         cache, mask, logits = self._prefill([prompts[i] for i in rows], [hits[i] for i in rows], max_new_tokens, groups)
         next_pos = mask.sum(-1)  # (B,) position of the token about to be sampled
-        # Decode masks with room for the budget (a step marks one more column). attends: 1 = a real column (what _cut
-        # keeps); bias = log(mask), 0 / -inf, what SDPA adds to the scores: a view of it, not a mask rebuilt per layer.
+        # Decode masks with room for the budget (a step marks one more column). attends: 1 = a real
+        # column (what _cut keeps); bias = log(mask), 0 / -inf, what SDPA adds to the scores: a view
+        # of it, not a mask rebuilt per layer.
         n = mask.shape[1]
         attends = F.pad(mask.bool(), (0, max_new_tokens))  # (B, capacity)
         bias = F.pad(mask.to(self._kv_shape()[2]).log(), (0, max_new_tokens))  # (B, capacity)
@@ -264,16 +308,22 @@ class HFEngine:
                 if t in stop:
                     s.finish_reason = "stop"
                     done.append(j)
-            self._keep(cache, attends[:, :n], done, rows, prompts, samples, hits)  # finished rows, while valid
+            # finished rows, while valid
+            self._keep(cache, attends[:, :n], done, rows, prompts, samples, hits)
             if len(done) == len(rows) or step == max_new_tokens - 1:
-                break  # all finished; or the budget is used and finish_reason stays "length" for rows still going
+                # all finished; or the budget is used and finish_reason stays "length" for rows
+                # still going
+                break
             if done:
-                # Finished rows leave now: the last rows still sampling move into their slots (BufferLayer.move_rows:
-                # one row's copy each, not the whole cache) and every tensor with a batch dimension follows.
+                # Finished rows leave now: the last rows still sampling move into their slots
+                # (BufferLayer.move_rows: one row's copy each, not the whole cache) and every tensor
+                # with a batch dimension follows.
                 b, finished = len(rows) - len(done), set(done)
                 holes = [j for j in done if j < b]  # finished rows among the first b
-                movers = [j for j in range(b, len(rows)) if j not in finished]  # rows still sampling beyond them
-                keep = [dict(zip(holes, movers)).get(j, j) for j in range(b)]  # keep[new row] = old row
+                # rows still sampling beyond them
+                movers = [j for j in range(b, len(rows)) if j not in finished]
+                # keep[new row] = old row
+                keep = [dict(zip(holes, movers)).get(j, j) for j in range(b)]
                 for layer in cache.layers:
                     layer.move_rows(holes, movers, b)
                 tok, next_pos, attends, bias = tok[keep], next_pos[keep], attends[keep], bias[keep]
@@ -281,7 +331,8 @@ class HFEngine:
                 start, padded = self._layout(cache, attends, n)
             attends[:, n] = True  # the column the token fed now writes (bias is already 0 there)
             n += 1
-            # 4D (b, 1, 1, n - start) for our attention; 2D (b, n - start): transformers builds what its attention needs
+            # 4D (b, 1, 1, n - start) for our attention; 2D (b, n - start): transformers builds what
+            # its attention needs
             mask = (bias[:, None, None, start:n] if mask_4d else attends[:, start:n]) if padded else None
             logits = self.model(input_ids=tok[:, None], attention_mask=mask, position_ids=next_pos[:, None],
                                 past_key_values=cache, use_cache=True).logits[:, -1]  # (b, V)
@@ -304,7 +355,8 @@ class HFEngine:
                 params[name].copy_(t)  # casts dtype / moves device as needed
                 self.reset_cache()  # (weights_version would notice too: copy_ bumps the version)
 
-    sleep = reset_cache  # the trainer calls it after a rollout: the weights change next, the update needs the memory
+    # the trainer calls it after a rollout: the weights change next, the update needs the memory
+    sleep = reset_cache
 
     def wake_up(self) -> None:  # same surface as VLLMEngine; nothing to restore
         pass
@@ -320,10 +372,12 @@ if __name__ == "__main__":
 
     model, tok = build_tiny(tempfile.mkdtemp(prefix="muarl-tiny-"))
     hf = HFEngine(model, tok)
-    turn = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"  # a user turn in Qwen's chat markup
+    # a user turn in Qwen's chat markup
+    turn = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
     prompts = [tok.encode(turn.format(text)) for text in ("Cancel order #W1234567, please.", "Hello")]
     first = hf.generate(prompts, max_new_tokens=12, temperature=1.0, seed=0)
-    # A second turn, as rollout.py makes it: prompt + what was sampled + a delta; only the delta runs.
+    # A second turn, as rollout.py makes it: prompt + what was sampled + a delta; only the delta
+    # runs.
     delta = tok.encode("<|im_end|>\n<|im_start|>user\nYes, go ahead.<|im_end|>\n<|im_start|>assistant\n")
     hf.stats.clear()  # count turn 2 only
     hf.generate([p + s.token_ids + delta for p, s in zip(prompts, first)], max_new_tokens=12, seed=1)

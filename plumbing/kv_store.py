@@ -32,15 +32,17 @@ class CachedSeq:
     values: list[torch.Tensor]  # values[l]: likewise
 
     def __post_init__(self):
-        self.key = self.tokens.tobytes()  # the store's dict key: equal token sequences are one entry
+        # the store's dict key: equal token sequences are one entry
+        self.key = self.tokens.tobytes()
         self.nbytes = sum(t.numel() * t.element_size() for t in self.keys + self.values)
 
 
 class KVStore:
     """After each call: every row's prompt + sampled tokens but the last (sampled, never fed: no keys/values). The
-    episode's next prompt is that + the last sampled token + a delta, so the next call prefills only the delta. An
-    entry's first m tokens serve any prompt starting with them (causal attention: G episodes of a task share a first
-    prompt, a domain's episodes the system prompt). Beyond `max_bytes` the least recently used go; an entry a newer
+    episode's next prompt is that + the last sampled token + a delta, so the next call prefills only
+    the delta. An entry's first m tokens serve any prompt starting with them (causal attention: G
+    episodes of a task share a first prompt, a domain's episodes the system prompt). Beyond
+    `max_bytes` the least recently used go; an entry a newer
     one extends goes at once: a conversation holds one entry, not one a turn."""
 
     def __init__(self, max_bytes: int):
@@ -51,7 +53,8 @@ class KVStore:
     def longest_prefix(self, tokens: np.ndarray) -> tuple[CachedSeq | None, int]:
         """(entry, m): the entry sharing the longest prefix with `tokens`, and that length (0: none)."""
         best, best_m = None, 0
-        for seq in self.seqs.values():  # tens of entries (one per live conversation): a scan is cheap enough
+        # tens of entries (one per live conversation): a scan is cheap enough
+        for seq in self.seqs.values():
             n = min(len(tokens), len(seq.tokens))
             diff = np.flatnonzero(tokens[:n] != seq.tokens[:n])  # positions where they differ
             m = int(diff[0]) if diff.size else n
@@ -70,7 +73,8 @@ class KVStore:
         else:
             self.seqs[seq.key] = seq
             self.nbytes += seq.nbytes
-        p = parent  # dropped if seq extends it (a p longer than seq fails array_equal: the shapes differ)
+        # dropped if seq extends it (a p longer than seq fails array_equal: the shapes differ)
+        p = parent
         if p is not None and p.key != seq.key and np.array_equal(seq.tokens[: len(p.tokens)], p.tokens):
             self.discard(p)
         while self.nbytes > self.max_bytes:
@@ -87,7 +91,8 @@ class KVStore:
 
 class BufferLayer(DynamicLayer):
     """One layer's keys/values in a buffer for the cached tokens, prompt rests and decode budget. DynamicLayer's
-    torch.cat copies the whole cache every step (a third of a CPU decode step here); here each forward writes its
+    torch.cat copies the whole cache every step (a third of a CPU decode step here); here each
+    forward writes its
     columns in place and the filled part is exposed as a view, an ordinary DynamicLayer to transformers."""
 
     def __init__(self, k_buf: torch.Tensor, v_buf: torch.Tensor, n: int, start: int = 0):
@@ -104,7 +109,8 @@ class BufferLayer(DynamicLayer):
 
     def update(self, key_states, value_states, *args, **kwargs):
         n, k = self.end, key_states.shape[-2]
-        self._k[:, :, n : n + k] = key_states  # a full buffer is a shape error here, never a silent copy
+        # a full buffer is a shape error here, never a silent copy
+        self._k[:, :, n : n + k] = key_states
         self._v[:, :, n : n + k] = value_states
         self.end = n + k
         self.skip_padding(self.start)  # the views, over the grown columns
@@ -113,7 +119,8 @@ class BufferLayer(DynamicLayer):
     def move_rows(self, holes: list[int], movers: list[int], b: int) -> None:
         """Rows leave the batch: row movers[i] is copied into the slot holes[i] (its filled columns only), then the
         batch is cut to its first b rows, a view. One row's copy per departure, not a copy of the whole cache."""
-        self._k[holes, :, : self.end] = self._k[movers, :, : self.end]  # holes < b <= movers: no overlap
+        # holes < b <= movers: no overlap
+        self._k[holes, :, : self.end] = self._k[movers, :, : self.end]
         self._v[holes, :, : self.end] = self._v[movers, :, : self.end]
         self._k, self._v = self._k[:b], self._v[:b]  # (b, H, capacity, D)
         self.skip_padding(self.start)

@@ -4,9 +4,10 @@
     python muarl.py --model Qwen/Qwen3-8B --plan 8     # this run's flags, on 8 GPUs, then exit
 
 
-A GRPO step has two phases that share each GPU: the rollout (vLLM awake; the trainer's weights and AdamW moments
-resident) and the update (vLLM asleep, level 1: its weights copied to host memory, its KV cache freed; gradients,
-activations and the bf16 compute copies of the weights come and go). The plan is the larger of the two, per GPU:
+A GRPO step has two phases that share each GPU: the rollout (vLLM awake; the trainer's weights and
+AdamW moments resident) and the update (vLLM asleep, level 1: its weights copied to host memory, its
+KV cache freed; gradients, activations and the bf16 compute copies of the weights come and go). The
+plan is the larger of the two, per GPU:
 
     masters   4 P / W      fp32 weights, sharded over W GPUs by FSDP2 (one process: W = 1, nothing sharded)
     grads     4 P / W      fp32, reduce-scattered
@@ -20,16 +21,18 @@ activations and the bf16 compute copies of the weights come and go). The plan is
     reference the frozen KL policy in bf16, sharded like the masters (none at kl_coef 0)
     vllm      its bf16 weights / tensor-parallel size, and the KV cache it reserves (its share of the GPU minus them)
 
-Symbols: P parameters, W GPUs (world size), T tokens per packed row (--micro_batch_tokens), L layers, D hidden,
-I intermediate, H / K attention / key-value heads of hd dims, V vocabulary.
+Symbols: P parameters, W GPUs (world size), T tokens per packed row (--micro_batch_tokens), L
+layers, D hidden, I intermediate, H / K attention / key-value heads of hd dims, V vocabulary.
 
-Bytes saved for the backward per token and layer were counted on a CPU (saved-tensor hooks, Qwen3, transformers
-5.19, sdpa): fp32 24D + 16I + 16(H + K)hd + 8H + 4K + 8; bf16 under autocast 26D + 8I + 10(H + K)hd + 8H + 4K + 8
-(RMSNorm keeps fp32 copies). tests/test_gpu_path.py checks the plan against measured peaks (CPU: tiny and 100M
-models, 1 and 4 ranks) to 15 %. On a GPU: flash attention saves what sdpa does here; CUDA's context, NCCL buffers
-and fragmentation are not counted: keep ~10 % free.
+Bytes saved for the backward per token and layer were counted on a CPU (saved-tensor hooks, Qwen3,
+transformers 5.19, sdpa): fp32 24D + 16I + 16(H + K)hd + 8H + 4K + 8; bf16 under autocast 26D + 8I +
+10(H + K)hd + 8H + 4K + 8 (RMSNorm keeps fp32 copies). tests/test_gpu_path.py checks the plan
+against measured peaks (CPU: tiny and 100M models, 1 and 4 ranks) to 15 %. On a GPU: flash attention
+saves what sdpa does here; CUDA's context, NCCL buffers and fragmentation are not counted: keep ~10
+% free.
 
-Departures: 1. No allocator model: the peak is a sum of what is live, not what the caching allocator reserved.
+Departures: 1. No allocator model: the peak is a sum of what is live, not what the caching allocator
+reserved.
 2. vLLM's own activations and CUDA graphs are inside its share; its sleep leaves ~1 GiB that we do not count."""
 
 from __future__ import annotations
@@ -42,7 +45,8 @@ from pathlib import Path
 # 3. The memory plan: bytes per GPU of each part, for both phases of a step
 
 GIB = 2**30
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"  # public config.json files, by the hub id's last part
+# public config.json files, by the hub id's last part
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 
 def load_config(model: str) -> dict:
@@ -58,7 +62,8 @@ def param_counts(c: dict) -> tuple[int, int, int]:
     D, I, L, V = c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"], c["vocab_size"]
     hd = c.get("head_dim") or D // c["num_attention_heads"]
     q, kv = c["num_attention_heads"] * hd, c["num_key_value_heads"] * hd
-    layer = D * q + 2 * D * kv + q * D + 3 * D * I + 2 * D + 2 * hd  # q, k, v, o; gate, up, down; 2 norms, q/k norms
+    # q, k, v, o; gate, up, down; 2 norms, q/k norms
+    layer = D * q + 2 * D * kv + q * D + 3 * D * I + 2 * D + 2 * hd
     root = V * D * (1 if c.get("tie_word_embeddings") else 2) + D
     return L * layer + root, layer, root
 
@@ -76,32 +81,40 @@ def plan(c: dict, gpus: int, tokens: int, checkpointing: bool, reference: bool, 
          chunk: int = 1024, engine: str = "vllm", engine_tp: int = 1, engine_share: float = 0.5,
          gpu_gib: float = 80.0, sharded: bool | None = None, offload: bool = False) -> dict:
     """Bytes per GPU of each part, both phases and the peak, for a run on `gpus` GPUs (FSDP2 when sharded: by default
-    when gpus > 1). engine: "vllm" (its own bf16 copy, engine_share of the GPU), "hf" (shares the policy) or "none".
-    `offload` (FSDP2 CPU offload, always sharded): masters, gradients, AdamW and the reference live in host memory
+    when gpus > 1). engine: "vllm" (its own bf16 copy, engine_share of the GPU), "hf" (shares the
+    policy) or "none". `offload` (FSDP2 CPU offload, always sharded): masters, gradients, AdamW and
+    the reference live in host memory
     ("host": per GPU, with vLLM's weights while it sleeps); the GPU holds the gathered layers and their gradients."""
     P, layer, root = param_counts(c)
     W, b = gpus, 2 if bf16 else 4
     sharded = gpus > 1 or offload if sharded is None else sharded or offload
     L, D, V = c["num_hidden_layers"], c["hidden_size"], c["vocab_size"]
     per_layer, outside = act_bytes_per_token(c, bf16)
-    if sharded:  # FSDP2 gathers the root for the whole forward and backward, and a layer at a time (+1 prefetched);
-        copies = b * (2 * root + 2 * layer)  # the root's gradient is whole until its reduce-scatter, at the very end
-    else:  # autocast caches a bf16 copy of every matrix it casts (the embedding is looked up, not cast)
+    # FSDP2 gathers the root for the whole forward and backward, and a layer at a time (+1
+    # prefetched);
+    if sharded:
+        # the root's gradient is whole until its reduce-scatter, at the very end
+        copies = b * (2 * root + 2 * layer)
+    # autocast caches a bf16 copy of every matrix it casts (the embedding is looked up, not cast)
+    else:
         copies = 2 * (P - V * D) if bf16 else 0
     full = tokens * (L * per_layer + outside)  # every layer's saved tensors
-    ckpt = tokens * (L * b * D + outside + per_layer)  # one hidden state per layer boundary + one layer recomputed
+    # one hidden state per layer boundary + one layer recomputed
+    ckpt = tokens * (L * b * D + outside + per_layer)
     p = {"masters": 4 * P / W, "grads": 4 * P / W, "adamw": 8 * P / W, "copies": copies,
          "acts": ckpt if checkpointing else full, "acts_no_ckpt": full, "acts_ckpt": ckpt,
          "logits": 3 * 4 * min(chunk, tokens) * V, "reference": b * P / W if reference else 0}
     p["vllm_weights"] = 2 * P / engine_tp if engine == "vllm" else 0
-    # host memory: vLLM's weights while it sleeps (level 1) through the update, and what --offload keeps there (on
-    # the GPU it is then only the gathered copies, and their gradients until reduced and copied out)
+    # host memory: vLLM's weights while it sleeps (level 1) through the update, and what --offload
+    # keeps there (on the GPU it is then only the gathered copies, and their gradients until reduced
+    # and copied out)
     offloaded = ("masters", "grads", "adamw", "reference") if offload else ()
     p["host"] = p["vllm_weights"] + sum(p[k] for k in offloaded)
     p.update(dict.fromkeys(offloaded, 0))
     p["vllm_kv"] = max(0.0, engine_share * gpu_gib * GIB - p["vllm_weights"]) if engine == "vllm" else 0
     kv_token = 2 * L * c["num_key_value_heads"] * (c.get("head_dim") or D // c["num_attention_heads"]) * 2
-    p["kv_tokens"] = p["vllm_kv"] * engine_tp / kv_token  # tokens of context the cache holds (all sequences)
+    # tokens of context the cache holds (all sequences)
+    p["kv_tokens"] = p["vllm_kv"] * engine_tp / kv_token
     resident = p["masters"] + p["adamw"] + p["reference"]
     p["rollout"] = resident + p["vllm_weights"] + p["vllm_kv"]
     step = 0 if offload else 4 * P / W  # AdamW's temporaries (on the CPU with offload)
@@ -154,7 +167,8 @@ def demo_plans(tokens: int = 16384) -> str:
     """The README's table: the paper's settings (16,384 tokens per row, reference on), 80 GiB H100s."""
     c8, c32 = load_config("Qwen/Qwen3-8B"), load_config("Qwen/Qwen3-32B")
     kw = {"tokens": tokens, "reference": True}
-    off = {"offload": True, "engine_share": 0.85}  # the trainer holds nothing on the GPU while vLLM generates
+    # the trainer holds nothing on the GPU while vLLM generates
+    off = {"offload": True, "engine_share": 0.85}
     cols = [("8B, 1 GPU", plan(c8, 1, checkpointing=True, **kw)),
             ("8B, 1 GPU, offload", plan(c8, 1, checkpointing=True, **off, **kw)),
             ("8B, 8 GPUs", plan(c8, 8, checkpointing=True, **kw)),

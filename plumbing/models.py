@@ -1,8 +1,9 @@
 """Loading the policy, its frozen reference and its tokenizer (a hub id or a local Hugging Face folder).
 
-MUA-RL starts from Qwen3 (8B/14B/32B, non-thinking mode) and keeps a frozen copy of the starting policy as the
-KL reference (the paper, arXiv:2508.18669). `load_policy("Qwen/Qwen3-8B")` and `load_reference(...)` are all a GPU
-run needs; under torchrun each rank reads only its shards instead (fsdp.load_sharded).
+MUA-RL starts from Qwen3 (8B/14B/32B, non-thinking mode) and keeps a frozen copy of the starting
+policy as the KL reference (the paper, arXiv:2508.18669). `load_policy("Qwen/Qwen3-8B")` and
+`load_reference(...)` are all a GPU run needs; under torchrun each rank reads only its shards
+instead (fsdp.load_sharded).
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ def n_params(model) -> int:
 def _from_pretrained(name_or_path: str, dtype, device):
     from transformers import AutoModelForCausalLM
 
-    dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype  # "bfloat16" -> torch.bfloat16
+    # "bfloat16" -> torch.bfloat16
+    dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
     return AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype).to(device)
 
 
@@ -57,7 +59,8 @@ def model_folder(name_or_path: str) -> str:
 
 def load_policy(name_or_path: str, dtype="float32", device="cpu"):
     """(model, tokenizer) from a hub id or a local directory (e.g. one written by build_tiny)."""
-    tokenizer = load_tokenizer(name_or_path)  # first: fail fast, before loading gigabytes of weights
+    # first: fail fast, before loading gigabytes of weights
+    tokenizer = load_tokenizer(name_or_path)
     return _from_pretrained(name_or_path, dtype, device), tokenizer
 
 
@@ -78,11 +81,14 @@ def load_reference(name_or_path: str | None = None, dtype="float32", device="cpu
 
 def build_or_load_model(cfg, device: str, dtype: str, rank=0, world_size=1, sharded: bool = False, build=None):
     """(policy, tokenizer, model_path): fp32 weights, AdamW's masters (`dtype`: the forward's). Under torchrun
-    (`sharded`) each rank reads only its own shards (fsdp.load_sharded). `build`: a function () -> folder that makes
+    (`sharded`) each rank reads only its own shards (fsdp.load_sharded). `build`: a function () ->
+    folder that makes
     the model when it is not there yet (the CPU demo's tiny one); rank 0 calls it first, the others once it is done."""
-    from plumbing.fsdp import barrier, load_sharded  # (here, not at the top: fsdp needs none of this file)
+    # (here, not at the top: fsdp needs none of this file)
+    from plumbing.fsdp import barrier, load_sharded
 
-    make = build or (lambda: model_folder(cfg.model))  # a hub id: rank 0 downloads, then the others read the cache
+    # a hub id: rank 0 downloads, then the others read the cache
+    make = build or (lambda: model_folder(cfg.model))
     path = make() if rank == 0 else None
     barrier(world_size)
     path = str(path or make())

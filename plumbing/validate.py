@@ -1,9 +1,9 @@
 """A configuration that cannot work is refused before any work, in one line (ConfigError, exit status 2).
 
-`field_problems` holds the rules of single fields (ranges, choices, paths) and needs only the standard library:
-muarl.py and eval.py run them before torch loads. `validate` adds what needs the tables (domains.DOMAINS,
-user_sim.USERS, grpo's ADVANTAGES and REWARDS: a new row is a new choice) and the rules between fields. No
-domain is named here: the domain checks read the DOMAINS table.
+`field_problems` holds the rules of single fields (ranges, choices, paths) and needs only the
+standard library: muarl.py and eval.py run them before torch loads. `validate` adds what needs the
+tables (domains.DOMAINS, user_sim.USERS, grpo's ADVANTAGES and REWARDS: a new row is a new choice)
+and the rules between fields. No domain is named here: the domain checks read the DOMAINS table.
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ import os
 
 from plumbing.flags import ConfigError
 
-# Ranges of single fields (a field absent from the object checked is skipped: eval.py shares only some)
+# Ranges of single fields (a field absent from the object checked is skipped: eval.py shares only
+# some)
 NONNEG = ("steps", "grad_clip", "temperature", "clip_high", "kl_coef", "weight_decay", "eval_tasks", "eval_every",
           "save_every", "micro_batch_tokens", "user_down_s", "sft_epochs", "threads", "train_threads",
           "turn_bonus", "user_temperature", "user_retries", "user_backoff", "synthetic_train", "synthetic_test",
@@ -34,7 +35,8 @@ def model_problem(name: str) -> str | None:
         return None
     if os.path.isdir(os.path.expanduser(name)):
         return f"--model {name}: the folder holds no config.json (not a saved model)"
-    bad = name.startswith(("/", ".", "~")) or name.count("/") != 1 or not name  # not owner/name: a path
+    # not owner/name: a path
+    bad = name.startswith(("/", ".", "~")) or name.count("/") != 1 or not name
     return f"--model {name!r}: no such model folder (and not a hub id like Qwen/Qwen3-8B)" if bad else None
 
 
