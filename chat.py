@@ -72,7 +72,7 @@ def encode(tokenizer, text: str) -> list[int]:
     return tokenizer.encode(clean(text), add_special_tokens=False)
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Untrusted content: special-token strings in a message stay text (module docstring)
 
 
@@ -162,7 +162,7 @@ def _encode_rendered(tokenizer, text: str, held: dict[str, str]) -> list[int]:
     return ids + as_text(run)
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # The stream's pieces: prompt, delta, assistant turn, whole conversation
 
 

@@ -46,7 +46,7 @@ from plumbing.hf_engine import HFEngine
 # here too: `engine.Sample` works
 from plumbing.sampling import Sample, default_stop_ids, prompt_seeds, sample_step
 
-# ---------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # 1. The contract
 
 
@@ -71,7 +71,7 @@ class Engine(Protocol):
     def wake_up(self) -> None: ...
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # 2. The reference engine: the contract with nothing else
 
 
@@ -128,7 +128,7 @@ class ReferenceEngine:
     sleep = wake_up = lambda self: None
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # 3. The vLLM engine. vllm is optional: imported inside VLLMEngine only, so everything else works
 # without it.
 
@@ -236,7 +236,7 @@ class VLLMEngine:
             self.kv_asleep = False
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # 4. Factory
 
 
@@ -245,6 +245,8 @@ def make_engine(kind: str, model=None, tokenizer=None, model_path: str | Path | 
     if kind == "hf":
         if model is None:
             raise ValueError("make_engine('hf') needs the model object")
+        # (its cache grows with the conversation: no length to reserve)
+        kwargs.pop("max_model_len", None)
         return HFEngine(model, tokenizer, **kwargs)
     if kind == "vllm":
         if model_path is None:
@@ -257,7 +259,22 @@ def make_engine(kind: str, model=None, tokenizer=None, model_path: str | Path | 
     raise ValueError(f"unknown engine {kind!r}: choose 'hf' or 'vllm'")
 
 
-# ---------------------------------------------------------------------------------------------------------------
+def rollout_engine(kind: str, policy, tokenizer, model_path: str, cfg, device: str, sharded: bool):
+    """(the run's rollout engine, whether it shares the trainer's weights). One process with "hf": the policy
+    itself (no copy, no sync). Else an engine of its own, loaded from the model folder and synced
+    after every
+    update; on a GPU vLLM shares the device with the trainer and sleeps through each update."""
+    if kind == "hf" and not sharded:
+        return make_engine("hf", model=policy, tokenizer=tokenizer), True
+    if kind == "hf":
+        from plumbing.models import load_policy
+
+        return make_engine("hf", model=load_policy(model_path, cfg.dtype, device)[0], tokenizer=tokenizer), False
+    return make_engine("vllm", model_path=model_path, tokenizer=tokenizer, enable_sleep_mode=True, seed=cfg.seed,
+                       gpu_memory_utilization=cfg.engine_memory, max_model_len=cfg.max_context), False
+
+
+# --------------------------------------------------------------------------------------------------
 # Demo: python engine.py [vllm] -- the reference loop and HFEngine sample the same tokens
 
 if __name__ == "__main__":

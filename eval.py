@@ -50,7 +50,7 @@ from domains.tau2_data import provenance  # noqa: E402
 from rollout import Episode, PolicyAgent, RolloutConfig, TrajectoryLog, rollout, score  # noqa: E402
 from tools import TRANSFER_TOOL  # noqa: E402
 
-# -------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Metrics
 
 
@@ -111,7 +111,7 @@ def format_table(rows: list[tuple[str, dict]], trials: int = 1) -> str:
     return "\n".join(lines)
 
 
-# -------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Evaluation: the training rollout, then the score
 
 
@@ -132,6 +132,27 @@ def evaluate(tasks, worlds, agent, user, cfg: RolloutConfig, trials: int = 1, ba
             if log is not None:
                 log(eps)
     return summarize(episodes, trials), episodes
+
+
+def run_eval(run, name: str, step: int = 0, model=None, trials: int | None = None) -> None:
+    """pass^1..k (k = --eval_trials, the agent greedy) on the held-out tasks (rank 0) of the model after GRPO
+    step `step` (or of `model`: the untrained one, from disk), logged with the global step."""
+    from engine import make_engine
+
+    engine = make_engine("hf", model=model, tokenizer=run.tok) if model is not None else \
+        run.engine or make_engine("hf", model=run.policy, tokenizer=run.tok)  # before the engine: the policy
+    k = trials or run.cfg.eval_trials
+    m, eps = evaluate(run.eval_tasks, run.worlds, PolicyAgent(engine, run.tok), run.user,
+                      RolloutConfig.of(run.cfg, greedy=True, seed=run.cfg.seed), trials=k, progress=False)
+    run.episodes_log.write(eps, phase="eval", name=name)
+    run.results[name] = m
+    run.log({"phase": "eval", "name": name, "step": step, **m, "user": run.user.take_stats()})
+    extra = f", pass^{k} {100 * m[f'pass^{k}']:.1f}%" if k > 1 else ""
+    fid = f"; customer fidelity {100 * m['customer_fidelity']:.1f}%" if "customer_fidelity" in m else ""
+    print(f"[eval] {name}: pass^1 {100 * m['pass^1']:.1f}%{extra} over {len(run.eval_tasks)} held-out tasks "
+          f"x {k}{fid}", flush=True)
+    # (a served customer: a dead server restarted; the demo's gate held)
+    run.user.after(name, m, run.log)
 
 
 def main(argv=None, a=None) -> dict:

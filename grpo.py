@@ -34,7 +34,7 @@ from torch.utils.checkpoint import checkpoint
 
 from plumbing.sampling import sampler_logprobs
 
-# ---------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # 1. Group-relative advantages
 
 
@@ -88,7 +88,7 @@ def token_advantages(adv: float, spans: list[dict], n_tokens: int, turn_bonus: f
     return per_token
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # 2. Rows for the update: packed (no padding) and padded  Padding a micro-batch to its longest
 # episode (a 30-turn exchange next to a short refusal) spends compute on pad tokens; packing lays
 # episodes end to end in one row, position_ids restarting at 0 for each. transformers (5.x) turns
@@ -153,7 +153,7 @@ def pad_sequences(seqs: list[list[int]], masks: list[list[int]], batch_size: int
     return out
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # 3. Per-token log-probs without the (B, T, V) tensor  For Qwen3 (V = 151,936) at T = 32,768 a
 # float32 log-softmax over the vocabulary is 20 GB per row, to keep one number per token. So: run
 # the transformer body once for hidden states (B, T, H), then lm_head + log_softmax on chunk_size
@@ -214,7 +214,7 @@ def token_logprobs(model, input_ids, attention_mask=None, position_ids=None, chu
     return tuple(cols) if return_entropy else cols[0]
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # 4. The loss
 #
 # Maximised objective, per trained token t of row b (mask m_bt = 1), with A the trajectory's advantage:
@@ -259,7 +259,7 @@ def grpo_loss(logp, old_logp, ref_logp, advantages, mask, clip_low: float = 0.2,
     return loss, stats
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # 5. Demo: one toy group
 
 if __name__ == "__main__":

@@ -65,7 +65,7 @@ ABORTED = ("user_error", "agent_error")
 # the customer's end markers
 ENDS = {STOP: "user_stop", OUT_OF_SCOPE: "user_stop", TRANSFER: "transfer"}
 
-# ---------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # The episode record
 
 
@@ -150,8 +150,15 @@ class RolloutConfig:
     # tau2's cap on failed tool calls, from either side (10); 0: dual-control worlds' own
     max_errors: int = 0
 
+    @classmethod
+    def of(cls, cfg, greedy: bool = False, seed: int | None = None) -> "RolloutConfig":
+        """A run's flags (config.Config) as the rollout takes them; `greedy` for evaluation."""
+        return cls(max_turns=cfg.max_turns, max_context=cfg.max_context, max_new_tokens=cfg.max_new_tokens,
+                   temperature=0.0 if greedy else cfg.temperature, top_p=cfg.top_p, seed=seed,
+                   tools_in_prompt=cfg.tools_in_prompt, malformed=cfg.malformed)
 
-# ---------------------------------------------------------------------------------------------------------------
+
+# --------------------------------------------------------------------------------------------------
 # Agents: who writes the agent's turns
 
 
@@ -203,7 +210,7 @@ class PolicyAgent:
         ep.append(chat.delta_ids(self.tok, messages), 0, who=messages[-1]["role"])
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # The rollout: one round's pieces, the loop, then the score
 
 

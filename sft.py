@@ -35,7 +35,7 @@ import chat
 from plumbing.fsdp import all_sum, bf16_compute, compute_device, even_rows, is_sharded
 from grpo import pack_sequences, token_logprobs
 
-# ---------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Data
 
 
@@ -84,7 +84,7 @@ def conversations(source: str, tasks, seed: int = 0, n: int = 2000) -> list[dict
     return expert_conversations(tasks) if source in ("", "tasks") else load_jsonl(source)
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Training
 
 
@@ -151,6 +151,24 @@ def train(model, examples: list[tuple[list[int], list[int]]], epochs: float = 2.
             log({"phase": "sft", "step": step, "loss": loss, "grad_norm": float(gnorm), "lr": step_lr})
     model.eval()
     return losses
+
+def cold_start(run, fit=None) -> None:
+    """A run's cold start (muarl.py, step 0): its --sft_data conversations rendered as RL renders them, trained
+    by `fit` (train's arguments: a Kit's own, else train itself), saved to out/cold-start (a collective)."""
+    from plumbing.checkpoint import save_pretrained
+    from plumbing.flags import ConfigError
+
+    cfg = run.cfg
+    common = {"world_size": run.world_size, "rank": run.rank, "seed": cfg.seed, "bf16": cfg.dtype == "bfloat16",
+              "micro_batch_tokens": cfg.micro_batch_tokens, "chunk_size": cfg.logprob_chunk}
+    convs = conversations(cfg.sft_data, run.train_tasks, seed=cfg.seed)
+    if not convs:
+        raise ConfigError(f"--sft_data {cfg.sft_data}: no conversations for the cold start")
+    convs = [dict(c, tools=[]) for c in convs] if not cfg.tools_in_prompt else convs
+    (fit or train)(run.policy, render_examples(run.tok, convs, run.worlds), epochs=cfg.sft_epochs,
+                   batch_size=cfg.sft_batch, lr=cfg.sft_lr, log=run.log, **common)
+    save_pretrained(run.policy, run.tok, run.out / "cold-start", run.world_size, run.rank)
+
 
 if __name__ == "__main__":
     import tempfile

@@ -32,7 +32,7 @@ import types
 from dataclasses import dataclass, field
 from typing import Any, Callable, List, Literal, Union, get_args, get_origin, get_type_hints, is_typeddict
 
-# ---------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # 1. Schemas from signatures
 
 HEADER = re.compile(r"(Args|Arguments|Parameters|Attributes|Returns|Raises|Yields|Example|Examples|Note):")
@@ -102,7 +102,7 @@ def function_schema(fn: Callable, skip_first: bool = True) -> dict:
     return {"type": "function", "function": {"name": fn.__name__, "description": desc, "parameters": parameters}}
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # 2. Generic tools (the first argument is the database, unused here, so they sit beside domain
 # tools)
 
@@ -180,7 +180,7 @@ def transfer_to_human_agents(db: Any, summary: str) -> str:
 GENERIC_TOOLS = [think, calculate, transfer_to_human_agents]
 TRANSFER_TOOL = "transfer_to_human_agents"
 
-# ---------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # 3. Parsing calls out of a sampled turn
 
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"

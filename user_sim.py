@@ -71,7 +71,7 @@ def is_terminal(text: str | None) -> str | None:
     return min(found)[1] if found else None
 
 
-# -------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # The customer's prompt and its view of the conversation
 
 # tau2's guidelines for a customer with tools (simulation_guidelines_tools.md), in this project's
@@ -187,7 +187,7 @@ def simulator_messages(instructions: str, history: list[dict], variant: dict | N
     return [{**m, "content": as_text(m["content"])} for m in msgs]
 
 
-# -------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # The User protocol: what rollout() and a run call on any customer
 
 
@@ -254,7 +254,7 @@ class User:
         pass
 
 
-# -------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # LLMUser: a customer over an OpenAI-compatible endpoint
 
 
@@ -355,7 +355,7 @@ def _variant(task) -> dict | None:
     return spec.get("simulator") if isinstance(spec, dict) else None
 
 
-# -------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Scripted customers: generated tasks, no LLM
 
 
@@ -404,7 +404,7 @@ class FixedUser(User):
         return "Thanks, that's all. " + STOP if phone is None else ScriptedUser().reply(task, history, phone)
 
 
-# -------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # The table of customers: --user NAME picks a row; validation, eval.py and muarl.py read it
 
 
@@ -443,7 +443,7 @@ def make_user(kind: str, **kw) -> User:
     return USERS[kind].make(**kw)
 
 
-# -------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Demo: a short exchange with a canned endpoint (no network), then what the customer was sent
 
 if __name__ == "__main__":

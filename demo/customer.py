@@ -67,7 +67,7 @@ _AGENT_LINES = [store.ASK_ID, store.shop.ASK_REASON, store.shop.ASK_REFUND, stor
                 "Done: order {oid} is cancelled.", "Done: order {oid} is returned.", "Sorry, order {oid} is pending, "
                 "so it cannot be returned.", "Sorry, order {oid} is delivered, so it cannot be cancelled."]
 
-# ---------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # The data: sampled store customers against a noisy agent, rendered as the server renders each
 # request
 
@@ -188,7 +188,7 @@ def short_request(messages: list[dict]) -> list[dict]:
     return [{"role": "system", "content": system[system.index(SITUATION):]}] + messages[1:]
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Training
 
 
@@ -235,7 +235,7 @@ def train_customer(conversations: list[dict], out_dir: str | Path, seed: int = 0
     return out_dir
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Fidelity: does the served customer keep to its instructions?
 
 
@@ -297,7 +297,7 @@ def gate(user, tasks, seed: int = 0) -> dict:
             "examples": [c for r in per.values() for c in r["examples"] if c["mistakes"]][:20]}
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # A run's customer: the shipped (or a given) model folder, served and kept alive (muarl.py / eval.py
 # --user_serve)
 
@@ -361,7 +361,7 @@ class GateError(ValueError):
     """The customer failed its fidelity gate: the run trains nothing against it (one line, exit 2)."""
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Building the shipped customer: python -m demo.customer build [--out DIR] [--seed S] [--threads N]
 # [--phrasing b]
 

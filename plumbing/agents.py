@@ -26,7 +26,7 @@ from plumbing.sampling import Sample
 from tools import ParsedTurn, as_text, check_call, clean
 from domains.dual_control import customer_only, gold_requestors
 
-# ---------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Message-level agents
 
 
@@ -124,7 +124,7 @@ class OracleAgent:
         return {"content": "Done. " + " ".join(self.outputs), "tool_calls": []}
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # A token engine that plays the scripted expert
 
 

@@ -35,7 +35,7 @@ import torch
 
 from plumbing.fsdp import barrier, full_state_dict, is_sharded
 
-# ---------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Tasks: a seeded, resumable order over the training tasks (epochs of shuffled passes)
 
 
@@ -65,7 +65,7 @@ class TaskSampler:
         return out
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Trust: the manifest's checksums, the newest checkpoint that matches them, an old run set aside
 
 # with episodes-rank*.jsonl: the logs a resume cuts back to its step
@@ -164,7 +164,7 @@ def undo_start(out: Path, before: set[str] | None, aside: Path | None) -> None:
         out.rmdir()
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Checkpoints: written aside, renamed, then latest.json replaced (atomic at every step)
 
 
@@ -299,7 +299,7 @@ def load_checkpoint(out: Path, policy, opt, sampler: TaskSampler, world_size: in
     return state["step"], state
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Demo: python checkpoint.py — a run saved at step 2 and resumed draws the same tasks and holds the
 # same weights
 

@@ -11,6 +11,7 @@ that run's settings for every shared flag the command line leaves out (the agent
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -77,6 +78,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     for k, v in saved.items():
         if not hasattr(a, k):
             setattr(a, k, v)
+    for f in dataclasses.fields(Config):  # and the defaults of the rest (a generated world's sizes)
+        if not hasattr(a, f.name):
+            setattr(a, f.name, f.default)
     # (held-out tasks only; no steps to be down for)
     a.synthetic_train, a.user_down_s = 0, float("inf")
     if a.bench:

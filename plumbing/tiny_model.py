@@ -46,7 +46,7 @@ IM_START, IM_END, PAD = "<|im_start|>", "<|im_end|>", "<|endoftext|>"
 SPECIAL_TOKENS = [IM_START, IM_END, PAD]
 TAG_TOKENS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>"]
 
-# ---------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # 1. The chat template (Jinja, rendered by tokenizer.apply_chat_template)
 
 # Text the template writes around the tool schemas. Kept as Python strings so the tokenizer corpus
@@ -95,7 +95,7 @@ CHAT_TEMPLATE = (
     "{%- if no_think -%}{{- '<think>\\n\\n</think>\\n\\n' -}}{%- endif -%}{%- endif -%}"
 )
 
-# ---------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # 2. A default tokenizer corpus: the kind of text the tiny model will read and write
 
 _POLICY_LINES = [
@@ -143,7 +143,7 @@ def default_corpus(seed: int = 0, n_snippets: int = 400) -> list[str]:
     return texts
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # 3. Tokenizer and model
 
 

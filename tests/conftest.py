@@ -1,5 +1,5 @@
 """Shared test fixtures: where ../shared/tau2 is, a skip marker for tests that need it, and a guard: the suite leaves
-the checkout as it found it (issue 25: a test's run set a user's own runs/muarl aside)."""
+the checkout as it found it (a test's run must never set a user's own runs/muarl aside, nor write into it)."""
 
 import sys
 from pathlib import Path

@@ -1,4 +1,4 @@
-"""Fuzz: hostile agent turns, tool arguments and customer replies through the real rollout() path (issue 14).
+"""Fuzz: hostile agent turns, tool arguments and customer replies through the real rollout() path.
 
 Each case is one agent turn or one customer reply, drawn from a seeded generator and played through rollout() and
 score() exactly as training plays them: PolicyAgent decodes the "sampled" tokens, parses them with tools.py, runs
@@ -9,7 +9,7 @@ equals the base database (no hostile write leaked into the shared template).
     python -m pytest -q tests/test_fuzz.py -s            # fast: 300 cases per domain, prints the figures
     python -m pytest -q -m slow tests/test_fuzz.py -s    # >= 10,000 cases per domain
 
-A new domain is one line of FUZZ_DOMAINS. The benchmark worlds are in it too (issue 25): BFCL (its tools, and its
+A new domain is one line of FUZZ_DOMAINS. The benchmark worlds are in it too: BFCL (its tools, and its
 checker, which re-runs the calls, on MathAPI calls sized to run for minutes) and ACEBench (its text protocol, with
 argument arithmetic sized to run for hours); every batch of episodes must finish within the tool budget's reach."""
 
@@ -29,6 +29,7 @@ from plumbing.tiny_model import train_tokenizer
 from rollout import PolicyAgent, RolloutConfig, rollout, score
 from plumbing.sampling import Sample
 from user_sim import STOP, TRANSFER, UserError
+
 
 def _missing(need: str | None) -> str | None:  # why a world cannot be built here, or None
     from domains import acebench
@@ -54,7 +55,7 @@ FUZZ_DOMAINS = {  # name: (how to build the world, the data it needs)
     "bfcl": (lambda: load_world("bfcl_multi_turn"), "bfcl"),  # backends are Python objects; BFCL's checker scores
     "acebench": (lambda: load_world("acebench_agent"), "acebench"),  # a text protocol: [name(k=v)] in plain words
 }
-BUDGET_S = 60.0  # the slowest batch (4 tasks x 2 episodes): a runaway call took 11.8 s to hours before issue 25
+BUDGET_S = 60.0  # the slowest batch (4 tasks x 2 episodes): a call that ran unbounded would take hours
 COSTLY = {  # calls sized to blow the budget if they ran: BFCL's MathAPI, ACEBench's argument arithmetic
     "power": {"base": 3, "exponent": 20_000_000}, "square_root": {"number": 2, "precision": 1_000_000},
     "logarithm": {"value": 10, "base": 2, "precision": 10**7}, "round_number": {"number": 5, "decimal_places": -10**8}}

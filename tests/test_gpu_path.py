@@ -1,4 +1,4 @@
-"""The GPU path, checked on a CPU (issue 24): what a GPU run relies on that the CPU demo never needed.
+"""The GPU path, checked on a CPU: what a GPU run relies on that the CPU demo never needed.
 
   bf16        --dtype bfloat16 computes in bf16 and updates fp32 masters: at lr 1e-6 the weights move as the fp32
               run's do (same sign on >= 99 % of the entries fp32 moves), on one process and on 2 gloo ranks
@@ -21,8 +21,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from plumbing import memory_plan as memplan  # the memory plan lives in models.py
 import muarl
+from config import Config
+from plumbing import fsdp, memory_plan as memplan
+from plumbing.flags import ConfigError, parse_config
+from plumbing.validate import validate
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
@@ -57,13 +60,13 @@ def _on_gloo_ranks(code: str, world_size: int, timeout: int = 600) -> None:
 
 def _moves(model, dtype: str, eps, adv, steps: int = 3, world_size: int = 1) -> torch.Tensor:
     """Every weight's change (flattened, fp32) after `steps` real updates at lr 1e-6 (AdamW), computing in `dtype`."""
-    before = torch.cat([v.detach().float().flatten().clone() for v in muarl.full_state_dict(model, world_size).values()])
-    cfg = muarl.Config(micro_batch_tokens=96, logprob_chunk=32, kl_coef=0.0, dtype=dtype)
+    before = torch.cat([v.detach().float().flatten().clone() for v in fsdp.full_state_dict(model, world_size).values()])
+    cfg = Config(micro_batch_tokens=96, logprob_chunk=32, kl_coef=0.0, dtype=dtype)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-6, weight_decay=0.01)
     for _ in range(steps):
         muarl.update(model, None, eps, adv, opt, **muarl.update_settings(cfg), world_size=world_size)
     model.moments_dtypes = {s["exp_avg"].dtype for s in opt.state.values()}  # AdamW's moments
-    after = torch.cat([v.detach().float().flatten() for v in muarl.full_state_dict(model, world_size).values()])
+    after = torch.cat([v.detach().float().flatten() for v in fsdp.full_state_dict(model, world_size).values()])
     return after - before
 
 
@@ -84,7 +87,7 @@ def test_bf16_compute_with_fp32_masters_moves_the_weights_like_fp32():
     agree = _agreement(bf16, fp32)
     print(f"one process: {100 * agree:.2f} % of the entries fp32 moves move the same way in bf16")
     assert agree >= 0.99
-    # what the issue measured: bf16 masters lose most of an update this small
+    # bf16 masters (no fp32 copy) lose most of an update this small
     bad = tiny_qwen3().to(torch.bfloat16)
     lost = _moves(bad, "float32", eps, adv)
     assert (lost != 0).float().mean() < 0.5
@@ -115,8 +118,8 @@ def test_offload_moves_the_trainers_state_to_host_memory_in_the_plan(monkeypatch
     big = memplan.plan(c32, 8, offload=True, engine_share=0.85, **kw)
     assert big["fits"] and big["kv_tokens"] >= 16384
     monkeypatch.delenv("WORLD_SIZE", raising=False)
-    with pytest.raises(muarl.ConfigError, match="--offload shards with FSDP2: use torchrun"):
-        muarl.validate(muarl.parse_config(["--offload"]))
+    with pytest.raises(ConfigError, match="--offload shards with FSDP2: use torchrun"):
+        validate(parse_config(["--offload"], Config))
 
 
 def measured_update(model, eps, adv, tokens: int, world_size: int = 1) -> dict:
@@ -124,7 +127,7 @@ def measured_update(model, eps, adv, tokens: int, world_size: int = 1) -> dict:
     update made the moments), plus the profiler's peak of bytes allocated during a second update."""
     from torch.profiler import ProfilerActivity, profile
 
-    cfg = muarl.Config(micro_batch_tokens=tokens, logprob_chunk=64, kl_coef=0.0, dtype="float32", grad_clip=1e9)
+    cfg = Config(micro_batch_tokens=tokens, logprob_chunk=64, kl_coef=0.0, dtype="float32", grad_clip=1e9)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
     muarl.update(model, None, eps, adv, opt, **muarl.update_settings(cfg), world_size=world_size)
     local = [getattr(p, "_local_tensor", p) for p in model.parameters()]
@@ -163,32 +166,34 @@ SHARDED_WORKER = textwrap.dedent("""
     torch.set_num_threads(1)
     sys.path[:0] = [{repo!r}, {tests!r}]
     import muarl
+    from config import Config
+    from plumbing import fsdp
     from plumbing.fsdp import load_sharded
     from test_gpu_path import measured_update, rss
     from test_muarl import synthetic_episodes, tiny_qwen3
     from transformers import AutoModelForCausalLM, Qwen3ForCausalLM  # imported before the measurement: not its memory
-    rank, world_size = muarl.dist_setup()
+    rank, world_size = fsdp.dist_setup()
     before = rss(reset_peak=True)
     model = load_sharded({folder!r}, torch.float32)  # built on meta; this rank reads its rows only
     out = {{"load_peak": rss()["peak"] - before["now"]}}
     eps, adv = synthetic_episodes(n=8, vocab=1000)
     mine = slice(2 * rank, 2 * rank + 2)
-    cfg = muarl.Config(micro_batch_tokens=4096, logprob_chunk=64, kl_coef=0.0, grad_clip=1e9)
+    cfg = Config(micro_batch_tokens=4096, logprob_chunk=64, kl_coef=0.0, grad_clip=1e9)
     muarl.update(model, None, eps[mine], adv[mine], torch.optim.SGD(model.parameters(), lr=1.0),
                  **muarl.update_settings(cfg), world_size=world_size)
-    weights = muarl.full_state_dict(model, world_size, keep=rank == 0)
+    weights = fsdp.full_state_dict(model, world_size, keep=rank == 0)
     if rank == 0:
         torch.save(weights, os.path.join({out!r}, "step.pt"))
     del model, weights
     for name, make in (("100M", lambda: load_sharded({folder!r}, torch.float32)),
-                       ("tiny", lambda: muarl.shard(tiny_qwen3(), False, False))):
+                       ("tiny", lambda: fsdp.shard(tiny_qwen3(), False, False))):
         eps, adv = synthetic_episodes(n=8, vocab=300)
         m = measured_update(make(), eps[mine], adv[mine], 4096, world_size)
         out[name] = dict(m, tokens=sum(len(e.ids) for e in eps[mine]))
     with open(os.path.join({out!r}, f"rank{{rank}}.json"), "w") as f:
         json.dump(out, f)
-    muarl.dist_teardown(world_size)
-    muarl.exit_now(world_size)
+    fsdp.dist_teardown(world_size)
+    fsdp.exit_now(world_size)
 """)
 
 
@@ -229,7 +234,7 @@ def test_a_100m_model_loads_sharded_over_4_ranks_and_steps_like_one_process(tmp_
         assert got["load_peak"] < whole  # (measured: ~0.64 of it, its shard ~0.25; the rest: imports, mmap pages)
     # one GRPO step (SGD, lr 1: the weights move by the gradient) equals the one-process step
     eps, adv = synthetic_episodes(n=8, vocab=1000)
-    cfg = muarl.Config(micro_batch_tokens=4096, logprob_chunk=64, kl_coef=0.0, grad_clip=1e9)
+    cfg = Config(micro_batch_tokens=4096, logprob_chunk=64, kl_coef=0.0, grad_clip=1e9)
     muarl.update(model, None, eps, adv, torch.optim.SGD(model.parameters(), lr=1.0), **muarl.update_settings(cfg),
                  world_size=1)
     sharded = torch.load(tmp_path / "step.pt", weights_only=True)
@@ -255,21 +260,21 @@ BF16_WORKER = textwrap.dedent("""
     import os, sys, torch
     torch.set_num_threads(1)
     sys.path[:0] = [{repo!r}, {tests!r}]
-    import muarl
+    from plumbing import fsdp
     from test_gpu_path import _moves
     from test_muarl import synthetic_episodes, tiny_qwen3
-    rank, world_size = muarl.dist_setup()
+    rank, world_size = fsdp.dist_setup()
     eps, adv = synthetic_episodes()
     mine = slice(4 * rank, 4 * rank + 4)
     out = {{}}
     for dtype in ("float32", "bfloat16"):  # FSDP2: fp32 shards; bf16 all-gathers, fp32 gradient reduction
-        model = muarl.shard(tiny_qwen3(), False, bf16=dtype == "bfloat16")
+        model = fsdp.shard(tiny_qwen3(), False, bf16=dtype == "bfloat16")
         out[dtype] = _moves(model, dtype, eps[mine], adv[mine], world_size=world_size)
         out[dtype + "_params"] = {{str(p.dtype) for p in model.parameters()}}
     if rank == 0:
         torch.save(out, os.path.join({out!r}, "bf16.pt"))
-    muarl.dist_teardown(world_size)
-    muarl.exit_now(world_size)
+    fsdp.dist_teardown(world_size)
+    fsdp.exit_now(world_size)
 """)
 
 
@@ -277,23 +282,23 @@ OFFLOAD_WORKER = textwrap.dedent("""
     import os, sys, torch
     torch.set_num_threads(1)
     sys.path[:0] = [{repo!r}, {tests!r}]
-    import muarl
+    from plumbing import fsdp
     from plumbing.fsdp import load_sharded
     from test_gpu_path import _moves
     from test_muarl import synthetic_episodes, tiny_qwen3
-    rank, world_size = muarl.dist_setup(offload=True)
+    rank, world_size = fsdp.dist_setup(offload=True)
     eps, adv = synthetic_episodes()
     mine = slice(4 * rank, 4 * rank + 4)
     out = {{}}
     for offload in (False, True):  # the same AdamW steps, the shards on the device or in host memory
         torch.manual_seed(0)
-        model = muarl.shard(tiny_qwen3(), False, bf16=False, offload=offload)
+        model = fsdp.shard(tiny_qwen3(), False, bf16=False, offload=offload)
         out[offload] = _moves(model, "float32", eps[mine], adv[mine], world_size=world_size)
     groups = [m._get_fsdp_state()._fsdp_param_group for m in [*model.get_decoder().layers, model]]
     out["offloaded"] = {{p.offload_to_cpu for g in groups if g for p in g.fsdp_params}}  # FSDP2 took the policy
     if rank == 0:
         tiny_qwen3().save_pretrained({out!r} + "/tiny")
-    muarl.barrier(world_size)
+    fsdp.barrier(world_size)
     from plumbing.fsdp import moved
     sd = model.state_dict()  # a shard rebuilt elsewhere gathers to the same whole (what a GPU does with offload)
     out["moved_diff"] = max((moved(t, torch.device("cpu")).full_tensor() - t.full_tensor()).abs().max().item()
@@ -304,13 +309,13 @@ OFFLOAD_WORKER = textwrap.dedent("""
     out["moved_diff"] += (moved(odd, torch.device("cpu")).full_tensor() - odd.full_tensor()).abs().max().item()
     out["uneven"] = tuple(odd.to_local().shape)
     loaded = load_sharded({out!r} + "/tiny", torch.float32, offload=True)  # meta -> host memory -> its rows
-    whole = muarl.full_state_dict(loaded, world_size, keep=rank == 0)
+    whole = fsdp.full_state_dict(loaded, world_size, keep=rank == 0)
     if rank == 0:
         ref = tiny_qwen3().state_dict()
         out["load_diff"] = max((whole[k] - ref[k]).abs().max().item() for k in ref if k in whole)
         torch.save(out, os.path.join({out!r}, "offload.pt"))
-    muarl.dist_teardown(world_size)
-    muarl.exit_now(world_size)
+    fsdp.dist_teardown(world_size)
+    fsdp.exit_now(world_size)
 """)
 
 

@@ -1,4 +1,4 @@
-"""Watching a run (issue 15): one global step across phases, eval records keyed by the step they measured, strictly
+"""Watching a run: one global step across phases, eval records keyed by the step they measured, strictly
 valid JSON, the optional TensorBoard / wandb hook (imported only when asked for), and `logp_gap` as a real check of
 weight sync (engine and trainer log-probs on the same distribution)."""
 
@@ -77,7 +77,7 @@ def test_real_tensorboard_writes_event_files(tmp_path):
 def test_logp_gap_compares_like_with_like():
     # The engine reports the log-prob of each sampled token under the distribution it drew from (temperature, then
     # the top-p nucleus renormalised). The trainer's full-softmax log-probs differ from those even with identical
-    # weights (by ~0.1 at top-p 0.9 in issue 15), so a gap against them cannot show a weight-sync bug; the trainer's
+    # weights (by ~0.1 at top-p 0.9), so a gap against them cannot show a weight-sync bug; the trainer's
     # log-probs under the sampler's distribution (token_logprobs(..., sampler=...)) match to float precision.
     from plumbing.hf_engine import HFEngine
     from test_muarl import tiny_qwen3

