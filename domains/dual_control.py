@@ -27,6 +27,8 @@ max_steps, 200) where a rollout sets one (eval.py does in tau2's worlds).
 
 from __future__ import annotations
 
+import json
+
 MAX_ERRORS = 10  # tau2's too-many-errors limit (orchestrator max_errors): tool errors in all, both sides
 
 
@@ -34,6 +36,21 @@ def customer_only(m: dict) -> bool:
     """A message only the customer saw: its own tool call (a "user" message with tool_calls) or that call's result
     (a "tool" message with requestor "user"). Never shown to the agent, never in its token stream."""
     return m.get("requestor") == "user" and (m.get("role") == "tool" or bool(m.get("tool_calls")))
+
+
+def own_call_view(m: dict, ids: list[str], n: int) -> dict:
+    """A customer's own tool call or result as its chat model sees it (roles swapped): its calls are the model's
+    "assistant" tool calls, their results "tool" messages tied to them by id (`ids`: the ids awaiting results;
+    `n`: calls earlier in the request). Arguments travel as a JSON string; a malformed call's raw text as it came."""
+    if m["role"] == "tool":
+        return {"role": "tool", "tool_call_id": ids.pop(0) if ids else "call_x", "content": m["content"]}
+    calls = []
+    for c in m["tool_calls"]:
+        args = c["function"]["arguments"]
+        ids.append(f"call_{n + len(calls)}")
+        calls.append({"id": ids[-1], "type": "function", "function": {
+            "name": str(c["function"]["name"]), "arguments": args if isinstance(args, str) else json.dumps(args)}})
+    return {"role": "assistant", "content": m.get("content") or "", "tool_calls": calls}
 
 
 def too_many_errors(env) -> bool:

@@ -1,4 +1,4 @@
-"""The customer acts (issue 13): a dual-control customer's tool calls run on its phone and stay out of the agent's view.
+"""The customer acts: a dual-control customer's tool calls run on its phone and stay out of the agent's view.
 
 A toy dual-control world (a lamp the customer can switch; the agent can only read it) and a stub OpenAI-compatible
 server on 127.0.0.1 (http.server in a thread, every wait bounded) that plays the customer: each request is answered
@@ -196,7 +196,7 @@ def test_customer_tool_calls_run_on_the_phone_and_never_reach_the_agent(world, t
     own = [m for m in ep.messages if customer_only(m)]
     assert [m["role"] for m in own] == ["user", "tool"] and own[1]["content"] == "The lamp is now on."
     assert [m for m in ep.messages if not customer_only(m)] == plain.messages
-    assert ep.turns == plain.turns + 1  # the customer's tool execution is a turn
+    assert ep.turns == plain.turns == 2  # the customer's own tool execution is no turn: 2 customer replies
     # the wire: tools offered, the call and its result sent back tied by id, and remembered in the next turn
     offered = [r for r in srv.requests if "tools" in r]
     assert len(srv.requests) == 4 and len(offered) == 3  # the opening is text only
@@ -270,14 +270,43 @@ def test_too_many_errors_from_both_sides_end_the_episode(world, tok, serve):
 
 
 def test_customer_tool_loop_stops_at_the_turn_cap(world, tok, serve):
+    # a customer that calls tools forever: its phone's cap for one customer turn is the turn cap
     def answer(body):
         return text("My lamp is off.") if len(body["messages"]) == 2 else calls(("look_at_lamp", "{}"))
 
     srv, user = serve(answer)
     ep = play(world, tok, user, max_turns=6)
-    assert ep.stop_reason == "max_turns" and ep.turns == 6
+    assert ep.stop_reason == "max_turns" and ep.turns == 0  # its own calls are no turns: none was counted
+    assert ep.agent_turns == 1 and ep.tool_calls == []  # the agent asked once, then waited on the customer
     assert len(ep.env.calls) == 6 and not any(c.error for c in ep.env.calls)
+    assert all(c.requestor == "user" for c in ep.env.calls)
     assert len(srv.requests) == 1 + 6
+    assert sum(customer_only(m) for m in ep.messages) == 2 * 6  # each call and its result, in the transcript
+
+
+def test_customer_tool_calls_add_no_turns_and_the_cap_is_per_customer_turn(world, tok, serve):
+    # the customer looks at its lamp 5 times each turn, then answers: with a turn cap of 6 it makes 30 calls in all
+    # (5 in each of its 6 replies), more than the cap, since the cap bounds one customer turn, not the episode
+    def answer(body):
+        msgs = body["messages"]
+        if len(msgs) == 2:
+            return text("My lamp is off.")
+        since = len(msgs) - max(i for i, m in enumerate(msgs) if m["role"] == "user") - 1  # calls + results
+        return calls(("look_at_lamp", "{}")) if since < 2 * 5 else text("It is still off.")
+
+    srv, user = serve(answer)
+    ep = play(world, tok, user, max_turns=6)
+    assert ep.stop_reason == "max_turns" and ep.turns == 6
+    replies = [m for m in ep.messages if m["role"] == "user" and not customer_only(m)]
+    assert [m["content"] for m in replies] == ["My lamp is off."] + ["It is still off."] * 6
+    assert len(ep.env.calls) == 30 and all(c.requestor == "user" and not c.error for c in ep.env.calls)
+    assert ep.agent_turns == 6 and len(srv.requests) == 1 + 6 * 6
+    # the cap is checked after each of the customer's messages: one message of 7 calls runs whole, then the turn
+    # (over the cap of 6) ends the episode
+    srv, user = serve(lambda body: text("My lamp is off.") if len(body["messages"]) == 2 else
+                      calls(*[("look_at_lamp", "{}")] * 7))
+    ep = play(world, tok, user, max_turns=6)
+    assert ep.stop_reason == "max_turns" and ep.turns == 0 and len(ep.env.calls) == 7
 
 
 def test_scripted_customer_acts_when_asked(world, tok, monkeypatch):
@@ -311,8 +340,8 @@ def test_scripted_customer_words():
 
 
 def test_single_control_requests_unchanged():
-    # The single-control customer's requests, byte for byte (sha256 recorded before issue 13, and again in issue 12 when
-    # the situation moved to the end of the system prompt, as tau2 lays its prompt out).
+    # The single-control customer's requests, byte for byte (a recorded sha256: muarl's own prompt with the situation
+    # at the end of the system prompt, as tau2 lays its prompt out; no tools offered).
     seen = []
 
     def create(**kw):
@@ -331,7 +360,7 @@ def test_single_control_requests_unchanged():
                {"role": "tool", "content": "SECRET"}, {"role": "assistant", "content": "Found you. Which item?"}]
     user.first_message(task)
     user.reply(task, history)
-    # (issue 23: the opening is seeded from the customer's seed and the task, so every task opens with its own draw)
+    # (the opening is seeded from the customer's seed and the task, so every task opens with its own draw)
     assert seen[0]["seed"] == episode_seed(7, "opening", "retail/7") % 2**31 and seen[1]["seed"] == 7
     seen[0]["seed"] = 7  # the bytes otherwise as recorded
     assert hashlib.sha256(json.dumps(seen, sort_keys=True).encode()).hexdigest() == \
@@ -448,7 +477,8 @@ def test_telecom_scripted_customer_plays_the_oracle_and_a_silent_agent(telecom):
 def test_eval_on_telecom_alone_or_mixed(domains, tmp_path, capsys):
     import eval as evaluation
 
-    evaluation.main(["--agent", "oracle", "--domain", domains, "--split", "test", "--tasks", "50", "--trials", "2",
+    evaluation.main(["--agent", "oracle", "--domains", domains, "--split", "test", "--eval_tasks", "50",
+                     "--eval_trials", "2",
                      "--data_dir", str(TAU2 / "data"), "--out", str(tmp_path / "t.jsonl")])
     out = capsys.readouterr().out
     assert "pass^1 | pass^2" in out and "completion %" in out

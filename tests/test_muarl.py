@@ -1,10 +1,13 @@
 """The training loop (muarl.py) end to end: bad input, a smoke run, exact resume, skipped steps, crashes, FSDP2.
 
-Everything runs on a CPU with a tiny model (hidden 64, 2 layers) and the scripted user on synthetic tasks, so a
-GRPO step costs a second or two. What each part pins:
+Everything runs on a CPU with a tiny model (hidden 64, 2 layers) and the scripted customer on generated tasks, so a
+GRPO step costs a second or two. The runs go through the CPU demo (`python -m demo`, `demo.train.main`: muarl.train
+with the demo's kit, which builds the tiny model); the core's own command line (`python muarl.py --model FOLDER`)
+is what the bad-config tests check. What each part pins:
 
-  bad config      stops at start with one line on stderr and exit code 2, no traceback, before a model is built
-  smoke           `python muarl.py --model tiny` with a tiny budget: logs, checkpoints, the results table
+  bad config      stops at start with one line on stderr and exit code 2, no traceback, nothing written; a bad
+                  flag is refused before torch loads
+  smoke           `python -m demo` with a tiny budget: logs, checkpoints, the results table
   resume          N steps straight == k steps, then --resume to N: the same weights and the same per-step rewards
   non-finite      a NaN loss skips the step (weights untouched, `skipped: true` logged) and the run goes on
   SIGKILL         a run killed mid-step leaves latest.json on a complete checkpoint, and resumes to the end;
@@ -34,19 +37,28 @@ import torch
 
 import grpo
 import muarl
+from config import Config
+from demo import SHIPPED, train as demo_train
+from plumbing import fsdp
+from plumbing.checkpoint import TaskSampler, load_checkpoint, save_checkpoint
+from plumbing.flags import ConfigError, parse_config
+from plumbing.runlog import step_stats
+from plumbing.validate import validate
 
 REPO = Path(__file__).resolve().parent.parent
 PY = sys.executable
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+ENV = {**os.environ, **ONE_THREAD}
 
-# A tiny GRPO run: 2 tasks x 2 rollouts per step, short turns, one held-out task, no cold start.
+# A tiny GRPO run of the CPU demo: 2 tasks x 2 rollouts per step, short turns, one held-out task, no cold start.
 TINY = ["--model", "tiny", "--domains", "shop", "--tiny_hidden", "64", "--tiny_layers", "2", "--threads", "1",
         "--tasks_per_step", "2",
         "--copy_warmup", "0",
         "--group_size", "2", "--max_new_tokens", "24", "--max_turns", "6", "--eval_tasks", "1", "--sft_epochs", "0"]
 GRPO_KEYS = {"reward", "kl", "clip_frac", "entropy", "grad_norm", "turns", "tool_mix", "stop_reasons", "tokens_per_s",
              "rollout_s", "update_s", "sync_s", "loss", "skipped", "all_correct_groups", "all_wrong_groups",
-             "think_rate", "calculate_rate", "transfer_rate", "kept_groups", "logp_gap", "trained_tokens"}
+             "think_rate", "calculate_rate", "transfer_rate", "kept_groups", "logp_gap", "trained_tokens",
+             "long_rows"}
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -63,12 +75,16 @@ def _one_thread():
 
 @pytest.fixture(scope="module")
 def tiny_init(tmp_path_factory):
-    """The tiny model muarl builds for TINY (same seed, same corpus), built once and copied into each run's
-    out_dir: muarl then loads it instead of training a tokenizer again (~10 s on a busy CPU)."""
+    """The tiny model the demo builds for TINY (same seed, same corpus), built once and copied into each run's
+    out_dir: the demo then loads it instead of training a tokenizer again (~10 s on a busy CPU). It is also a model
+    folder like any other, for the core's `--model FOLDER`."""
+    from domains import load_worlds
+
     out = tmp_path_factory.mktemp("tiny")
-    cfg = muarl.parse_config(TINY + ["--out_dir", str(out)])
-    muarl.build_or_load_model(cfg, muarl.load_worlds(cfg), out, "cpu", "float32")
-    return out / "tiny-init"
+    cfg = demo_train.parse(TINY + ["--out_dir", str(out)])
+    path = demo_train.build_model(cfg, load_worlds(cfg), out)
+    assert path == out / "tiny-init" and (path / "config.json").is_file()
+    return path
 
 
 def new_run(tmp_path, tiny_init, name: str) -> Path:
@@ -85,9 +101,33 @@ def latest_checkpoint(out: Path) -> Path:
     return out / "checkpoints" / json.loads((out / "latest.json").read_text())["path"]
 
 
-def run_cli(args: list[str], timeout: float = 300, env=None) -> subprocess.CompletedProcess:
-    return subprocess.run([PY, "muarl.py", *args], cwd=REPO, env=env or ENV, capture_output=True, text=True,
+def _run(cmd: list[str], timeout: float, env) -> subprocess.CompletedProcess:
+    # (the environment as it is now: pytest's session fixtures have set MUARL_CACHE by then)
+    return subprocess.run(cmd, cwd=REPO, env=env or {**os.environ, **ONE_THREAD}, capture_output=True, text=True,
                           timeout=timeout)
+
+
+def run_demo(args: list[str], timeout: float = 300, env=None) -> subprocess.CompletedProcess:
+    """`python -m demo ARGS`: the CPU demo's entry point."""
+    return _run([PY, "-m", "demo", *args], timeout, env)
+
+
+def run_core(args: list[str], timeout: float = 300, env=None) -> subprocess.CompletedProcess:
+    """`python muarl.py ARGS`: the core's entry point (a model folder or a hub id)."""
+    return _run([PY, "muarl.py", *args], timeout, env)
+
+
+def core_in_process(argv: list[str], capfd) -> SimpleNamespace:
+    """`python muarl.py ARGV` in this process: muarl.main under run_cli's exits (one line and 2 for bad input), as
+    muarl.py's __main__ runs it; (rc, stdout, stderr), read at the file descriptors (a C library's warning too)."""
+    capfd.readouterr()
+    try:
+        muarl.run_cli(lambda: muarl.main(argv), "muarl")
+        rc = 0
+    except SystemExit as e:
+        rc = e.code
+    out, err = capfd.readouterr()
+    return SimpleNamespace(rc=rc, stdout=out, stderr=err)
 
 
 def tiny_qwen3(seed=0):
@@ -119,23 +159,36 @@ def synthetic_episodes(n=8, seed=1, vocab=320):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# 1. Bad config: one clear line, exit code 2, no traceback, nothing built
+# 1. Bad config: one clear line, exit code 2, no traceback, nothing written
+
+
+def core(*args: str) -> Config:
+    """The core's settings for a tiny run on generated tasks with the scripted customer, plus `args`."""
+    return parse_config(["--domains", "shop", "--user", "scripted", *args], Config)
 
 
 def test_validate_rejects_batches_that_do_not_split_over_ranks():
-    cfg = muarl.parse_config(["--tasks_per_step", "6", "--user", "scripted"])
-    muarl.validate(cfg, world_size=2)  # 3 tasks per rank: fine
-    muarl.validate(cfg, world_size=3)
-    with pytest.raises(muarl.ConfigError, match="tasks_per_step=6 must be a positive multiple of the 4 ranks"):
-        muarl.validate(cfg, world_size=4)
-    with pytest.raises(muarl.ConfigError, match="group_size"):
-        muarl.validate(muarl.parse_config(["--group_size", "1"]))
-    with pytest.raises(muarl.ConfigError, match="unknown domain"):
-        muarl.validate(muarl.parse_config(["--domains", "retail,shoes"]))
-    with pytest.raises(muarl.ConfigError, match="scripted user"):
-        muarl.validate(muarl.parse_config(["--domains", "airline"]))
-    with pytest.raises(muarl.ConfigError, match="--user_serve runs on one process"):  # the preset's served customer
-        muarl.validate(muarl.parse_config([]), world_size=2)
+    cfg = core("--tasks_per_step", "6")
+    validate(cfg, world_size=2)  # 3 tasks per rank: fine
+    validate(cfg, world_size=3)
+    with pytest.raises(ConfigError, match="--tasks_per_step 6 must be a positive multiple of the 4 ranks"):
+        validate(cfg, world_size=4)
+    with pytest.raises(ConfigError, match="group_size"):
+        validate(core("--group_size", "1"))
+    with pytest.raises(ConfigError, match="unknown domain"):
+        validate(core("--domains", "retail,shoes"))
+    with pytest.raises(ConfigError, match="the scripted customer plays only generated tasks"):
+        validate(core("--domains", "airline"))
+    # the core trains a model folder or a hub id; the demo's tiny model is the demo's (its kit builds it)
+    with pytest.raises(ConfigError, match=r"--model tiny is the CPU demo's model: run `python -m demo`"):
+        validate(core("--model", "tiny"))
+    validate(core("--model", "tiny"), model_given=False)
+    validate(core("--model", "Qwen/Qwen3-8B"))  # a hub id: fetched later
+    # a served customer under torchrun: rank 0 serves it for every rank (the demo's preset, and the core's)
+    demo_cfg = demo_train.parse([])
+    assert demo_cfg.user_serve == str(SHIPPED) and demo_cfg.tasks_per_step % 2 == 0
+    validate(demo_cfg, world_size=2, model_given=False)
+    validate(parse_config(["--user_serve", str(SHIPPED)], Config), world_size=8)
 
 
 @pytest.fixture(scope="module")
@@ -156,15 +209,16 @@ def bad_model_dirs(tmp_path_factory):
     return {"no_template": no_template, "head16": head16}
 
 
-def test_boolean_flags_bare_or_with_a_value(capsys):
-    assert muarl.parse_config([]).resume is False
-    assert muarl.parse_config(["--resume"]).resume is True  # bare: true, as the README writes it
-    assert muarl.parse_config(["--resume", "--steps", "3"]).resume is True  # a bare flag does not eat the next one
-    assert muarl.parse_config(["--resume", "off"]).resume is False
-    assert muarl.parse_config(["--activation_checkpointing", "yes"]).activation_checkpointing is True
-    with pytest.raises(SystemExit):
-        muarl.parse_config(["--resume", "maybe"])
-    assert "expected true/false, got 'maybe'" in capsys.readouterr().err
+def test_boolean_flags_bare_or_with_a_value():
+    assert parse_config([], Config).resume is False
+    assert parse_config(["--resume"], Config).resume is True  # bare: true, as the README writes it
+    assert parse_config(["--resume", "--steps", "3"], Config).resume is True  # a bare flag does not eat the next one
+    assert parse_config(["--resume", "off"], Config).resume is False
+    assert parse_config(["--activation_checkpointing", "yes"], Config).activation_checkpointing is True
+    # a bad value is one line naming the flag (never argparse's usage page and its exit)
+    with pytest.raises(ConfigError) as e:
+        parse_config(["--resume", "maybe"], Config)
+    assert str(e.value) == "argument --resume: expected true/false, got 'maybe'"
 
 
 def test_tokenizer_without_chat_template_is_refused(bad_model_dirs):
@@ -183,62 +237,106 @@ def test_vllm_head_dim_is_checked_before_vllm_starts(bad_model_dirs):
     check_vllm_model(bad_model_dirs["head16"], on_cpu=False)  # a GPU build has kernels for 16
 
 
-NO_KEY_ENV = {k: v for k, v in ENV.items() if k not in ("OPENAI_API_KEY", "OPENAI_BASE_URL", "MUARL_USER_MODEL")}
-BAD_CONFIGS = {
-    # name: (extra argv, a phrase the one line must contain)
-    "group_size_1": (["--group_size", "1"], "group_size must be >= 2"),
-    "lazy_rate": (["--lazy_rate", "1.5"], "--lazy_rate must be in [0, 1]"),
+NO_KEY = ("OPENAI_API_KEY", "OPENAI_BASE_URL", "MUARL_USER_MODEL")
+# name: (argv after `--model {head16}` and the core's tiny flags, a phrase the one line must contain). Refused by
+# the command line's own rules (a type, a range, a file), before torch loads: each runs as `python muarl.py`.
+EARLY_BAD = {
+    "bad_type": (["--lr", "abc"], "muarl: config error: argument --lr: invalid float value: 'abc'"),
     "top_p": (["--top_p", "0"], "--top_p must be in (0, 1]"),
-    "unknown_domain": (["--domains", "synthetic,shoes"], "unknown domain(s) ['shoes']"),
-    "scripted_retail": (["--user", "scripted", "--domains", "retail"], "the scripted user only plays generated tasks"),
+    "sft_data_missing": (["--sft_data", "/nonexistent.jsonl"], "--sft_data /nonexistent.jsonl: no such file"),
+    "demo_flag": (["--lazy_rate", "0.5"], "unrecognized arguments: --lazy_rate 0.5"),  # the demo's own knob
+}
+# Refused once the tables (domains, customers) or the model folder are read: each runs in this process, as
+# muarl.py's __main__ runs it (muarl.main under muarl.run_cli), so no test starts ten heavy interpreters at once.
+LATE_BAD = {
+    "group_size_1": (["--group_size", "1"], "group_size must be >= 2"),
+    "unknown_domain": (["--domains", "shop,shoes"], "unknown domain(s) ['shoes']"),
+    "scripted_retail": (["--domains", "retail"], "the scripted customer plays only generated tasks"),
     "llm_no_key": (["--user", "llm", "--user_model", "some-model", "--user_base_url", "https://api.example.com/v1"],
                    "needs an API key"),
     "no_chat_template": (["--model", "{no_template}"], "has no chat template"),
     "vllm_head_dim": (["--model", "{head16}", "--engine", "vllm"], "head_dim 16 is not one of"),
     "model_missing": (["--model", "/nonexistent"], "no such model folder"),
-    "sft_data_missing": (["--sft_data", "/nonexistent.jsonl"], "--sft_data /nonexistent.jsonl: no such file"),
+    "model_tiny": (["--model", "tiny"], "--model tiny is the CPU demo's model: run `python -m demo`"),
+}
+# The demo's own command line: the same one line before torch loads (`python -m demo`)
+DEMO_BAD = {
+    "lazy_rate": (["--lazy_rate", "1.5"], "demo: config error: --lazy_rate must be in [0, 1] (or -1), got 1.5"),
+    "stage_band": (["--stage_band", "0.7,0.2"], "--stage_band must be 'LO,HI' with 0 <= LO <= HI <= 1"),
+    "a_model_folder": (["--model", "{head16}"], "the demo trains its own tiny model"),
+    "top_p": (["--top_p", "2"], "--top_p must be in (0, 1]"),
 }
 
 
+def core_argv(args, dirs, out) -> list[str]:
+    return ["--model", str(dirs["head16"]), "--domains", "shop", "--user", "scripted", "--sft_epochs", "0",
+            "--threads", "1", *[a.format(**dirs) for a in args], "--out_dir", str(out)]
+
+
 @pytest.fixture(scope="module")
-def bad_config_runs(bad_model_dirs, tmp_path_factory):
-    """Start every bad-config subprocess at once (each mostly waits on imports), then collect them."""
-    procs = {}
-    for name, (args, _) in BAD_CONFIGS.items():
-        out = tmp_path_factory.mktemp(name)
-        argv = [a.format(**bad_model_dirs) for a in args] + ["--out_dir", str(out)]
-        procs[name] = (subprocess.Popen([PY, "muarl.py", *argv], cwd=REPO, env=NO_KEY_ENV, text=True,
-                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE), out)
-    t0 = time.perf_counter()
-    done = {}
-    for name, (p, out) in procs.items():
-        stdout, stderr = p.communicate(timeout=180)
-        done[name] = SimpleNamespace(rc=p.returncode, stdout=stdout, stderr=stderr, out=out,
-                                     seconds=time.perf_counter() - t0)
-    return done
+def no_torch(tmp_path_factory):
+    """A PYTHONPATH entry whose `torch` cannot be imported: a command line refused before torch loads is refused
+    the same with it; one that imports torch first fails with a traceback naming this module."""
+    root = tmp_path_factory.mktemp("no-torch")
+    (root / "torch").mkdir()
+    (root / "torch" / "__init__.py").write_text("raise ImportError('torch was imported before the command line "
+                                                "was checked')\n")
+    return {**os.environ, **ONE_THREAD, "PYTHONPATH": str(root)}
 
 
-@pytest.mark.parametrize("name", list(BAD_CONFIGS))
-def test_bad_config_stops_with_one_line(name, bad_config_runs):
-    r = bad_config_runs[name]
+def assert_one_line(r, says: str, prog: str = "muarl"):
     lines = [line for line in r.stderr.splitlines() if line.strip()]
-    assert "Traceback" not in r.stderr + r.stdout, r.stderr
-    assert r.rc == 2, (r.rc, r.stderr)
-    assert len(lines) == 1, r.stderr
-    assert lines[0].startswith("muarl: ") and BAD_CONFIGS[name][1] in lines[0], lines[0]
-    # it stopped before building anything: no model, no checkpoint, no training log
-    assert not (r.out / "tiny-init").exists() and not (r.out / "checkpoints").exists()
-    assert not (r.out / "log.jsonl").exists()
+    assert "Traceback" not in r.stderr + r.stdout, r.stderr[-3000:]
+    assert r.rc == 2, (r.rc, r.stderr[-3000:])
+    assert len(lines) == 1, r.stderr[-3000:]
+    assert lines[0].startswith(f"{prog}: ") and says in lines[0], lines[0]
+
+
+@pytest.mark.parametrize("name", list(EARLY_BAD))
+def test_a_bad_flag_is_one_line_before_torch_loads(name, bad_model_dirs, no_torch, tmp_path):
+    args, says = EARLY_BAD[name]
+    out = tmp_path / "run"
+    t0 = time.perf_counter()
+    p = run_core(core_argv(args, bad_model_dirs, out), timeout=120, env=no_torch)
+    print(f"{name}: refused in {time.perf_counter() - t0:.1f} s")
+    assert_one_line(SimpleNamespace(rc=p.returncode, stdout=p.stdout, stderr=p.stderr), says)
+    assert not out.exists()  # nothing written, not even the folder
+
+
+@pytest.mark.parametrize("name", list(DEMO_BAD))
+def test_a_bad_demo_flag_is_one_line_before_torch_loads(name, bad_model_dirs, no_torch, tmp_path):
+    args, says = DEMO_BAD[name]
+    out = tmp_path / "run"
+    p = run_demo([*[a.format(**bad_model_dirs) for a in args], "--out_dir", str(out)], timeout=120, env=no_torch)
+    assert_one_line(SimpleNamespace(rc=p.returncode, stdout=p.stdout, stderr=p.stderr), says, prog="demo")
+    assert not out.exists()
+
+
+def test_without_torch_a_good_command_line_gets_as_far_as_importing_it(bad_model_dirs, no_torch, tmp_path):
+    # the counterpart of the two tests above: their stand-in torch really is the one a run would import
+    p = run_core(core_argv([], bad_model_dirs, tmp_path / "run"), timeout=120, env=no_torch)
+    assert p.returncode != 0 and "torch was imported before the command line was checked" in p.stderr, p.stderr
+
+
+@pytest.mark.parametrize("name", list(LATE_BAD))
+def test_bad_config_stops_with_one_line(name, bad_model_dirs, tmp_path, monkeypatch, capfd):
+    for k in NO_KEY:
+        monkeypatch.delenv(k, raising=False)
+    args, says = LATE_BAD[name]
+    out = tmp_path / "run"
+    assert_one_line(core_in_process(core_argv(args, bad_model_dirs, out), capfd), says)
+    # it stopped before writing anything: no model, no checkpoint, no log, not even the folder
+    assert not out.exists()
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# 2. Smoke: the real entry point, tiny budget
+# 2. Smoke: the demo's entry point, tiny budget
 
 
 def test_smoke_cli(tmp_path):
     out = tmp_path / "run"
     t0 = time.perf_counter()
-    r = run_cli(["--model", "tiny", "--domains", "shop", "--out_dir", str(out), "--steps", "2", "--tasks_per_step", "2",
+    r = run_demo(["--model", "tiny", "--domains", "shop", "--out_dir", str(out), "--steps", "2", "--tasks_per_step", "2",
                  "--group_size", "2",
                  "--sft_epochs", "0.02", "--sft_batch", "4", "--eval_tasks", "2", "--max_new_tokens", "24",
                  "--max_turns", "6", "--tiny_hidden", "64", "--tiny_layers", "2", "--threads", "1",
@@ -257,7 +355,7 @@ def test_smoke_cli(tmp_path):
     # (no "untrained" evaluation: a tiny model built from random weights, before its drills, plays nothing)
     assert evals == [("cold start", 0, len(train) - 2), ("GRPO (2 steps)", 2, len(train))]
     assert {r_["phase"] for r_ in recs} == {"copy_warmup", "sft", "eval", "grpo", "stage"}
-    # 3 drill steps cannot converge: three rounds, each named as a stage that did not work (issue 23)
+    # 3 drill steps cannot converge: three rounds, each named as a stage that did not work
     assert sum(r_["phase"] == "copy_warmup" for r_ in recs) == 9
     assert [(r_["stage"], r_["ok"]) for r_ in recs if r_["phase"] == "stage"] == [("copy_drills", False)] * 3 + [
         ("cold_start", False)]  # (0.02 epochs: a start outside the preset's band, said so)
@@ -321,9 +419,11 @@ def test_engine_sleeps_through_the_update_and_is_awake_for_everything_else(tmp_p
             return SleepyEngine(load_policy(str(model_path))[0], tokenizer)
         return HFEngine(model, tokenizer)
 
-    monkeypatch.setattr(muarl, "make_engine", fake_make_engine)
+    import engine
+
+    monkeypatch.setattr(engine, "make_engine", fake_make_engine)  # the rollout engine and the evaluations
     out = new_run(tmp_path, tiny_init, "sleepy")
-    muarl.main(TINY + ["--engine", "vllm", "--steps", "2", "--out_dir", str(out)])
+    demo_train.main(TINY + ["--engine", "vllm", "--steps", "2", "--out_dir", str(out)])
     # per step: roll out, sleep, (update), wake, sync; the evaluations run awake
     steps = [i for i, c in enumerate(calls) if c == "sleep"]
     assert len(steps) == 2
@@ -345,7 +445,7 @@ def test_train_threads_hold_while_the_policy_alone_computes(tmp_path, tiny_init,
             return _f(*a, **k)
         monkeypatch.setattr(mod, name, spy)
     out = new_run(tmp_path, tiny_init, "threads")
-    muarl.main(TINY + ["--steps", "2", "--sft_epochs", "0.02", "--train_threads", "2", "--out_dir", str(out)])
+    demo_train.main(TINY + ["--steps", "2", "--sft_epochs", "0.02", "--train_threads", "2", "--out_dir", str(out)])
     assert seen == [("train", 2), ("rollout", 1), ("update", 2), ("rollout", 1), ("update", 2)]
     assert torch.get_num_threads() == 1  # and back to --threads after each
     assert drills.sft is sft  # (the copy drills train through sft.train too: the same spy counts them)
@@ -358,10 +458,10 @@ def test_train_threads_hold_while_the_policy_alone_computes(tmp_path, tiny_init,
 def test_resume_is_exact(tmp_path, tiny_init):
     args = TINY + ["--kl_coef", "0.05", "--lr", "1e-3"]  # a KL term, so the reference must survive the resume too
     straight, split = new_run(tmp_path, tiny_init, "straight"), new_run(tmp_path, tiny_init, "split")
-    muarl.main(args + ["--out_dir", str(straight), "--steps", "3"])
-    muarl.main(args + ["--out_dir", str(split), "--steps", "1"])
+    demo_train.main(args + ["--out_dir", str(straight), "--steps", "3"])
+    demo_train.main(args + ["--out_dir", str(split), "--steps", "1"])
     assert json.loads((split / "latest.json").read_text())["step"] == 1
-    muarl.main(args + ["--out_dir", str(split), "--steps", "3", "--resume", "true"])
+    demo_train.main(args + ["--out_dir", str(split), "--steps", "3", "--resume", "true"])
 
     a, b = grpo_records(straight), grpo_records(split)
     assert [r["step"] for r in a] == [r["step"] for r in b] == [0, 1, 2]
@@ -403,7 +503,7 @@ def test_nan_loss_skips_the_step(tmp_path, tiny_init, monkeypatch):
 
     monkeypatch.setattr(muarl, "update", counting_update)
     monkeypatch.setattr(muarl, "grpo_loss", loss_nan_on_first_step)  # the name update() calls
-    muarl.main(TINY + ["--out_dir", str(out), "--steps", "2", "--save_every", "1"])
+    demo_train.main(TINY + ["--out_dir", str(out), "--steps", "2", "--save_every", "1"])
 
     s0, s1 = grpo_records(out)
     assert s0["skipped"] is True and s0["loss"] is None and "loss" in s0["nonfinite"]  # NaN: null (strict JSON)
@@ -424,7 +524,7 @@ def test_nan_loss_skips_the_step(tmp_path, tiny_init, monkeypatch):
 def test_sigkill_then_resume(tmp_path, tiny_init):
     out = new_run(tmp_path, tiny_init, "killed")
     args = TINY + ["--out_dir", str(out), "--steps", "4", "--save_every", "1"]
-    p = subprocess.Popen([PY, "muarl.py", *args], cwd=REPO, env=ENV, stdout=subprocess.DEVNULL,
+    p = subprocess.Popen([PY, "-m", "demo", *args], cwd=REPO, env=ENV, stdout=subprocess.DEVNULL,
                          stderr=subprocess.DEVNULL)
     try:
         deadline = time.time() + 240
@@ -452,7 +552,7 @@ def test_sigkill_then_resume(tmp_path, tiny_init):
     model.load_state_dict(torch.load(ck / "model.pt"))
     torch.optim.AdamW(model.parameters()).load_state_dict(torch.load(ck / "optim.pt", weights_only=True))
 
-    r = run_cli(args + ["--resume", "true"])
+    r = run_demo(args + ["--resume", "true"])
     assert r.returncode == 0, r.stderr[-3000:]
     assert json.loads((out / "latest.json").read_text())["step"] == 4
     assert [s["step"] for s in grpo_records(out)] == [0, 1, 2, 3]  # each once: the resume cut the log back
@@ -493,23 +593,23 @@ def test_checkpoint_interrupted_at_any_file_operation_leaves_a_loadable_latest(t
                 p.fill_(float(step))
         return m
 
-    sampler = muarl.TaskSampler(list(range(10)), seed=0)
+    sampler = TaskSampler(list(range(10)), seed=0)
     for k in range(40):
         out = tmp_path / f"crash-{k}"
         m1 = model_at(1)
-        muarl.save_checkpoint(out, 1, m1, torch.optim.AdamW(m1.parameters()), sampler, {"results": {}}, 1, 0)
+        save_checkpoint(out, 1, m1, torch.optim.AdamW(m1.parameters()), sampler, {"results": {}}, 1, 0)
         step = 1 if resave else 2
         m2 = model_at(step)
         budget["left"] = k
         try:
-            muarl.save_checkpoint(out, step, m2, torch.optim.AdamW(m2.parameters()), sampler,
+            save_checkpoint(out, step, m2, torch.optim.AdamW(m2.parameters()), sampler,
                                   {"results": {"final": 1}}, 1, 0)
             finished = True
         except _Crash:
             finished = False
         budget["left"] = None
         loaded = model_at(0)
-        got, state = muarl.load_checkpoint(out, loaded, torch.optim.AdamW(loaded.parameters()), sampler, 1)
+        got, state = load_checkpoint(out, loaded, torch.optim.AdamW(loaded.parameters()), sampler, 1)
         assert got in (1, step) and state["step"] == got, k
         assert torch.equal(loaded.weight, torch.full((2, 3), float(got))), k
         if finished:
@@ -526,7 +626,7 @@ def test_checkpoint_interrupted_at_any_file_operation_leaves_a_loadable_latest(t
 
 def _update_once(model, eps, adv, micro_batch_tokens, opt="sgd", reference=None, world_size=1, kl_coef=0.0):
     """One muarl.update(); SGD with lr 1 and no clipping makes the weight change equal to minus the gradient."""
-    cfg = muarl.Config(micro_batch_tokens=micro_batch_tokens, logprob_chunk=32, kl_coef=kl_coef,
+    cfg = Config(micro_batch_tokens=micro_batch_tokens, logprob_chunk=32, kl_coef=kl_coef,
                        grad_clip=1e9 if opt == "sgd" else 1.0)
     o = torch.optim.SGD(model.parameters(), lr=1.0) if opt == "sgd" else torch.optim.AdamW(model.parameters(), lr=1e-4)
     return muarl.update(model, reference, eps, adv, o, **muarl.update_settings(cfg), world_size=world_size)
@@ -553,9 +653,9 @@ FSDP_WORKER = textwrap.dedent("""
     import os, sys, torch
     torch.set_num_threads(1)
     sys.path[:0] = [{repo!r}, {tests!r}]
-    import muarl
+    from plumbing import fsdp
     from test_muarl import FSDP_CASES, _fsdp_case
-    rank, world_size = muarl.dist_setup()
+    rank, world_size = fsdp.dist_setup()
     assert world_size == 2
     for case in FSDP_CASES:
         out = _fsdp_case(case, world_size, rank)
@@ -563,8 +663,8 @@ FSDP_WORKER = textwrap.dedent("""
             torch.save(out, os.path.join({out!r}, case + ".pt"))
     # the last case leaves rank 1 idle while rank 0 saves: without a barrier it could tear down gloo's connections
     # under rank 0 (seen once in CI: rank 1 aborted, "terminate called without an active exception")
-    muarl.dist_teardown(world_size)
-    muarl.exit_now(world_size)
+    fsdp.dist_teardown(world_size)
+    fsdp.exit_now(world_size)
 """)
 
 
@@ -582,14 +682,14 @@ def _fsdp_case(case: str, world_size: int, rank: int = 0) -> dict:
     eps, adv = synthetic_episodes()
     model, reference = tiny_qwen3(seed=0), freeze(tiny_qwen3(seed=7))
     if world_size > 1:
-        model, reference = muarl.shard(model, ckpt, False), muarl.shard(reference, False, False)
+        model, reference = fsdp.shard(model, ckpt, False), fsdp.shard(reference, False, False)
         cut = {"uneven": 7, "empty": 8}.get(case.split("+")[-1], len(eps) // 2)
         mine = slice(0, cut) if rank == 0 else slice(cut, len(eps))
         eps, adv = eps[mine], adv[mine]
     stats = _update_once(model, eps, adv, micro_batch_tokens=96, opt=opt, reference=reference,
                          world_size=world_size, kl_coef=0.05)
-    weights = {k: v.detach().clone() for k, v in muarl.full_state_dict(model, world_size).items()}
-    step = muarl.step_stats(eps, kept_groups=len(eps) // 2, group_size=2, world_size=world_size)
+    weights = {k: v.detach().clone() for k, v in fsdp.full_state_dict(model, world_size).items()}
+    step = step_stats(eps, kept_groups=len(eps) // 2, group_size=2, world_size=world_size)
     return {"stats": stats, "weights": weights, "step": step}
 
 
@@ -641,12 +741,12 @@ def test_torchrun_cli_two_ranks(tmp_path, offload):
             "--eval_tasks", "2", "--max_new_tokens", "24", "--max_turns", "6", "--tiny_hidden", "64",
             "--tiny_layers", "2", "--threads", "1", "--save_every", "1", "--copy_warmup", "3", "--kl_coef", "0.05"]
     one, two = tmp_path / "one", tmp_path / "two"
-    r = run_cli(args + ["--out_dir", str(one), "--steps", "2"])
+    r = run_demo(args + ["--out_dir", str(one), "--steps", "2"])
     assert r.returncode == 0, r.stderr[-3000:]
 
     def torchrun(extra):
         cmd = [PY, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(_free_port()),
-               "muarl.py", *args, *offload, "--out_dir", str(two), *extra]
+               "-m", "demo", *args, *offload, "--out_dir", str(two), *extra]
         return subprocess.run(cmd, cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300)
 
     r = torchrun(["--steps", "2"])

@@ -1,10 +1,11 @@
-"""Untrusted text stays data (issue 14): tools run under a time and size budget, text the tokenizer cannot carry is
-escaped, and the agent's calls pass one parser whether they come as <tool_call> text or an endpoint's native calls.
+"""Untrusted text stays data: tools run under a time and size budget, text the tokenizer cannot carry is escaped,
+and the agent's calls pass one parser whether they come as <tool_call> text or an endpoint's native calls.
 
-Each test here fails on the code before issue 14's second pass: calculate("9**9**8") ran for minutes, a lone
-surrogate echoed by a tool reached the tokenizer and raised, a slow tool held the round, and MessageAgent parsed
-an endpoint's calls with its own code (a call without "function" raised KeyError out of rollout()). The last section
-(special-token strings in a customer message or a tool result) fails on chat.py before it set such content aside."""
+Each test here fails on code without these guards: an unbounded calculate("9**9**8") runs for minutes, a lone
+surrogate echoed by a tool reaches the tokenizer and raises, a slow tool holds the round, and an endpoint's calls
+parsed by code of MessageAgent's own (a call without "function") raise KeyError out of rollout(). The special-token
+section (such strings in a customer message or a tool result) fails on a chat.py that encodes the rendered text in
+one piece, without setting such content aside."""
 
 import random
 import subprocess
@@ -33,7 +34,7 @@ def shop():
 
 
 def test_runaway_power_is_an_error_at_once():
-    # in a subprocess: on the old code this computes a 136M-bit integer for minutes, and the timeout fails the test
+    # in a subprocess: an unbounded calculate computes a 136M-bit integer for minutes, and the timeout fails the test
     code = "from tools import calculate\ntry:\n    calculate(None, '9**9**8')\nexcept OverflowError as e:\n    print(e)"
     t0 = time.time()
     r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
@@ -144,7 +145,7 @@ def test_clean_escapes_lone_surrogates_only():
     assert clean("id \ud800!") == "id \\ud800!"
     assert clean(None) is None
     tok = train_tokenizer(["hello world"], 300)
-    assert tok.decode(chat.encode(tok, "order \udfff")) == "order \\udfff"  # old: the encoder raised
+    assert tok.decode(chat.encode(tok, "order \udfff")) == "order \\udfff"  # unescaped, the encoder raises
 
 
 @needs_tau2
@@ -154,7 +155,7 @@ def test_a_surrogate_echoed_by_an_airline_error_is_carried_as_text():
     parsed = parse_tool_calls('<tool_call>{"name": "get_reservation_details", "arguments": '
                               '{"reservation_id": "\\ud800"}}</tool_call>', set(world.tools))
     out = env.call(parsed.calls[0]["name"], parsed.calls[0]["arguments"])
-    assert "\\ud800" in out and out.encode("utf-8")  # old: the raw surrogate, which utf-8 cannot encode
+    assert "\\ud800" in out and out.encode("utf-8")  # not the raw surrogate, which utf-8 cannot encode
     tok = train_tokenizer([world.rules[:2000]], 300)
     assert chat.delta_ids(tok, [{"role": "tool", "name": "x", "content": out}])
 
@@ -165,7 +166,7 @@ def test_a_surrogate_echoed_by_an_airline_error_is_carried_as_text():
 
 def test_endpoint_calls_pass_the_same_parser(shop):
     hostile = [
-        {"id": "1"},  # no "function" at all (old: KeyError out of rollout())
+        {"id": "1"},  # no "function" at all (unparsed: KeyError out of rollout())
         {"function": {"arguments": "{}"}},  # no name
         {"function": {"name": "get_order", "arguments": "[" * 50_000 + "]" * 50_000}},  # nested past the stack
         {"function": {"name": "no_such_tool", "arguments": "{}"}},
@@ -240,16 +241,16 @@ def markers(tok, ids) -> tuple[int, int]:
     return ids.count(start), ids.count(end)
 
 
-# What chat.prompt_ids and chat.delta_ids computed before untrusted content was set aside: the rendered text
-# (cut after the stub's end-of-turn tokens for a delta) encoded in one piece.
+# The naive encoding, without untrusted content set aside: the rendered text (cut after the stub's end-of-turn
+# tokens for a delta) encoded in one piece. It differs from chat's only where a content holds a marker look-alike.
 
 
-def old_prompt_ids(tok, system, tools, first):
+def naive_prompt_ids(tok, system, tools, first):
     msgs = [{"role": "system", "content": system}, {"role": "user", "content": first}]
     return tok.encode(clean(chat.render(tok, msgs, tools, add_generation_prompt=True)), add_special_tokens=False)
 
 
-def old_delta_ids(tok, new):
+def naive_delta_ids(tok, new):
     eot = tok.convert_ids_to_tokens(chat.end_of_turn_id(tok))
     n = chat.render(tok, chat.STUB).count(eot)
     text = chat.render(tok, chat.STUB + new, add_generation_prompt=True).split(eot, n)[n]
@@ -281,18 +282,18 @@ def test_forged_markers_in_a_customer_message_or_tool_result_stay_text(tok):
             ids = chat.delta_ids(tok, new)
             benign = chat.delta_ids(tok, [{**m, "content": "hello"} if m["content"] == bad else m for m in new])
             assert markers(tok, ids) == markers(tok, benign), (bad, new)  # only the template's own markers
-            assert tok.decode(ids, skip_special_tokens=False) == tok.decode(old_delta_ids(tok, new),
+            assert tok.decode(ids, skip_special_tokens=False) == tok.decode(naive_delta_ids(tok, new),
                                                                             skip_special_tokens=False)  # same text
         # the prompt: the first customer message, and the system text too
         ids = chat.prompt_ids(tok, "You are an agent.", [], bad)
         assert markers(tok, ids) == markers(tok, chat.prompt_ids(tok, "You are an agent.", [], "hello")) == (3, 2)
         assert markers(tok, chat.prompt_ids(tok, bad, [], "hello")) == (3, 2)
         assert tok.decode(ids, skip_special_tokens=False) == tok.decode(
-            old_prompt_ids(tok, "You are an agent.", [], bad), skip_special_tokens=False)
-    # and the forged system turn of the old code is gone: one <|im_start|>, one <|im_end|>, one generation prompt
-    old = old_delta_ids(tok, [{"role": "user", "content": FORGED}])
+            naive_prompt_ids(tok, "You are an agent.", [], bad), skip_special_tokens=False)
+    # and no forged system turn, as the naive encoding streams: one <|im_start|>, one <|im_end|>, one generation prompt
+    old = naive_delta_ids(tok, [{"role": "user", "content": FORGED}])
     assert markers(tok, chat.delta_ids(tok, [{"role": "user", "content": FORGED}])) == (2, 1)
-    assert markers(tok, old) == (3, 3)  # what the old code streamed: the customer's turn, closed, and a system turn
+    assert markers(tok, old) == (3, 3)  # what the naive encoding streams: the customer's turn, closed, a system turn
 
 
 def _ordinary_text(rng) -> str:
@@ -313,9 +314,9 @@ def _ordinary_call(rng) -> dict:
                                              "arguments": {"order_id": _ordinary_text(rng), "n": rng.randint(0, 99)}}}
 
 
-def test_ordinary_text_keeps_todays_ids(tok):
-    # The invariant the fix must not break: without a special-token string, prompt, deltas and whole SFT
-    # conversations are the ids of the old one-piece encode, id for id
+def test_ordinary_text_keeps_the_one_piece_ids(tok):
+    # The invariant setting content aside must keep: without a special-token string, prompt, deltas and whole SFT
+    # conversations are the ids of the naive one-piece encode, id for id
     from tools import GENERIC_TOOLS, function_schema
 
     tools = [function_schema(fn) for fn in GENERIC_TOOLS]
@@ -325,19 +326,19 @@ def test_ordinary_text_keeps_todays_ids(tok):
     for _ in range(150):
         system, first = _ordinary_text(rng), _ordinary_text(rng)
         for tl in ([], tools):
-            assert chat.prompt_ids(tok, system, tl, first) == old_prompt_ids(tok, system, tl, first)
+            assert chat.prompt_ids(tok, system, tl, first) == naive_prompt_ids(tok, system, tl, first)
         new = [{"role": "tool", "name": "calculate", "content": _ordinary_text(rng)}
                for _ in range(rng.randint(0, 3))] + ([{"role": "user", "content": _ordinary_text(rng)}]
                                                      if rng.random() < 0.5 else [])
         new = new or [{"role": "user", "content": _ordinary_text(rng)}]
-        assert chat.delta_ids(tok, new) == old_delta_ids(tok, new), new
+        assert chat.delta_ids(tok, new) == naive_delta_ids(tok, new), new
         # the set-aside path itself is boundary-safe: forcing every content through it gives the same ids. (Encoding
         # template and content apart instead would not: with this vocabulary it changes about 1 delta in 6, e.g.
         # a content that ends in "\n\n" before the template's "\n</tool_response>")
         held = {f"placeholder-{k}-x": m["content"] for k, m in enumerate(new)}
         stand_ins = [{**m, "content": key} for m, key in zip(new, held)]
         text = chat.render(tok, chat.STUB + stand_ins, add_generation_prompt=True).split(eot, n)[n]
-        assert chat._encode_rendered(tok, text, held) == old_delta_ids(tok, new), new
+        assert chat._encode_rendered(tok, text, held) == naive_delta_ids(tok, new), new
         # a whole conversation as SFT renders it: tool calls, results, several messages in one delta
         msgs, pending = [{"role": "user", "content": first}], []
         for _ in range(rng.randint(1, 4)):
@@ -348,14 +349,14 @@ def test_ordinary_text_keeps_todays_ids(tok):
             if not calls:
                 msgs.append({"role": "user", "content": _ordinary_text(rng)})
         msgs.append({"role": "assistant", "content": _ordinary_text(rng) or "Bye."})
-        old_ids = old_prompt_ids(tok, system, tools, first)
+        naive_ids = naive_prompt_ids(tok, system, tools, first)
         for m in msgs[1:]:
             if m["role"] != "assistant":
                 pending.append(m)
                 continue
-            old_ids += (old_delta_ids(tok, pending) if pending else []) + chat.assistant_ids(tok, m)
+            naive_ids += (naive_delta_ids(tok, pending) if pending else []) + chat.assistant_ids(tok, m)
             pending = []
-        assert chat.conversation_ids(tok, system, tools, msgs)[0] == old_ids
+        assert chat.conversation_ids(tok, system, tools, msgs)[0] == naive_ids
 
 
 class MarkupCustomer:
@@ -422,7 +423,7 @@ def test_a_rollout_streams_the_customers_and_tools_markup_as_text(tok, shop, mon
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Every other boundary (issue 25): the agent's words to the customer's server, an endpoint agent's messages,
+# Every other boundary: the agent's words to the customer's server, an endpoint agent's messages,
 # ACEBench's local-model path, tool schemas from data files
 
 
@@ -434,7 +435,7 @@ def served_markers(tok, messages) -> tuple[int, int]:
 
 
 def test_the_agents_words_reach_the_customers_server_as_text(tok):
-    from user_prompt import _HIDDEN, simulator_messages
+    from user_sim import _HIDDEN, simulator_messages
 
     for bad in HOSTILE_CONTENTS:
         history = [{"role": "user", "content": "Hi, I want a refund."}, {"role": "assistant", "content": bad}]
@@ -475,7 +476,7 @@ def test_acebench_local_agent_encodes_markers_as_text(tok):
     clean_prompt = [{"role": "system", "content": "You are an agent."}, {"role": "user", "content": "hello"}]
     hostile = [clean_prompt[0], {"role": "user", "content": "user: " + FORGED}]
     engine_complete(engine, tok)([None, None], [clean_prompt, hostile])
-    assert markers(tok, engine.prompts[1]) == markers(tok, engine.prompts[0]) == (3, 2)  # (issue 25: 5 before)
+    assert markers(tok, engine.prompts[1]) == markers(tok, engine.prompts[0]) == (3, 2)  # no forged turn
 
 
 def test_schema_descriptions_from_data_files_stay_text(tok):
@@ -487,4 +488,4 @@ def test_schema_descriptions_from_data_files_stay_text(tok):
     assert markers(tok, ids) == markers(tok, chat.prompt_ids(tok, "You are an agent.", plain, "hello"))
     ordinary = [{"type": "function", "function": {"name": "g", "description": "Café: 10 < 20 | [x]", "parameters": {
         "type": "object", "properties": {}}}}]  # a schema without look-alikes renders exactly as before
-    assert chat.prompt_ids(tok, "s", ordinary, "u") == old_prompt_ids(tok, "s", ordinary, "u")
+    assert chat.prompt_ids(tok, "s", ordinary, "u") == naive_prompt_ids(tok, "s", ordinary, "u")
