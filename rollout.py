@@ -1,45 +1,39 @@
-"""Multi-turn rollouts: B tasks x G episodes of agent <-> simulated customer <-> tools. The one episode loop.
+"""Multi-turn rollouts: B tasks x G episodes of agent <-> customer <-> tools, the one episode loop.
 
-This is MUA-RL's rollout (Zhao et al., 2025, arXiv:2508.18669, section 3): each episode is a live
+MUA-RL's rollout (Zhao et al. 2025, arXiv:2508.18669, section 3): each episode is a live
 conversation. The agent writes a turn; a tool call in it runs on the episode's own database and the
-result comes back; a turn without one is a message to the simulated customer, who answers (or ends
-the conversation). Training (muarl.py) and evaluation (eval.py) both run conversations through
-`rollout()` alone. All episodes advance together, by rounds:
+result comes back; a turn without one is a message to the customer, who answers (or ends it).
+Training (muarl.py) and evaluation (eval.py) both run conversations through `rollout()` alone, and
+all episodes advance together, by rounds:
 
-    round:  1. every live episode waiting on the agent     -> ONE agent.act call (one batched generate)
-            2. tool calls                                   -> run on each episode's own env
-            3. every episode waiting on the customer        -> user.replies(...) concurrently
-            4. caps: turns, context length                  -> stop reasons
-    then:   score(episodes, worlds)                         -> reward 1 iff the final database is the gold one
+    round:  1. every episode waiting on the agent    -> ONE agent.act call (one batched generate)
+            2. its tool calls                         -> run on each episode's own env
+            3. every episode waiting on the customer  -> user.replies(...), concurrently
+            4. caps: turns, messages, errors, context -> stop reasons
+    then:   score(episodes, worlds)                   -> reward 1 iff the final database is right
+`PolicyAgent`, the model being trained, owns each episode's token stream (chat.py builds the
+pieces), exactly what the policy saw and sampled, never re-rendered: prompt (mask 0) | agent turn as
+sampled, with its end-of-turn token (mask 1) | tool result or customer message + generation prompt
+(mask 0) | agent turn (mask 1) | ... Log-probs ride on the mask-1 tokens; `Episode.spans` records
+each piece's author. Message-level agents (plumbing/agents.py) play the same loop without tokens.
 
-An `Agent` (the Protocol below) writes the agent's turns. `PolicyAgent`, the model being trained, owns each episode's
-token stream (chat.py builds the pieces), what the policy saw and sampled, never re-rendered: prompt (mask 0) | agent
-turn as sampled, incl. its end-of-turn token (mask 1) | tool result or customer message + generation prompt (mask 0) |
-agent turn (mask 1) | ...  Log-probs ride on the mask-1 tokens; `Episode.spans` records each turn's span and author,
-so a turn-level reward needs no change here. Message-level agents (agents.py) play the same loop without tokens.
+Seeds: episode j of a task's k-th draw in a call samples with episode_seed(cfg.seed, task id, k, j),
+its turns with episode_seed(that, turn): not on its batch-mates, so evaluation and training give
+identical episodes on one seed.
 
-Seeds: episode j of the k-th occurrence of a task in a call samples with episode_seed(cfg.seed, task
-id, k, j), each of its turns with episode_seed(that, turn): an episode's samples depend on its seed
-alone, not on its batch-mates, so evaluation and training give identical episodes on the same seed.
-
-Stop reasons: user_stop (the customer said ###STOP### or ###OUT-OF-SCOPE###), transfer
-(transfer_to_human_agents called, or the customer said ###TRANSFER###), max_turns (tool executions +
-customer replies reached the cap, as in the paper), context_full, malformed_call, too_many_errors
-(dual-control worlds only: tau2's rule, 10 failed tool calls from either side; it scores 0);
-user_error / agent_error (the customer simulator or an agent endpoint failed for good): the episode
-is *aborted*, never scored, and the trainer drops its group instead of scoring it 0.
+Stop reasons: user_stop (###STOP### or ###OUT-OF-SCOPE###), transfer (transfer_to_human_agents,
+or ###TRANSFER###), max_turns (the agent's tool executions + customer replies reached the paper's
+cap), max_messages and too_many_errors (tau2's caps: scored 0), context_full, malformed_call;
+user_error / agent_error (an endpoint failed for good): the episode is *aborted*, never scored, and
+the trainer drops its group instead of scoring it 0.
 
 Departures from the paper:
-1. Several tool calls in one turn: only the first runs (the paper's rule) unless `all_calls=True`.
-2. A malformed call ends the episode (the paper's rule) unless `malformed="observe"`: the parse
-   error goes back to the agent as a tool message.
-3. A turn cut off by `max_new_tokens` without its end-of-turn token is closed with that token at
-   mask 0 (the policy did not sample it, so it is not trained) and handled like any other turn.
-
-Dual-control worlds (telecom: `world.user_tools`): the customer's turn may run its own tools first
-(dual_control.Phone). Those calls and results go into the episode's readable `messages` (transcripts
-show them) and into the customer's own view, never into the agent's token stream, mask or messages:
-the agent hears only the customer's text.
+1. Several tool calls in one turn: only the first runs (the paper's rule) unless `all_calls`.
+2. A malformed call ends the episode (the paper's rule) unless `malformed="observe"`.
+3. A turn cut off by `max_new_tokens` is closed with the end-of-turn token at mask 0 (the policy
+   did not sample it, so it is not trained) and handled like any other turn.
+4. Dual control (telecom): the customer's own tool calls (dual_control.Phone) are not turns of the
+   paper's cap; they reach the readable `messages`, never the agent's stream: it hears only text.
 """
 
 from __future__ import annotations
@@ -60,10 +54,9 @@ from tools import TRANSFER_TOOL, ParsedTurn, clean
 from user_sim import OUT_OF_SCOPE, STOP, TRANSFER, User, UserError, is_terminal
 
 AGENT, USER, DONE = "agent", "user", "done"  # whom an episode waits on
-# stop reasons that say nothing about the agent: never scored
-ABORTED = ("user_error", "agent_error")
-# the customer's end markers
-ENDS = {STOP: "user_stop", OUT_OF_SCOPE: "user_stop", TRANSFER: "transfer"}
+ABORTED = ("user_error", "agent_error")  # stop reasons that say nothing about the agent: unscored
+ENDS = {STOP: "user_stop", OUT_OF_SCOPE: "user_stop", TRANSFER: "transfer"}  # the customer's ends
+ZERO = ("too_many_errors", "max_messages")  # endings tau2 scores 0, whatever the state reached
 
 # --------------------------------------------------------------------------------------------------
 # The episode record
@@ -72,21 +65,15 @@ ENDS = {STOP: "user_stop", OUT_OF_SCOPE: "user_stop", TRANSFER: "transfer"}
 @dataclass
 class Episode:
     task: Task
-    # index of the task in this batch: episodes of a group share a task (and a first user message)
-    group: int
-    # (T,) the token stream (empty for message-level agents)
-    ids: list[int] = field(default_factory=list)
-    # (T,) 1 = sampled by the policy (trained), 0 = context
-    mask: list[int] = field(default_factory=list)
-    # (T,) sampling log-prob of mask-1 tokens, 0.0 elsewhere
-    logprobs: list[float] = field(default_factory=list)
-    # one per piece of the stream: {"who", "start", "end"}, see append
-    spans: list[dict] = field(default_factory=list)
-    # readable: system, user, assistant (+tool_calls), tool
-    messages: list[dict] = field(default_factory=list)
+    group: int  # the task's index in the batch: a group's episodes share a task and an opening
+    ids: list[int] = field(default_factory=list)  # (T,) the token stream (message-level: empty)
+    mask: list[int] = field(default_factory=list)  # (T,) 1 = sampled by the policy (trained)
+    logprobs: list[float] = field(default_factory=list)  # (T,) sampling log-probs, 0.0 at mask 0
+    spans: list[dict] = field(default_factory=list)  # one per piece: {"who", "start", "end"}
+    messages: list[dict] = field(default_factory=list)  # readable: system, user, assistant, tool
     env: Env | None = None
     state: str = AGENT
-    turns: int = 0  # tool executions + customer replies (the paper's turn count)
+    turns: int = 0  # the agent's tool executions + customer replies (the paper's turn count)
     agent_turns: int = 0
     tool_calls: list[str] = field(default_factory=list)  # names of executed calls, in order
     stop_reason: str | None = None
@@ -94,8 +81,7 @@ class Episode:
     info: dict = field(default_factory=dict)
     timings: dict = field(default_factory=lambda: {"generate": 0.0, "tools": 0.0, "user": 0.0})
     seed: int | None = None  # this episode's sampling seed (None: unseeded)
-    # message-level agents, which have no ids: the endpoint's own count of the conversation
-    context_tokens: int = 0
+    context_tokens: int = 0  # message-level agents: the endpoint's own count of the conversation
 
     @property
     def aborted(self) -> bool:
@@ -103,30 +89,29 @@ class Episode:
 
     def append(self, ids: list[int], mask: int | list[int], logprobs: list[float] | None = None,
                who: str = "context") -> None:
-        """Grow ids, mask and logprobs together (the mask is built here, never inferred) and record the piece as a
-        span: who is "prompt", "agent" (a sampled turn), "tool" or "user" (what came back)."""
+        """Grow ids, mask and logprobs together (the mask is built here, never inferred) and record
+        the piece as a span: who is "prompt", "agent" (a sampled turn), "tool" or "user"."""
         self.spans.append({"who": who, "start": len(self.ids), "end": len(self.ids) + len(ids)})
         self.ids += ids
         self.mask += mask if isinstance(mask, list) else [mask] * len(ids)
         self.logprobs += logprobs if logprobs is not None else [0.0] * len(ids)
 
     def customer_history(self) -> list[dict]:
-        """The conversation as the customer lives it: text turns, no agent tool calls or results; in a dual-control
-        world, also the customer's own tool calls and results (customer_only), kept as such, never as text."""
-        return [m if customer_only(m) else {"role": m["role"], "content": m["content"]} for m in self.messages
-                if customer_only(m) or m["role"] == "user"
+        """The conversation as the customer lives it: text turns, no agent tool calls or results;
+        in dual control also its own tool calls and results (customer_only), kept as calls."""
+        said = [m for m in self.messages if customer_only(m) or m["role"] == "user"
                 or (m["role"] == "assistant" and not m.get("tool_calls") and m.get("content"))]
+        return [m if customer_only(m) else {"role": m["role"], "content": m["content"]} for m in said]
 
     def stop(self, reason: str, error: str | None = None) -> None:
         self.state, self.stop_reason = DONE, reason
-        # an aborted episode keeps why, as info["user_error"] or info["agent_error"]
-        if error is not None:
+        if error is not None:  # an aborted episode keeps why: info["user_error"] / ["agent_error"]
             self.info[reason] = error
 
     def to_json(self, with_tokens: bool = False) -> dict:
         keys = ("group", "seed", "reward", "info", "stop_reason", "turns", "agent_turns", "tool_calls", "timings")
-        d = {"task_id": self.task.id, **{k: getattr(self, k) for k in keys}, "messages": self.messages,
-             "tokens": len(self.ids), "trained_tokens": sum(self.mask)}
+        d = {"task_id": self.task.id, **{k: getattr(self, k) for k in keys},
+             "messages": self.messages, "tokens": len(self.ids), "trained_tokens": sum(self.mask)}
         if with_tokens:
             d.update(ids=self.ids, mask=self.mask, logprobs=self.logprobs, spans=self.spans)
         return d
@@ -134,27 +119,23 @@ class Episode:
 
 @dataclass
 class RolloutConfig:
-    max_turns: int = 30  # tool executions + customer replies (paper: 30)
+    max_turns: int = 30  # the agent's tool executions + customer replies (paper: 30)
     max_context: int = 32768  # tokens in one episode's stream (paper: 32,768)
     max_new_tokens: int = 1024  # per agent turn (paper: 1,024)
     temperature: float = 1.0
     top_p: float = 1.0
     all_calls: bool = False  # run every call of a turn instead of only the first
-    # "end" the episode on a malformed call, or "observe" it as an error message
-    malformed: str = "end"
-    # render the tool schemas into the system prompt (off: learned from SFT data)
-    tools_in_prompt: bool = True
-    # the rollout's seed; every episode's own seed is derived from it (module docstring)
-    seed: int | None = None
-    max_messages: int = 0  # tau2's cap on the conversation's messages (its max_steps, 200); 0: none
-    # tau2's cap on failed tool calls, from either side (10); 0: dual-control worlds' own
-    max_errors: int = 0
+    malformed: str = "end"  # a malformed call: "end" the episode, or "observe" it (an error shown)
+    tools_in_prompt: bool = True  # tool schemas in the system prompt (off: learned from SFT data)
+    seed: int | None = None  # the rollout's seed: every episode's own derives from it
+    max_messages: int = 0  # tau2's cap on a conversation's messages (its max_steps, 200); 0: none
+    max_errors: int = 0  # tau2's cap on failed tool calls, both sides (10); 0: dual control's own
 
     @classmethod
     def of(cls, cfg, greedy: bool = False, seed: int | None = None) -> "RolloutConfig":
         """A run's flags (config.Config) as the rollout takes them; `greedy` for evaluation."""
-        return cls(max_turns=cfg.max_turns, max_context=cfg.max_context, max_new_tokens=cfg.max_new_tokens,
-                   temperature=0.0 if greedy else cfg.temperature, top_p=cfg.top_p, seed=seed,
+        return cls(cfg.max_turns, cfg.max_context, cfg.max_new_tokens,
+                   0.0 if greedy else cfg.temperature, cfg.top_p, seed=seed,
                    tools_in_prompt=cfg.tools_in_prompt, malformed=cfg.malformed)
 
 
@@ -163,10 +144,10 @@ class RolloutConfig:
 
 
 class Agent(Protocol):
-    """The agent side of the loop: rollout() calls begin() once per episode, act() once per round with every episode
-    waiting on the agent, observe() with what came back (tool results, or the customer's reply).
-    act() returns, per
-    episode in order, a tools.ParsedTurn (text, calls, parse errors) or, if the agent itself failed, an Exception."""
+    """The agent side of the loop: rollout() calls begin() once per episode, act() once per round
+    with every episode waiting on the agent, observe() with what came back (tool results, or the
+    customer's reply). act() returns, per episode in order, a tools.ParsedTurn (text, calls, parse
+    errors) or, if the agent itself failed, an Exception."""
 
     def begin(self, ep: Episode, rules: str, schemas: list[dict], first: str) -> None: ...
 
@@ -176,37 +157,33 @@ class Agent(Protocol):
 
 
 class PolicyAgent:
-    """The model being trained, through a token engine (engine.py): one batched generate per round. It owns each
-    episode's token stream, so training updates exactly the tokens that were sampled."""
+    """The model being trained, through a token engine (engine.py): one batched generate a round.
+    It owns each episode's token stream: training updates exactly the tokens that were sampled."""
 
     def __init__(self, engine, tokenizer):
         self.engine, self.tok, self.eot = engine, tokenizer, chat.end_of_turn_id(tokenizer)
 
-    def begin(self, ep, rules, schemas, first):
-        # system + tools + 1st message
+    def begin(self, ep, rules, schemas, first):  # system + tools + the first message (mask 0)
         ep.append(chat.prompt_ids(self.tok, rules, schemas, first), 0, who="prompt")
 
     def act(self, episodes, cfg):
         budget = [min(cfg.max_new_tokens, cfg.max_context - len(e.ids)) for e in episodes]
         seeds = None if episodes[0].seed is None else [episode_seed(e.seed, e.agent_turns) for e in episodes]
-        samples = self.engine.generate([e.ids for e in episodes], max_new_tokens=max(budget), seed=seeds,
-                                       temperature=cfg.temperature, top_p=cfg.top_p, stop_token_ids=[self.eot])
+        samples = self.engine.generate([e.ids for e in episodes], max_new_tokens=max(budget),
+                                       seed=seeds, temperature=cfg.temperature, top_p=cfg.top_p,
+                                       stop_token_ids=[self.eot])
         turns = []
         for e, s, b in zip(episodes, samples, budget):
-            # one engine call serves many budgets
-            ids, lps = list(s.token_ids)[:b], list(s.logprobs)[:b]
+            ids, lps = list(s.token_ids)[:b], list(s.logprobs)[:b]  # one call, many budgets
             closed = bool(ids) and ids[-1] == self.eot
             text = self.tok.decode(ids[:-1] if closed else ids, skip_special_tokens=False)
-            # cut off by max_new_tokens: close the turn, unsampled (mask 0)
-            shut = [] if closed else [self.eot]
+            shut = [] if closed else [self.eot]  # cut off: the turn is closed, unsampled (mask 0)
             e.append(ids + shut, [1] * len(ids) + [0] * len(shut), lps + [0.0] * len(shut), who="agent")
-            # <tool_call> JSON, or a benchmark's own syntax
-            turns.append(e.env.world.parse_turn(e.env, text))
+            turns.append(e.env.world.parse_turn(e.env, text))  # <tool_call> JSON, or a bench's own
         return turns
 
     def observe(self, ep, messages):
-        # tool results / a customer message + the next generation prompt, rendered by the template
-        # (mask 0)
+        # tool results / a customer message + the next generation prompt, by the template (mask 0)
         ep.append(chat.delta_ids(self.tok, messages), 0, who=messages[-1]["role"])
 
 
@@ -215,15 +192,14 @@ class PolicyAgent:
 
 
 def _apply_turn(ep: Episode, turn: ParsedTurn, cfg: RolloutConfig) -> list[dict]:
-    """Record an agent turn and run its tool calls; return the messages that go back to the agent (tool results),
-    or [] when the turn is a message to the customer or ends the episode."""
+    """Record an agent turn and run its tool calls; return what goes back to the agent (tool
+    results), or [] when the turn is a message to the customer or ends the episode."""
     ep.agent_turns += 1
     calls = turn.calls if cfg.all_calls else turn.calls[:1]
     ep.messages.append({"role": "assistant", "content": turn.content}
                        | ({"tool_calls": [{"type": "function", "function": c} for c in calls]} if calls else {})
                        | ({"malformed": turn.errors} if turn.errors else {}))
-    # a domain's own stop rule, after every message (ACEBench: "finish conversation")
-    if why := ep.env.world.ends(ep):
+    if why := ep.env.world.ends(ep):  # a domain's own stop rule (ACEBench: "finish conversation")
         ep.stop(why)
         return []
     if turn.errors and cfg.malformed == "end":
@@ -232,24 +208,22 @@ def _apply_turn(ep: Episode, turn: ParsedTurn, cfg: RolloutConfig) -> list[dict]
     if turn.errors and not calls:  # malformed="observe": the parse error goes back to the agent
         obs = [{"role": "tool", "name": "error", "content": "Error: " + "; ".join(turn.errors)}]
         ep.messages += obs
-        # an observation, like a tool execution: counted, so a model stuck on bad calls hits the cap
-        ep.turns += 1
+        ep.turns += 1  # counted like a tool execution: a model stuck on bad calls hits the cap
         return obs
     if not calls:  # a message to the customer
         ep.state = USER
         return []
     results, t0, n_calls = [], time.perf_counter(), len(ep.env.calls)
     for c in calls:
-        results.append({"role": "tool", "name": c["name"], "content": ep.env.call(c["name"], c["arguments"])})
+        out = ep.env.call(c["name"], c["arguments"])
+        results.append({"role": "tool", "name": c["name"], "content": out})
         ep.tool_calls.append(c["name"])
         ep.turns += 1
         if c["name"] == TRANSFER_TOOL:
             break
     ep.timings["tools"] += time.perf_counter() - t0
-    # for turn-level rewards: which calls this turn made, and
-    if ep.spans and ep.spans[-1]["who"] == "agent":
-        # whether each succeeded
-        ep.spans[-1]["calls"] = [(c.name, not c.error) for c in ep.env.calls[n_calls:]]
+    if ep.spans and ep.spans[-1]["who"] == "agent":  # for turn-level rewards: the calls it made,
+        ep.spans[-1]["calls"] = [(c.name, not c.error) for c in ep.env.calls[n_calls:]]  # and fates
     ep.messages += results
     if ep.tool_calls[-1] == TRANSFER_TOOL or (why := ep.env.world.ends(ep)):
         ep.stop("transfer" if ep.tool_calls[-1] == TRANSFER_TOOL else why)
@@ -258,7 +232,7 @@ def _apply_turn(ep: Episode, turn: ParsedTurn, cfg: RolloutConfig) -> list[dict]
 
 
 def messages(ep: Episode) -> int:
-    """The conversation's messages as tau2 counts them against its cap: all but the system prompt."""
+    """The conversation's messages as tau2 counts them against its cap: all but the system's."""
     return sum(m["role"] != "system" for m in ep.messages)
 
 
@@ -266,8 +240,8 @@ def _check_caps(ep: Episode, cfg: RolloutConfig) -> None:
     if ep.state == DONE:  # stopped already, for its own reason
         return
     errors = sum(c.error for c in ep.env.calls)
-    if ep.env.world.user_tools and too_many_errors(ep.env) or cfg.max_errors and errors >= cfg.max_errors:
-        # tau2's rule: in the dual-control worlds it comes with, and tau2's evaluation
+    if ep.env.world.user_tools and too_many_errors(ep.env) or cfg.max_errors and \
+            errors >= cfg.max_errors:  # tau2's rule: in dual control, and in tau2's evaluation
         ep.stop("too_many_errors")
     elif cfg.max_messages and messages(ep) >= cfg.max_messages:
         ep.stop("max_messages")
@@ -278,23 +252,23 @@ def _check_caps(ep: Episode, cfg: RolloutConfig) -> None:
 
 
 def _first_message(user, task, tools: bool = False):
-    try:  # tools: the customer has a phone (its opening is still text: user_sim departure 5)
+    try:  # tools: the customer has a phone (its opening is still text)
         first = user.first_message(task, tools=True) if tools else user.first_message(task)
-        return clean(first) if isinstance(first, str) else UserError(f"the opening is {type(first).__name__}, not text")
+        return clean(first) if isinstance(first, str) else UserError(f"the opening is {type(first).__name__}")
     except UserError as err:
         return err
-    except Exception as err:  # noqa: BLE001 - a broken user simulator aborts the task's episodes, not the run
+    except Exception as err:  # noqa: BLE001 - a broken simulator aborts its task, not the run
         return UserError(f"{type(err).__name__}: {err}")
 
 
 def rollout(tasks: list[Task], group_size: int, worlds: dict[str, World], agent: Agent, user: User,
             cfg: RolloutConfig, progress=None, seeds: list[int] | None = None) -> list[Episode]:
-    """Play len(tasks) x group_size episodes, G consecutive per task; they come back unscored, databases open: call
-    score() next. `seeds`: one per episode, in order, for those from cfg.seed (a logged .seed replays its episode)."""
+    """Play len(tasks) x group_size episodes, G consecutive per task; they come back unscored,
+    databases open: call score() next. `seeds`: one per episode, in order, for those from cfg.seed
+    (a logged .seed replays its episode). `progress(done, total)` after every round."""
     if seeds is not None and len(seeds) != len(tasks) * group_size:
         raise ValueError(f"rollout: {len(seeds)} seeds for {len(tasks) * group_size} episodes")
-    # the first customer message: generated once per task and shared by the task's G episodes
-    # (user_sim caches it)
+    # the customer's opening: once per task, shared by the task's G episodes (LLMUser caches it)
     with ThreadPoolExecutor(max_workers=max(1, min(16, len(tasks)))) as pool:
         firsts = list(pool.map(_first_message, [user] * len(tasks), tasks,
                                [bool(worlds[t.domain].user_tools) for t in tasks]))
@@ -313,13 +287,13 @@ def rollout(tasks: list[Task], group_size: int, worlds: dict[str, World], agent:
                 ep.stop("user_error", str(first))
             else:
                 ep.messages.append({"role": "user", "content": first})
-                agent.begin(ep, world.rules, ep.env.tool_schemas(ep.messages) if cfg.tools_in_prompt else [], first)
+                schemas = ep.env.tool_schemas(ep.messages) if cfg.tools_in_prompt else []
+                agent.begin(ep, world.rules, schemas, first)
                 _check_caps(ep, cfg)
             episodes.append(ep)
 
     while any(e.state != DONE for e in episodes):
-        # 1. every episode waiting on the agent: one call; 2. tool calls, on each episode's own
-        # database
+        # 1. every episode waiting on the agent: one call; 2. its tool calls, on its own database
         live = [e for e in episodes if e.state == AGENT]
         if live:
             t0 = time.perf_counter()
@@ -327,10 +301,9 @@ def rollout(tasks: list[Task], group_size: int, worlds: dict[str, World], agent:
             dt = (time.perf_counter() - t0) / len(live)
             for e, turn in zip(live, turns):
                 e.timings["generate"] += dt
-                # the endpoint failed; or said the context is full (agents.py)
-                if isinstance(turn, Exception):
-                    e.stop("context_full" if getattr(turn, "context_full", False) else "agent_error",
-                           f"{type(turn).__name__}: {turn}")
+                if isinstance(turn, Exception):  # the endpoint failed, or said the context is full
+                    e.stop("context_full" if getattr(turn, "context_full", False) else
+                           "agent_error", f"{type(turn).__name__}: {turn}")
                     continue
                 if new := _apply_turn(e, turn, cfg):
                     agent.observe(e, new)
@@ -339,29 +312,28 @@ def rollout(tasks: list[Task], group_size: int, worlds: dict[str, World], agent:
         waiting = [e for e in episodes if e.state == USER]
         if waiting:
             t0 = time.perf_counter()
-            # dual-control: a phone per episode, to run the customer's own tool calls on its env (as
-            # "user") its own tool calls are no turns of the agent's: capped by tau2's message cap,
-            # else the turn cap
-            phones = [Phone(e.env, e.messages, cfg.max_messages - messages(e) if cfg.max_messages else cfg.max_turns,
-                            "max_messages" if cfg.max_messages else "max_turns")
-                      if e.env.world.user_tools else None for e in waiting]
-            # each request carries its own seed, from the episode's: a sampled customer replies the
+            # dual control: a phone per episode runs the customer's own calls on its env (as
+            # "user"); they are no turns of the agent's: capped by tau2's message cap, or the turns
+            cap = "max_messages" if cfg.max_messages else "max_turns"
+            phones = [Phone(e.env, e.messages, cfg.max_messages - messages(e) if cfg.max_messages
+                            else cfg.max_turns, cap) if e.env.world.user_tools else None
+                      for e in waiting]
+            # each request carries its own seed, the episode's: a sampled customer replies the
             # same on a rerun
             replies = user.replies([(e.task, e.customer_history(), p, None if e.seed is None else
-                                     episode_seed(e.seed, "user", e.turns)) for e, p in zip(waiting, phones)])
+                                     episode_seed(e.seed, "user", e.turns))
+                                    for e, p in zip(waiting, phones)])
             dt = (time.perf_counter() - t0) / len(waiting)
             for e, p, r in zip(waiting, phones, replies):
                 e.timings["user"] += dt
                 if isinstance(r, UserError):
                     e.stop("user_error", str(r))
                     continue
-                if p is not None:  # a cap on the customer's own calls can end the episode
-                    if p.stop or r is None:
-                        e.stop(p.stop or "max_turns")
-                        continue
+                if p is not None and (p.stop or r is None):  # a cap on its own calls ends it
+                    e.stop(p.stop or cap)
+                    continue
                 e.turns += 1
-                # the customer's text is data: carried, never trusted
-                r = clean(r) if isinstance(r, str) else str(r)
+                r = clean(r) if isinstance(r, str) else str(r)  # the customer's text is data
                 e.messages.append({"role": "user", "content": r})
                 if marker := is_terminal(r):
                     e.stop(ENDS[marker])
@@ -376,30 +348,27 @@ def rollout(tasks: list[Task], group_size: int, worlds: dict[str, World], agent:
     return episodes
 
 
-def score(episodes: list[Episode], worlds: dict[str, World], check_outputs: bool = False) -> list[Episode]:
-    """The outcome reward, its own step: r = 1 iff the final database equals the one the task's gold actions
-    produce [and the required outputs were said]. Sets each episode's reward and info, closes its
-    database.
-    Aborted episodes are not scored (reward stays 0, and the trainer drops their groups)."""
+def score(episodes: list[Episode], worlds: dict[str, World], check_outputs: bool = False):
+    """The outcome reward, its own step: r = 1 iff the final database equals the one the task's gold
+    actions produce [and the required outputs were said]. Sets each episode's reward and info and
+    closes its database. Aborted episodes are not scored (the trainer drops their groups)."""
     for e in [e for e in episodes if e.env is not None]:  # (env None: scored already)
-        if not e.aborted:
-            e.reward, info = worlds[e.task.domain].score(e.task, e.env, e.messages, check_outputs=check_outputs,
-                                                         # telecom scores the ending
-                                                         stop_reason=e.stop_reason)
+        world = worlds[e.task.domain]
+        if not e.aborted:  # (telecom scores the ending too: stop_reason)
+            e.reward, info = world.score(e.task, e.env, e.messages, check_outputs=check_outputs,
+                                         stop_reason=e.stop_reason)
             e.info.update(info)
-            # tau2 scores these endings 0, whatever
-            if e.stop_reason in ("too_many_errors", "max_messages"):
-                e.reward = 0.0  # the state reached
-            if (bad := worlds[e.task.domain].customer_mistakes(e.task, e.messages)) is not None:
-                # the customer's fidelity, where the world can check it
-                e.info["customer_mistakes"] = bad
+            if e.stop_reason in ZERO:
+                e.reward = 0.0
+            if (bad := world.customer_mistakes(e.task, e.messages)) is not None:
+                e.info["customer_mistakes"] = bad  # the customer's fidelity, where checkable
         e.env.close()
         e.env = None
     return episodes
 
 
 class TrajectoryLog:
-    """Append-only JSONL of finished episodes (one line each); a crash loses at most the line being written."""
+    """Append-only JSONL of finished episodes, one a line: a crash loses at most the last line."""
 
     def __init__(self, path: str | Path, with_tokens: bool = False):
         self.path, self.with_tokens = Path(path), with_tokens
@@ -411,9 +380,8 @@ class TrajectoryLog:
 
 
 if __name__ == "__main__":
-    # A tiny untrained model as the policy, the scripted customer, two shop tasks x G = 2: watch the
-    # token stream, its spans and its mask (rewards are chance). `python agents.py` plays the oracle
-    # through this loop: all score 1.
+    # A tiny untrained policy, the scripted customer, two shop tasks x G = 2: the token stream, its
+    # spans and its mask (rewards are chance)
     import tempfile
 
     from domains import load_world
@@ -424,9 +392,9 @@ if __name__ == "__main__":
     world = load_world("shop", seed=0, n_train=20, n_test=20)
     tasks = world.tasks("test")[:2]
     model, tok = build_tiny(tempfile.mkdtemp(), texts=[world.rules] + [json.dumps(t.expert) for t in tasks])
-    cfg = RolloutConfig(tools_in_prompt=False, max_turns=6, max_new_tokens=32, max_context=1024, seed=0)
-    eps = rollout(tasks, 2, {"shop": world}, PolicyAgent(HFEngine(model, tok), tok), ScriptedUser(), cfg)
-    for e in score(eps, {"shop": world}, check_outputs=True):
-        print(f"{e.task.id}: reward {e.reward}  stop {e.stop_reason}  turns {e.turns}  calls {e.tool_calls}  "
-              f"tokens {len(e.ids)} (trained {sum(e.mask)})  spans {[s['who'] for s in e.spans]}")
+    agent, cfg = PolicyAgent(HFEngine(model, tok), tok), RolloutConfig(6, 1024, 32, tools_in_prompt=False, seed=0)
+    for e in score(rollout(tasks, 2, {"shop": world}, agent, ScriptedUser(), cfg), {"shop": world}):
+        print(f"{e.task.id}: reward {e.reward} stop {e.stop_reason} turns {e.turns} calls {e.tool_calls} "
+              f"tokens {len(e.ids)} (trained {sum(e.mask)}) spans {[s['who'] for s in e.spans]}")
+    eps = [e]
     print("\n" + chat.show_mask(tok, eps[0].ids, eps[0].mask))

@@ -309,6 +309,30 @@ def test_customer_tool_calls_add_no_turns_and_the_cap_is_per_customer_turn(world
     assert ep.stop_reason == "max_turns" and ep.turns == 0 and len(ep.env.calls) == 7
 
 
+def _calls_forever(body):
+    return text("My lamp is off.") if len(body["messages"]) == 2 else calls(("look_at_lamp", "{}"))
+
+
+def test_with_a_message_cap_the_phone_stops_at_it(world, tok, serve):
+    # tau2's cap on messages, when set, bounds the customer's own calls too (their turn cap is then not used)
+    srv, user = serve(_calls_forever)
+    ep = play(world, tok, user, max_messages=10, max_turns=1000)
+    assert ep.stop_reason == "max_messages" and ep.turns == 0
+    assert all(c.requestor == "user" and not c.error for c in ep.env.calls) and len(ep.env.calls) >= 4
+    score([ep], {"lamp": world})
+    assert ep.reward == 0.0
+
+
+@pytest.mark.xfail(strict=True, reason="dual_control.Phone counts calls against the message cap rollout gives it: "
+                   "each call adds 2 messages (call, result), so the episode ends holding 2 * (N - 2) + 2")
+def test_with_a_message_cap_a_dual_control_episode_holds_n_messages(world, tok, serve):
+    from rollout import messages
+
+    srv, user = serve(_calls_forever)
+    ep = play(world, tok, user, max_messages=10, max_turns=1000)
+    assert ep.stop_reason == "max_messages" and messages(ep) == 10  # (18 as it stands: 8 calls)
+
+
 def test_scripted_customer_acts_when_asked(world, tok, monkeypatch):
     monkeypatch.setitem(DOMAINS, "lamp", Domain(build=lambda: world, script=telecom_user))
     task = world.tasks()[0]
@@ -450,12 +474,30 @@ def test_telecom_customer_calls_run_on_the_phone_and_never_reach_the_agent(telec
         [("toggle_data", "user", False), ("refuel_data", "assistant", False)]
     assert "Status Bar:" in [m for m in ep.messages if customer_only(m)][1]["content"]
     assert ep.ids == plain.ids and ep.mask == plain.mask and ep.spans == plain.spans  # the agent never saw it
+    assert ep.turns == plain.turns == 3  # 2 customer replies + the agent's refuel: the customer's toggle is no turn
     stream = tok.decode(ep.ids, skip_special_tokens=False)  # (the policy text itself names toggle_data)
     assert '"toggle_data"' not in stream and "Mobile Data" not in stream.split("<|im_start|>user")[-1]
     assert len(srv.requests[1]["tools"]) == len(telecom.user_tools) == 30
     score([ep, plain], {"telecom": telecom})
     # the task needs both sides: data on (the customer) and 2 GB refuelled (the agent)
     assert (ep.reward, plain.reward) == (1.0, 0.0) and ep.info["completion"] > plain.info["completion"]
+
+
+@needs_telecom
+def test_a_telecom_customer_that_calls_tools_forever_is_cut_per_turn(telecom, tok, serve):
+    def answer(body):
+        return text("Hi, my mobile data does not work.") if len(body["messages"]) == 2 else \
+            calls(("check_status_bar", "{}"))
+
+    srv, user = serve(answer)
+    task = telecom.task(DATA_OFF)
+    ep = rollout([task], 1, {"telecom": telecom}, PolicyAgent(Turns(tok, ["Please check your status bar."]), tok),
+                 user, RolloutConfig(max_turns=5, max_context=100_000))[0]
+    assert ep.stop_reason == "max_turns" and ep.turns == 0 and ep.agent_turns == 1
+    assert [(c.name, c.requestor, c.error) for c in ep.env.calls] == [("check_status_bar", "user", False)] * 5
+    assert len(srv.requests) == 1 + 5
+    score([ep], {"telecom": telecom})
+    assert ep.reward == 0.0
 
 
 @needs_telecom

@@ -1,17 +1,21 @@
 """eval.py: pass^k as tau-bench defines it, the summary table, and the command line on the shop and tau2 worlds."""
 
+import dataclasses
 import json
 import math
 import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
+import eval as ev
 from conftest import TAU2, needs_tau2
-from config import ConfigError
+from config import Config
 from eval import main, pass_hat_k
+from plumbing.flags import ConfigError, public
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -29,18 +33,20 @@ def test_pass_hat_k_is_taubench_formula():
 
 def test_oracle_on_the_shop_scores_one(tmp_path, capsys):
     out = tmp_path / "t.jsonl"
-    m = main(["--agent", "oracle", "--domain", "shop", "--tasks", "40", "--out", str(out)])
+    m = main(["--agent", "oracle", "--domains", "shop", "--eval_tasks", "40", "--eval_trials", "1", "--out", str(out)])
     assert m["pass^1"] == 1.0 and m["episodes"] == 40 and m["aborted"] == 0
     printed = capsys.readouterr().out
     assert "| oracle (gold actions) | 100.0 |" in printed
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(rows) == 40 and all(r["reward"] == 1.0 for r in rows)
-    main(["--agent", "oracle", "--domain", "shop", "--tasks", "3", "--out", str(out)])  # again, to the same file
-    assert len(out.read_text().splitlines()) == 3  # this evaluation's transcripts only, not appended to the last
+    m = main(["--agent", "oracle", "--domains", "shop", "--eval_tasks", "3", "--out", str(out)])  # again, same file
+    assert len(out.read_text().splitlines()) == 3 * 4  # this evaluation's only (4 trials: the default), not appended
+    assert m["episodes"] == 12 and m["pass^4"] == 1.0
 
 
 def test_local_tiny_model_on_the_shop_prints_a_table(tmp_path):
-    # The whole CLI path for a local model: load, engine, scripted user, k trials, table, transcripts.
+    # The whole CLI path for a local model: load, engine, scripted user (said: the default is the LLM customer), k
+    # trials, table, transcripts.
     from domains import load_world
     from plumbing.tiny_model import build_tiny
 
@@ -48,8 +54,8 @@ def test_local_tiny_model_on_the_shop_prints_a_table(tmp_path):
     model_dir = tmp_path / "tiny"
     build_tiny(model_dir, texts=[world.rules] + [json.dumps(t.expert) for t in world.tasks("test")[:20]],
                hidden=64, layers=1, heads=1, kv_heads=1, intermediate=128, vocab_size=400)
-    r = subprocess.run([sys.executable, "eval.py", "--model", str(model_dir), "--domain", "shop", "--tasks", "6",
-                        "--trials", "2", "--max_turns", "6", "--max_new_tokens", "16", "--max_context", "1024",
+    r = subprocess.run([sys.executable, "eval.py", "--model", str(model_dir), "--domains", "shop", "--eval_tasks", "6",
+                        "--eval_trials", "2", "--user", "scripted", "--max_turns", "6", "--max_new_tokens", "16", "--max_context", "1024",
                         "--tools_in_prompt", "0", "--out", str(tmp_path / "t.jsonl")],
                        cwd=REPO, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert r.returncode == 0, r.stderr[-2000:]
@@ -72,7 +78,8 @@ def test_sampled_trials_differ_and_replay(tmp_path):
 
     def run(name, *flags):
         out = tmp_path / f"{name}.jsonl"
-        main(["--model", str(model_dir), "--domain", "shop", "--tasks", "4", "--trials", "2", "--max_turns", "4",
+        main(["--model", str(model_dir), "--domains", "shop", "--eval_tasks", "4", "--eval_trials", "2", "--user",
+              "scripted", "--max_turns", "4",
               "--max_new_tokens", "12", "--max_context", "1024", "--tools_in_prompt", "0", "--out", str(out), *flags])
         eps = [json.loads(line) for line in out.read_text().splitlines()]
         return [(e["task_id"], json.dumps(e["messages"])) for e in eps]
@@ -85,11 +92,100 @@ def test_sampled_trials_differ_and_replay(tmp_path):
     assert run("other", "--temperature", "1", "--seed", "4") != sampled
 
 
+def _tiny_run(tmp_path, **settings):
+    """A run folder as muarl.py leaves it: RUN/final (a tiny model) and RUN/config.json (the run's settings)."""
+    from domains import load_world
+    from plumbing.tiny_model import build_tiny
+
+    world = load_world("shop", seed=0, n_train=0)
+    run = tmp_path / "run"
+    build_tiny(run / "final", texts=[world.rules] + [json.dumps(t.expert) for t in world.tasks("test")[:20]],
+               hidden=64, layers=1, heads=1, kv_heads=1, intermediate=128, vocab_size=400)
+    (run / "config.json").write_text(json.dumps(public(dataclasses.replace(Config(), out_dir=str(run), **settings))))
+    return run
+
+
+def test_a_runs_final_model_is_evaluated_with_the_runs_own_settings(tmp_path, monkeypatch, capsys):
+    # --model RUN/final: RUN/config.json's settings for every shared flag the command line leaves out (its world and
+    # the world's seed and size, its customer, its turn and token limits, its seed, its trials); a flag given wins.
+    # The agent stays evaluation's own: greedy (not the run's sampling temperature), and --eval_tasks is never the run's
+    from domains import load_worlds
+    from user_sim import USERS
+
+    run = _tiny_run(tmp_path, domains="shop", user="scripted", synthetic_seed=3, synthetic_test=12, max_turns=3,
+                    max_new_tokens=8, max_context=1024, tools_in_prompt=False, seed=5, eval_trials=2, eval_tasks=9,
+                    temperature=0.7, top_p=0.9, engine="vllm")
+    seen = []
+    real = ev.evaluate
+
+    def evaluate(tasks, worlds, agent, user, cfg, trials=1, **k):
+        seen.append((tasks, user, cfg, trials))
+        return real(tasks, worlds, agent, user, cfg, trials=trials, **k)
+
+    monkeypatch.setattr(ev, "evaluate", evaluate)
+    m = main(["--model", str(run / "final"), "--out", str(tmp_path / "a.jsonl")])
+    tasks, user, cfg, trials = seen[-1]
+    printed = capsys.readouterr().out
+    assert f"the settings of the run in {run}" in printed and "12 tasks x 2 trials on shop/test" in printed
+    assert m["episodes"] == 12 * 2 and trials == 2 and isinstance(user, USERS["scripted"])
+    assert (cfg.max_turns, cfg.max_new_tokens, cfg.max_context, cfg.tools_in_prompt, cfg.seed) == (3, 8, 1024, False, 5)
+    assert (cfg.temperature, cfg.top_p) == (0.0, 1.0)  # the agent greedy, whatever the run sampled at
+    # the run's own world: its seed and size (another seed is another world)
+    world = dict(domains="shop", synthetic_train=0, synthetic_test=12, synthetic_users=40, synthetic_test_users=10)
+    own = load_worlds(SimpleNamespace(**world, synthetic_seed=3))["shop"].tasks("test")
+    other = load_worlds(SimpleNamespace(**world, synthetic_seed=0))["shop"].tasks("test")
+    assert [t.spec for t in tasks] == [t.spec for t in own] != [t.spec for t in other]
+
+    # flags given override the run's settings; what is not given is still the run's
+    main(["--model", str(run / "final"), "--eval_trials", "1", "--max_turns", "2", "--synthetic_seed", "0",
+          "--eval_tasks", "4", "--seed", "1", "--out", str(tmp_path / "b.jsonl")])
+    tasks, user, cfg, trials = seen[-1]
+    assert trials == 1 and (cfg.max_turns, cfg.seed, cfg.max_new_tokens, cfg.tools_in_prompt) == (2, 1, 8, False)
+    assert [t.spec for t in tasks] == [t.spec for t in other[:4]] and isinstance(user, USERS["scripted"])
+    assert "4 tasks x 1 trials on shop/test" in capsys.readouterr().out
+
+
+def test_a_model_folder_outside_a_run_takes_no_settings(tmp_path):
+    # a folder without a run's config.json beside it (or with another file of that name): evaluation's defaults
+    from plumbing.eval_flags import parse_args
+
+    run = _tiny_run(tmp_path, domains="shop", max_turns=3)
+    (run / "config.json").write_text(json.dumps({"domains": "shop"}))  # not muarl's: no max_context in it
+    a = parse_args(["--model", str(run / "final")])
+    assert (a.domains, a.max_turns, a.eval_trials, a.user, a.from_run) == (Config.domains, Config.max_turns, 4, "llm", "")
+
+
+@pytest.mark.parametrize("flag,value", [("user", "llm"), ("user", "scripted"), ("user_model", "gpt-4.1"),
+                                        ("user_base_url", "http://127.0.0.1:1/v1"), ("user_serve", "demo")])
+def test_the_oracle_with_a_customer_flag_is_refused_in_one_line(flag, value):
+    # the oracle replays the gold actions to a fixed line: it talks to no customer, so a customer asked for is a mistake
+    with pytest.raises(ConfigError, match="--agent oracle replays the gold actions .* drop the --user flags") as e:
+        main(["--agent", "oracle", "--domains", "shop", f"--{flag}", value])
+    assert "\n" not in str(e.value)
+
+
+def test_the_oracle_with_a_customer_on_the_command_line_is_one_line_exit_2():
+    r = subprocess.run([sys.executable, "eval.py", "--agent", "oracle", "--user", "llm"], cwd=REPO,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and r.stdout == "" and r.stderr.splitlines() == [
+        "eval: config error: --agent oracle replays the gold actions to a fixed line and talks to no customer: drop "
+        "the --user flags"]
+
+
 @needs_tau2
-def test_oracle_on_the_tau2_test_split(tmp_path):
-    m = main(["--agent", "oracle", "--domain", "retail,airline", "--split", "test", "--data_dir", str(TAU2 / "data"),
+def test_oracle_on_the_tau2_test_split_with_tau2s_caps(tmp_path, monkeypatch):
+    # every trial of every test task (4 by default) replays to 1; in tau2's worlds the conversation keeps tau2's own
+    # limits: 200 messages, 10 tool errors (a generated world has neither)
+    seen = []
+    real = ev.evaluate
+    monkeypatch.setattr(ev, "evaluate", lambda tasks, worlds, agent, user, cfg, **k: seen.append(cfg) or
+                        real(tasks, worlds, agent, user, cfg, **k))
+    m = main(["--agent", "oracle", "--domains", "retail,airline", "--split", "test", "--data_dir", str(TAU2 / "data"),
               "--out", str(tmp_path / "t.jsonl")])
-    assert m["pass^1"] == 1.0 and m["episodes"] == 60
+    assert m["pass^1"] == m["pass^4"] == 1.0 and m["episodes"] == 60 * 4
+    assert (seen[0].max_messages, seen[0].max_errors) == (200, 10)
+    main(["--agent", "oracle", "--domains", "shop", "--eval_tasks", "2", "--out", str(tmp_path / "s.jsonl")])
+    assert (seen[1].max_messages, seen[1].max_errors) == (0, 0)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -130,7 +226,8 @@ def test_real_vllm_server_as_the_agent(tmp_path):
             except PreflightError as e:
                 assert "unreachable" in str(e) and time.monotonic() < deadline, (tmp_path / "vllm.log").read_text()
                 time.sleep(2)
-        base = ["--agent", "openai", "--domain", "shop", "--tasks", "3", "--max_new_tokens", "32", "--max_turns", "6"]
+        base = ["--agent", "openai", "--domains", "shop", "--eval_tasks", "3", "--eval_trials", "1", "--user",
+                "scripted", "--max_new_tokens", "32", "--max_turns", "6"]
         for flags, line in ((["--agent_model", "qwen", "--agent_base_url", url], "does not serve model 'qwen'"),
                             (["--agent_model", "tiny", "--agent_base_url", url[:-3]], "a base URL must end in /v1")):
             with pytest.raises(ConfigError, match=line):  # (eval.py's __main__: one line, exit 2)

@@ -184,3 +184,70 @@ def test_user_failure_aborts_not_scores(world, tiny):
                   RolloutConfig())
     assert all(e.stop_reason == "user_error" and e.aborted for e in eps)
     assert all("db_match" not in e.info for e in eps)  # not scored
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# tau2's caps: max_messages (the conversation's messages) and max_errors (failed tool calls); both endings score 0
+
+
+def _gold_then(task, then):
+    """A message-level agent: the task's gold actions (OracleAgent), then `then` (a tool call) every turn after."""
+    from plumbing.agents import OracleAgent
+
+    oracle = OracleAgent(task)
+    return lambda messages, tools: oracle(messages, tools) if oracle.todo else {"content": "", "tool_calls": [then]}
+
+
+def _write_task(world):
+    task = next(t for t in world.tasks("test") if any(a["name"].startswith(("modify_", "cancel_", "return_",
+                                                                             "exchange_")) for a in t.actions))
+    read = next(a for a in task.actions if a["name"].startswith(("get_", "find_")))
+    return task, {"function": {"name": read["name"], "arguments": read["arguments"]}}
+
+
+def _play_messages(world, task, then, cfg):
+    from plumbing.agents import MessageAgent
+    from user_sim import FixedUser
+
+    worlds = {world.name: world}
+    return score(rollout([task], 1, worlds, MessageAgent(lambda t: _gold_then(t, then)), FixedUser(), cfg), worlds)[0]
+
+
+def test_max_messages_stops_at_n_messages_and_scores_zero(world):
+    from rollout import messages
+
+    task, read = _write_task(world)
+    n = len(task.actions)
+    assert not world.user_tools  # a single-control world
+    # the opening + 2 messages (call, result) per call: after the gold actions and 2 more reads, 1 + 2n + 4 messages
+    cap = 1 + 2 * n + 4
+    ep = _play_messages(world, task, read, RolloutConfig(max_messages=cap))
+    assert ep.stop_reason == "max_messages" and messages(ep) == cap and ep.turns == n + 2
+    assert len(ep.messages) == cap + 1 and ep.messages[0]["role"] == "system"  # the system prompt is not counted
+    assert ep.info["db_match"] and ep.reward == 0.0  # the gold database reached, yet tau2's cap scores it 0
+    # the same conversation, cut at the same place by the turn cap instead: scored by its database, 1
+    same = _play_messages(world, task, read, RolloutConfig(max_turns=n + 2))
+    assert same.stop_reason == "max_turns" and same.messages == ep.messages and same.reward == 1.0
+    # one message short of the cap: the episode goes on
+    longer = _play_messages(world, task, read, RolloutConfig(max_messages=cap + 2, max_turns=n + 2))
+    assert longer.stop_reason == "max_turns" and messages(longer) == cap and longer.reward == 1.0
+
+
+def test_max_errors_stops_after_k_failed_calls_in_a_single_control_world(world):
+    task, read = _write_task(world)
+    n = len(task.actions)
+    bad = {"function": {"name": "get_order_details", "arguments": {"order_id": "#nope"}}}
+    ep = _play_messages(world, task, bad, RolloutConfig(max_errors=3))
+    assert ep.stop_reason == "too_many_errors" and ep.turns == n + 3
+    assert ep.tool_calls == [a["name"] for a in task.actions] + ["get_order_details"] * 3
+    results = [m["content"] for m in ep.messages if m["role"] == "tool"]
+    assert [r.startswith("Error") for r in results] == [False] * n + [True] * 3
+    assert ep.info["db_match"] and ep.reward == 0.0  # the gold database reached, yet the ending scores 0
+    # successful calls are not errors: K failed calls after any number of good ones
+    ep = _play_messages(world, task, read, RolloutConfig(max_errors=3, max_turns=n + 5))
+    assert ep.stop_reason == "max_turns" and ep.reward == 1.0
+    # max_errors 0: no cap in a single-control world, even past tau2's 10 of the dual-control worlds
+    ep = _play_messages(world, task, bad, RolloutConfig(max_turns=n + 12))
+    assert ep.stop_reason == "max_turns" and ep.turns == n + 12 and ep.reward == 1.0
+    failed = [m for m in ep.messages if m["role"] == "tool" and m["content"].startswith("Error")]
+    assert len(failed) == 12

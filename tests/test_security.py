@@ -1,4 +1,4 @@
-"""Secrets and the user's files (issue 25): what a run writes, logs and sends, and what a failed run leaves behind.
+"""Secrets and the user's files: what a run writes, logs and sends, and what a failed run leaves behind.
 
 - An API key is never persisted or logged: a run with a canary key leaves it in no file of its folder (config.json,
   log.jsonl, episodes, checkpoints, TensorBoard), and neither `python config.py` nor an error message prints it.
@@ -10,16 +10,19 @@
 checkout left unchanged by the whole suite: conftest.py's session fixture.)"""
 
 import json
+import os
 import subprocess
 import sys
 
 import pytest
 
-import muarl
-from config import ConfigError, parse_config, public, save_config
+from config import Config
+from demo import train as demo_train
 from fake_openai import FakeServer
-from test_muarl import ENV, REPO, TINY, new_run, run_cli, tiny_init  # noqa: F401 (a fixture)
-from user_sim import OPENAI_URL, endpoint, make_user
+from plumbing.flags import ConfigError, parse_config, public, save_config
+from plumbing.preflight import OPENAI_URL, endpoint
+from test_muarl import ONE_THREAD, REPO, TINY, new_run, run_demo, tiny_init  # noqa: F401 (a fixture)
+from user_sim import make_user
 
 CANARY = "sk-canary-0123456789abcdef-do-not-log"
 ENV_CANARY = "sk-env-canary-fedcba9876543210"
@@ -38,15 +41,17 @@ def test_a_canary_key_is_in_no_file_of_the_run(tmp_path, tiny_init, monkeypatch)
     out = new_run(tmp_path, tiny_init, "run")
     logger = ["--logger", "tensorboard"] if __import__("importlib").util.find_spec("tensorboard") else []
     with FakeServer(reply="Thanks, that's all. ###STOP###") as srv:
-        muarl.main(TINY + ["--out_dir", str(out), "--steps", "1", "--save_every", "1", "--user", "llm",
+        demo_train.main(TINY + ["--out_dir", str(out), "--steps", "1", "--save_every", "1", "--user", "llm",
                            "--user_model", "tiny", "--user_base_url", srv.url, "--user_api_key", CANARY] + logger)
     assert set(srv.keys) == {f"Bearer {CANARY}"}  # the key was used: the run had it to leak
     assert (out / "config.json").is_file() and (out / "log.jsonl").is_file()
     assert files_holding(out, CANARY) == [] and files_holding(out, ENV_CANARY) == []
     assert json.loads((out / "config.json").read_text())["user_api_key"] == ""
     # resuming takes the key from the command line again, never from disk
-    cfg = parse_config(["--out_dir", str(out), "--resume", "--user_api_key", CANARY])
-    assert cfg.user_api_key == CANARY and CANARY not in repr(cfg)
+    for cfg in (demo_train.parse(["--out_dir", str(out), "--resume", "--user_api_key", CANARY]),
+                parse_config(["--out_dir", str(out), "--resume", "--user_api_key", CANARY], Config)):
+        assert cfg.user_api_key == CANARY and CANARY not in repr(cfg)
+        assert (cfg.user, cfg.user_base_url, cfg.domains) == ("llm", srv.url, "shop")  # the rest: the saved run's
 
 
 def test_config_prints_and_errors_never_show_a_key(tmp_path):
@@ -56,9 +61,9 @@ def test_config_prints_and_errors_never_show_a_key(tmp_path):
     bad = tmp_path / "run.json"
     bad.write_text(json.dumps({"user_api_key": 12345678987654321}))  # a key of the wrong type in a --config file
     with pytest.raises(ConfigError) as e:
-        parse_config(["--config", str(bad)])
+        parse_config(["--config", str(bad)], Config)
     assert "12345678987654321" not in str(e.value)
-    cfg = parse_config(["--user", "llm", "--user_api_key", CANARY])
+    cfg = parse_config(["--user", "llm", "--user_api_key", CANARY], Config)
     save_config(tmp_path, cfg)
     assert CANARY not in (tmp_path / "config.json").read_text() and CANARY not in json.dumps(public(cfg))
     for url in ("http://10.1.2.3:8000/v1", "ftp://x", "https://stranger.example/v1"):  # refusals name no key
@@ -127,8 +132,8 @@ def earlier_run(tmp_path):
 ])
 def test_a_run_stopped_on_bad_input_sets_nothing_aside(tmp_path, why, args, says):
     out, before = earlier_run(tmp_path)
-    env = {**ENV, "ACEBENCH_DIR": str(tmp_path / "nowhere")}
-    r = run_cli(["--model", "tiny", "--domains", "shop", "--out_dir", str(out)] + args, timeout=180, env=env)
+    env = {**os.environ, **ONE_THREAD, "ACEBENCH_DIR": str(tmp_path / "nowhere")}
+    r = run_demo(["--model", "tiny", "--domains", "shop", "--out_dir", str(out)] + args, timeout=300, env=env)
     assert r.returncode == 2 and "Traceback" not in r.stderr and says in r.stderr, (why, r.stderr[-2000:])
     assert CANARY not in r.stderr + r.stdout
     assert sorted((p.relative_to(out), p.stat().st_size) for p in out.rglob("*")) == before, why
@@ -136,6 +141,6 @@ def test_a_run_stopped_on_bad_input_sets_nothing_aside(tmp_path, why, args, says
 
 
 def test_a_run_into_a_new_folder_that_stops_creates_nothing(tmp_path):
-    r = run_cli(["--model", "tiny", "--domains", "shop", "--user", "llm", "--user_model", "m", "--user_base_url",
-                 "http://127.0.0.1:9/v1", "--out_dir", str(tmp_path / "new")], timeout=180)
+    r = run_demo(["--model", "tiny", "--domains", "shop", "--user", "llm", "--user_model", "m", "--user_base_url",
+                  "http://127.0.0.1:9/v1", "--out_dir", str(tmp_path / "new")], timeout=300)
     assert r.returncode == 2 and not (tmp_path / "new").exists(), r.stderr[-2000:]
