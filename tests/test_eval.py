@@ -110,7 +110,7 @@ def test_a_runs_final_model_is_evaluated_with_the_runs_own_settings(tmp_path, mo
     # the world's seed and size, its customer, its turn and token limits, its seed, its trials); a flag given wins.
     # The agent stays evaluation's own: greedy (not the run's sampling temperature), and --eval_tasks is never the run's
     from domains import load_worlds
-    from user_sim import USERS
+    from user_sim import ScriptedUser
 
     run = _tiny_run(tmp_path, domains="shop", user="scripted", synthetic_seed=3, synthetic_test=12, max_turns=3,
                     max_new_tokens=8, max_context=1024, tools_in_prompt=False, seed=5, eval_trials=2, eval_tasks=9,
@@ -127,7 +127,7 @@ def test_a_runs_final_model_is_evaluated_with_the_runs_own_settings(tmp_path, mo
     tasks, user, cfg, trials = seen[-1]
     printed = capsys.readouterr().out
     assert f"the settings of the run in {run}" in printed and "12 tasks x 2 trials on shop/test" in printed
-    assert m["episodes"] == 12 * 2 and trials == 2 and isinstance(user, USERS["scripted"])
+    assert m["episodes"] == 12 * 2 and trials == 2 and type(user) is ScriptedUser
     assert (cfg.max_turns, cfg.max_new_tokens, cfg.max_context, cfg.tools_in_prompt, cfg.seed) == (3, 8, 1024, False, 5)
     assert (cfg.temperature, cfg.top_p) == (0.0, 1.0)  # the agent greedy, whatever the run sampled at
     # the run's own world: its seed and size (another seed is another world)
@@ -141,7 +141,7 @@ def test_a_runs_final_model_is_evaluated_with_the_runs_own_settings(tmp_path, mo
           "--eval_tasks", "4", "--seed", "1", "--out", str(tmp_path / "b.jsonl")])
     tasks, user, cfg, trials = seen[-1]
     assert trials == 1 and (cfg.max_turns, cfg.seed, cfg.max_new_tokens, cfg.tools_in_prompt) == (2, 1, 8, False)
-    assert [t.spec for t in tasks] == [t.spec for t in other[:4]] and isinstance(user, USERS["scripted"])
+    assert [t.spec for t in tasks] == [t.spec for t in other[:4]] and type(user) is ScriptedUser
     assert "4 tasks x 1 trials on shop/test" in capsys.readouterr().out
 
 
