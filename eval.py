@@ -1,4 +1,5 @@
-"""Evaluation: pass^k on held-out tasks, with the paper's diagnostics (turns, tool-call mix, stop reasons).
+"""Evaluation: pass^k on held-out tasks, with the paper's diagnostics (turns, tool-call mix, stop
+reasons).
 
     python eval.py --model runs/muarl/final                      # a trained run, with that run's own settings
     python eval.py --model Qwen/Qwen3-8B --domains retail,airline,telecom --user_model gpt-4.1
@@ -11,7 +12,8 @@ mean over tasks. MUA-RL reports pass^1 with the customer at temperature 0, the m
 4 trials a task by default, and pass^1..4.
 
 Every conversation runs through rollout.rollout(), the loop training uses, then rollout.score().
-Three agents: local (a model through an engine, rollout.PolicyAgent, as in training); openai (any
+Three agents:
+local (a model through an engine, rollout.PolicyAgent, as in training); openai (any
 OpenAI-compatible endpoint, message-level, with its own tool calling); oracle (the gold actions
 replayed: a harness check). `--model RUN/final` takes the settings that run trained with (its
 worlds, turn and token limits, customer) unless a flag says otherwise. In tau2's worlds the
@@ -28,8 +30,7 @@ import sys
 
 from plumbing.flags import ConfigError
 
-# the command line first: --help and a bad flag answer before torch loads
-if __name__ == "__main__":
+if __name__ == "__main__":  # the command line first: --help and a bad flag answer before torch loads
     from plumbing.eval_flags import parse_args
 
     try:
@@ -61,15 +62,15 @@ def pass_hat_k(successes: dict[str, list[bool]], k: int) -> float:
 
 
 def summarize(episodes: list[Episode], trials: int) -> dict:
-    """pass^1..k and the paper's diagnostics. An aborted episode (the customer's endpoint or the agent's failed)
-    says nothing about the agent: it is counted, but left out of pass^k and the means, not scored as a 0."""
+    """pass^1..k and the paper's diagnostics. An aborted episode (the customer's endpoint or the
+    agent's failed) says nothing about the agent: it is counted, but left out of pass^k and the
+    means, not scored as a 0."""
     scored = [e for e in episodes if not e.aborted]
     by_task: dict[str, list[bool]] = {}
     for e in scored:
         by_task.setdefault(e.task.id, []).append(e.reward == 1.0)
     calls, n = Counter(c for e in scored for c in e.tool_calls), max(1, len(scored))
-    # the paper's task completion rate: share of a task's assertions met
-    shares: dict[str, list[float]] = {}
+    shares: dict[str, list[float]] = {}  # the paper's task completion rate: share of a task's assertions met
     for e in (e for e in scored if "completion" in e.info):
         shares.setdefault(e.task.domain, []).append(e.info["completion"])
     n_calls = max(1, sum(calls.values()))
@@ -87,23 +88,24 @@ def summarize(episodes: list[Episode], trials: int) -> dict:
 
 
 def customer_fidelity(mistakes: list, rewards: list[float]) -> dict:
-    """Share of checkable episodes whose customer kept to its instructions, and share of all scored episodes that
-    failed with a customer mistake in them (the reward then says nothing sure about the agent). {} if none."""
+    """Share of checkable episodes whose customer kept to its instructions, and share of all scored
+    episodes that failed with a customer mistake in them (the reward then says nothing sure about
+    the agent). {} if none."""
     checked = [(m, r) for m, r in zip(mistakes, rewards) if m is not None]
     return {"customer_fidelity": sum(not m for m, _ in checked) / len(checked),
             "customer_faults": sum(bool(m) and r < 1 for m, r in checked) / len(checked)} if checked else {}
 
 
 def format_table(rows: list[tuple[str, dict]], trials: int = 1) -> str:
-    """Paper-style table: one row per (model, metrics); pass^k in percent, rates to 3 places, counts as they are."""
+    """Paper-style table: one row per (model, metrics); pass^k in percent, rates to 3 places, counts
+    as they are."""
     cols = [f"pass^{k}" for k in range(1, trials + 1)] + ["avg_turns", "calls_per_episode", "think_rate",
                                                            "calculate_rate", "transfer_rate", "aborted"]
     cols += [c for c in ("customer_fidelity", "customer_faults") if any(c in m for _, m in rows)]
     lines = ["| model | " + " | ".join(cols) + " | completion % | stop reasons |", "|" + "---|" * (len(cols) + 3)]
     for name, m in rows:
         cells = ["-" if isinstance(v, float) and math.isnan(v) else f"{100 * v:.1f}" if c.startswith("pass") else
-                 # "-": not measured (pass^4 of a 1-trial row)
-                 f"{v:.3f}" if isinstance(v, float) else str(v)
+                 f"{v:.3f}" if isinstance(v, float) else str(v)  # "-": not measured (pass^4 of a 1-trial row)
                  for c, v in zip(cols, (m.get(c, float("nan")) for c in cols))]
         done = ", ".join(f"{d}:{100 * v:.1f}" for d, v in sorted(m.get("completion", {}).items())) or "-"
         stops = ", ".join(f"{k}:{v}" for k, v in sorted(m.get("stop_reasons", {}).items(), key=lambda kv: -kv[1]))
@@ -117,10 +119,10 @@ def format_table(rows: list[tuple[str, dict]], trials: int = 1) -> str:
 
 def evaluate(tasks, worlds, agent, user, cfg: RolloutConfig, trials: int = 1, batch: int = 64,
              check_outputs: bool = True, progress: bool = True, log=None):
-    """Run every task `trials` times through rollout() (batches of `batch` tasks), score; (metrics, episodes).
-    Episode seeds depend on (cfg.seed, task, trial) only, so batching changes nothing a trial
-    samples. `log`: each
-    batch's transcripts are written as soon as it is scored. The bar counts finished episodes, with their rate."""
+    """Run every task `trials` times through rollout() (batches of `batch` tasks), score; (metrics,
+    episodes). Episode seeds depend on (cfg.seed, task, trial) only, so batching changes nothing a
+    trial samples. `log`: each batch's transcripts are written as soon as it is scored. The bar
+    counts finished episodes, with their rate."""
     episodes = []
     with tqdm(total=len(tasks) * trials, desc="eval", unit="episode", disable=not progress, mininterval=1) as bar:
         for s in range(0, len(tasks), batch):
@@ -128,15 +130,15 @@ def evaluate(tasks, worlds, agent, user, cfg: RolloutConfig, trials: int = 1, ba
             eps = rollout(tasks[s : s + batch], trials, worlds, agent, user, cfg,
                           progress=lambda k, n: bar.update(done + k - bar.n))
             episodes += score(eps, worlds, check_outputs)
-            # a function of a batch of episodes (eval.py: a TrajectoryLog's write)
-            if log is not None:
+            if log is not None:  # a function of a batch of episodes (eval.py: a TrajectoryLog's write)
                 log(eps)
     return summarize(episodes, trials), episodes
 
 
 def run_eval(run, name: str, step: int = 0, model=None, trials: int | None = None) -> None:
-    """pass^1..k (k = --eval_trials, the agent greedy) on the held-out tasks (rank 0) of the model after GRPO
-    step `step` (or of `model`: the untrained one, from disk), logged with the global step."""
+    """pass^1..k (k = --eval_trials, the agent greedy) on the held-out tasks (rank 0) of the model
+    after GRPO step `step` (or of `model`: the untrained one, from disk), logged with the global
+    step."""
     from engine import make_engine
 
     engine = make_engine("hf", model=model, tokenizer=run.tok) if model is not None else \
@@ -156,8 +158,8 @@ def run_eval(run, name: str, step: int = 0, model=None, trials: int | None = Non
 
 
 def main(argv=None, a=None) -> dict:
-    """`python eval.py ARGS` as a function (or its parsed arguments `a`): the worlds and tasks, the customer, the
-    agent, the table (one row per domain, then all of them together)."""
+    """`python eval.py ARGS` as a function (or its parsed arguments `a`): the worlds and tasks, the
+    customer, the agent, the table (one row per domain, then all of them together)."""
     from plumbing.eval_flags import make_agent, parse_args, start_customer
 
     a = a or parse_args(argv)
@@ -171,10 +173,8 @@ def main(argv=None, a=None) -> dict:
     cfg = RolloutConfig(max_turns=a.max_turns, max_new_tokens=a.max_new_tokens, max_context=a.max_context,
                         temperature=a.temperature, top_p=a.top_p, seed=a.seed, tools_in_prompt=bool(a.tools_in_prompt),
                         max_messages=200 * tau2, max_errors=10 * tau2)
-    # e.g. BFCL runs every call of a step
-    cfg = dataclasses.replace(cfg, **bench.rollout) if bench else cfg
-    # a task no script plays would abort
-    if getattr(a, "scripted_user", False) and a.agent != "oracle":
+    cfg = dataclasses.replace(cfg, **bench.rollout) if bench else cfg  # e.g. BFCL runs every call of a step
+    if getattr(a, "scripted_user", False) and a.agent != "oracle":  # a task no script plays would abort
         try:
             for t in tasks:
                 script_for(t)
@@ -182,13 +182,11 @@ def main(argv=None, a=None) -> dict:
             raise ConfigError(f"the scripted customer does not play {a.domains}'s tasks: use --user llm") from None
     for source in provenance(worlds):  # where the tau2 data came from
         print(f"[data] {source['domain']}: {source['path']} (sha256 {source['sha256']}; {source['revision']})")
-    # each endpoint checked once, before any episode (one line if not)
-    user = start_customer(a, tasks, bench)
+    user = start_customer(a, tasks, bench)  # each endpoint checked once, before any episode (one line if not)
     t0 = time.time()
     agent, name = make_agent(a, worlds, bench)
     log = TrajectoryLog(a.out)
-    # (TrajectoryLog appends, as training's resumable log must: one evaluation)
-    log.path.unlink(missing_ok=True)
+    log.path.unlink(missing_ok=True)  # (TrajectoryLog appends, as training's resumable log must: one evaluation)
     metrics, eps = evaluate(tasks, worlds, agent, user, cfg, trials=a.eval_trials,
                             check_outputs=bool(a.check_outputs),
                             log=lambda batch: log.write(batch, phase="eval", agent=name))
@@ -199,8 +197,7 @@ def main(argv=None, a=None) -> dict:
     rows = [(f"{name} [{d}]", summarize([e for e in eps if e.task.domain == d], a.eval_trials)) for d in domains]
     print(format_table(rows + [(f"{name} [all]", metrics)] if len(domains) > 1 else [(name, metrics)],
                        a.eval_trials))
-    # the benchmark's own figures, computed as it computes them (BFCL: accuracy)
-    if bench is not None:
+    if bench is not None:  # the benchmark's own figures, computed as it computes them (BFCL: accuracy)
         extra, text = bench.summary(eps)
         metrics.update(extra)
         print(text)
@@ -215,7 +212,6 @@ def main(argv=None, a=None) -> dict:
 if __name__ == "__main__":
     try:
         main(a=CLI)
-    # bad input (ConfigError is a ValueError): one line, status 2
-    except (ImportError, OSError, ValueError) as e:
+    except (ImportError, OSError, ValueError) as e:  # bad input (ConfigError is a ValueError): one line, status 2
         print(f"eval: {e}", file=sys.stderr)
         sys.exit(2)

@@ -1,4 +1,5 @@
-"""Cold start: supervised fine-tuning on multi-turn tool-use conversations, with the same mask as RL.
+"""Cold start: supervised fine-tuning on multi-turn tool-use conversations, with the same mask as
+RL.
 
 MUA-RL (paper, "Cold start") first fine-tunes the base model on ~2,000 synthesized multi-turn
 trajectories (batch 128, 2 epochs, AdamW, lr 5e-6 cosine), the loss on the agent's own tokens only,
@@ -40,7 +41,8 @@ from grpo import pack_sequences, token_logprobs
 
 
 def render_examples(tokenizer, conversations: list[dict], worlds: dict) -> list[tuple[list[int], list[int]]]:
-    """conversations: [{"messages": [...], "domain": name, "system"?: str, "tools"?: [...]}] -> [(ids, mask)]."""
+    """conversations: [{"messages": [...], "domain": name, "system"?: str, "tools"?: [...]}] ->
+    [(ids, mask)]."""
     out = []
     for conv in conversations:
         msgs = list(conv["messages"])
@@ -60,8 +62,7 @@ def load_jsonl(path: str | Path) -> list[dict]:
             try:
                 rows.append(json.loads(line))
             except json.JSONDecodeError as e:
-                # the line a person must fix
-                raise ValueError(f"{path}:{i}: not JSON ({e.msg})") from None
+                raise ValueError(f"{path}:{i}: not JSON ({e.msg})") from None  # the line a person must fix
     return rows
 
 
@@ -71,10 +72,10 @@ def expert_conversations(tasks) -> list[dict]:
 
 
 def conversations(source: str, tasks, seed: int = 0, n: int = 2000) -> list[dict]:
-    """The cold start's conversations (--sft_data): "generated", `n` expert conversations generated in another
-    shop on retail's tools (domains/synthetic.py: its own customers, products and orders), each
-    carrying that
-    shop's policy and tool schemas; "tasks" (or ""), the training tasks' own; else a JSONL file."""
+    """The cold start's conversations (--sft_data): "generated", `n` expert conversations generated
+    in another shop on retail's tools (domains/synthetic.py: its own customers, products and
+    orders), each carrying that shop's policy and tool schemas; "tasks" (or ""), the training tasks'
+    own; else a JSONL file."""
     if source == "generated":
         from domains import load_world
 
@@ -89,8 +90,7 @@ def conversations(source: str, tasks, seed: int = 0, n: int = 2000) -> list[dict
 
 
 def lr_at(step: int, total: int, lr: float, warmup: int) -> float:
-    # linear warm-up: AdamW's early moment estimates are noisy, so keep its first steps small
-    if step < warmup:
+    if step < warmup:  # linear warm-up: AdamW's early moment estimates are noisy, so keep its first steps small
         return lr * (step + 1) / warmup
     progress = (step - warmup) / max(1, total - warmup)
     return lr * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))  # then cosine to 0
@@ -100,11 +100,11 @@ def train(model, examples: list[tuple[list[int], list[int]]], epochs: float = 2.
           lr: float = 5e-6, weight_decay: float = 0.01, grad_clip: float = 1.0, micro_batch_tokens: int = 8192,
           chunk_size: int = 1024, warmup: int = 5, seed: int = 0, log=None, show_progress: bool = True,
           desc: str = "cold start (SFT)", world_size: int = 1, rank: int = 0, bf16: bool = False) -> list[float]:
-    """Fine-tune `model` in place on (ids, mask) examples; return the loss of every step. Under FSDP (world_size > 1,
-    `model` sharded by fsdp.shard) every rank draws the same batches and trains on its share of
-    each; each adds masked sum / N_tok of the WHOLE batch and FSDP sums gradients over the ranks:
-    one process's token mean. bf16: the
-    forward computes in bf16, AdamW updates the fp32 weights (fsdp.bf16_compute)."""
+    """Fine-tune `model` in place on (ids, mask) examples; return the loss of every step. Under FSDP
+    (world_size > 1, `model` sharded by fsdp.shard) every rank draws the same batches and trains on
+    its share of each; each adds masked sum / N_tok of the WHOLE batch and FSDP sums gradients over
+    the ranks: one process's token mean. bf16: the forward computes in bf16, AdamW updates the fp32
+    weights (fsdp.bf16_compute)."""
     rng = random.Random(seed)
     total = max(1, int(round(epochs * max(1, len(examples) // batch_size))))  # optimizer steps
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=weight_decay)
@@ -121,8 +121,7 @@ def train(model, examples: list[tuple[list[int], list[int]]], epochs: float = 2.
             rng.shuffle(perm)
             order += perm
         idx, order = order[:batch_size], order[batch_size:]
-        # N_tok of the whole batch (every rank drew the same one)
-        n_tok = sum(sum(examples[i][1]) for i in idx)
+        n_tok = sum(sum(examples[i][1]) for i in idx)  # N_tok of the whole batch (every rank drew the same one)
         mine = idx[rank::world_size]
         rows = pack_sequences([examples[i][0] for i in mine], [examples[i][1] for i in mine], micro_batch_tokens)
         rows = even_rows(rows, world_size)  # FSDP: as many rows on every rank
@@ -132,18 +131,15 @@ def train(model, examples: list[tuple[list[int], list[int]]], epochs: float = 2.
         opt.zero_grad(set_to_none=True)
         loss = 0.0
         for row in rows:  # gradients accumulate row by row: one optimizer step per batch
-            # ids and the mask the loss multiplies: on the model's device
-            row = {k: v.to(dev) for k, v in row.items()}
+            row = {k: v.to(dev) for k, v in row.items()}  # ids and the mask the loss multiplies: on the model's device
             with bf16_compute(model, bf16):
                 logp = logprobs(row["input_ids"], position_ids=row["position_ids"], chunk_size=chunk_size)  # (1, L)
-            # this row's share of the batch's token mean
-            row_loss = -(logp * row["mask"]).sum() / max(1, n_tok)
+            row_loss = -(logp * row["mask"]).sum() / max(1, n_tok)  # this row's share of the batch's token mean
             row_loss.backward()
             loss += row_loss.item()
         loss = all_sum(loss, world_size)  # the whole batch's loss, every rank's rows
         gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-        # a step with a non-finite loss or gradient is skipped
-        if math.isfinite(loss) and torch.isfinite(gnorm):
+        if math.isfinite(loss) and torch.isfinite(gnorm):  # a step with a non-finite loss or gradient is skipped
             opt.step()
         losses.append(loss)
         bar.set_postfix(loss=f"{loss:.3f}")
@@ -153,8 +149,9 @@ def train(model, examples: list[tuple[list[int], list[int]]], epochs: float = 2.
     return losses
 
 def cold_start(run, fit=None) -> None:
-    """A run's cold start (muarl.py, step 0): its --sft_data conversations rendered as RL renders them, trained
-    by `fit` (train's arguments: a Kit's own, else train itself), saved to out/cold-start (a collective)."""
+    """A run's cold start (muarl.py, step 0): its --sft_data conversations rendered as RL renders
+    them, trained by `fit` (train's arguments: a Kit's own, else train itself), saved to
+    out/cold-start (a collective)."""
     from plumbing.checkpoint import save_pretrained
     from plumbing.flags import ConfigError
 

@@ -42,8 +42,7 @@ def parse_docstring(doc: str | None) -> tuple[str, dict[str, str]]:
     """Google-style docstring -> (description, {argument: description}).
 
     The description is everything before the first section header (Args:, Returns:, Raises:, ...);
-    under
-    "Args:" each `name: text` line starts an argument and more-indented lines continue it."""
+    under "Args:" each `name: text` line starts an argument and more-indented lines continue it."""
     desc, args, section, current = [], {}, None, None
     for line in inspect.cleandoc(doc or "").splitlines():
         stripped = line.strip()
@@ -68,10 +67,10 @@ def _with_doc(schema: dict, doc: str | None) -> dict:
 
 
 def type_schema(tp: Any) -> dict:
-    """JSON schema of a Python type hint: str, int, float, bool, list[X], dict, Literal[...], TypedDicts."""
+    """JSON schema of a Python type hint: str, int, float, bool, list[X], dict, Literal[...],
+    TypedDicts."""
     origin, args = get_origin(tp), get_args(tp)
-    # exact types: bool is not int here
-    scalars = {str: "string", bool: "boolean", int: "integer", float: "number"}
+    scalars = {str: "string", bool: "boolean", int: "integer", float: "number"}  # exact types: bool is not int here
     if tp in scalars:
         return {"type": scalars[tp]}
     if tp is Any:
@@ -93,7 +92,8 @@ def type_schema(tp: Any) -> dict:
 
 
 def function_schema(fn: Callable, skip_first: bool = True) -> dict:
-    """OpenAI function schema of a tool. Domain tools take the database first (`db`), which the model never sees."""
+    """OpenAI function schema of a tool. Domain tools take the database first (`db`), which the
+    model never sees."""
     hints, (desc, arg_docs) = get_type_hints(fn), parse_docstring(fn.__doc__)
     params = list(inspect.signature(fn).parameters.values())[1 if skip_first else 0 :]
     props = {p.name: _with_doc(type_schema(hints.get(p.name, Any)), arg_docs.get(p.name)) for p in params}
@@ -104,11 +104,12 @@ def function_schema(fn: Callable, skip_first: bool = True) -> dict:
 
 # --------------------------------------------------------------------------------------------------
 # 2. Generic tools (the first argument is the database, unused here, so they sit beside domain
-# tools)
+#    tools)
 
 
 def think(db: Any, thought: str) -> str:
-    """Use this tool to think. It does not obtain new information or change the database; it only records the thought.
+    """Use this tool to think. It does not obtain new information or change the database; it only
+    records the thought.
 
     Args:
         thought: A thought to think about.
@@ -137,16 +138,13 @@ def calculate(db: Any, expression: str) -> str:
     return str(round(float(_arith(compile(expression, "<string>", "eval", ast.PyCF_ONLY_AST).body)), 2))
 
 
-# the largest int an intermediate result may hold (float() refuses > 1,024 bits anyway)
-CALC_BITS = 100_000
+CALC_BITS = 100_000  # the largest int an intermediate result may hold (float() refuses > 1,024 bits anyway)
 _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
         ast.FloorDiv: operator.floordiv, ast.Pow: operator.pow, ast.UAdd: operator.pos, ast.USub: operator.neg}
 
 
-# what eval() would compute from the whitelisted characters, with a bound on int sizes
-def _arith(node):
-    # a number, or `...` (Ellipsis), which float() then refuses as eval's would
-    if isinstance(node, ast.Constant):
+def _arith(node):  # what eval() would compute from the whitelisted characters, with a bound on int sizes
+    if isinstance(node, ast.Constant):  # a number, or `...` (Ellipsis), which float() then refuses as eval's would
         return node.value
     if isinstance(node, ast.UnaryOp):
         return _OPS[type(node.op)](_arith(node.operand))
@@ -189,14 +187,14 @@ CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 @dataclass
 class ParsedTurn:
     content: str  # the text outside <tool_call> blocks, stripped
-    # well-formed calls, in order: {"name", "arguments"}
-    calls: list[dict] = field(default_factory=list)
+    calls: list[dict] = field(default_factory=list)  # well-formed calls, in order: {"name", "arguments"}
     errors: list[str] = field(default_factory=list)  # one message per malformed block, in order
 
 
 def clean(text):
-    """Text every tokenizer and JSON writer can carry: a lone surrogate (a tool or a customer echoing the JSON escape
-    "\\ud800") becomes its escape again, as text; any other string comes back unchanged, and a non-string as it is."""
+    """Text every tokenizer and JSON writer can carry: a lone surrogate (a tool or a customer
+    echoing the JSON escape "\\ud800") becomes its escape again, as text; any other string comes
+    back unchanged, and a non-string as it is."""
     return text.encode("utf-8", "backslashreplace").decode("utf-8") if isinstance(text, str) else text
 
 
@@ -206,21 +204,21 @@ _MARKERS = re.compile(r"<(?=[|｜]|/?s>)|\[(?=/?INST\])")
 
 
 def as_text(text):
-    """`text` with each special-token look-alike broken by a zero-width space after its first character: no server's
-    tokenizer reads it as a live marker (the policy could forge a system turn in the customer's
-    prompt), and the text
-    still reads the same, unlike an escape. (Our own tokenizer's path is stricter: chat.py sets such contents aside.)"""
+    """`text` with each special-token look-alike broken by a zero-width space after its first
+    character: no server's tokenizer reads it as a live marker (the policy could forge a system turn
+    in the customer's prompt), and the text still reads the same, unlike an escape. (Our own
+    tokenizer's path is stricter: chat.py sets such contents aside.)"""
     return _MARKERS.sub(lambda m: m.group() + "\u200b", text) if isinstance(text, str) else text
 
 
 def check_call(obj, known: set[str] | None) -> dict | str:
-    """One decoded call -> {"name", "arguments"}, or what is wrong with it. The one check every agent's calls pass:
+    """One decoded call -> {"name", "arguments"}, or what is wrong with it. The one check every
+    agent's calls pass:
     the <tool_call> text below, and an endpoint's native tool calls (agents.MessageAgent)."""
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
         return 'a tool call must be a JSON object with a string "name" and an object "arguments"'
     args = obj.get("arguments", {})
-    # some models put the arguments in a JSON string; accept it when it parses
-    if isinstance(args, str):
+    if isinstance(args, str):  # some models put the arguments in a JSON string; accept it when it parses
         try:
             args = json.loads(args)
         except (ValueError, RecursionError):
@@ -232,12 +230,10 @@ def check_call(obj, known: set[str] | None) -> dict | str:
     return {"name": obj["name"], "arguments": args}
 
 
-# the call, or what is wrong with it
-def _parse_one(body: str, known: set[str] | None) -> dict | str:
+def _parse_one(body: str, known: set[str] | None) -> dict | str:  # the call, or what is wrong with it
     try:
         obj = json.loads(body)
-    # bad JSON; also an int of > 4,300 digits, or nesting past the stack
-    except (ValueError, RecursionError) as e:
+    except (ValueError, RecursionError) as e:  # bad JSON; also an int of > 4,300 digits, or nesting past the stack
         return f"the tool call is not valid JSON ({getattr(e, 'msg', type(e).__name__)} at {getattr(e, 'pos', 0)})"
     return check_call(obj, known)
 
@@ -246,8 +242,8 @@ def parse_tool_calls(text: str, known_tools: set[str] | None = None) -> ParsedTu
     """Split a sampled assistant turn into its text and its tool calls.
 
     Each <tool_call> block is parsed on its own: bad JSON, a missing name, arguments that are not an
-    object, an
-    unknown tool (if `known_tools` is given) or no closing tag (a turn cut off mid-call) gives an error, not a call."""
+    object, an unknown tool (if `known_tools` is given) or no closing tag (a turn cut off mid-call)
+    gives an error, not a call."""
     calls, errors, content, pos = [], [], [], 0
     while (i := text.find(CALL_OPEN, pos)) >= 0:
         content.append(text[pos:i])
@@ -257,18 +253,18 @@ def parse_tool_calls(text: str, known_tools: set[str] | None = None) -> ParsedTu
         call = _parse_one(text[i + len(CALL_OPEN) : j].strip(), known_tools)
         (calls if isinstance(call, dict) else errors).append(call)
         pos = j + len(CALL_CLOSE)
-    # no more calls: the rest is text (a cut-off call broke out above, and its text is dropped)
-    else:
+    else:  # no more calls: the rest is text (a cut-off call broke out above, and its text is dropped)
         content.append(text[pos:])
     return ParsedTurn("".join(content).strip(), calls, errors)
 
 
 def check_arguments(fn: Callable, arguments: dict) -> str | None:
-    """A clear message if `arguments` cannot bind to the tool's signature (missing or unexpected names), else None.
+    """A clear message if `arguments` cannot bind to the tool's signature (missing or unexpected
+    names), else None.
 
     Types are not checked here on purpose: tau2 passes arguments through unchanged, and its tools'
-    reactions to a
-    wrong type (a numeric zip code that never matches, a float amount stored as int) are part of what we copy."""
+    reactions to a wrong type (a numeric zip code that never matches, a float amount stored as int)
+    are part of what we copy."""
     params = list(inspect.signature(fn).parameters.values())[1:]
     missing = [p.name for p in params if p.name not in arguments and p.default is inspect.Parameter.empty]
     extra = [a for a in arguments if a not in {p.name for p in params}]

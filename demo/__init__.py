@@ -15,8 +15,7 @@ it on a CPU.
 
 from pathlib import Path
 
-# the committed customer model (--user_serve demo)
-SHIPPED = Path(__file__).resolve().parent / "customer_model"
+SHIPPED = Path(__file__).resolve().parent / "customer_model"  # the committed customer model (--user_serve demo)
 
 # The CPU preset of `--model tiny`: applied to every field the command line did not set. A 2-layer
 # model built from scratch has no pre-training, so copy drills stand in for it, the cold start runs

@@ -1,4 +1,5 @@
-"""python -m demo [flags]: the CPU demo of MUA-RL (python -m demo --help lists the flags, the demo's own last)."""
+"""python -m demo [flags]: the CPU demo of MUA-RL (python -m demo --help lists the flags, the demo's
+own last)."""
 
 import sys
 

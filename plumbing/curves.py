@@ -1,4 +1,5 @@
-"""The training dynamics of a run, drawn: one small panel per curve, from its log.jsonl (`runs/<name>/curves.png`).
+"""The training dynamics of a run, drawn: one small panel per curve, from its log.jsonl
+(`runs/<name>/curves.png`).
 
 MUA-RL's paper shows how its agents changed under RL (its training-dynamics figure): success goes
 up, turns settle, and the needless uses of generic tools (asking a human to take over, thinking out
@@ -30,7 +31,8 @@ PANELS = [("reward", "reward (dots: held-out pass^1)"), ("all_correct_groups", "
 
 
 def read_log(path: Path) -> tuple[list[dict], list[dict]]:
-    """(GRPO step records, evaluation records) of a log.jsonl; lines that are not JSON (a crash mid-write) skipped."""
+    """(GRPO step records, evaluation records) of a log.jsonl; lines that are not JSON (a crash
+    mid-write) skipped."""
     steps, evals = [], []
     for line in path.read_text().splitlines():
         try:
@@ -45,7 +47,8 @@ def read_log(path: Path) -> tuple[list[dict], list[dict]]:
 
 
 def draw(run_dir: str | Path) -> Path | None:
-    """Write run_dir/curves.png from run_dir/log.jsonl; return its path, or None (no matplotlib, no steps)."""
+    """Write run_dir/curves.png from run_dir/log.jsonl; return its path, or None (no matplotlib, no
+    steps)."""
     run_dir = Path(run_dir)
     try:
         import matplotlib

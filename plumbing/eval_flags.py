@@ -28,15 +28,14 @@ SHARED = ("model", "engine", "domains", "data_dir", "synthetic_seed", "eval_task
           "user_max_tokens", "user_concurrency", "user_timeout", "user_retries", "user_backoff", "preflight",
           "allow_insecure_http")
 DEFAULTS = {**{k: getattr(Config, k) for k in SHARED}, "model": "", "engine": "hf", "eval_tasks": 0,
-            # a greedy agent, 4 trials a task
-            "eval_trials": 4, "temperature": 0.0, "top_p": 1.0, "seed": 0}
-# evaluation's own, even for a run
-NOT_FROM_RUN = ("model", "temperature", "top_p", "engine", "eval_tasks")
+            "eval_trials": 4, "temperature": 0.0, "top_p": 1.0, "seed": 0}  # a greedy agent, 4 trials a task
+NOT_FROM_RUN = ("model", "temperature", "top_p", "engine", "eval_tasks")  # evaluation's own, even for a run
 EVAL = "evaluation"
 
 
 def run_settings(model: str) -> dict:
-    """The settings muarl.py saved for the run whose model folder is `model` (RUN/final, RUN/cold-start), or {}."""
+    """The settings muarl.py saved for the run whose model folder is `model` (RUN/final,
+    RUN/cold-start), or {}."""
     path = Path(model).expanduser().parent / "config.json"
     try:
         saved = json.loads(path.read_text()) if model and path.is_file() else {}
@@ -70,19 +69,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     own = dict(agent="local", agent_model="", agent_base_url="", agent_api_key="", bench="", category="",
                split="test", check_outputs=1, out="runs/eval/transcripts.jsonl")
     saved = run_settings(a.model or "")
-    # the run's settings under the command line, the defaults under both
-    for k, v in {**own, **DEFAULTS}.items():
+    for k, v in {**own, **DEFAULTS}.items():  # the run's settings under the command line, the defaults under both
         if getattr(a, k) is None:
             setattr(a, k, saved[k] if k in saved and k in SHARED and k not in NOT_FROM_RUN else v)
-    # a run's world settings (sizes and seeds of generated worlds) the flags lack
-    for k, v in saved.items():
+    for k, v in saved.items():  # a run's world settings (sizes and seeds of generated worlds) the flags lack
         if not hasattr(a, k):
             setattr(a, k, v)
     for f in dataclasses.fields(Config):  # and the defaults of the rest (a generated world's sizes)
         if not hasattr(a, f.name):
             setattr(a, f.name, f.default)
-    # (held-out tasks only; no steps to be down for)
-    a.synthetic_train, a.user_down_s = 0, float("inf")
+    a.synthetic_train, a.user_down_s = 0, float("inf")  # (held-out tasks only; no steps to be down for)
     if a.bench:
         from domains import BENCHES
 
@@ -122,14 +118,14 @@ def start_customer(a, tasks, bench):
     try:
         user.check(tasks)
         user.start(tasks)
-    # (a served model that cannot start: ServeError, an OSError, one line)
-    except PreflightError as e:
+    except PreflightError as e:  # (a served model that cannot start: ServeError, an OSError, one line)
         raise ConfigError(str(e)) from None
     return user
 
 
 def make_agent(a, worlds, bench):
-    """(agent, its name in the table): the local model through an engine, an endpoint, or the oracle."""
+    """(agent, its name in the table): the local model through an engine, an endpoint, or the
+    oracle."""
     from engine import make_engine
     from plumbing.agents import MessageAgent, OracleAgent, openai_act
     from plumbing.models import load_policy, load_tokenizer, model_folder
@@ -148,13 +144,11 @@ def make_agent(a, worlds, bench):
         name = a.model
     elif a.agent == "oracle":
         agent, name = MessageAgent(bench.oracle if bench and bench.oracle else OracleAgent), "oracle (gold actions)"
-    # the agent's endpoint and key under preflight.endpoint's rule (a key goes to its own host only)
-    else:
+    else:  # the agent's endpoint and key under preflight.endpoint's rule (a key goes to its own host only)
         a.agent_base_url, a.agent_api_key = endpoint(a.agent_base_url or None, a.agent_api_key or None,
                                                      bool(a.allow_insecure_http), "--agent")
         if a.preflight:
-            # the longest prompt
-            w = max(worlds.values(), key=lambda w: len(json.dumps(w.tool_schemas())))
+            w = max(worlds.values(), key=lambda w: len(json.dumps(w.tool_schemas())))  # the longest prompt
             first = [{"role": "system", "content": w.rules}, {"role": "user", "content": "Hello"}]
             try:
                 check_endpoint("agent", a.agent_model, first, a.max_new_tokens, None if bench and bench.agent else
@@ -163,8 +157,7 @@ def make_agent(a, worlds, bench):
                 raise ConfigError(str(e)) from None
         act = openai_act(a.agent_model, a.agent_base_url, a.agent_api_key, a.temperature, a.max_new_tokens)
         agent, name = MessageAgent(lambda task: act), a.agent_model
-    # a benchmark speaking its own protocol brings its agent
-    if bench is not None and bench.agent is not None:
+    if bench is not None and bench.agent is not None:  # a benchmark speaking its own protocol brings its agent
         agent = bench.agent(a.agent, engine=getattr(agent, "engine", None), tokenizer=getattr(agent, "tok", None),
                             model=a.agent_model, base_url=a.agent_base_url, api_key=a.agent_api_key,
                             max_new_tokens=a.max_new_tokens, temperature=a.temperature)

@@ -1,4 +1,5 @@
-"""From the command line to a settings dataclass: grouped flags, a --config file, --resume, one-line errors.
+"""From the command line to a settings dataclass: grouped flags, a --config file, --resume, one-line
+errors.
 
 Every field of the dataclass (config.Config, or a subclass such as the CPU demo's) is a flag of the
 same name and type, in the --help group its metadata names. Where a value comes from, last wins: the
@@ -32,7 +33,8 @@ SECRETS = ("user_api_key",)
 
 
 def public(cfg) -> dict:
-    """The settings as files and logs show them: secrets blanked ("" = not given: a resume asks again)."""
+    """The settings as files and logs show them: secrets blanked ("" = not given: a resume asks
+    again)."""
     return {**dataclasses.asdict(cfg), **{k: "" for k in SECRETS if hasattr(cfg, k)}}
 
 
@@ -48,10 +50,10 @@ _bool.__name__ = "true/false"  # what argparse's one line says the flag takes
 
 def add_flags(p: argparse.ArgumentParser, cls, names=None, defaults: dict | None = None, groups=None,
               shown: dict | None = None) -> None:
-    """Declare the fields `names` (all by default) of dataclass `cls` as flags of `p`, in argument groups
-    (`groups`: name -> description, in --help order). `defaults`: a caller's own; else None ("not
-    given").
-    `shown`: the defaults --help states, where they are not the dataclass's (a preset's, eval.py's)."""
+    """Declare the fields `names` (all by default) of dataclass `cls` as flags of `p`, in argument
+    groups (`groups`: name -> description, in --help order). `defaults`: a caller's own; else None
+    ("not given"). `shown`: the defaults --help states, where they are not the dataclass's (a
+    preset's, eval.py's)."""
     sections = {g: p.add_argument_group(g, what) for g, what in (groups or {}).items()}
     for f in dataclasses.fields(cls):
         if names is not None and f.name not in names:
@@ -67,7 +69,8 @@ def add_flags(p: argparse.ArgumentParser, cls, names=None, defaults: dict | None
 
 
 def one_line_errors(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """`p` with argparse's usage page replaced by one line: 'argument --lr: invalid float value: 'abc''."""
+    """`p` with argparse's usage page replaced by one line: 'argument --lr: invalid float value:
+    'abc''."""
     def error(message):
         raise ConfigError(message)
 
@@ -76,15 +79,15 @@ def one_line_errors(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 
 def read_settings(path: str, cls) -> dict:
-    """A --config file: {field: value} in JSON (or YAML), each checked against the fields and their types."""
+    """A --config file: {field: value} in JSON (or YAML), each checked against the fields and their
+    types."""
     types = {f.name: type(f.default) for f in dataclasses.fields(cls)}
     try:
         text = Path(path).read_text()
         data = __import__("yaml").safe_load(text) if path.endswith((".yaml", ".yml")) else json.loads(text)
         bad = next((k for k, v in data.items() if k not in types or not isinstance(v, types[k])
                     and not (types[k] is float and type(v) is int)), None)
-    # no file, not JSON / YAML, not a mapping
-    except (OSError, ValueError, ImportError, AttributeError) as e:
+    except (OSError, ValueError, ImportError, AttributeError) as e:  # no file, not JSON / YAML, not a mapping
         raise ConfigError(f"--config {path}: {e}") from None
     if bad is not None:
         raise ConfigError(f"--config {path}: {bad!r} is not a setting of type {types.get(bad, '?')}: "
@@ -93,14 +96,15 @@ def read_settings(path: str, cls) -> dict:
 
 
 def parse_config(argv, cls, preset: dict | None = None, **kw):
-    """The settings `argv` asks for, as a `cls` instance. `preset`: defaults of the caller's own (the CPU
-    demo's), applied to every field neither the command line nor a --config file set."""
+    """The settings `argv` asks for, as a `cls` instance. `preset`: defaults of the caller's own
+    (the CPU demo's), applied to every field neither the command line nor a --config file set."""
     return parse_flags(argv, cls, preset, **kw)[0]
 
 
 def parse_flags(argv, cls, preset: dict | None = None, groups=None, prog: str | None = None,
                 description: str = "MUA-RL: GRPO with a simulated customer in the loop"):
-    """(settings, the names given on the command line or in --config, resumed from a saved run or not)."""
+    """(settings, the names given on the command line or in --config, resumed from a saved run or
+    not)."""
     p = one_line_errors(argparse.ArgumentParser(prog=prog, description=description, allow_abbrev=False))
     add_flags(p, cls, defaults=None, groups=groups, shown=preset)
     # Flags default to None, so "not given" can be told from "given the default value": the preset
@@ -110,8 +114,7 @@ def parse_flags(argv, cls, preset: dict | None = None, groups=None, prog: str | 
     given = {**read_settings(given["config"], cls), **given} if given.get("config") else given
     base = dataclasses.replace(cls(), **(preset or {}))
     saved_file = Path(given.get("out_dir", base.out_dir)) / "config.json"
-    # --resume: the saved run's settings, not the defaults
-    if given.get("resume") and saved_file.is_file():
+    if given.get("resume") and saved_file.is_file():  # --resume: the saved run's settings, not the defaults
         saved = json.loads(saved_file.read_text())
         free = RESUMABLE | set(given.get("allow_change", "").split(","))
         for k, v in given.items():
@@ -125,7 +128,8 @@ def parse_flags(argv, cls, preset: dict | None = None, groups=None, prog: str | 
 
 
 def save_config(out: Path, cfg) -> None:
-    """Write out/config.json; a different one already there is kept as config.N.json, and that is said."""
+    """Write out/config.json; a different one already there is kept as config.N.json, and that is
+    said."""
     path, text = Path(out) / "config.json", json.dumps(public(cfg), indent=2)  # no secret on disk
     if path.is_file() and path.read_text() != text:
         n = next(i for i in range(1, 10**6) if not path.with_name(f"config.{i}.json").exists())
@@ -135,8 +139,9 @@ def save_config(out: Path, cfg) -> None:
 
 
 def run_cli(entry, name: str) -> None:
-    """A training entry point's exits: 0 done; 2 bad input, in one line (ConfigError, PreflightError, ServeError, a
-    missing file: a ValueError or an OSError); 3 stopped on purpose, checkpoint saved (RunStopped)."""
+    """A training entry point's exits: 0 done; 2 bad input, in one line (ConfigError,
+    PreflightError, ServeError, a missing file: a ValueError or an OSError); 3 stopped on purpose,
+    checkpoint saved (RunStopped)."""
     import os
 
     from plumbing.fsdp import exit_now

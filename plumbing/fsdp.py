@@ -1,12 +1,12 @@
-"""Data-parallel training with FSDP2 under torchrun: one process per GPU (NCCL), or gloo processes on a CPU (the
-tests run two). Each rank plays its share of a step's tasks; the loss each rank backpropagates is
-its share of the step's token mean, so summing gradients over ranks (not averaging) gives exactly
-one process's gradient (tests/test_muarl.py checks weights after a step against one process, to
-~1e-7). Contents: the process group's life (dist_setup, barrier, dist_teardown, exit_now); shard
-(FSDP2 over every decoder layer, then the root); load_sharded (built on the meta device, each rank
-reads only its rows of the safetensors files); full_tensors (the unsharded weights, one tensor at a
-time); even_rows (as many forwards on every rank); a step's numbers over the ranks (all_reduce,
-all_sum, reduce_stats, all_gather_episodes).
+"""Data-parallel training with FSDP2 under torchrun: one process per GPU (NCCL), or gloo processes
+on a CPU (the tests run two). Each rank plays its share of a step's tasks; the loss each rank
+backpropagates is its share of the step's token mean, so summing gradients over ranks (not
+averaging) gives exactly one process's gradient (tests/test_muarl.py checks weights after a step
+against one process, to ~1e-7). Contents: the process group's life (dist_setup, barrier,
+dist_teardown, exit_now); shard (FSDP2 over every decoder layer, then the root); load_sharded (built
+on the meta device, each rank reads only its rows of the safetensors files); full_tensors (the
+unsharded weights, one tensor at a time); even_rows (as many forwards on every rank); a step's
+numbers over the ranks (all_reduce, all_sum, reduce_stats, all_gather_episodes).
 
 Precision, as every large-model trainer keeps it: the parameters AdamW updates (the "masters") and
 its moments are fp32; the forward and backward compute in bf16. Under FSDP2 `MixedPrecisionPolicy`
@@ -30,10 +30,9 @@ from grpo import pack_sequences, token_logprobs
 
 
 def dist_setup(offload: bool = False) -> tuple[int, int]:
-    """(rank, world_size): (0, 1) for a plain `python muarl.py`; under torchrun, joins the process group (NCCL on
-    GPUs, gloo on a CPU) and picks this rank's GPU."""
-    # torchrun sets it (even to 1: one rank still trains with FSDP2)
-    if "WORLD_SIZE" not in os.environ:
+    """(rank, world_size): (0, 1) for a plain `python muarl.py`; under torchrun, joins the process
+    group (NCCL on GPUs, gloo on a CPU) and picks this rank's GPU."""
+    if "WORLD_SIZE" not in os.environ:  # torchrun sets it (even to 1: one rank still trains with FSDP2)
         return 0, 1
     # Rank 0 evaluates alone (muarl.run_eval) while the other ranks wait in their next collective; a
     # held-out evaluation with an LLM user can outlast the default timeout (10 min for NCCL), so
@@ -48,12 +47,12 @@ def dist_setup(offload: bool = False) -> tuple[int, int]:
 
 
 def place(cfg, rank: int, world_size: int):
-    """Where and how the run computes: (cfg with dtype, micro_batch_tokens and threads resolved, its device, the
-    rollout engine's kind, on_gpu, sharded). GPUs: bf16 compute, vLLM, 16,384 tokens a packed row; a
-    CPU: fp32, the transformers engine, 7,000 (44 s and 2.1 GB an update on the demo's machine).
-    Under torchrun the policy is sharded with FSDP2, even on one rank. `--plan N` plans a GPU run
-    wherever it is asked: it prints the memory
-    plan (plumbing/memory_plan.py) and exits; a GPU run prints it on rank 0 before any work."""
+    """Where and how the run computes: (cfg with dtype, micro_batch_tokens and threads resolved, its
+    device, the rollout engine's kind, on_gpu, sharded). GPUs: bf16 compute, vLLM, 16,384 tokens a
+    packed row; a CPU: fp32, the transformers engine, 7,000 (44 s and 2.1 GB an update on the demo's
+    machine). Under torchrun the policy is sharded with FSDP2, even on one rank. `--plan N` plans a
+    GPU run wherever it is asked: it prints the memory plan (plumbing/memory_plan.py) and exits; a
+    GPU run prints it on rank 0 before any work."""
     import dataclasses
 
     from plumbing.memory_plan import GIB, describe
@@ -77,22 +76,25 @@ def place(cfg, rank: int, world_size: int):
 
 
 def barrier(world_size: int) -> None:
-    """Wait until every rank gets here (rank 0 wrote files the others read next); nothing on one process."""
+    """Wait until every rank gets here (rank 0 wrote files the others read next); nothing on one
+    process."""
     if world_size > 1:
         dist.barrier()
 
 
 def dist_teardown(world_size: int) -> None:
-    """End of a run under torchrun: wait for every rank, then close the process group (a rank that exits while
-    another still talks to it can abort that rank, and torch warns about a group never destroyed)."""
+    """End of a run under torchrun: wait for every rank, then close the process group (a rank that
+    exits while another still talks to it can abort that rank, and torch warns about a group never
+    destroyed)."""
     if dist.is_initialized():  # a one-rank torchrun run has a process group to close too
         barrier(world_size)
         dist.destroy_process_group()
 
 
 def exit_now(world_size: int) -> None:
-    """Under torchrun, end the process now (after dist_teardown), skipping Python's own teardown, during which gloo can
-    abort a rank ("terminate called without an active exception", exit -6, seen in CI) and fail the whole run."""
+    """Under torchrun, end the process now (after dist_teardown), skipping Python's own teardown,
+    during which gloo can abort a rank ("terminate called without an active exception", exit -6,
+    seen in CI) and fail the whole run."""
     if "WORLD_SIZE" in os.environ:
         sys.stdout.flush()  # os._exit skips Python's own flushing
         sys.stderr.flush()
@@ -100,19 +102,18 @@ def exit_now(world_size: int) -> None:
 
 
 def shard(model, activation_checkpointing: bool, bf16: bool, offload: bool = False):
-    """FSDP2: shard every decoder layer, then the root. Parameters stay fp32 shards (so AdamW's state is fp32);
-    with bf16, each layer computes in bf16 and gradients are reduced in fp32. With `offload` the
-    shards, their gradients and so AdamW's state live in host memory: a layer is copied to the GPU
-    as it is gathered, its gradient
-    shard copied back, and AdamW steps on the CPU (slower; what lets 8B train on one GPU, models.plan)."""
+    """FSDP2: shard every decoder layer, then the root. Parameters stay fp32 shards (so AdamW's
+    state is fp32); with bf16, each layer computes in bf16 and gradients are reduced in fp32. With
+    `offload` the shards, their gradients and so AdamW's state live in host memory: a layer is
+    copied to the GPU as it is gathered, its gradient shard copied back, and AdamW steps on the CPU
+    (slower; what lets 8B train on one GPU, models.plan)."""
     from torch.distributed.fsdp import (CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard,
                                         register_fsdp_forward_method)
 
     mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16
           else MixedPrecisionPolicy())  # the default: no casts, all fp32
     layers = model.get_decoder().layers
-    # sets each layer's flag *and* its checkpoint function (the flag alone crashes)
-    if activation_checkpointing:
+    if activation_checkpointing:  # sets each layer's flag *and* its checkpoint function (the flag alone crashes)
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     # Sum gradients over ranks, not average (see the top), by a plain SUM: gloo lacks premul_sum,
     # FSDP's op for factors
@@ -130,39 +131,40 @@ def shard(model, activation_checkpointing: bool, bf16: bool, offload: bool = Fal
 
 
 def even_rows(rows: list[dict], world_size: int) -> list[dict]:
-    """`rows` padded to the most any rank has. Under FSDP every forward and backward gathers / reduce-scatters the
-    weights with the other ranks, so every rank must run as many rows: one with fewer (or none: all
-    its groups
-    aborted) runs empty ones, two tokens with mask 0 (the fewest token_logprobs scores): loss and gradient 0."""
+    """`rows` padded to the most any rank has. Under FSDP every forward and backward gathers /
+    reduce-scatters the weights with the other ranks, so every rank must run as many rows: one with
+    fewer (or none: all its groups aborted) runs empty ones, two tokens with mask 0 (the fewest
+    token_logprobs scores): loss and gradient 0."""
     if world_size == 1:
         return rows
-    # mask 0: no loss
-    empty = pack_sequences([[0, 0]], [[0, 0]], 2, adv=[0.0], sample_logp=[[0.0, 0.0]])[0]
+    empty = pack_sequences([[0, 0]], [[0, 0]], 2, adv=[0.0], sample_logp=[[0.0, 0.0]])[0]  # mask 0: no loss
     n_rows = int(all_reduce([len(rows)], world_size, "max")[0])
     return rows + [empty] * (n_rows - len(rows))
 
 
 def is_sharded(model) -> bool:
-    """True once fully_shard has wrapped the model (its class becomes an FSDPModule): under torchrun, even on 1 rank."""
+    """True once fully_shard has wrapped the model (its class becomes an FSDPModule): under
+    torchrun, even on 1 rank."""
     from torch.distributed.fsdp import FSDPModule
 
     return isinstance(model, FSDPModule)
 
 
 def reshard(model) -> None:
-    """Free the gathered weights a sharded model kept after a forward with no backward (the frozen reference):
+    """Free the gathered weights a sharded model kept after a forward with no backward (the frozen
+    reference):
     FSDP2 never reshards the root module after its forward (reshard_after_forward is off there), and
-    no backward
-    follows to do it, so the root's whole weights (embeddings, lm_head: 2.3 GiB for 8B) would stay on every GPU."""
+    no backward follows to do it, so the root's whole weights (embeddings, lm_head: 2.3 GiB for 8B)
+    would stay on every GPU."""
     if is_sharded(model):
         model.reshard()
 
 
 def bf16_compute(model, bf16: bool):
-    """The context a forward runs in: bf16 matmuls over fp32 masters. On one process that is torch.autocast (it casts
-    each weight to bf16 where it is used; gradients reach the fp32 parameters); under FSDP2 the
-    MixedPrecisionPolicy
-    of shard() already gathers bf16 weights, so nothing more is needed. Backward runs outside it, as autocast wants."""
+    """The context a forward runs in: bf16 matmuls over fp32 masters. On one process that is
+    torch.autocast (it casts each weight to bf16 where it is used; gradients reach the fp32
+    parameters); under FSDP2 the MixedPrecisionPolicy of shard() already gathers bf16 weights, so
+    nothing more is needed. Backward runs outside it, as autocast wants."""
     import contextlib
 
     on = bf16 and not is_sharded(model)
@@ -175,20 +177,21 @@ def rank_device() -> torch.device:
 
 
 def compute_device(model) -> torch.device:
-    """Where the model's forward runs, so where its inputs (and every tensor they meet: advantages, masks) must be:
-    this rank's GPU under FSDP2, else the device of its parameters. FSDP2 moves the forward's own arguments only."""
+    """Where the model's forward runs, so where its inputs (and every tensor they meet: advantages,
+    masks) must be:
+    this rank's GPU under FSDP2, else the device of its parameters. FSDP2 moves the forward's own
+    arguments only."""
     return rank_device() if is_sharded(model) else next(model.parameters()).device
 
 
 def full_tensors(model, dtype: torch.dtype | None = None, cpu: bool = False):
-    """(name, whole tensor) pairs, one at a time, for the rollout engine and for checkpoints. Under FSDP2 each is
-    all-gathered on its own (a collective: every rank must draw every pair, in the same order), so
-    at most one whole parameter is ever on a GPU beside the shards; `cpu` moves it off the GPU
-    before the next one is gathered, `dtype`
-    casts it (bf16 for vLLM). Never the whole model gathered on every GPU at once (#24, defect 6)."""
+    """(name, whole tensor) pairs, one at a time, for the rollout engine and for checkpoints. Under
+    FSDP2 each is all-gathered on its own (a collective: every rank must draw every pair, in the
+    same order), so at most one whole parameter is ever on a GPU beside the shards; `cpu` moves it
+    off the GPU before the next one is gathered, `dtype` casts it (bf16 for vLLM). Never the whole
+    model gathered on every GPU at once (#24, defect 6)."""
     for name, t in model.state_dict().items():
-        # --offload: its shard in host memory
-        if isinstance(t, DTensor) and t.to_local().device != rank_device():
+        if isinstance(t, DTensor) and t.to_local().device != rank_device():  # --offload: its shard in host memory
             t = moved(t, rank_device())  # gathered on the GPU by NCCL, not over gloo
         t = t.full_tensor() if isinstance(t, DTensor) else t.detach()  # (the whole tensor's shape)
         t = t.to(dtype) if dtype is not None else t
@@ -196,16 +199,17 @@ def full_tensors(model, dtype: torch.dtype | None = None, cpu: bool = False):
 
 
 def moved(t: DTensor, device: torch.device) -> DTensor:
-    """This rank's shard moved to `device`, the same DTensor (shape given: FSDP2's last shards may be shorter)."""
+    """This rank's shard moved to `device`, the same DTensor (shape given: FSDP2's last shards may
+    be shorter)."""
     return DTensor.from_local(t.to_local().to(device), t.device_mesh, t.placements, run_check=False, shape=t.shape,
                               stride=t.stride())
 
 
 def full_state_dict(model, world_size: int = 1, dtype: torch.dtype | None = None, keep: bool = True) -> dict:
-    """The unsharded weights as one dict on the CPU (collective under FSDP2: every rank calls it; only those with
-    `keep`, e.g. rank 0 that writes the checkpoint, hold the result): what a checkpoint or
-    save_pretrained writes. On
-    one process the dict holds the model's own tensors (no copy)."""
+    """The unsharded weights as one dict on the CPU (collective under FSDP2: every rank calls it;
+    only those with `keep`, e.g. rank 0 that writes the checkpoint, hold the result): what a
+    checkpoint or save_pretrained writes. On one process the dict holds the model's own tensors (no
+    copy)."""
     return {n: t for n, t in full_tensors(model, dtype, cpu=is_sharded(model) and keep) if keep}
 
 
@@ -217,10 +221,10 @@ def full_state_dict(model, world_size: int = 1, dtype: torch.dtype | None = None
 
 def load_sharded(path: str, dtype: torch.dtype, activation_checkpointing: bool = False, bf16: bool = False,
                  offload: bool = False, frozen: bool = False):
-    """A Hugging Face model folder loaded straight into FSDP2 shards: rank r of W reads rows [r*c, r*c + n_r) of each
-    tensor (c = ceil(rows / W), FSDP2's dim-0 chunks), cast to `dtype` (fp32 masters; the reference
-    may stay bf16).
-    Peak memory per rank: its shards plus one tensor's slice (tests/test_gpu_path.py measures it on 4 ranks)."""
+    """A Hugging Face model folder loaded straight into FSDP2 shards: rank r of W reads rows [r*c,
+    r*c + n_r) of each tensor (c = ceil(rows / W), FSDP2's dim-0 chunks), cast to `dtype` (fp32
+    masters; the reference may stay bf16). Peak memory per rank: its shards plus one tensor's slice
+    (tests/test_gpu_path.py measures it on 4 ranks)."""
     import json
     from pathlib import Path
 
@@ -229,16 +233,13 @@ def load_sharded(path: str, dtype: torch.dtype, activation_checkpointing: bool =
 
     folder, device = Path(path), rank_device()
     config = AutoConfig.from_pretrained(folder)
-    # parameters with shapes and no storage: nothing is read or allocated yet
-    with torch.device("meta"):
+    with torch.device("meta"):  # parameters with shapes and no storage: nothing is read or allocated yet
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     if frozen:
         model.eval().requires_grad_(False)
     model = shard(model, activation_checkpointing, bf16, offload)
-    # each rank's shards get storage; the whole never exists
-    model.to_empty(device="cpu" if offload else device)
-    # big models: tensor name -> file; small ones: one file
-    index = folder / "model.safetensors.index.json"
+    model.to_empty(device="cpu" if offload else device)  # each rank's shards get storage; the whole never exists
+    index = folder / "model.safetensors.index.json"  # big models: tensor name -> file; small ones: one file
     where = json.loads(index.read_text())["weight_map"] if index.exists() else None
     handles = {}
     with torch.no_grad():
@@ -247,10 +248,8 @@ def load_sharded(path: str, dtype: torch.dtype, activation_checkpointing: bool =
             f = handles.setdefault(file, safe_open(file, framework="pt", device="cpu"))
             local = p.to_local() if isinstance(p, DTensor) else p  # (n_r, ...): this rank's rows
             start = min(dist.get_rank() * -(-p.shape[0] // dist.get_world_size()), p.shape[0])
-            # reads these rows only; casts, moves
-            local.copy_(f.get_slice(name)[start : start + local.shape[0]])
-    # non-persistent buffers (RoPE's inverse frequencies) are not in the files: rebuild
-    body = model.get_decoder()
+            local.copy_(f.get_slice(name)[start : start + local.shape[0]])  # reads these rows only; casts, moves
+    body = model.get_decoder()  # non-persistent buffers (RoPE's inverse frequencies) are not in the files: rebuild
     body.rotary_emb = type(body.rotary_emb)(config=config).to(device)
     return model
 
@@ -259,8 +258,7 @@ def all_reduce(values: list[float], world_size: int, op: str = "sum") -> list[fl
     """Sum (or "min" / "max") each value over the ranks; the values themselves on one process."""
     if world_size == 1:
         return list(values)
-    # NCCL reduces CUDA tensors only
-    t = torch.tensor(values, dtype=torch.float64, device=rank_device())
+    t = torch.tensor(values, dtype=torch.float64, device=rank_device())  # NCCL reduces CUDA tensors only
     dist.all_reduce(t, op={"sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}[op])
     return t.tolist()
 
@@ -270,10 +268,10 @@ def all_sum(x: float, world_size: int) -> float:
 
 
 def reduce_stats(stats: list[dict], world_size: int) -> dict:
-    """A GRPO step's statistics from every rank's packed rows (grpo_loss's, plus "loss" and "logp_gap", a sum over
-    the row's trained tokens): loss summed (each row's is its share of the step's mean), clip_frac /
-    kl / entropy /
-    logp_gap as means weighted by trained tokens, ratio_min / ratio_max the extremes over rows that trained any."""
+    """A GRPO step's statistics from every rank's packed rows (grpo_loss's, plus "loss" and
+    "logp_gap", a sum over the row's trained tokens): loss summed (each row's is its share of the
+    step's mean), clip_frac / kl / entropy / logp_gap as means weighted by trained tokens, ratio_min
+    / ratio_max the extremes over rows that trained any."""
     keys = ("clip_frac", "kl", "entropy")
     sums = [sum(s["loss"] for s in stats), sum(s["logp_gap"] for s in stats), sum(s["tokens"] for s in stats)]
     sums += [sum(s.get(k, 0.0) * s["tokens"] for s in stats) for k in keys]  # token-weighted sums

@@ -1,4 +1,5 @@
-"""HFEngine: batched sampling with a transformers model, keeping each conversation's keys/values across turns.
+"""HFEngine: batched sampling with a transformers model, keeping each conversation's keys/values
+across turns.
 
 engine.py states the contract and holds ReferenceEngine, the same loop one prompt at a time: read it
 first. Here it is made fast, and stays exact: greedy outputs equal a full re-prefill
@@ -31,7 +32,8 @@ from plumbing.sampling import Sample, default_stop_ids, prompt_seeds, sample_ste
 
 
 def common_prefix_len(seqs: list[list[int]]) -> int:
-    """Length of the longest prefix all sequences share (os.path.commonprefix compares any sequences)."""
+    """Length of the longest prefix all sequences share (os.path.commonprefix compares any
+    sequences)."""
     return len(os.path.commonprefix(seqs))
 
 
@@ -39,32 +41,28 @@ GQA_SDPA = "muarl_sdpa_gqa"
 
 
 def sdpa_gqa_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
-    """transformers' "sdpa" attention minus a copy. With grouped-query attention (Hq query heads share Hkv key/value
-    heads, G = Hq / Hkv) and a mask, transformers copies each key/value head G times (repeat_kv: on
-    CUDA, SDPA's fast kernels take no mask with enable_gqa); on a CPU torch's SDPA takes both. In a
-    decode step the G query heads
-    of a key/value head become G queries of one head: each key/value is read once (equal up to rounding, ~1e-7)."""
+    """transformers' "sdpa" attention minus a copy. With grouped-query attention (Hq query heads
+    share Hkv key/value heads, G = Hq / Hkv) and a mask, transformers copies each key/value head G
+    times (repeat_kv: on CUDA, SDPA's fast kernels take no mask with enable_gqa); on a CPU torch's
+    SDPA takes both. In a decode step the G query heads of a key/value head become G queries of one
+    head: each key/value is read once (equal up to rounding, ~1e-7)."""
     B, Hq, q, D = query.shape  # key, value: (B, Hkv, k, D)
     Hkv = key.shape[1]
-    # decode: fold the groups into the query axis; the mask (B, 1, 1, k) broadcasts
-    if q == 1 and Hq != Hkv:
+    if q == 1 and Hq != Hkv:  # decode: fold the groups into the query axis; the mask (B, 1, 1, k) broadcasts
         out = F.scaled_dot_product_attention(query.view(B, Hkv, Hq // Hkv, D), key, value,
-                                             # (B, Hkv, G, D)
-                                             attn_mask=attention_mask, scale=scaling)
+                                             attn_mask=attention_mask, scale=scaling)  # (B, Hkv, G, D)
         return out.reshape(B, 1, Hq, D), None  # query head h = kv head h // G, as in repeat_kv
-    # (B, Hq, q, D)
-    out = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, scale=scaling,
-                                         # no mask: unpadded prefill
-                                         is_causal=attention_mask is None and q > 1,
+    out = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, scale=scaling,  # (B, Hq, q, D)
+                                         is_causal=attention_mask is None and q > 1,  # no mask: unpadded prefill
                                          enable_gqa=Hq != Hkv)
     return out.transpose(1, 2).contiguous(), None  # (B, q, Hq, D), no attention weights
 
 
 class HFEngine:
-    """Why not `model.generate`? We need each token's log-prob under the exact distribution it was drawn from, finished
-    rows to stop costing compute, and the next turn to start from this turn's keys/values. A short
-    loop does all three. Its phases, and what each device buys on a CPU (demo model size, 1 thread;
-    bench/bench_rollout.py):
+    """Why not `model.generate`? We need each token's log-prob under the exact distribution it was
+    drawn from, finished rows to stop costing compute, and the next turn to start from this turn's
+    keys/values. A short loop does all three. Its phases, and what each device buys on a CPU (demo
+    model size, 1 thread; bench/bench_rollout.py):
 
       lookup    each prompt's longest prefix in the store (KVStore: what earlier calls computed). On the synthetic
                 workload, 200,314 of 228,946 prompt tokens came from the store instead of a prefill
@@ -95,22 +93,19 @@ class HFEngine:
 
     def __init__(self, model, tokenizer=None, stop_token_ids: list[int] | None = None, min_shared_prefix: int = 16,
                  cache_gib: float = 2.0):
-        # for generate(); here, not on import (idempotent)
-        AttentionInterface.register(GQA_SDPA, sdpa_gqa_attention)
+        AttentionInterface.register(GQA_SDPA, sdpa_gqa_attention)  # for generate(); here, not on import (idempotent)
         AttentionMaskInterface.register(GQA_SDPA, sdpa_mask)  # the same boolean masks as "sdpa"
         self.model = model
-        # shorter common prefixes are not worth a separate forward
-        self.min_shared_prefix = min_shared_prefix
+        self.min_shared_prefix = min_shared_prefix  # shorter common prefixes are not worth a separate forward
         self.stop_token_ids = stop_token_ids if stop_token_ids is not None else default_stop_ids(tokenizer, model)
-        # any id works: padded positions are masked out
-        self.pad_id = getattr(tokenizer, "pad_token_id", None) or 0
+        self.pad_id = getattr(tokenizer, "pad_token_id", None) or 0  # any id works: padded positions are masked out
         self.store = KVStore(int(cache_gib * 2**30))
         self._version = None  # weights_version(model) when the store was filled
-        # tokens and seconds, per phase, summed over calls (bench/bench_rollout.py prints them)
-        self.stats = Counter()
+        self.stats = Counter()  # tokens and seconds, per phase, summed over calls (bench/bench_rollout.py prints them)
 
     def reset_cache(self) -> None:
-        """Forget every stored key/value (call after changing the weights in a way torch does not version)."""
+        """Forget every stored key/value (call after changing the weights in a way torch does not
+        version)."""
         self.store.clear()
 
     def generate(self, prompts: list[list[int]], max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0,
@@ -122,19 +117,15 @@ class HFEngine:
         # in ReferenceEngine
         gens = [torch.Generator().manual_seed(s) for s in prompt_seeds(seed, len(prompts))]
         version = weights_version(self.model)
-        # new weights: what the store holds was computed with the old ones
-        if version != self._version:
+        if version != self._version:  # new weights: what the store holds was computed with the old ones
             self.store.clear()
             self._version = version
         was_training = self.model.training
-        # no dropout while sampling; restored after, since the trainer may share this model
-        self.model.eval()
+        self.model.eval()  # no dropout while sampling; restored after, since the trainer may share this model
         gqa = self.model.device.type == "cpu" and self.model.config._attn_implementation == "sdpa"
         if gqa:
             self.model.set_attn_implementation(GQA_SDPA)  # see sdpa_gqa_attention; restored below
-        # our attention function takes the decode mask ready-made (4D); other implementations get a
-        # 2D one
-        try:
+        try:  # our attention function takes the decode mask ready-made (4D); other implementations get a 2D one
             return self._sample(prompts, max_new_tokens, temperature, top_p, stop, gens, mask_4d=gqa)
         finally:
             if gqa:
@@ -150,14 +141,14 @@ class HFEngine:
         return (seq, m) if m > 0 else (None, 0)
 
     def _share_prefix(self, prompts, hits):
-        """Compute the prefix all prompts share once, if two or more rows would otherwise each compute it."""
+        """Compute the prefix all prompts share once, if two or more rows would otherwise each
+        compute it."""
         P = min(common_prefix_len(prompts), min(len(p) for p in prompts) - 1) if len(prompts) > 1 else 0
         short = [i for i, (_, m) in enumerate(hits) if m < P]
         if P < self.min_shared_prefix or len(short) < 2:
             return hits
         prefix = prompts[0][:P]
-        # the prefix itself may be partly stored (the system prompt, from an earlier call)
-        hit = self._lookup(prefix)
+        hit = self._lookup(prefix)  # the prefix itself may be partly stored (the system prompt, from an earlier call)
         cache, mask, _ = self._prefill([prefix], [hit], reserve=0)
         seq = self._cut(cache, mask, 0, prefix)
         self.store.put(seq, parent=hit[0])
@@ -169,20 +160,21 @@ class HFEngine:
         return cfg.num_key_value_heads, head_dim, next(self.model.parameters()).dtype
 
     def _new_cache(self, bufs, n: int, start: int = 0) -> DynamicCache:
-        """A cache over bufs[l] = (keys, values) (b, H, capacity, D), written in place; the model sees start .. n-1."""
+        """A cache over bufs[l] = (keys, values) (b, H, capacity, D), written in place; the model
+        sees start .. n-1."""
         cache = DynamicCache(config=self.model.config)
         cache.layers = [BufferLayer(k, v, n, start) for k, v in bufs]
         return cache
 
     def _prefill(self, prompts, hits, reserve: int, groups=None):
-        """Lay out the cached keys/values, run the rest of every prompt: (cache, mask, last token's logits (B, V)).
-        `groups`: ranges of rows run as separate forwards (padding a 20-token rest to 400 would cost 20x)."""
+        """Lay out the cached keys/values, run the rest of every prompt: (cache, mask, last token's
+        logits (B, V)). `groups`: ranges of rows run as separate forwards (padding a 20-token rest
+        to 400 would cost 20x)."""
         dev, B = self.model.device, len(prompts)
         groups = groups or [(0, B)]
         t0 = time.perf_counter()
         c = torch.tensor([m for _, m in hits], device=dev)  # (B,) cached tokens per row
-        # rest per row, >= 1: every row runs a token
-        r = [len(p) - m for p, (_, m) in zip(prompts, hits)]
+        r = [len(p) - m for p, (_, m) in zip(prompts, hits)]  # rest per row, >= 1: every row runs a token
         C, R = int(c.max()), max(r)
         H, D, dtype = self._kv_shape()
         # One buffer per layer for the whole call: [cached C | rest R | decode budget]. Padding
@@ -191,16 +183,13 @@ class HFEngine:
         bufs = []
         for li in range(self.model.config.num_hidden_layers):
             k, v = (torch.empty(B, H, C + R + reserve, D, dtype=dtype, device=dev) for _ in range(2))  # (B, H, *, D)
-            # rests and the gaps before them (forwards fill the rests)
-            k[:, :, C : C + R], v[:, :, C : C + R] = 0, 0
-            # right-aligned: row i's cached tokens end at column C
-            for i, (s, m) in enumerate(hits):
+            k[:, :, C : C + R], v[:, :, C : C + R] = 0, 0  # rests and the gaps before them (forwards fill the rests)
+            for i, (s, m) in enumerate(hits):  # right-aligned: row i's cached tokens end at column C
                 k[i, :, : C - m], v[i, :, : C - m] = 0, 0
                 if m:
                     k[i, :, C - m : C], v[i, :, C - m : C] = s.keys[li][:, :m], s.values[li][:, :m]
             bufs.append((k, v))
-        # (B, C) 1 = a reused column
-        cached = (torch.arange(C, device=dev) >= C - c[:, None]).long()
+        cached = (torch.arange(C, device=dev) >= C - c[:, None]).long()  # (B, C) 1 = a reused column
         t1 = time.perf_counter()
         masks, logits = [], []
         for a, b in groups:
@@ -209,52 +198,46 @@ class HFEngine:
             # ends at the same column.
             Rg = max(r[a:b])
             ids = torch.full((b - a, Rg), self.pad_id, dtype=torch.long, device=dev)  # (b, Rg)
-            # (b, Rg) 1 = a real token of the rest
-            own = torch.zeros((b - a, Rg), dtype=torch.long, device=dev)
+            own = torch.zeros((b - a, Rg), dtype=torch.long, device=dev)  # (b, Rg) 1 = a real token of the rest
             for j, (p, (_, m)) in enumerate(zip(prompts[a:b], hits[a:b])):
                 ids[j, Rg - (len(p) - m) :] = torch.tensor(p[m:], dtype=torch.long)
                 own[j, Rg - (len(p) - m) :] = 1
             gap = own.new_zeros(b - a, R - Rg)  # (b, R - Rg) columns no row of this group uses
-            # (b, C + R) 1 = a token this row attends to
-            mask = torch.cat([cached[a:b], gap, own], dim=1)
-            # (b, Rg) each token's position in its prompt
-            pos = c[a:b, None] + (own.cumsum(-1) - 1).clamp(min=0)
-            # columns 0 .. S - 1 are padding for every row here: the model sees S on
-            S = C - int(c[a:b].max())
+            mask = torch.cat([cached[a:b], gap, own], dim=1)  # (b, C + R) 1 = a token this row attends to
+            pos = c[a:b, None] + (own.cumsum(-1) - 1).clamp(min=0)  # (b, Rg) each token's position in its prompt
+            S = C - int(c[a:b].max())  # columns 0 .. S - 1 are padding for every row here: the model sees S on
             view = self._new_cache([(k[a:b], v[a:b]) for k, v in bufs], C + R - Rg, S)
             logits.append(self.model(input_ids=ids, attention_mask=mask[:, S:], position_ids=pos, use_cache=True,
-                                     # (b, V): last only
-                                     past_key_values=view, logits_to_keep=1).logits[:, -1])
+                                     past_key_values=view, logits_to_keep=1).logits[:, -1])  # (b, V): last only
             masks.append(mask)
-            # Counter.update adds
-            self.stats.update(prefill_tokens=int(own.sum()), prefill_padded=own.numel())
+            self.stats.update(prefill_tokens=int(own.sum()), prefill_padded=own.numel())  # Counter.update adds
         self.stats.update(store_s=t1 - t0, prefill_s=time.perf_counter() - t1)
-        # (B, C + R), (B, V)
-        return self._new_cache(bufs, C + R), torch.cat(masks), torch.cat(logits)
+        return self._new_cache(bufs, C + R), torch.cat(masks), torch.cat(logits)  # (B, C + R), (B, V)
 
     @staticmethod
     def _layout(cache, attends: torch.Tensor, n: int) -> tuple[int, bool]:
-        """Before a decode step: (start, padded). The cache hides the columns before start: padding in every row."""
+        """Before a decode step: (start, padded). The cache hides the columns before start: padding
+        in every row."""
         start = int(attends[:, :n].any(0).long().argmax())  # the first column some row attends to
         for layer in cache.layers:
             layer.skip_padding(start)
         return start, not bool(attends[:, start:n].all())  # padded: some row still has padding
 
     def _cut(self, cache, mask, j: int, tokens: list[int]) -> CachedSeq:
-        """Row j's keys/values, real columns only (a copy: the batch's buffers are freed after the call)."""
+        """Row j's keys/values, real columns only (a copy: the batch's buffers are freed after the
+        call)."""
         cols = mask[j].nonzero()[:, 0]  # (n,) the columns row j attends to, in order
         assert len(cols) == len(tokens), "every real column is one token of the row's sequence"
         # They form a few contiguous spans (cached | rest | sampled): copy span by span, ~5x faster
         # than indexing
-        # where a new span starts
-        cut = (torch.nonzero(cols[1:] - cols[:-1] != 1)[:, 0] + 1).tolist()
+        cut = (torch.nonzero(cols[1:] - cols[:-1] != 1)[:, 0] + 1).tolist()  # where a new span starts
         spans = [(int(cols[a]), int(cols[b - 1]) + 1) for a, b in zip([0] + cut, cut + [len(cols)])]
-        # per layer: keys, values (H, n, D) each
-        kv = [layer.copy_row(j, spans) for layer in cache.layers]
+        kv = [layer.copy_row(j, spans) for layer in cache.layers]  # per layer: keys, values (H, n, D) each
         return CachedSeq(np.asarray(tokens, dtype=np.int64), [k for k, _ in kv], [v for _, v in kv])
 
     def _keep(self, cache, mask, js, rows, prompts, samples, hits) -> None:
-        """Store the sequences of live rows js: prompt + sampled tokens but the last (sampled, never fed)."""
+        """Store the sequences of live rows js: prompt + sampled tokens but the last (sampled, never
+        fed)."""
         if self.store.max_bytes == 0:
             return
         t0 = time.perf_counter()
@@ -269,8 +252,7 @@ class HFEngine:
         if not prompts or max_new_tokens <= 0:
             return samples
         uniforms = torch.stack([torch.rand(max_new_tokens, dtype=torch.float64, generator=g) for g in gens])  # (B, N)
-        # uniforms[i, t]: prompt i's draw for its t-th token
-        uniforms = uniforms.to(self.model.device)
+        uniforms = uniforms.to(self.model.device)  # uniforms[i, t]: prompt i's draw for its t-th token
         t0 = time.perf_counter()
         # 1. what earlier calls computed, then 2. the prefix shared within this call
         hits = [self._lookup(p) for p in prompts]  # (CachedSeq | None, cached tokens) per prompt
@@ -278,13 +260,11 @@ class HFEngine:
         self.stats.update(reused_tokens=sum(m for _, m in hits), prompt_tokens=sum(map(len, prompts)))  # adds
         hits = self._share_prefix(prompts, hits)
         # 3. prefill, rows ordered by rest length, longest first; rests within a factor sqrt(2) (or
-        # all under ~45 tokens) run as one group: <= ~1.4x padding, for a few more forwards (each
-        # costs about 30-50 tokens here)
+        #    all under ~45 tokens) run as one group: <= ~1.4x padding, for a few more forwards (each
+        #    costs about 30-50 tokens here)
         rest = [len(p) - m for p, (_, m) in zip(prompts, hits)]
-        # rows[j] = the prompt batch row j samples for
-        rows = sorted(range(len(prompts)), key=lambda i: -rest[i])
-        # rests within a factor sqrt(2) share a size
-        size = [int(2 * math.log2(max(rest[i], 32))) for i in rows]
+        rows = sorted(range(len(prompts)), key=lambda i: -rest[i])  # rows[j] = the prompt batch row j samples for
+        size = [int(2 * math.log2(max(rest[i], 32))) for i in rows]  # rests within a factor sqrt(2) share a size
         groups = [(j, j + size.count(z)) for j, z in enumerate(size) if j == 0 or size[j - 1] != z]
         cache, mask, logits = self._prefill([prompts[i] for i in rows], [hits[i] for i in rows], max_new_tokens, groups)
         next_pos = mask.sum(-1)  # (B,) position of the token about to be sampled
@@ -308,22 +288,18 @@ class HFEngine:
                 if t in stop:
                     s.finish_reason = "stop"
                     done.append(j)
-            # finished rows, while valid
-            self._keep(cache, attends[:, :n], done, rows, prompts, samples, hits)
+            self._keep(cache, attends[:, :n], done, rows, prompts, samples, hits)  # finished rows, while valid
             if len(done) == len(rows) or step == max_new_tokens - 1:
-                # all finished; or the budget is used and finish_reason stays "length" for rows
-                # still going
-                break
+                break  # all finished; or the budget is used and finish_reason stays "length" for rows still going
             if done:
                 # Finished rows leave now: the last rows still sampling move into their slots
-                # (BufferLayer.move_rows: one row's copy each, not the whole cache) and every tensor
-                # with a batch dimension follows.
+                # (BufferLayer.move_rows:
+                # one row's copy each, not the whole cache) and every tensor with a batch dimension
+                # follows.
                 b, finished = len(rows) - len(done), set(done)
                 holes = [j for j in done if j < b]  # finished rows among the first b
-                # rows still sampling beyond them
-                movers = [j for j in range(b, len(rows)) if j not in finished]
-                # keep[new row] = old row
-                keep = [dict(zip(holes, movers)).get(j, j) for j in range(b)]
+                movers = [j for j in range(b, len(rows)) if j not in finished]  # rows still sampling beyond them
+                keep = [dict(zip(holes, movers)).get(j, j) for j in range(b)]  # keep[new row] = old row
                 for layer in cache.layers:
                     layer.move_rows(holes, movers, b)
                 tok, next_pos, attends, bias = tok[keep], next_pos[keep], attends[keep], bias[keep]
@@ -346,7 +322,8 @@ class HFEngine:
 
     @torch.no_grad()
     def update_weights(self, named_tensors) -> None:
-        """Copy (name, tensor) pairs into the model; tensors that already *are* its parameters (shared) are skipped."""
+        """Copy (name, tensor) pairs into the model; tensors that already *are* its parameters
+        (shared) are skipped."""
         params = {**dict(self.model.named_parameters(remove_duplicate=False)), **dict(self.model.named_buffers())}
         for name, t in named_tensors:
             if name not in params:
@@ -355,8 +332,7 @@ class HFEngine:
                 params[name].copy_(t)  # casts dtype / moves device as needed
                 self.reset_cache()  # (weights_version would notice too: copy_ bumps the version)
 
-    # the trainer calls it after a rollout: the weights change next, the update needs the memory
-    sleep = reset_cache
+    sleep = reset_cache  # the trainer calls it after a rollout: the weights change next, the update needs the memory
 
     def wake_up(self) -> None:  # same surface as VLLMEngine; nothing to restore
         pass
@@ -372,8 +348,7 @@ if __name__ == "__main__":
 
     model, tok = build_tiny(tempfile.mkdtemp(prefix="muarl-tiny-"))
     hf = HFEngine(model, tok)
-    # a user turn in Qwen's chat markup
-    turn = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
+    turn = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"  # a user turn in Qwen's chat markup
     prompts = [tok.encode(turn.format(text)) for text in ("Cancel order #W1234567, please.", "Hello")]
     first = hf.generate(prompts, max_new_tokens=12, temperature=1.0, seed=0)
     # A second turn, as rollout.py makes it: prompt + what was sampled + a delta; only the delta

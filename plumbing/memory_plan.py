@@ -1,4 +1,5 @@
-"""The memory plan of a GPU run, from config.json alone: what each GPU holds in both phases of a GRPO step.
+"""The memory plan of a GPU run, from config.json alone: what each GPU holds in both phases of a
+GRPO step.
 
     python -m plumbing.memory_plan                     # Qwen3-8B on 1 and 8 GPUs, Qwen3-32B on 8 (configs/)
     python muarl.py --model Qwen/Qwen3-8B --plan 8     # this run's flags, on 8 GPUs, then exit
@@ -33,7 +34,8 @@ saves what sdpa does here; CUDA's context, NCCL buffers and fragmentation are no
 
 Departures: 1. No allocator model: the peak is a sum of what is live, not what the caching allocator
 reserved.
-2. vLLM's own activations and CUDA graphs are inside its share; its sleep leaves ~1 GiB that we do not count."""
+2. vLLM's own activations and CUDA graphs are inside its share; its sleep leaves ~1 GiB that we do
+   not count."""
 
 from __future__ import annotations
 
@@ -45,12 +47,12 @@ from pathlib import Path
 # 3. The memory plan: bytes per GPU of each part, for both phases of a step
 
 GIB = 2**30
-# public config.json files, by the hub id's last part
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"  # public config.json files, by the hub id's last part
 
 
 def load_config(model: str) -> dict:
-    """config.json of a local model folder, or of a hub id shipped in configs/ (Qwen/Qwen3-8B -> configs/Qwen3-8B)."""
+    """config.json of a local model folder, or of a hub id shipped in configs/ (Qwen/Qwen3-8B ->
+    configs/Qwen3-8B)."""
     for path in (Path(model) / "config.json", CONFIGS / model.split("/")[-1] / "config.json"):
         if path.is_file():
             return json.loads(path.read_text())
@@ -58,18 +60,19 @@ def load_config(model: str) -> dict:
 
 
 def param_counts(c: dict) -> tuple[int, int, int]:
-    """(P, one decoder layer's parameters, the root's: embeddings, lm_head unless tied, final norm) of a Qwen3/Llama."""
+    """(P, one decoder layer's parameters, the root's: embeddings, lm_head unless tied, final norm)
+    of a Qwen3/Llama."""
     D, I, L, V = c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"], c["vocab_size"]
     hd = c.get("head_dim") or D // c["num_attention_heads"]
     q, kv = c["num_attention_heads"] * hd, c["num_key_value_heads"] * hd
-    # q, k, v, o; gate, up, down; 2 norms, q/k norms
-    layer = D * q + 2 * D * kv + q * D + 3 * D * I + 2 * D + 2 * hd
+    layer = D * q + 2 * D * kv + q * D + 3 * D * I + 2 * D + 2 * hd  # q, k, v, o; gate, up, down; 2 norms, q/k norms
     root = V * D * (1 if c.get("tie_word_embeddings") else 2) + D
     return L * layer + root, layer, root
 
 
 def act_bytes_per_token(c: dict, bf16: bool) -> tuple[float, float]:
-    """(bytes one decoder layer saves per token for the backward, bytes outside the layers per token)."""
+    """(bytes one decoder layer saves per token for the backward, bytes outside the layers per
+    token)."""
     D, I, H, K = c["hidden_size"], c["intermediate_size"], c["num_attention_heads"], c["num_key_value_heads"]
     hd = c.get("head_dim") or D // H
     if bf16:
@@ -80,27 +83,22 @@ def act_bytes_per_token(c: dict, bf16: bool) -> tuple[float, float]:
 def plan(c: dict, gpus: int, tokens: int, checkpointing: bool, reference: bool, bf16: bool = True,
          chunk: int = 1024, engine: str = "vllm", engine_tp: int = 1, engine_share: float = 0.5,
          gpu_gib: float = 80.0, sharded: bool | None = None, offload: bool = False) -> dict:
-    """Bytes per GPU of each part, both phases and the peak, for a run on `gpus` GPUs (FSDP2 when sharded: by default
-    when gpus > 1). engine: "vllm" (its own bf16 copy, engine_share of the GPU), "hf" (shares the
-    policy) or "none". `offload` (FSDP2 CPU offload, always sharded): masters, gradients, AdamW and
-    the reference live in host memory
-    ("host": per GPU, with vLLM's weights while it sleeps); the GPU holds the gathered layers and their gradients."""
+    """Bytes per GPU of each part, both phases and the peak, for a run on `gpus` GPUs (FSDP2 when
+    sharded: by default when gpus > 1). engine: "vllm" (its own bf16 copy, engine_share of the GPU),
+    "hf" (shares the policy) or "none". `offload` (FSDP2 CPU offload, always sharded): masters,
+    gradients, AdamW and the reference live in host memory ("host": per GPU, with vLLM's weights
+    while it sleeps); the GPU holds the gathered layers and their gradients."""
     P, layer, root = param_counts(c)
     W, b = gpus, 2 if bf16 else 4
     sharded = gpus > 1 or offload if sharded is None else sharded or offload
     L, D, V = c["num_hidden_layers"], c["hidden_size"], c["vocab_size"]
     per_layer, outside = act_bytes_per_token(c, bf16)
-    # FSDP2 gathers the root for the whole forward and backward, and a layer at a time (+1
-    # prefetched);
-    if sharded:
-        # the root's gradient is whole until its reduce-scatter, at the very end
-        copies = b * (2 * root + 2 * layer)
-    # autocast caches a bf16 copy of every matrix it casts (the embedding is looked up, not cast)
-    else:
+    if sharded:  # FSDP2 gathers the root for the whole forward and backward, and a layer at a time (+1 prefetched);
+        copies = b * (2 * root + 2 * layer)  # the root's gradient is whole until its reduce-scatter, at the very end
+    else:  # autocast caches a bf16 copy of every matrix it casts (the embedding is looked up, not cast)
         copies = 2 * (P - V * D) if bf16 else 0
     full = tokens * (L * per_layer + outside)  # every layer's saved tensors
-    # one hidden state per layer boundary + one layer recomputed
-    ckpt = tokens * (L * b * D + outside + per_layer)
+    ckpt = tokens * (L * b * D + outside + per_layer)  # one hidden state per layer boundary + one layer recomputed
     p = {"masters": 4 * P / W, "grads": 4 * P / W, "adamw": 8 * P / W, "copies": copies,
          "acts": ckpt if checkpointing else full, "acts_no_ckpt": full, "acts_ckpt": ckpt,
          "logits": 3 * 4 * min(chunk, tokens) * V, "reference": b * P / W if reference else 0}
@@ -113,8 +111,7 @@ def plan(c: dict, gpus: int, tokens: int, checkpointing: bool, reference: bool, 
     p.update(dict.fromkeys(offloaded, 0))
     p["vllm_kv"] = max(0.0, engine_share * gpu_gib * GIB - p["vllm_weights"]) if engine == "vllm" else 0
     kv_token = 2 * L * c["num_key_value_heads"] * (c.get("head_dim") or D // c["num_attention_heads"]) * 2
-    # tokens of context the cache holds (all sequences)
-    p["kv_tokens"] = p["vllm_kv"] * engine_tp / kv_token
+    p["kv_tokens"] = p["vllm_kv"] * engine_tp / kv_token  # tokens of context the cache holds (all sequences)
     resident = p["masters"] + p["adamw"] + p["reference"]
     p["rollout"] = resident + p["vllm_weights"] + p["vllm_kv"]
     step = 0 if offload else 4 * P / W  # AdamW's temporaries (on the CPU with offload)
@@ -141,8 +138,8 @@ def format_plan(name: str, p: dict) -> str:
 
 
 def describe(cfg, gpus: int, engine: str, gpu_gib: float, sharded: bool) -> str:
-    """muarl's plan of the run `cfg` on `gpus` GPUs, as a table, and the fewest GPUs that fit it when these do not;
-    or why there is none."""
+    """muarl's plan of the run `cfg` on `gpus` GPUs, as a table, and the fewest GPUs that fit it
+    when these do not; or why there is none."""
     model, tokens, checkpointing, reference = cfg.model, cfg.micro_batch_tokens, cfg.activation_checkpointing, \
         cfg.kl_coef > 0
     bf16, chunk, engine_share, offload = cfg.dtype == "bfloat16", cfg.logprob_chunk, cfg.engine_memory, cfg.offload
@@ -167,8 +164,7 @@ def demo_plans(tokens: int = 16384) -> str:
     """The README's table: the paper's settings (16,384 tokens per row, reference on), 80 GiB H100s."""
     c8, c32 = load_config("Qwen/Qwen3-8B"), load_config("Qwen/Qwen3-32B")
     kw = {"tokens": tokens, "reference": True}
-    # the trainer holds nothing on the GPU while vLLM generates
-    off = {"offload": True, "engine_share": 0.85}
+    off = {"offload": True, "engine_share": 0.85}  # the trainer holds nothing on the GPU while vLLM generates
     cols = [("8B, 1 GPU", plan(c8, 1, checkpointing=True, **kw)),
             ("8B, 1 GPU, offload", plan(c8, 1, checkpointing=True, **off, **kw)),
             ("8B, 8 GPUs", plan(c8, 8, checkpointing=True, **kw)),

@@ -1,4 +1,5 @@
-"""Loading the policy, its frozen reference and its tokenizer (a hub id or a local Hugging Face folder).
+"""Loading the policy, its frozen reference and its tokenizer (a hub id or a local Hugging Face
+folder).
 
 MUA-RL starts from Qwen3 (8B/14B/32B, non-thinking mode) and keeps a frozen copy of the starting
 policy as the KL reference (the paper, arXiv:2508.18669). `load_policy("Qwen/Qwen3-8B")` and
@@ -26,8 +27,7 @@ def n_params(model) -> int:
 def _from_pretrained(name_or_path: str, dtype, device):
     from transformers import AutoModelForCausalLM
 
-    # "bfloat16" -> torch.bfloat16
-    dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+    dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype  # "bfloat16" -> torch.bfloat16
     return AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype).to(device)
 
 
@@ -41,8 +41,9 @@ def load_tokenizer(name_or_path: str):
 
 
 def model_folder(name_or_path: str) -> str:
-    """A local folder holding the model: the path itself, or the hub's cached download of an id (sharded loading,
-    vLLM and the memory plan read the files, not a loaded model). A hub that cannot be reached is one line."""
+    """A local folder holding the model: the path itself, or the hub's cached download of an id
+    (sharded loading, vLLM and the memory plan read the files, not a loaded model). A hub that
+    cannot be reached is one line."""
     if Path(name_or_path).is_dir():
         return name_or_path
     try:
@@ -59,8 +60,7 @@ def model_folder(name_or_path: str) -> str:
 
 def load_policy(name_or_path: str, dtype="float32", device="cpu"):
     """(model, tokenizer) from a hub id or a local directory (e.g. one written by build_tiny)."""
-    # first: fail fast, before loading gigabytes of weights
-    tokenizer = load_tokenizer(name_or_path)
+    tokenizer = load_tokenizer(name_or_path)  # first: fail fast, before loading gigabytes of weights
     return _from_pretrained(name_or_path, dtype, device), tokenizer
 
 
@@ -70,8 +70,8 @@ def freeze(model):
 
 
 def load_reference(name_or_path: str | None = None, dtype="float32", device="cpu", model=None):
-    """The frozen reference policy: loaded from `name_or_path`, or a deep copy of an in-memory `model`
-    (e.g. the policy right after SFT, before any RL step)."""
+    """The frozen reference policy: loaded from `name_or_path`, or a deep copy of an in-memory
+    `model` (e.g. the policy right after SFT, before any RL step)."""
     return freeze(copy.deepcopy(model) if model is not None else _from_pretrained(name_or_path, dtype, device))
 
 
@@ -80,15 +80,13 @@ def load_reference(name_or_path: str | None = None, dtype="float32", device="cpu
 
 
 def build_or_load_model(cfg, device: str, dtype: str, rank=0, world_size=1, sharded: bool = False, build=None):
-    """(policy, tokenizer, model_path): fp32 weights, AdamW's masters (`dtype`: the forward's). Under torchrun
-    (`sharded`) each rank reads only its own shards (fsdp.load_sharded). `build`: a function () ->
-    folder that makes
-    the model when it is not there yet (the CPU demo's tiny one); rank 0 calls it first, the others once it is done."""
-    # (here, not at the top: fsdp needs none of this file)
-    from plumbing.fsdp import barrier, load_sharded
+    """(policy, tokenizer, model_path): fp32 weights, AdamW's masters (`dtype`: the forward's).
+    Under torchrun (`sharded`) each rank reads only its own shards (fsdp.load_sharded). `build`: a
+    function () -> folder that makes the model when it is not there yet (the CPU demo's tiny one);
+    rank 0 calls it first, the others once it is done."""
+    from plumbing.fsdp import barrier, load_sharded  # (here, not at the top: fsdp needs none of this file)
 
-    # a hub id: rank 0 downloads, then the others read the cache
-    make = build or (lambda: model_folder(cfg.model))
+    make = build or (lambda: model_folder(cfg.model))  # a hub id: rank 0 downloads, then the others read the cache
     path = make() if rank == 0 else None
     barrier(world_size)
     path = str(path or make())
@@ -99,10 +97,9 @@ def build_or_load_model(cfg, device: str, dtype: str, rank=0, world_size=1, shar
 
 
 def reference_for(cfg, out: Path, model_path: str, device: str, sharded: bool):
-    """The frozen KL reference: the policy as RL starts (out/cold-start after a cold start, else the model itself),
-    as in the paper, read from disk in the compute dtype (bf16 on a GPU: it never trains); under
-    FSDP2 each rank
-    reads its shards. None when the KL term is off (--kl_coef 0)."""
+    """The frozen KL reference: the policy as RL starts (out/cold-start after a cold start, else the
+    model itself), as in the paper, read from disk in the compute dtype (bf16 on a GPU: it never
+    trains); under FSDP2 each rank reads its shards. None when the KL term is off (--kl_coef 0)."""
     if cfg.kl_coef <= 0:
         return None
     start = str(out / "cold-start" if (out / "cold-start").exists() else model_path)

@@ -1,14 +1,17 @@
-"""Endpoints: which key may go where, and a check of each endpoint once before any work (fail fast, in one line).
+"""Endpoints: which key may go where, and a check of each endpoint once before any work (fail fast,
+in one line).
 
 A misconfigured endpoint (the customer's, or eval.py's agent) used to fail per episode: every
 conversation aborted, training skipped every update, evaluation printed `pass^1 nan%`, both exited
 0. So `check_endpoint` asks it once:
 1. reachable? (GET /models; a base URL without /v1 is a 404)  2. the model served? (the same list)  3. the longest
-prompt plus a turn within the server's context? (one real one-token request: usage.prompt_tokens on the server's own
+prompt plus a turn within the server's context? (one real one-token request: usage.prompt_tokens on
+the server's own
 tokenizer, against the max_model_len vLLM lists)  4. tool calling on? (the agent's request carries the tools: vLLM
-answers 400 without its tool flags). A failure is one line saying what to run or change (PreflightError).
-`endpoint` decides, before any client exists, which API key may travel to which URL (README "Threat model").
-A customer that stays down during a run stops it (user_sim.User.after raises RunStopped, exit 3).
+answers 400 without its tool flags). A failure is one line saying what to run or change
+(PreflightError). `endpoint` decides, before any client exists, which API key may travel to which
+URL (README "Threat model"). A customer that stays down during a run stops it (user_sim.User.after
+raises RunStopped, exit 3).
 """
 
 from __future__ import annotations
@@ -48,11 +51,12 @@ def _is_loopback(url: str | None) -> bool:
 
 def endpoint(base_url: str | None, api_key: str | None, allow_http: bool = False, flag: str = "--user",
              env=os.environ) -> tuple[str, str]:
-    """(base_url, key) for a client, or ValueError (one line, no key in it). A key goes only to its own host: one given
-    with the URL (`{flag}_api_key`, a served customer's) to that URL; $OPENAI_API_KEY only to
-    $OPENAI_BASE_URL (unset: OpenAI's). Loopback needs none ("EMPTY"). Plain http off this machine
-    (key and words readable on the way) only
-    with `allow_http` (--allow_insecure_http). Both come back explicit, or the openai client reads the variables."""
+    """(base_url, key) for a client, or ValueError (one line, no key in it). A key goes only to its
+    own host: one given with the URL (`{flag}_api_key`, a served customer's) to that URL;
+    $OPENAI_API_KEY only to $OPENAI_BASE_URL (unset:
+    OpenAI's). Loopback needs none ("EMPTY"). Plain http off this machine (key and words readable on
+    the way) only with `allow_http` (--allow_insecure_http). Both come back explicit, or the openai
+    client reads the variables."""
     own_url = env.get("OPENAI_BASE_URL") or OPENAI_URL
     url = (base_url or own_url).rstrip("/")
     where = urlparse(url)
@@ -75,8 +79,9 @@ def endpoint(base_url: str | None, api_key: str | None, allow_http: bool = False
 
 def check_endpoint(role: str, model: str, messages: list[dict], max_tokens: int, tools: list[dict] | None = None,
                    base_url: str | None = None, api_key: str | None = None, client=None) -> dict:
-    """Check one endpoint (role "customer" or "agent") for `model` with the longest prompt `messages` (+ `tools`) and
-    a turn of `max_tokens`. Returns {"model", "base_url", "context", "prompt_tokens"}; raises PreflightError."""
+    """Check one endpoint (role "customer" or "agent") for `model` with the longest prompt
+    `messages` (+ `tools`) and a turn of `max_tokens`. Returns {"model", "base_url", "context",
+    "prompt_tokens"}; raises PreflightError."""
     import openai  # optional dependency: only endpoint runs get here
 
     client = client or openai.OpenAI(base_url=base_url or None, api_key=api_key or "EMPTY", timeout=30, max_retries=0)
@@ -96,8 +101,7 @@ def check_endpoint(role: str, model: str, messages: list[dict], max_tokens: int,
         names = ", ".join(sorted(served)[:5]) or "none"
         raise PreflightError(f"{where} does not serve model {model!r} (it serves: {names}): pass {flag}_model NAME, "
                              f"or start the server with --served-model-name {model}")
-    # vLLM's; OpenAI's: none
-    context = (getattr(served[model], "model_extra", None) or {}).get("max_model_len")
+    context = (getattr(served[model], "model_extra", None) or {}).get("max_model_len")  # vLLM's; OpenAI's: none
     try:  # 3 + 4: one real request, one token
         usage = client.chat.completions.create(model=model, messages=messages, max_tokens=1, temperature=0,
                                                **({"tools": tools} if tools else {})).usage
@@ -120,8 +124,9 @@ def check_endpoint(role: str, model: str, messages: list[dict], max_tokens: int,
 
 
 def prompt_warning(tok, worlds: dict, max_context: int, max_new_tokens: int, tools_in_prompt: bool) -> str | None:
-    """A warning when the longest system prompt (rules + tool schemas) plus a turn fills over half the context (the
-    tiny tokenizer makes retail's schemas ~7,700 tokens; an episode that starts context-full trains nothing)."""
+    """A warning when the longest system prompt (rules + tool schemas) plus a turn fills over half
+    the context (the tiny tokenizer makes retail's schemas ~7,700 tokens; an episode that starts
+    context-full trains nothing)."""
     import chat
 
     n = max(len(chat.prompt_ids(tok, w.rules, w.tool_schemas() if tools_in_prompt else [], ""))

@@ -1,4 +1,5 @@
-"""Watching a run: log.jsonl with one global step, strictly valid JSON, optional TensorBoard / wandb.
+"""Watching a run: log.jsonl with one global step, strictly valid JSON, optional TensorBoard /
+wandb.
 
 One counter, `global_step`, runs across the phases (copy drills, cold start, GRPO): each training
 record is one optimizer step; an evaluation record carries the value of the model it measured (and
@@ -23,8 +24,8 @@ TRAINING = ("copy_warmup", "sft", "grpo")  # phases whose every record is one op
 
 
 def finite(record: dict) -> dict:
-    """The record with every non-finite float (in nested dicts and lists too) replaced by None; the keys that held one
-    are listed under "nonfinite"."""
+    """The record with every non-finite float (in nested dicts and lists too) replaced by None; the
+    keys that held one are listed under "nonfinite"."""
     def clean(v):
         if isinstance(v, float):
             return v if math.isfinite(v) else None
@@ -37,7 +38,8 @@ def finite(record: dict) -> dict:
 
 
 def _hook(kind: str, out: Path, config: dict | None):
-    """The optional logger: a function record -> None, or None for "none". Imported here, only when asked for."""
+    """The optional logger: a function record -> None, or None for "none". Imported here, only when
+    asked for."""
     if kind == "none":  # (config.validate allows none, tensorboard, wandb)
         return None
     try:
@@ -55,14 +57,15 @@ def _hook(kind: str, out: Path, config: dict | None):
 
 
 def step_stats(episodes, kept_groups: int, group_size: int, world_size: int = 1) -> dict:
-    """What a step's episodes did, over every rank's; means over scored episodes (an aborted one has no reward).
+    """What a step's episodes did, over every rank's; means over scored episodes (an aborted one has
+    no reward).
 
     The paper's training dynamics are these numbers per step: reward, the groups GRPO cannot learn
     from (all correct / all wrong), turns, the shares of the generic tools among calls (think,
     transfer), and where the rollout's time went (policy generation, customer, tools: each episode's
     share of its rounds, summed). Where the world can check its customer (store), the share of
-    episodes whose customer kept to its instructions, and the share that failed
-    with a customer mistake in them: a reward earned against a customer that broke its instructions is no signal."""
+    episodes whose customer kept to its instructions, and the share that failed with a customer
+    mistake in them: a reward earned against a customer that broke its instructions is no signal."""
     # only what the statistics need crosses ranks (all_gather_episodes pickles these small dicts)
     eps = all_gather_episodes([{"reward": e.reward, "turns": e.turns, "agent_tokens": sum(e.mask),
                                 "tokens": len(e.ids), "tool_calls": list(e.tool_calls), "stop_reason": e.stop_reason,
@@ -112,16 +115,14 @@ class RunLog:
             return
         rec = finite({"time": time.time(), "global_step": self.global_step, **record})
         with open(self.path, "a") as f:
-            # allow_nan=False: a NaN we missed fails loudly
-            f.write(json.dumps(rec, allow_nan=False) + "\n")
+            f.write(json.dumps(rec, allow_nan=False) + "\n")  # allow_nan=False: a NaN we missed fails loudly
         if self.scalar is not None:
             for k, v in rec.items():
                 if isinstance(v, (int, float)) and not isinstance(v, bool) and k not in ("time", "global_step"):
                     self.scalar(f"{rec.get('phase', 'run')}/{k}", v, self.global_step)
 
 
-# python runlog.py: four records, their global steps, NaN and Infinity as null
-if __name__ == "__main__":
+if __name__ == "__main__":  # python runlog.py: four records, their global steps, NaN and Infinity as null
     import tempfile
 
     log = RunLog(Path(tempfile.mkdtemp()) / "log.jsonl")

@@ -1,4 +1,5 @@
-"""How a token is drawn, and from which random stream: the sampling step every engine shares, and the seeds.
+"""How a token is drawn, and from which random stream: the sampling step every engine shares, and
+the seeds.
 
     sampler_logprobs  logits (B, V) -> the log-probs a token is drawn from (temperature, top-p), for engine and trainer
     sample_step       logits (B, V) -> a token per row and its log-prob under the distribution it was drawn from
@@ -32,15 +33,14 @@ import torch
 
 @dataclass
 class Sample:
-    # sampled ids; a stop token, if hit, is the last one
-    token_ids: list[int] = field(default_factory=list)
-    # log p(token) under the sampler's distribution
-    logprobs: list[float] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)  # sampled ids; a stop token, if hit, is the last one
+    logprobs: list[float] = field(default_factory=list)  # log p(token) under the sampler's distribution
     finish_reason: str = "length"  # "stop" | "length"
 
 
 def default_stop_ids(tokenizer=None, model=None) -> list[int]:
-    """The ids that end a turn: the generation config's eos id(s) plus the tokenizer's eos (<|im_end|>)."""
+    """The ids that end a turn: the generation config's eos id(s) plus the tokenizer's eos
+    (<|im_end|>)."""
     eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
     ids = (eos if isinstance(eos, list) else [eos]) + [getattr(tokenizer, "eos_token_id", None)]
     return sorted({i for i in ids if i is not None})
@@ -51,28 +51,26 @@ def default_stop_ids(tokenizer=None, model=None) -> list[int]:
 
 
 def sampler_logprobs(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
-    """logits (..., V) -> log-probs (..., V) of the distribution a token is drawn from: temperature, then the top-p
-    nucleus renormalised (-inf outside it); temperature 0 (greedy) reports the untempered model's.
-    The trainer calls
-    it too (grpo.token_logprobs), so the engine's and the trainer's log-probs of a token compare like with like."""
+    """logits (..., V) -> log-probs (..., V) of the distribution a token is drawn from: temperature,
+    then the top-p nucleus renormalised (-inf outside it); temperature 0 (greedy) reports the
+    untempered model's. The trainer calls it too (grpo.token_logprobs), so the engine's and the
+    trainer's log-probs of a token compare like with like."""
     logp = (logits.float() / (temperature or 1.0)).log_softmax(-1)  # (..., V)
     if top_p < 1.0 and temperature > 0:
         # Nucleus: keep the smallest set of most likely tokens whose mass reaches top_p,
         # renormalise.
         sorted_logp, order = logp.sort(-1, descending=True)  # (..., V) each
-        # (..., V) mass of strictly better tokens
-        mass_before = sorted_logp.exp().cumsum(-1) - sorted_logp.exp()
-        # (..., V); the top token always has mass_before 0, so it stays
-        drop_sorted = mass_before >= top_p
+        mass_before = sorted_logp.exp().cumsum(-1) - sorted_logp.exp()  # (..., V) mass of strictly better tokens
+        drop_sorted = mass_before >= top_p  # (..., V); the top token always has mass_before 0, so it stays
         drop = drop_sorted.scatter(-1, order, drop_sorted)  # (..., V) back in vocabulary order
-        # (..., V) renormalised over the nucleus
-        logp = logp.masked_fill(drop, float("-inf")).log_softmax(-1)
+        logp = logp.masked_fill(drop, float("-inf")).log_softmax(-1)  # (..., V) renormalised over the nucleus
     return logp
 
 
 def sample_step(logits: torch.Tensor, temperature: float, top_p: float, gen: torch.Generator | None = None,
                 u: torch.Tensor | None = None):
-    """logits (B, V) -> (tokens (B,), their logprobs (B,)); u (B,): a uniform in [0, 1) per row, else drawn from gen."""
+    """logits (B, V) -> (tokens (B,), their logprobs (B,)); u (B,): a uniform in [0, 1) per row,
+    else drawn from gen."""
     logits = logits.float()  # sample in float32 whatever the model dtype
     if temperature == 0:  # greedy: the log-prob is that of the untempered model
         tok = logits.argmax(-1)  # (B,)
@@ -93,16 +91,17 @@ def sample_step(logits: torch.Tensor, temperature: float, top_p: float, gen: tor
 
 
 def episode_seed(*parts) -> int:
-    """A 63-bit seed (fits manual_seed and an int64) hashed from `parts` (anything with a str()): equal parts give
-    equal seeds on any machine and Python (blake2b, unlike hash(), is not salted); any other part, an unrelated one."""
-    # 8 bytes
-    digest = hashlib.blake2b("/".join(str(p) for p in parts).encode(), digest_size=8).digest()
+    """A 63-bit seed (fits manual_seed and an int64) hashed from `parts` (anything with a str()):
+    equal parts give equal seeds on any machine and Python (blake2b, unlike hash(), is not salted);
+    any other part, an unrelated one."""
+    digest = hashlib.blake2b("/".join(str(p) for p in parts).encode(), digest_size=8).digest()  # 8 bytes
     return int.from_bytes(digest, "little") >> 1  # 64 bits -> 63: a non-negative int64
 
 
 def prompt_seeds(seed: int | list[int] | None, n: int) -> list[int]:
-    """One generator seed per prompt: `seed` itself when it is a list (rollout.py: one per episode and turn),
-    episode_seed(seed, i) for prompt i when it is an int, fresh seeds from torch's global RNG when it is None."""
+    """One generator seed per prompt: `seed` itself when it is a list (rollout.py: one per episode
+    and turn), episode_seed(seed, i) for prompt i when it is an int, fresh seeds from torch's global
+    RNG when it is None."""
     if isinstance(seed, (list, tuple)):
         if len(seed) != n:
             raise ValueError(f"generate: {len(seed)} seeds for {n} prompts (give one per prompt, or one int)")

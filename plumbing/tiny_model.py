@@ -1,4 +1,5 @@
-"""The CPU demo's agent: a tiny Qwen3-shaped model + tokenizer built from nothing (the demo's kit, not the core).
+"""The CPU demo's agent: a tiny Qwen3-shaped model + tokenizer built from nothing (the demo's kit,
+not the core).
 
 MUA-RL starts from Qwen3 (8B/14B/32B, non-thinking; models.py loads those). Without a model hub,
 `build_tiny` makes one locally with everything the pipeline touches (`--model tiny`: built from the
@@ -84,8 +85,7 @@ CHAT_TEMPLATE = (
     "{{- '<tool_call>\\n{\"name\": \"' + f.name + '\", \"arguments\": ' -}}"
     "{%- if f.arguments is string -%}{{- f.arguments -}}{%- else -%}{{- f.arguments | tojson -}}{%- endif -%}"
     "{{- '}\\n</tool_call>' -}}{%- endfor -%}{{- '<|im_end|>\\n' -}}"
-    # consecutive tool results share one user turn (Qwen3's grouping)
-    "{%- elif m.role == 'tool' -%}"
+    "{%- elif m.role == 'tool' -%}"  # consecutive tool results share one user turn (Qwen3's grouping)
     "{%- if loop.first or messages[loop.index0 - 1].role != 'tool' -%}{{- '<|im_start|>user' -}}{%- endif -%}"
     "{{- '\\n<tool_response>\\n' + content + '\\n</tool_response>' -}}"
     "{%- if loop.last or messages[loop.index0 + 1].role != 'tool' -%}{{- '<|im_end|>\\n' -}}{%- endif -%}"
@@ -148,12 +148,13 @@ def default_corpus(seed: int = 0, n_snippets: int = 400) -> list[str]:
 
 
 def train_tokenizer(texts: list[str], vocab_size: int, split_digits: bool = False):
-    """Byte-level BPE trained on `texts`, wrapped as a transformers tokenizer with Qwen3's markers and template.
+    """Byte-level BPE trained on `texts`, wrapped as a transformers tokenizer with Qwen3's markers
+    and template.
 
     Byte-level means every string round-trips (no unknown token). Markers and tags are single ids,
     never split. split_digits: every digit is its own token (as in Qwen's tokenizer), so an id the
-    model has never seen is
-    copied digit by digit instead of as BPE chunks that only the training ids were merged into."""
+    model has never seen is copied digit by digit instead of as BPE chunks that only the training
+    ids were merged into."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -161,31 +162,28 @@ def train_tokenizer(texts: list[str], vocab_size: int, split_digits: bool = Fals
     byte_level, digits = pre_tokenizers.ByteLevel(add_prefix_space=False), pre_tokenizers.Digits(individual_digits=True)
     tok.pre_tokenizer = pre_tokenizers.Sequence([digits, byte_level]) if split_digits else byte_level
     tok.decoder = decoders.ByteLevel()
-    # leave room for the tags added below
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size - len(TAG_TOKENS),
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size - len(TAG_TOKENS),  # leave room for the tags added below
                                   special_tokens=SPECIAL_TOKENS,  # ids 0, 1, 2
-                                  # all 256 bytes, always
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),  # all 256 bytes, always
                                   min_frequency=2, show_progress=False)
     tok.train_from_iterator(texts, trainer)
     tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in TAG_TOKENS])
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=IM_END, pad_token=PAD, chat_template=CHAT_TEMPLATE,
-                                   # keeps the marker special across save/load
-                                   additional_special_tokens=[IM_START],
+                                   additional_special_tokens=[IM_START],  # keeps the marker special across save/load
                                    model_max_length=1 << 20,
-                                   # generation pads on the left; engine.py builds its own masks
-                                   padding_side="left")
+                                   padding_side="left")  # generation pads on the left; engine.py builds its own masks
 
 
 def build_tiny(out_dir: str | Path, seed: int = 0, texts: list[str] | None = None, vocab_size: int = 4096,
                hidden: int = 256, layers: int = 4, heads: int = 4, kv_heads: int = 2, head_dim: int = 64,
                intermediate: int = 768, max_positions: int = 8192, split_digits: bool = False):
-    """Train a tokenizer on `texts` (default: `default_corpus`), build a random Qwen3 model, save both to out_dir.
+    """Train a tokenizer on `texts` (default: `default_corpus`), build a random Qwen3 model, save
+    both to out_dir.
 
     Returns (model, tokenizer). `texts` replaces the default corpus (the template's own tool
     instructions are always added), so a caller can pass e.g. `[world.rules,
-    json.dumps(world.tool_schemas())]`.
-    The vocabulary may come out smaller than `vocab_size` when the corpus has fewer distinct merges."""
+    json.dumps(world.tool_schemas())]`. The vocabulary may come out smaller than `vocab_size` when
+    the corpus has fewer distinct merges."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     texts = default_corpus(seed) if texts is None else list(texts) + [TOOLS_INTRO, TOOLS_OUTRO]
@@ -193,18 +191,15 @@ def build_tiny(out_dir: str | Path, seed: int = 0, texts: list[str] | None = Non
     eos_pad = {"eos_token_id": tokenizer.eos_token_id, "pad_token_id": tokenizer.pad_token_id}
     config = Qwen3Config(
         vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
-        # grouped-query attention (heads / kv_heads per kv)
-        num_attention_heads=heads, num_key_value_heads=kv_heads,
+        num_attention_heads=heads, num_key_value_heads=kv_heads,  # grouped-query attention (heads / kv_heads per kv)
         head_dim=head_dim, max_position_embeddings=max_positions, dtype="float32", **eos_pad,
-        # the embedding is the biggest matrix of a small model: share it with lm_head
-        tie_word_embeddings=True,
+        tie_word_embeddings=True,  # the embedding is the biggest matrix of a small model: share it with lm_head
         bos_token_id=None)  # Qwen3 prepends no BOS; the template starts with <|im_start|>
     torch.manual_seed(seed)  # the random init is a function of `seed`
     model = Qwen3ForCausalLM(config).float()
     model.generation_config.update(bos_token_id=None, **eos_pad)
     model.save_pretrained(out_dir)  # safetensors + config.json + generation_config.json
-    # tokenizer.json + tokenizer_config.json + chat_template.jinja
-    tokenizer.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)  # tokenizer.json + tokenizer_config.json + chat_template.jinja
     return model, tokenizer
 
 

@@ -1,9 +1,11 @@
-"""A configuration that cannot work is refused before any work, in one line (ConfigError, exit status 2).
+"""A configuration that cannot work is refused before any work, in one line (ConfigError, exit
+status 2).
 
 `field_problems` holds the rules of single fields (ranges, choices, paths) and needs only the
-standard library: muarl.py and eval.py run them before torch loads. `validate` adds what needs the
-tables (domains.DOMAINS, user_sim.USERS, grpo's ADVANTAGES and REWARDS: a new row is a new choice)
-and the rules between fields. No domain is named here: the domain checks read the DOMAINS table.
+standard library:
+muarl.py and eval.py run them before torch loads. `validate` adds what needs the tables
+(domains.DOMAINS, user_sim.USERS, grpo's ADVANTAGES and REWARDS: a new row is a new choice) and the
+rules between fields. No domain is named here: the domain checks read the DOMAINS table.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ CHOICES = {"task_source": ("train", "generated"), "malformed": ("end", "observe"
 
 
 def model_problem(name: str) -> str | None:
-    """What is wrong with a --model value, or None: a model folder (with config.json) or a hub id (owner/name:
+    """What is wrong with a --model value, or None: a model folder (with config.json) or a hub id
+    (owner/name:
     fetched later, one line if it cannot be). A path to nothing is caught here, before any work."""
     if name == "tiny":
         return "--model tiny is the CPU demo's model: run `python -m demo` (its own flags: python -m demo --help)"
@@ -35,14 +38,13 @@ def model_problem(name: str) -> str | None:
         return None
     if os.path.isdir(os.path.expanduser(name)):
         return f"--model {name}: the folder holds no config.json (not a saved model)"
-    # not owner/name: a path
-    bad = name.startswith(("/", ".", "~")) or name.count("/") != 1 or not name
+    bad = name.startswith(("/", ".", "~")) or name.count("/") != 1 or not name  # not owner/name: a path
     return f"--model {name!r}: no such model folder (and not a hub id like Qwen/Qwen3-8B)" if bad else None
 
 
 def field_problems(cfg, names) -> list[tuple[bool, str]]:
-    """(holds, what to say otherwise) for each single-field rule on the fields `names` of `cfg` (any object with
-    them). NaN fails every comparison: `--kl_coef nan` is refused like `--kl_coef -1`."""
+    """(holds, what to say otherwise) for each single-field rule on the fields `names` of `cfg` (any
+    object with them). NaN fails every comparison: `--kl_coef nan` is refused like `--kl_coef -1`."""
     v = {k: getattr(cfg, k) for k in names if hasattr(cfg, k)}
     return [*[(v[k] in CHOICES[k], f"--{k} must be one of {', '.join(CHOICES[k])}, got {v[k]!r}")
               for k in v if k in CHOICES],
@@ -62,7 +64,8 @@ def field_problems(cfg, names) -> list[tuple[bool, str]]:
 
 
 def first_problem(checks) -> None:
-    """Raise ConfigError with the first check that does not hold (checks: (holds, message) pairs, in order)."""
+    """Raise ConfigError with the first check that does not hold (checks: (holds, message) pairs, in
+    order)."""
     if (message := next((m for ok, m in checks if not ok), None)) is not None:
         raise ConfigError(message)
 
@@ -73,7 +76,8 @@ def early(cfg, names=None) -> None:
 
 
 def validate(cfg, world_size: int = 1, model_given: bool = True) -> None:
-    """Raise ConfigError on the first setting that cannot work. `model_given`: --model names the policy (False:
+    """Raise ConfigError on the first setting that cannot work. `model_given`: --model names the
+    policy (False:
     a caller builds it, as the CPU demo does)."""
     from domains import DOMAINS
     from grpo import ADVANTAGES, REWARDS
