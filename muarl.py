@@ -260,8 +260,7 @@ def build_run(cfg: Config, kit: Kit) -> SimpleNamespace:
 def train(cfg: Config, kit: Kit | None = None) -> dict:
     """The run `cfg` asks for: build_run(), one GRPO step an iteration, finish(): the results table."""
     run = build_run(cfg, kit or Kit())
-    # cfg as built: dtype, rows resolved
-    cfg, per_rank = run.cfg, run.cfg.tasks_per_step // run.world_size
+    cfg, per_rank = run.cfg, run.cfg.tasks_per_step // run.world_size  # (cfg as built: dtype, rows)
     quiet = run.rank != 0  # (one progress bar, rank 0's)
     bar = tqdm(range(run.start, cfg.steps), desc="GRPO", initial=run.start, total=cfg.steps, disable=quiet)
     for step in bar:
@@ -285,9 +284,8 @@ def train(cfg: Config, kit: Kit | None = None) -> dict:
         # drawn again)
         kept, adv = advantages(episodes, cfg.group_size, cfg.advantage, cfg.reward, cfg.turn_bonus,
                                cfg.drop_customer_faults)
-        # 1 a group
+        # an aborted group's task, once, is drawn again: every rank puts back the same, in order
         lost = [{"id": t} for t in {e.group: e.task.id for e in episodes if e.aborted}.values()]
-        # every rank, in order
         run.sampler.put_back([r["id"] for r in all_gather_episodes(lost, run.world_size)])
         # 4 + 5. loss, backward, optimizer step (every rank takes the same branch: the update is
         # collective)
