@@ -54,6 +54,23 @@ def test_training_lowers_the_loss(setup):
     assert losses[-1] < losses[0] - 1.0
 
 
+def test_the_cold_starts_conversations_come_from_the_source_named(setup, tmp_path):
+    # --sft_data: "generated" (the paper's default: expert conversations in another shop on retail's whole tool set,
+    # each with that shop's policy and tools), "tasks" or "" (the training tasks' own), else a JSONL file
+    world, tasks, _, _ = setup
+    generated = sft.conversations("generated", tasks, seed=0, n=60)
+    shop = load_world("synthetic", seed=0, n_train=60, n_test=0, tool_set="full")
+    assert len(generated) == 60 and all(c["system"] == shop.rules and c["tools"] == shop.tool_schemas()
+                                        for c in generated)
+    assert len(generated[0]["tools"]) > len(world.tool_schemas())  # the full tool set, not the training world's
+    assert [c["messages"] for c in generated] != [c["messages"] for c in sft.conversations("generated", tasks, 1, 60)]
+    own = sft.expert_conversations(tasks)
+    assert sft.conversations("tasks", tasks) == sft.conversations("", tasks) == own and len(own) == len(tasks)
+    path = tmp_path / "convs.jsonl"
+    path.write_text("".join(json.dumps(c) + "\n" for c in generated[:3]))
+    assert sft.conversations(str(path), tasks) == json.loads(json.dumps(generated[:3]))
+
+
 def test_bad_jsonl_line_is_reported(tmp_path):
     p = tmp_path / "convs.jsonl"
     p.write_text('{"messages": []}\n{not json\n')
@@ -110,9 +127,9 @@ L, A = "longer", "again"  # how each draw after the first trained
      [A, L, A], 3, True, 4)])
 def test_the_cold_start_trains_again_when_a_probe_did_not_take(monkeypatch, capsys, tmp_path, probe, how, kept,
                                                                 taken, weight):
-    # issue 23: 4 epochs left seed 0 deciding by the order's status alone, seed 9 writing an option whatever the
-    # customer said, and nothing said so; now two probes read the cold start after SFT, and when a step did not take
-    # it trains again: a lookup step 3 more epochs from where it is (seed 0's status, seed 13's act took so), an option
+    # 4 epochs can leave a cold start deciding by the order's status alone (seed 0), or writing an option whatever the
+    # customer said (seed 9), and nothing would say so: two probes read the cold start after SFT, and when a step did
+    # not take it trains again: a lookup step 3 more epochs from where it is (seed 0's status, seed 13's act took so), an option
     # read from the weights it began with, the same epochs, the examples in another order (a new seed)
     from demo import drills
 
@@ -153,8 +170,8 @@ def test_the_cold_start_trains_again_when_a_probe_did_not_take(monkeypatch, caps
                                                  ([0.02, 0.08, 0.05, 0.03], 1, False),
                                                  ([0.03, 0.03, 0.01, 0.02], 0, False)])
 def test_a_cold_start_that_never_holds_a_refusal_is_drawn_again(monkeypatch, capsys, tmp_path, holds, kept, taken):
-    # Session 19: seeds 17 and 32 held a refusal against an insisting customer with p 0.025 (the annotator: 0.2), so
-    # GRPO at top-p 0.9 never drew the hold and never learnt it; below `hold` (0.1) the cold start is drawn again (not
+    # a cold start may hold a refusal against an insisting customer with p 0.025 (seeds 17 and 32; the annotator: 0.2),
+    # so GRPO at top-p 0.9 never draws the hold and never learns it; below `hold` (0.1) the cold start is drawn again (not
     # trained longer: that is for a lookup step), and from then on the conversations where the annotator held the
     # refusal train three times; of the failed, the best hold is kept
     from demo import drills
@@ -400,13 +417,13 @@ def test_read_probe_names_a_damaged_checkpoint(tmp_path):
 
 
 def test_the_demo_trains_its_cold_start_again_once_at_most(monkeypatch, capsys, tmp_path):
-    # item 3 of issue 23 (README command 1 within 20 minutes): `--model tiny` trains a failing cold start once more at
-    # most (4 + 3 epochs when the lookup failed; 4 + 4 when an option read did), so no seed needs 15 epochs
-    from config import parse_config
+    # the demo's run within its time (README command 1): `python -m demo` trains a failing cold start once more at most
+    # (4 + 3 epochs when the lookup failed; 4 + 4 when an option read did), so no seed needs 15 epochs
     from demo import drills
+    from demo.train import parse
 
-    cfg = parse_config(["--model", "tiny"])
-    assert cfg.lookup_draws == 1
+    cfg = parse([])  # the demo's preset
+    assert (cfg.lookup_draws, cfg.sft_epochs) == (1, 4.0)
     run, calls = _store_run(tmp_path, lookup_draws=cfg.lookup_draws), []
     monkeypatch.setattr(drills, "lookup_right", lambda *a: 0.5)  # never takes
     monkeypatch.setattr(drills, "reads_option", lambda *a: 1.0)
