@@ -98,12 +98,14 @@ def _text_encoder(tokenizer):
     each run with the other's setting. A private copy of the backend with the flag set for good
     gives the same ids (tests/test_untrusted.py checks) and shares nothing."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is None:  # a Python-only tokenizer: no shared Rust state, transformers' switch is safe
+    # a Python-only tokenizer: no shared Rust state, transformers' switch is safe
+    if backend is None:
         return lambda text: tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True)
     from tokenizers import Tokenizer
 
     plain = Tokenizer.from_str(backend.to_str())
-    plain.encode_special_tokens = True  # special added tokens are not matched; other added tokens (tags) still are
+    # special added tokens are not matched; other added tokens (tags) still are
+    plain.encode_special_tokens = True
     plain.no_truncation()
     plain.no_padding()  # whatever a batch call last left on the backend: one sequence, as is
     return lambda text: plain.encode(text, add_special_tokens=False).ids
@@ -148,12 +150,14 @@ def _encode_rendered(tokenizer, text: str, held: dict[str, str]) -> list[int]:
     _, specials = _specials(tokenizer)
     as_text = _text_encoder(tokenizer)
     ids, run = [], ""  # run: the text since the last special token of the template's
-    for piece in re.split("(" + "|".join(map(re.escape, held)) + ")", text):  # template, content, template, ...
+    # template, content, template, ...
+    for piece in re.split("(" + "|".join(map(re.escape, held)) + ")", text):
         if piece in held:
             run += clean(held[piece])  # content: its look-alikes stay in the run, as text
             continue
         piece, start = clean(piece), 0
-        for m in specials.finditer(piece):  # the template's own special tokens: the run ends before each
+        # the template's own special tokens: the run ends before each
+        for m in specials.finditer(piece):
             ids += as_text(run + piece[start : m.start()]) + [tokenizer.convert_tokens_to_ids(m.group())]
             run, start = "", m.end()
         run += piece[start:]
@@ -181,7 +185,8 @@ def _stub_renders(tokenizer) -> dict[str, str]:
     # The template's renders of the fixed stub, computed once per tokenizer: every turn of every
     # episode needs them.
     eot = tokenizer.convert_ids_to_tokens(end_of_turn_id(tokenizer))
-    base, user_only = render(tokenizer, STUB), render(tokenizer, STUB[:1])  # user + assistant; user alone
+    # user + assistant; user alone
+    base, user_only = render(tokenizer, STUB), render(tokenizer, STUB[:1])
     return {"eot": eot, "user_only": user_only,
             "turns": base.count(eot),  # the stub's turns that end with the end-of-turn token (user, assistant)
             "suffix": base.rsplit(eot, 1)[1] if eot in base else "",  # what follows an assistant's end-of-turn token

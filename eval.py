@@ -30,7 +30,8 @@ import sys
 
 from plumbing.flags import ConfigError
 
-if __name__ == "__main__":  # the command line first: --help and a bad flag answer before torch loads
+# the command line first: --help and a bad flag answer before torch loads
+if __name__ == "__main__":
     from plumbing.eval_flags import parse_args
 
     try:
@@ -39,14 +40,13 @@ if __name__ == "__main__":  # the command line first: --help and a bad flag answ
         print(f"eval: config error: {e}", file=sys.stderr)
         sys.exit(2)
 
-import dataclasses  # noqa: E402
 import math  # noqa: E402
 import time  # noqa: E402
 from collections import Counter  # noqa: E402
 
 from tqdm import tqdm  # noqa: E402
 
-from domains import BENCHES, load_worlds, script_for  # noqa: E402
+from domains import BENCHES, load_worlds  # noqa: E402
 from domains.tau2_data import provenance  # noqa: E402
 from rollout import Episode, PolicyAgent, RolloutConfig, TrajectoryLog, rollout, score  # noqa: E402
 from tools import TRANSFER_TOOL  # noqa: E402
@@ -70,7 +70,8 @@ def summarize(episodes: list[Episode], trials: int) -> dict:
     for e in scored:
         by_task.setdefault(e.task.id, []).append(e.reward == 1.0)
     calls, n = Counter(c for e in scored for c in e.tool_calls), max(1, len(scored))
-    shares: dict[str, list[float]] = {}  # the paper's task completion rate: share of a task's assertions met
+    # the paper's task completion rate: share of a task's assertions met
+    shares: dict[str, list[float]] = {}
     for e in (e for e in scored if "completion" in e.info):
         shares.setdefault(e.task.domain, []).append(e.info["completion"])
     n_calls = max(1, sum(calls.values()))
@@ -130,7 +131,8 @@ def evaluate(tasks, worlds, agent, user, cfg: RolloutConfig, trials: int = 1, ba
             eps = rollout(tasks[s : s + batch], trials, worlds, agent, user, cfg,
                           progress=lambda k, n: bar.update(done + k - bar.n))
             episodes += score(eps, worlds, check_outputs)
-            if log is not None:  # a function of a batch of episodes (eval.py: a TrajectoryLog's write)
+            # a function of a batch of episodes (eval.py: a TrajectoryLog's write)
+            if log is not None:
                 log(eps)
     return summarize(episodes, trials), episodes
 
@@ -160,7 +162,7 @@ def run_eval(run, name: str, step: int = 0, model=None, trials: int | None = Non
 def main(argv=None, a=None) -> dict:
     """`python eval.py ARGS` as a function (or its parsed arguments `a`): the worlds and tasks, the
     customer, the agent, the table (one row per domain, then all of them together)."""
-    from plumbing.eval_flags import make_agent, parse_args, start_customer
+    from plumbing.eval_flags import make_agent, parse_args, rules, start_customer
 
     a = a or parse_args(argv)
     bench = BENCHES.get(a.bench)
@@ -168,50 +170,43 @@ def main(argv=None, a=None) -> dict:
     tasks = [t for w in worlds.values() for t in w.tasks(a.split)]
     tasks = (bench.select(tasks, a.category) if bench else tasks)[: a.eval_tasks or None]  # 0: all
     if not tasks:  # an empty set would print pass^1 = nan and exit 0
-        raise ConfigError(f"no tasks in split {a.split!r} of {a.domains} (splits: train, test, all)")
-    tau2 = bool(provenance(worlds))  # tau2's worlds: tau2's own limits
-    cfg = RolloutConfig(max_turns=a.max_turns, max_new_tokens=a.max_new_tokens, max_context=a.max_context,
-                        temperature=a.temperature, top_p=a.top_p, seed=a.seed, tools_in_prompt=bool(a.tools_in_prompt),
-                        max_messages=200 * tau2, max_errors=10 * tau2)
-    cfg = dataclasses.replace(cfg, **bench.rollout) if bench else cfg  # e.g. BFCL runs every call of a step
-    if getattr(a, "scripted_user", False) and a.agent != "oracle":  # a task no script plays would abort
-        try:
-            for t in tasks:
-                script_for(t)
-        except ValueError:
-            raise ConfigError(f"the scripted customer does not play {a.domains}'s tasks: use --user llm") from None
+        raise ConfigError(f"no tasks in split {a.split!r} of {a.domains} (train, test, all)")
+    cfg = rules(a, worlds, tasks, bench)  # tau2's caps in its worlds, a benchmark's own rules
     for source in provenance(worlds):  # where the tau2 data came from
-        print(f"[data] {source['domain']}: {source['path']} (sha256 {source['sha256']}; {source['revision']})")
-    user = start_customer(a, tasks, bench)  # each endpoint checked once, before any episode (one line if not)
+        print(f"[data] {source['domain']}: {source['path']} (sha256 {source['sha256']}; "
+              f"{source['revision']})")
+    user = start_customer(a, tasks, bench)  # each endpoint checked once, before any episode
     t0 = time.time()
     agent, name = make_agent(a, worlds, bench)
     log = TrajectoryLog(a.out)
-    log.path.unlink(missing_ok=True)  # (TrajectoryLog appends, as training's resumable log must: one evaluation)
+    log.path.unlink(missing_ok=True)  # (the log appends, as training's must: here one evaluation)
     metrics, eps = evaluate(tasks, worlds, agent, user, cfg, trials=a.eval_trials,
                             check_outputs=bool(a.check_outputs),
                             log=lambda batch: log.write(batch, phase="eval", agent=name))
     user.close()
-    print(f"{len(tasks)} tasks x {a.eval_trials} trials on {a.domains}/{a.split} in {time.time() - t0:.1f}s; "
-          f"transcripts: {a.out}")
+    print(f"{len(tasks)} tasks x {a.eval_trials} trials on {a.domains}/{a.split} in "
+          f"{time.time() - t0:.1f}s; transcripts: {a.out}")
     domains = sorted({t.domain for t in tasks})
-    rows = [(f"{name} [{d}]", summarize([e for e in eps if e.task.domain == d], a.eval_trials)) for d in domains]
-    print(format_table(rows + [(f"{name} [all]", metrics)] if len(domains) > 1 else [(name, metrics)],
-                       a.eval_trials))
-    if bench is not None:  # the benchmark's own figures, computed as it computes them (BFCL: accuracy)
+    rows = [(f"{name} [{d}]", summarize([e for e in eps if e.task.domain == d], a.eval_trials))
+            for d in domains] + [(f"{name} [all]", metrics)]
+    print(format_table(rows if len(domains) > 1 else [(name, metrics)], a.eval_trials))
+    if bench is not None:  # the benchmark's own figures, computed as it computes them
         extra, text = bench.summary(eps)
         metrics.update(extra)
         print(text)
     errors = [e.info.get(e.stop_reason) for e in eps if e.aborted]
     if errors and len(errors) == len(eps):  # nothing was measured: say why, and fail
-        raise ConfigError(f"every episode ({len(eps)}) aborted; first error: {errors[0]} (transcripts: {a.out})")
+        raise ConfigError(f"every episode ({len(eps)}) aborted; first error: {errors[0]} "
+                          f"(transcripts: {a.out})")
     if errors:
-        print(f"warning: {len(errors)} of {len(eps)} episodes aborted (not scored); first error: {errors[0]}")
+        print(f"warning: {len(errors)} of {len(eps)} episodes aborted (not scored); first error: "
+              f"{errors[0]}")
     return metrics
 
 
 if __name__ == "__main__":
     try:
         main(a=CLI)
-    except (ImportError, OSError, ValueError) as e:  # bad input (ConfigError is a ValueError): one line, status 2
+    except (ImportError, OSError, ValueError) as e:  # bad input (ConfigError too): one line, exit 2
         print(f"eval: {e}", file=sys.stderr)
         sys.exit(2)

@@ -103,7 +103,8 @@ def _as_row(seq_ids, seqs, masks, extras, length, pad_id=0):
     length) tensors."""
     pad = length - sum(len(seqs[k]) for k in seq_ids)
 
-    def column(entries, padding, dtype=torch.long):  # (1, length): one entry per episode, end to end, then padding
+    # (1, length): one entry per episode, end to end, then padding
+    def column(entries, padding, dtype=torch.long):
         vals = [x for k in seq_ids for x in (entries[k] if hasattr(entries[k], "__iter__")
                                              else [float(entries[k])] * len(seqs[k]))]
         return torch.tensor(vals + list(padding), dtype=dtype).view(1, -1)
@@ -112,7 +113,8 @@ def _as_row(seq_ids, seqs, masks, extras, length, pad_id=0):
            "position_ids": column({k: range(len(seqs[k])) for k in seq_ids}, range(pad)),  # (1, L): from 0 per episode
            "mask": column(masks, [0] * pad, torch.float32),  # (1, L)
            "seq_id": column({k: [k] * len(seqs[k]) for k in seq_ids}, [-1] * pad)}  # (1, L): episode index, -1 = pad
-    row.update({name: column(col, [0.0] * pad, torch.float32) for name, col in extras.items()})  # (1, L) each
+    # (1, L) each
+    row.update({name: column(col, [0.0] * pad, torch.float32) for name, col in extras.items()})
     return row
 
 
@@ -175,7 +177,8 @@ def _chunk_logprobs(head, h, targets, temperature: float, want_entropy: bool, sa
         entropy = -(logp_all.exp() * logp_all).sum(-1)  # (n,)
         if sampler is None:
             return logp, entropy
-        same = sampler[1] >= 1.0 and (sampler[0] or 1.0) == temperature  # the sampler drew from this distribution
+        # the sampler drew from this distribution
+        same = sampler[1] >= 1.0 and (sampler[0] or 1.0) == temperature
         seen = logp.detach() if same else sampler_logprobs(raw, *sampler).gather(-1, targets[:, None]).squeeze(-1)
     return logp, entropy, seen  # seen: (n,)
 
@@ -204,9 +207,11 @@ def token_logprobs(model, input_ids, attention_mask=None, position_ids=None, chu
     for s in range(0, h.shape[0], chunk_size):
         args = (head, h[s:s + chunk_size], targets[s:s + chunk_size], temperature, return_entropy, sampler)
         outs.append(checkpoint(_chunk_logprobs, *args, use_reentrant=False) if use_ckpt else _chunk_logprobs(*args))
-    cols = [F.pad(torch.cat(parts).view(B, T - 1), (1, 0)) for parts in zip(*outs)]  # (B, T) each: position 0 -> 0
+    # (B, T) each: position 0 -> 0
+    cols = [F.pad(torch.cat(parts).view(B, T - 1), (1, 0)) for parts in zip(*outs)]
     if position_ids is not None:
-        cols = [x.masked_fill(position_ids.expand(B, T) == 0, 0.0) for x in cols]  # (B, T): each episode's first
+        # (B, T): each episode's first
+        cols = [x.masked_fill(position_ids.expand(B, T) == 0, 0.0) for x in cols]
     return tuple(cols) if return_entropy else cols[0]
 
 
@@ -267,10 +272,13 @@ if __name__ == "__main__":
     rewards = torch.tensor([1.0, 0.0, 0.0, 1.0])  # one task, G = 4 rollouts, two solved it
     adv = group_advantages(rewards, G)  # (G,)
     print("rewards", rewards.tolist(), "-> advantages", [round(a, 4) for a in adv.tolist()], "(mean 0, unbiased std 1)")
-    mask = torch.tensor([[0, 0, 1, 1, 1, 0]] * G, dtype=torch.float32)  # (G, T): prompt, 3 sampled, a tool result
+    # (G, T): prompt, 3 sampled, a tool result
+    mask = torch.tensor([[0, 0, 1, 1, 1, 0]] * G, dtype=torch.float32)
     old_logp = -torch.rand(G, T) * 2  # (G, T): what the sampler reported
-    ref_logp = old_logp + 0.05 * torch.randn(G, T)  # (G, T): reference a little away from the policy
-    logp = (old_logp + 0.3 * torch.randn(G, T)).requires_grad_()  # (G, T): as if the policy had already moved
+    # (G, T): reference a little away from the policy
+    ref_logp = old_logp + 0.05 * torch.randn(G, T)
+    # (G, T): as if the policy had already moved
+    logp = (old_logp + 0.3 * torch.randn(G, T)).requires_grad_()
     loss, stats = grpo_loss(logp, old_logp, ref_logp, adv, mask)
     loss.backward()
     ratio = torch.exp(logp - old_logp).detach().masked_fill(mask == 0, float("nan"))  # (G, T)

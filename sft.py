@@ -62,7 +62,8 @@ def load_jsonl(path: str | Path) -> list[dict]:
             try:
                 rows.append(json.loads(line))
             except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{i}: not JSON ({e.msg})") from None  # the line a person must fix
+                # the line a person must fix
+                raise ValueError(f"{path}:{i}: not JSON ({e.msg})") from None
     return rows
 
 
@@ -90,7 +91,8 @@ def conversations(source: str, tasks, seed: int = 0, n: int = 2000) -> list[dict
 
 
 def lr_at(step: int, total: int, lr: float, warmup: int) -> float:
-    if step < warmup:  # linear warm-up: AdamW's early moment estimates are noisy, so keep its first steps small
+    # linear warm-up: AdamW's early moment estimates are noisy, so keep its first steps small
+    if step < warmup:
         return lr * (step + 1) / warmup
     progress = (step - warmup) / max(1, total - warmup)
     return lr * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))  # then cosine to 0
@@ -121,7 +123,8 @@ def train(model, examples: list[tuple[list[int], list[int]]], epochs: float = 2.
             rng.shuffle(perm)
             order += perm
         idx, order = order[:batch_size], order[batch_size:]
-        n_tok = sum(sum(examples[i][1]) for i in idx)  # N_tok of the whole batch (every rank drew the same one)
+        # N_tok of the whole batch (every rank drew the same one)
+        n_tok = sum(sum(examples[i][1]) for i in idx)
         mine = idx[rank::world_size]
         rows = pack_sequences([examples[i][0] for i in mine], [examples[i][1] for i in mine], micro_batch_tokens)
         rows = even_rows(rows, world_size)  # FSDP: as many rows on every rank
@@ -131,15 +134,18 @@ def train(model, examples: list[tuple[list[int], list[int]]], epochs: float = 2.
         opt.zero_grad(set_to_none=True)
         loss = 0.0
         for row in rows:  # gradients accumulate row by row: one optimizer step per batch
-            row = {k: v.to(dev) for k, v in row.items()}  # ids and the mask the loss multiplies: on the model's device
+            # ids and the mask the loss multiplies: on the model's device
+            row = {k: v.to(dev) for k, v in row.items()}
             with bf16_compute(model, bf16):
                 logp = logprobs(row["input_ids"], position_ids=row["position_ids"], chunk_size=chunk_size)  # (1, L)
-            row_loss = -(logp * row["mask"]).sum() / max(1, n_tok)  # this row's share of the batch's token mean
+            # this row's share of the batch's token mean
+            row_loss = -(logp * row["mask"]).sum() / max(1, n_tok)
             row_loss.backward()
             loss += row_loss.item()
         loss = all_sum(loss, world_size)  # the whole batch's loss, every rank's rows
         gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-        if math.isfinite(loss) and torch.isfinite(gnorm):  # a step with a non-finite loss or gradient is skipped
+        # a step with a non-finite loss or gradient is skipped
+        if math.isfinite(loss) and torch.isfinite(gnorm):
             opt.step()
         losses.append(loss)
         bar.set_postfix(loss=f"{loss:.3f}")

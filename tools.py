@@ -70,7 +70,8 @@ def type_schema(tp: Any) -> dict:
     """JSON schema of a Python type hint: str, int, float, bool, list[X], dict, Literal[...],
     TypedDicts."""
     origin, args = get_origin(tp), get_args(tp)
-    scalars = {str: "string", bool: "boolean", int: "integer", float: "number"}  # exact types: bool is not int here
+    # exact types: bool is not int here
+    scalars = {str: "string", bool: "boolean", int: "integer", float: "number"}
     if tp in scalars:
         return {"type": scalars[tp]}
     if tp is Any:
@@ -138,13 +139,16 @@ def calculate(db: Any, expression: str) -> str:
     return str(round(float(_arith(compile(expression, "<string>", "eval", ast.PyCF_ONLY_AST).body)), 2))
 
 
-CALC_BITS = 100_000  # the largest int an intermediate result may hold (float() refuses > 1,024 bits anyway)
+# the largest int an intermediate result may hold (float() refuses > 1,024 bits anyway)
+CALC_BITS = 100_000
 _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
         ast.FloorDiv: operator.floordiv, ast.Pow: operator.pow, ast.UAdd: operator.pos, ast.USub: operator.neg}
 
 
-def _arith(node):  # what eval() would compute from the whitelisted characters, with a bound on int sizes
-    if isinstance(node, ast.Constant):  # a number, or `...` (Ellipsis), which float() then refuses as eval's would
+# what eval() would compute from the whitelisted characters, with a bound on int sizes
+def _arith(node):
+    # a number, or `...` (Ellipsis), which float() then refuses as eval's would
+    if isinstance(node, ast.Constant):
         return node.value
     if isinstance(node, ast.UnaryOp):
         return _OPS[type(node.op)](_arith(node.operand))
@@ -187,7 +191,8 @@ CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 @dataclass
 class ParsedTurn:
     content: str  # the text outside <tool_call> blocks, stripped
-    calls: list[dict] = field(default_factory=list)  # well-formed calls, in order: {"name", "arguments"}
+    # well-formed calls, in order: {"name", "arguments"}
+    calls: list[dict] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)  # one message per malformed block, in order
 
 
@@ -218,7 +223,8 @@ def check_call(obj, known: set[str] | None) -> dict | str:
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
         return 'a tool call must be a JSON object with a string "name" and an object "arguments"'
     args = obj.get("arguments", {})
-    if isinstance(args, str):  # some models put the arguments in a JSON string; accept it when it parses
+    # some models put the arguments in a JSON string; accept it when it parses
+    if isinstance(args, str):
         try:
             args = json.loads(args)
         except (ValueError, RecursionError):
@@ -230,10 +236,12 @@ def check_call(obj, known: set[str] | None) -> dict | str:
     return {"name": obj["name"], "arguments": args}
 
 
-def _parse_one(body: str, known: set[str] | None) -> dict | str:  # the call, or what is wrong with it
+# the call, or what is wrong with it
+def _parse_one(body: str, known: set[str] | None) -> dict | str:
     try:
         obj = json.loads(body)
-    except (ValueError, RecursionError) as e:  # bad JSON; also an int of > 4,300 digits, or nesting past the stack
+    # bad JSON; also an int of > 4,300 digits, or nesting past the stack
+    except (ValueError, RecursionError) as e:
         return f"the tool call is not valid JSON ({getattr(e, 'msg', type(e).__name__)} at {getattr(e, 'pos', 0)})"
     return check_call(obj, known)
 
@@ -253,7 +261,8 @@ def parse_tool_calls(text: str, known_tools: set[str] | None = None) -> ParsedTu
         call = _parse_one(text[i + len(CALL_OPEN) : j].strip(), known_tools)
         (calls if isinstance(call, dict) else errors).append(call)
         pos = j + len(CALL_CLOSE)
-    else:  # no more calls: the rest is text (a cut-off call broke out above, and its text is dropped)
+    # no more calls: the rest is text (a cut-off call broke out above, and its text is dropped)
+    else:
         content.append(text[pos:])
     return ParsedTurn("".join(content).strip(), calls, errors)
 

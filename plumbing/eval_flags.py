@@ -98,10 +98,36 @@ def parse_args(argv=None) -> argparse.Namespace:
         *field_problems(a, [k for k in SHARED if k != "model"]),
         *[(False, m) for m in [model_problem(a.model) if a.agent == "local" else None] if m],
     ])
-    a.from_run = saved.get("out_dir", "") if saved else ""
+    a.from_run, a.given = saved.get("out_dir", "") if saved else "", given
     if saved and a.agent == "local":
         print(f"[eval] {a.model}: the settings of the run in {Path(a.model).parent} (flags given override them)")
     return a
+
+
+def rules(a, worlds, tasks, bench):
+    """The conversation's rules (a RolloutConfig). In tau2's worlds tau2's own caps: 200 messages and
+    10 failed tool calls (an episode cut by either scores 0) and no turn cap unless --max_turns says
+    one; a benchmark's own (BFCL runs every call of a step). A scripted customer must play them all."""
+    import dataclasses
+
+    from domains import script_for
+    from domains.tau2_data import provenance
+    from rollout import RolloutConfig
+    from user_sim import USERS
+
+    tau2 = bool(provenance(worlds))
+    turns = a.max_turns if "max_turns" in a.given or not tau2 else 10**9
+    cfg = RolloutConfig(turns, a.max_context, a.max_new_tokens, a.temperature, a.top_p, seed=a.seed,
+                        tools_in_prompt=bool(a.tools_in_prompt), max_messages=200 * tau2,
+                        max_errors=10 * tau2)
+    if getattr(USERS.get(a.user), "scripted", False) and a.agent != "oracle":
+        try:  # a task no script plays would abort
+            for t in tasks:
+                script_for(t)
+        except ValueError:
+            raise ConfigError(f"the scripted customer does not play {a.domains}'s tasks: use --user "
+                              "llm") from None
+    return dataclasses.replace(cfg, **bench.rollout) if bench else cfg
 
 
 def start_customer(a, tasks, bench):
@@ -112,7 +138,6 @@ def start_customer(a, tasks, bench):
 
     if USERS.get(a.user) is None:
         raise ConfigError(f"--user must be one of {', '.join(USERS)}, got {a.user!r}")
-    a.scripted_user = USERS[a.user].scripted
     user = FixedUser() if a.agent == "oracle" and not (bench and bench.oracle) else \
         customer_for(a, os.path.dirname(a.out) or ".")
     try:
