@@ -1,8 +1,9 @@
-"""A run's served customer (muarl.py --user_serve, demo.customer.ServedCustomer): the shipped model (or a given
-folder), served, gated and kept alive. What each test pins:
+"""A run's served customer (--user_serve: plumbing.serve.ServedUser; the demo's gated demo.customer.ServedCustomer):
+the shipped model (or a given folder), served, gated and kept alive. What each test pins:
 
-  preset          `--model tiny` is the store with its served customer model; --user scripted, another endpoint or
-                  another world replace it; --user_serve's bad values are one ConfigError each
+  preset          `python -m demo` is the store with its served customer model; --user scripted, another endpoint or
+                  another world replace it; --user_serve's bad values are one ConfigError each; the core's
+                  --user_serve takes a model folder (`demo` is the demo's own name for the shipped one)
   gate            a customer below --user_gate stops the run before anything is trained (one line, exit 2)
   no model        a missing model folder or no vLLM is one ServeError line before any work
   server dies     mid-run, by its PID: that step's episodes abort (not scored), their tasks are drawn again, the
@@ -18,6 +19,7 @@ in place of vLLM, through the real ModelServer: process group, health check, res
 import importlib.util
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -29,10 +31,14 @@ import pytest
 import torch
 
 import muarl
-from demo import customer
+from config import GROUPS, Config
+from demo import SHIPPED, customer
+from demo.train import main as demo_main
+from demo.train import parse
 from plumbing import serve
-from config import ConfigError, parse_config, validate
+from plumbing.flags import ConfigError, parse_config
 from plumbing.preflight import RunStopped
+from plumbing.validate import validate
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -56,7 +62,7 @@ STANDIN = textwrap.dedent('''
     ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
 ''')
 
-RUN = ["--model", "tiny", "--domains", "store", "--tiny_hidden", "64", "--tiny_layers", "1", "--threads", "1",
+RUN = ["--domains", "store", "--tiny_hidden", "64", "--tiny_layers", "1", "--threads", "1",
        "--tasks_per_step", "2", "--group_size", "2", "--max_new_tokens", "8", "--max_turns", "4", "--eval_tasks", "2",
        "--eval_trials", "1", "--sft_epochs", "0", "--copy_warmup", "0", "--save_every", "1", "--user_retries", "0",
        "--user_timeout", "5", "--synthetic_train", "20", "--synthetic_test", "4", "--user_gate", "0"]
@@ -82,7 +88,8 @@ def standin(tmp_path, monkeypatch):
             super().__init__(*a, **{**k, "command": [sys.executable, str(script), "{port}"]})
 
     monkeypatch.setattr(serve, "ModelServer", StandIn)
-    monkeypatch.setattr(serve, "need_vllm", lambda: None)  # the stand-in is the server: these run without vLLM too
+    for module in (serve, customer):  # the stand-in is the server: these run without vLLM too
+        monkeypatch.setattr(module, "need_vllm", lambda: None)
     folder = tmp_path / "customer-model"
     folder.mkdir()
     (folder / "config.json").write_text("{}")
@@ -98,19 +105,32 @@ def records(out: Path, phase: str) -> list[dict]:
 
 
 def test_the_tiny_preset_serves_the_stores_customer_unless_told_otherwise():
-    cfg = parse_config(["--model", "tiny"])
-    assert (cfg.domains, cfg.user, cfg.user_serve, cfg.eval_trials) == ("store", "llm", "demo", 2)
-    assert (cfg.user_gate, cfg.synthetic_seed, parse_config(["--model", "tiny", "--seed", "3"]).synthetic_seed) == \
+    cfg = parse([])
+    # --user_serve demo: the shipped customer model's folder
+    assert (cfg.domains, cfg.user, cfg.user_serve, cfg.eval_trials) == ("store", "llm", str(SHIPPED), 2)
+    assert (cfg.user_gate, cfg.synthetic_seed, parse(["--seed", "3"]).synthetic_seed) == \
         (0.95, 0, 3)  # the seed is the world's too
+    assert parse(["--seed", "3", "--synthetic_seed", "1"]).synthetic_seed == 1  # unless said otherwise
     assert cfg.user_temperature >= 0.7  # sampled: no two conversations of a task need be the same
-    scripted = parse_config(["--model", "tiny", "--user", "scripted"])
-    assert (scripted.domains, scripted.user, scripted.user_serve) == ("store", "scripted", "")
-    hosted = parse_config(["--model", "tiny", "--user_base_url", "http://127.0.0.1:8000/v1", "--user_model", "m"])
+    scripted = parse(["--user", "scripted"])
+    assert (scripted.domains, scripted.user, scripted.user_serve, scripted.eval_trials) == ("store", "scripted", "", 1)
+    hosted = parse(["--user_base_url", "http://127.0.0.1:8000/v1", "--user_model", "m"])
     assert (hosted.user, hosted.user_serve) == ("llm", "")
-    shop = parse_config(["--model", "tiny", "--domains", "shop"])  # the old demo, exactly
-    assert (shop.user, shop.user_serve) == ("scripted", "")
-    for cfg in (scripted, hosted, shop):
-        validate(cfg)
+    shop = parse(["--domains", "shop"])  # the old demo, exactly
+    assert (shop.user, shop.user_serve, shop.eval_trials) == ("scripted", "", 1)
+    for cfg in (cfg, scripted, hosted, shop):
+        validate(cfg, model_given=False)
+
+
+def test_the_cores_served_customer_is_a_model_folder():
+    # the core has no shipped customer: --user_serve names a folder; `demo` is not one
+    cfg = parse_config(["--user_serve", str(SHIPPED)], Config, groups=GROUPS)
+    validate(cfg)
+    user = serve.customer_for(cfg, "unused")
+    assert type(user) is serve.ServedUser and user.folder == SHIPPED and user.rank == 0
+    with pytest.raises(ConfigError, match="--user_serve demo: no model folder there") as e:
+        validate(parse_config(["--user_serve", "demo"], Config, groups=GROUPS))
+    assert "\n" not in str(e.value)
 
 
 @pytest.mark.parametrize("argv,says", [
@@ -122,7 +142,7 @@ def test_the_tiny_preset_serves_the_stores_customer_unless_told_otherwise():
     (["--user_concurrency", "0"], "user_concurrency"), (["--eval_trials", "0"], "eval_trials")])
 def test_bad_user_serve_flags_are_one_line(argv, says):
     with pytest.raises(ConfigError, match=says) as e:
-        validate(parse_config(["--model", "tiny"] + argv))
+        validate(parse(argv), model_given=False)
     assert "\n" not in str(e.value)
 
 
@@ -136,7 +156,8 @@ def test_the_shipped_customer_is_in_the_repository_with_its_fidelity():
 
 def test_a_missing_model_folder_is_one_line(tmp_path, monkeypatch):
     monkeypatch.setattr(customer, "SHIPPED", tmp_path / "nothing")
-    monkeypatch.setattr(serve, "need_vllm", lambda: None)  # the folder is asked for whether or not vLLM is there
+    for module in (serve, customer):  # the folder is asked for whether or not vLLM is there
+        monkeypatch.setattr(module, "need_vllm", lambda: None)
     with pytest.raises(serve.ServeError, match="no customer model in .*python -m demo.customer build") as e:
         customer.ServedCustomer("demo", tmp_path).check()
     assert "\n" not in str(e.value)
@@ -151,18 +172,22 @@ def test_no_vllm_is_one_line_before_any_work(tmp_path, monkeypatch):
 
 
 def test_a_customer_below_the_gate_trains_nothing(tmp_path, standin):
-    # the stand-in ends every conversation at once ("Hi, I want to cancel. ###STOP###"): far below 95 %
+    # the stand-in ends every conversation at once ("Hi, I want to cancel. ###STOP###"): far below 95 %. The run
+    # stops before its cold start, so its folder is left as it was found: an earlier run's files back in place
     out = tmp_path / "run"
+    out.mkdir()
+    (out / "log.jsonl").write_text('{"phase": "earlier"}\n')
     argv = RUN[:-2]  # without --user_gate 0: the default 0.95
     assert RUN[-2:] == ["--user_gate", "0"]
     with pytest.raises(customer.GateError, match=r"kept to its instructions in \d+ % .*below --user_gate 0.95: "
                                                  r"nothing was trained") as e:
-        muarl.main(argv + ["--user_serve", str(standin), "--out_dir", str(out), "--steps", "2"])
+        demo_main(argv + ["--user_serve", str(standin), "--out_dir", str(out), "--steps", "2"])
     assert "\n" not in str(e.value)
-    assert records(out, "customer_fidelity")[0]["fidelity"] < 0.95
-    assert not records(out, "grpo") and not (out / "final").exists() and not (out / "cold-start").exists()
-    r = subprocess.run([sys.executable, "muarl.py", *argv, "--user_serve", "/nonexistent"], cwd=REPO,
-                       capture_output=True, text=True)
+    assert int(re.search(r"in (\d+) % of the gate", str(e.value)).group(1)) < 95
+    assert [p.name for p in out.iterdir()] == ["log.jsonl"]  # no final/, cold-start/, previous-1/, server log
+    assert (out / "log.jsonl").read_text() == '{"phase": "earlier"}\n'
+    r = subprocess.run([sys.executable, "-m", "demo", *argv, "--user_serve", "/nonexistent"], cwd=REPO,
+                       capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1  # (the CLI's one line, exit 2)
 
 
@@ -206,7 +231,7 @@ def test_the_cold_starts_evaluation_is_the_gates_last_check(capsys):
 def test_a_killed_customer_server_is_restarted_and_nothing_is_lost(tmp_path, standin, monkeypatch):
     out = tmp_path / "run"
     _kill_during(1, out, monkeypatch)
-    muarl.main(RUN + ["--user_serve", str(standin), "--out_dir", str(out), "--steps", "3"])
+    demo_main(RUN + ["--user_serve", str(standin), "--out_dir", str(out), "--steps", "3"])
     grpo = records(out, "grpo")
     assert [r["step"] for r in grpo] == [0, 1, 2]  # each step once
     assert grpo[1]["aborted"] == 4 and grpo[1]["kept_groups"] == 0 and grpo[1]["skipped"]  # not scored 0: dropped
@@ -226,7 +251,7 @@ def test_a_server_that_will_not_come_back_stops_the_run_with_a_checkpoint(tmp_pa
     monkeypatch.setattr(serve.ModelServer, "restart", refuse)
     with pytest.raises(RunStopped, match=r"the customer server died \(step 1\) and was not restarted: port 1 .*"
                                          r"customer-server.log.*--resume"):
-        muarl.main(RUN + ["--user_serve", str(standin), "--out_dir", str(out), "--steps", "4"])
+        demo_main(RUN + ["--user_serve", str(standin), "--out_dir", str(out), "--steps", "4"])
     # step 0 kept; step 1 trained nothing (its customer was down): a resumed run plays it again
     assert json.loads((out / "latest.json").read_text())["path"] == "step-000001"
     assert [r["step"] for r in records(out, "grpo")] == [0, 1]
@@ -250,7 +275,7 @@ def test_real_vllm_customer_two_grpo_steps_and_a_kill(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     args = [a for a in RUN if a not in ("--user_timeout", "5")] + ["--user_timeout", "20", "--user_retries", "1",
                                                                   "--user_backoff", "0.5", "--user_max_tokens", "16"]
-    proc = subprocess.Popen([sys.executable, "muarl.py", *args, "--user_serve", str(model_dir), "--out_dir", str(out),
+    proc = subprocess.Popen([sys.executable, "-m", "demo", *args, "--user_serve", str(model_dir), "--out_dir", str(out),
                              "--steps", "3"], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
     try:  # once step 0 is logged, kill the server by its PID (as an OOM killer would)
