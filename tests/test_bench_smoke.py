@@ -96,22 +96,36 @@ def test_probe_decision_reads_p_refuse_per_request_and_status(tmp_path):
 
 
 def test_compare_customers_cells_are_eval_commands_of_each_runs_own_world(tmp_path):
-    # issue 23's comparison: each cell is eval.py on the run's final model, its world and limits, against a customer
+    # the comparison of customers: each cell is eval.py on the run's final model, its world and limits, against a
+    # customer; each cell's command line is one eval.py takes (its flags are muarl's: --domains, --eval_trials)
     sys.path.insert(0, str(REPO / "bench"))
     import compare_customers as cc
 
-    run = tmp_path / "llm-1"
-    run.mkdir()
-    (run / "config.json").write_text('{"user": "llm", "user_serve": "demo", "seed": 1, "synthetic_seed": 1, '
-                                     '"tools_in_prompt": false, "max_turns": 10, "max_new_tokens": 64, '
-                                     '"max_context": 1024}')
-    script, own, held = (cc.cell_argv(run, c, "B") for c in cc.COLUMNS)
+    from demo import SHIPPED
+    from plumbing.eval_flags import parse_args
+
+    run, other = tmp_path / "llm-1", tmp_path / "B"
+    for model in (run / "final", other):  # model folders, as eval.py's parse sees them
+        model.mkdir(parents=True)
+        (model / "config.json").write_text("{}")
+    # a demo run's saved settings: its customer served from the shipped model's folder, 2 trials an evaluation
+    saved = {"domains": "store", "user": "llm", "user_serve": str(SHIPPED), "seed": 1, "synthetic_seed": 1,
+             "tools_in_prompt": False, "max_turns": 10, "max_new_tokens": 64, "max_context": 1024, "eval_trials": 2}
+    (run / "config.json").write_text(json.dumps(saved))
+    script, own, held = (cc.cell_argv(run, c, str(other)) for c in cc.COLUMNS)
     for argv in (script, own, held):
         assert argv[argv.index("--model") + 1] == str(run / "final") and argv[argv.index("--synthetic_seed") + 1] == "1"
-    assert script[-2:] == ["--user", "scripted"]
-    assert own[-2:] == ["--user_serve", "demo"] and held[-2:] == ["--user_serve", "B"] and "--trials" in held
-    (run / "config.json").write_text((run / "config.json").read_text().replace('"llm"', '"sampled"'))
-    assert cc.cell_argv(run, "its training customer", "B")[-4:] == ["--user", "sampled", "--trials", "2"]
+        a = parse_args(argv)
+        assert (a.model, a.domains, a.synthetic_seed, a.seed, a.max_turns, a.max_new_tokens, a.max_context,
+                bool(a.tools_in_prompt), a.temperature) == (str(run / "final"), "store", 1, 1, 10, 64, 1024, False, 0.0)
+    assert (parse_args(script).user, parse_args(script).eval_trials) == ("scripted", 1)  # a script: one trial
+    assert own[-2:] == ["--user_serve", str(SHIPPED)] and held[-2:] == ["--user_serve", str(other)]
+    for argv in (own, held):  # a served customer samples: 2 trials
+        a = parse_args(argv)
+        assert (a.user, a.user_temperature, a.eval_trials) == ("llm", 0.7, 2) and "--eval_trials" in argv
+    (run / "config.json").write_text(json.dumps({**saved, "user": "sampled"}))
+    sampled = cc.cell_argv(run, "its training customer", str(other))
+    assert sampled[-4:] == ["--user", "sampled", "--eval_trials", "2"] and parse_args(sampled).eval_trials == 2
     text = cc.table({("the script", "the script"): [(0, 0.5, 1.0), (1, 0.7, 0.99)],
                      ("the LLM customer", "a held-out customer"): [(0, 0.8, 0.97)]})
     assert "| the script | 60.0 +- 14.1 (n=2; fidelity 99.0-100.0 %) | not run | not run |" in text
@@ -165,7 +179,10 @@ def test_gate_worlds_plays_each_runs_own_gate_tasks(tmp_path):
 
     assert seeds_of("0-3,9") == [0, 1, 2, 3, 9] and seeds_of("5") == [5]
     cfg, tasks = run_tasks(3)
-    assert (cfg.seed, cfg.synthetic_seed, cfg.user_serve, cfg.user_gate) == (3, 3, "demo", 0.95)
+    from demo import SHIPPED
+
+    # the demo's run for seed 3 (python -m demo --seed 3): its world is seed 3's, its customer the shipped model
+    assert (cfg.seed, cfg.synthetic_seed, cfg.user_serve, cfg.user_gate) == (3, 3, str(SHIPPED), 0.95)
     assert len(tasks) == 200 and all(t.split == "test" and t.spec["behaviour"] for t in tasks)
     other = run_tasks(4)[1]
     assert [t.spec["order_id"] for t in tasks] != [t.spec["order_id"] for t in other]  # a seed is its own world

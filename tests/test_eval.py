@@ -55,8 +55,8 @@ def test_local_tiny_model_on_the_shop_prints_a_table(tmp_path):
     build_tiny(model_dir, texts=[world.rules] + [json.dumps(t.expert) for t in world.tasks("test")[:20]],
                hidden=64, layers=1, heads=1, kv_heads=1, intermediate=128, vocab_size=400)
     r = subprocess.run([sys.executable, "eval.py", "--model", str(model_dir), "--domains", "shop", "--eval_tasks", "6",
-                        "--eval_trials", "2", "--user", "scripted", "--max_turns", "6", "--max_new_tokens", "16", "--max_context", "1024",
-                        "--tools_in_prompt", "0", "--out", str(tmp_path / "t.jsonl")],
+                        "--eval_trials", "2", "--user", "scripted", "--max_turns", "6", "--max_new_tokens", "16",
+                        "--max_context", "1024", "--tools_in_prompt", "0", "--out", str(tmp_path / "t.jsonl")],
                        cwd=REPO, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert r.returncode == 0, r.stderr[-2000:]
     assert "6 tasks x 2 trials on shop/test" in r.stdout
@@ -152,7 +152,8 @@ def test_a_model_folder_outside_a_run_takes_no_settings(tmp_path):
     run = _tiny_run(tmp_path, domains="shop", max_turns=3)
     (run / "config.json").write_text(json.dumps({"domains": "shop"}))  # not muarl's: no max_context in it
     a = parse_args(["--model", str(run / "final")])
-    assert (a.domains, a.max_turns, a.eval_trials, a.user, a.from_run) == (Config.domains, Config.max_turns, 4, "llm", "")
+    assert (a.domains, a.max_turns, a.eval_trials, a.user, a.from_run) == \
+        (Config.domains, Config.max_turns, 4, "llm", "")
 
 
 @pytest.mark.parametrize("flag,value", [("user", "llm"), ("user", "scripted"), ("user_model", "gpt-4.1"),

@@ -154,8 +154,8 @@ def test_the_fidelity_check_catches_each_mistake():
 
 
 def test_the_fidelity_check_faults_an_uncooperative_customer():
-    # A customer can break the task without naming a wrong id or option: each of these kept "fidelity" 100 % under the
-    # check before issue 23, and each must be a mistake (the reward then says nothing about the agent).
+    # A customer can break the task without naming a wrong id or option: each of these would keep "fidelity" 100 %
+    # under a check of ids and options alone, and each must be a mistake (the reward then says nothing about the agent).
     spec = {"world": "store", "kind": "return", "request": "return", "order_id": "#W123", "status": "delivered",
             "choice": "gift card", "omit": True, "change": False, "insist": False, "human": False, "style": 0,
             "max_user_turns": 6}
@@ -261,7 +261,7 @@ def test_the_second_phrasing_keeps_the_key_words_and_is_faithful_whatever_the_ag
 
 def test_the_data_imitated_weights_its_rates_by_the_held_out_behaviours(world):
     # demo.baselines' "cold-start data" row, column "all": what a cold start imitating its data exactly would score
-    # on the held-out tasks (Session 20: 57.8-66.6 % on eleven worlds; the band ends at 65)
+    # on the held-out tasks (57.8-66.6 % on eleven worlds measured; the demo's --stage_band ends at 65)
     from demo.baselines import annotator_right, imitated
 
     test = [t.spec["behaviour"] for t in world.tasks("test")]
@@ -273,16 +273,16 @@ def test_the_data_imitated_weights_its_rates_by_the_held_out_behaviours(world):
 
 
 def test_a_runs_world_asks_more_of_the_reading():
-    # Session 21: in a run's world (domains.DOMAINS["store"]) 8 in 10 allowed requests want the option other than the
+    # in a run's world (domains.DOMAINS["store"]) 8 in 10 allowed requests want the option other than the
     # shop's default (build_world's default: either as likely), customers no default-writing rule serves; the data
     # imitated falls with them (seed 0: 62.6 -> 53.4 %), and the refusals' mix is untouched
-    import dataclasses
-
-    from config import TINY, Config
     from demo.baselines import annotator_right, imitated
+    from demo.train import parse
     from domains import load_worlds, shop
 
-    run = load_worlds(dataclasses.replace(Config(), **dict(TINY, synthetic_seed=0)))["store"]
+    cfg = parse([])  # the demo's run (python -m demo): its preset's world, seed 0
+    assert (cfg.domains, cfg.synthetic_seed) == ("store", 0)
+    run = load_worlds(cfg)["store"]
     plain = store.build_world(seed=0, n_orders=600, n_test_orders=200, n_train=1000, n_test=200, lazy_rate=0.55)
     share = {}
     for name, w in (("run", run), ("plain", plain)):
