@@ -1,10 +1,10 @@
-"""Checkpoints you can trust (issue 14): a manifest of checksums, verified on --resume.
+"""Checkpoints you can trust: a manifest of checksums, verified on --resume.
 
-A damaged checkpoint (truncated, one flipped byte, a missing file) is named and passed over for the one before it;
-with none usable the run stops with one line saying what to do; a missing latest.json loses nothing; a new run never
-appends to an old run's logs or overwrites its checkpoints; a step re-run after a resume is logged once.
-Before: a truncated file gave a traceback naming no file, a flipped byte resumed silently (KL 0.005 -> 3.4), a
-missing latest.json restarted from step 0 into the same log, and re-run steps were logged twice."""
+A damaged checkpoint (truncated, one flipped byte, a missing file) is named and passed over for the one before it
+(never a traceback naming no file, never a silent resume: one flipped byte took the KL from 0.005 to 3.4); with none
+usable the run stops with one line saying what to do; a missing latest.json loses nothing (no restart from step 0
+into the same log); a new run never appends to an old run's logs or overwrites its checkpoints, and one that stops
+before its cold start puts the old run back; a step re-run after a resume is logged once."""
 
 import json
 import os
@@ -12,9 +12,10 @@ import os
 import pytest
 import torch
 
-import muarl
-from plumbing.checkpoint import TaskSampler, damage, load_checkpoint, newest_checkpoint, save_checkpoint, set_aside
-from test_muarl import PY, REPO, TINY, ENV, grpo_records, new_run, run_cli, tiny_init  # noqa: F401 (a fixture)
+from demo import train as demo_train
+from plumbing.checkpoint import (TaskSampler, damage, load_checkpoint, newest_checkpoint, save_checkpoint, set_aside,
+                                 undo_start)
+from test_muarl import TINY, grpo_records, new_run, run_demo, tiny_init  # noqa: F401 (a fixture)
 
 
 def model_at(step):  # weights that say which step they belong to
@@ -111,6 +112,40 @@ def test_a_new_run_sets_an_old_one_aside(tmp_path):
     assert newest_checkpoint(out) is None and set_aside(out) is None
 
 
+def tree(folder) -> dict:
+    """Every path under `folder`: (size, sha256, mtime) for a file, "folder" for a folder."""
+    import hashlib
+
+    return {str(p.relative_to(folder)): "folder" if p.is_dir() else
+            (p.stat().st_size, hashlib.sha256(p.read_bytes()).hexdigest(), p.stat().st_mtime_ns)
+            for p in sorted(folder.rglob("*"))}
+
+
+def test_a_start_that_fails_puts_the_old_run_back(tmp_path):
+    # what a run does before its cold start, undone: the earlier run set aside, new files written, then a failure
+    out = saved_run(tmp_path)
+    (out / "tiny-init").mkdir()
+    (out / "tiny-init" / "config.json").write_text("{}")
+    (out / "config.json").write_text('{"steps": 2}')
+    (out / "notes.txt").write_text("the user's own\n")  # no file of a run: never moved
+    found, before = tree(out), {p.name for p in out.iterdir()}
+    aside = set_aside(out)
+    assert aside == out / "previous-1" and not (out / "config.json").exists()
+    (out / "log.jsonl").write_text('{"phase": "data"}\n')  # the new run's log, config, episodes, a folder
+    (out / "config.json").write_text('{"steps": 5}')
+    (out / "episodes-rank0.jsonl").write_text("")
+    (out / "cold-start.tmp").mkdir()
+    (out / "cold-start.tmp" / "x").write_text("x")
+    undo_start(out, before, aside)
+    assert tree(out) == found  # the same files, bytes and times: moved back, not copied
+    # a folder that was empty stays, empty; one that did not exist is gone again
+    for folder, was in ((tmp_path / "empty", set()), (tmp_path / "new", None)):
+        folder.mkdir()
+        (folder / "log.jsonl").write_text("")
+        undo_start(folder, was, None)
+        assert (folder.exists() and not any(folder.iterdir())) if was is not None else not folder.exists()
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # The entry point: a flipped byte, a missing latest.json, a run started over, each step logged once
 
@@ -118,13 +153,13 @@ def test_a_new_run_sets_an_old_one_aside(tmp_path):
 def test_cli_resume_after_damage_logs_each_step_once(tmp_path, tiny_init):
     out = new_run(tmp_path, tiny_init, "run")
     args = TINY + ["--out_dir", str(out), "--save_every", "1", "--eval_tasks", "0"]
-    muarl.main(args + ["--steps", "2"])
-    flip_byte(out / "checkpoints" / "step-000002" / "model.pt")  # KL 0.005 -> 3.4 when this resumed silently
+    demo_train.main(args + ["--steps", "2"])
+    flip_byte(out / "checkpoints" / "step-000002" / "model.pt")  # (resumed silently, this took the KL 0.005 -> 3.4)
     (out / "latest.json").unlink()
-    muarl.main(args + ["--steps", "3", "--resume"])  # from step 1: steps 1 and 2 run again
+    demo_train.main(args + ["--steps", "3", "--resume"])  # from step 1: steps 1 and 2 run again
     assert [s["step"] for s in grpo_records(out)] == [0, 1, 2]  # each once
     # a new run in the same folder: the old one is kept whole, the new log starts empty
-    muarl.main(args + ["--steps", "1"])
+    demo_train.main(args + ["--steps", "1"])
     assert [s["step"] for s in grpo_records(out)] == [0]
     assert [s["step"] for s in grpo_records(out / "previous-1")] == [0, 1, 2]
     assert (out / "previous-1" / "checkpoints" / "step-000003").is_dir()
@@ -134,14 +169,14 @@ def test_cli_no_usable_checkpoint_is_one_line_and_exit_2(tmp_path):
     out = saved_run(tmp_path, steps=(1,))
     (out / "checkpoints" / "step-000001" / "optim.pt").unlink()
     # the scripted customer: the refusal is the checkpoint's, whether or not vLLM (the served customer) is installed
-    r = run_cli(["--model", "tiny", "--user", "scripted", "--out_dir", str(out), "--resume"], timeout=300)
+    r = run_demo(["--model", "tiny", "--user", "scripted", "--out_dir", str(out), "--resume"], timeout=300)
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
-    assert r.stderr.strip().splitlines()[-1].startswith("muarl: no usable checkpoint")
+    assert r.stderr.strip().splitlines()[-1].startswith("demo: no usable checkpoint")
     assert (out / "log.jsonl").read_text().count("\n") == 1  # nothing started, nothing written
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# A checkpoint from elsewhere (issue 25): loading it runs nothing, and its manifest reaches nothing outside the run
+# A checkpoint from elsewhere: loading it runs nothing, and its manifest reaches nothing outside the run
 
 
 class Boom:
@@ -187,7 +222,7 @@ def test_a_pickled_checkpoint_is_one_line_at_the_cli(tmp_path):
     torch.save(Boom(marker), ck / "optim.pt")
     replant(ck)
     # the scripted customer: the refusal is the checkpoint's, whether or not vLLM (the served customer) is installed
-    r = run_cli(["--model", "tiny", "--user", "scripted", "--out_dir", str(out), "--resume"], timeout=300)
+    r = run_demo(["--model", "tiny", "--user", "scripted", "--out_dir", str(out), "--resume"], timeout=300)
     assert r.returncode == 2 and "Traceback" not in r.stderr and "holds more than tensors" in r.stderr, r.stderr[-2000:]
     assert not marker.exists()
 

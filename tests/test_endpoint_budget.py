@@ -1,8 +1,9 @@
-"""The customer endpoint's budget (issue 14): a whole-request deadline, retries and backoff as flags, and the
-customer's health per step in log.jsonl; eval.py's failures as one line.
+"""The customer endpoint's budget: a whole-request deadline, retries and backoff as flags, and the customer's
+health per step in log.jsonl; eval.py's failures as one line.
 
-The servers here are real loopback sockets (127.0.0.1), each bounded in time. Before: the client's timeout bounded
-each read, so a server that trickles a byte a second held a request indefinitely (120 s seen with timeout 2)."""
+The servers here are real loopback sockets (127.0.0.1), each bounded in time. The deadline bounds the whole
+request, not each read: a server that trickles a byte a second would otherwise hold a request indefinitely
+(120 s with a per-read timeout of 2)."""
 
 import json
 import os
@@ -67,7 +68,7 @@ def test_a_trickling_server_costs_at_most_the_deadline_per_attempt(trickler):
     with pytest.raises(UserError, match="deadline"):
         user.reply(TASK, [{"role": "user", "content": "hi"}])
     took = time.monotonic() - t0
-    assert took < 3.5, took  # 2 attempts x 1 s + backoff (old: each attempt held for the server's 8 s)
+    assert took < 3.5, took  # 2 attempts x 1 s + backoff (not the server's 8 s per attempt)
     assert state["requests"] == 2
     stats = user.take_stats()
     assert stats["calls"] == 2 and stats["retries"] == 1 and stats["failures"] == 1 and stats["deadlines"] == 2
@@ -97,13 +98,13 @@ class Server(ThreadingHTTPServer):
 
 
 def test_customer_statistics_are_in_the_step_log(tmp_path):
-    import muarl
+    from demo import train as demo_train
     from test_muarl import TINY, grpo_records
 
     srv = Server(("127.0.0.1", 0), Customer)
     threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     try:
-        muarl.main(TINY + ["--out_dir", str(tmp_path / "run"), "--steps", "1", "--user", "llm",
+        demo_train.main(TINY + ["--out_dir", str(tmp_path / "run"), "--steps", "1", "--user", "llm",
                            "--user_model", "m", "--user_base_url", f"http://127.0.0.1:{srv.server_address[1]}/v1",
                            "--user_timeout", "5", "--user_retries", "1", "--user_backoff", "0.1",
                            "--preflight", "false"])  # (this stub answers chat completions only, no /models)
@@ -122,15 +123,20 @@ def test_customer_statistics_are_in_the_step_log(tmp_path):
 
 
 def run_eval(args):
-    return subprocess.run([sys.executable, "eval.py", *args, "--out", os.devnull], cwd=REPO, capture_output=True,
-                          text=True, timeout=240)  # (--out: never the default runs/eval inside the checkout)
+    # generated tasks: no tau2 data needed
+    return subprocess.run([sys.executable, "eval.py", "--domains", "synthetic", *args, "--out", os.devnull], cwd=REPO,
+                          capture_output=True, text=True,
+                          timeout=240)  # (--out: never the default runs/eval inside the checkout)
 
 
 @pytest.mark.parametrize("args,says", [
-    (["--agent", "oracle", "--split", "nope"], "no tasks in split 'nope'"),  # old: pass^1 nan, exit 0
-    (["--model", "/nonexistent"], "no such model folder"),  # old: a transformers traceback
+    (["--agent", "oracle", "--split", "nope"], "--split must be test, train or all, got 'nope'"),
+    # an empty split (a generated world's evaluation builds its held-out tasks only): never a table of pass^1 nan
+    # and exit 0
+    (["--agent", "oracle", "--split", "train"], "no tasks in split 'train' of synthetic"),
+    (["--model", "/nonexistent"], "no such model folder"),  # (never a transformers traceback)
     (["--agent", "openai", "--agent_model", "m", "--agent_base_url", "http://127.0.0.1:9/v1", "--agent_api_key", "k",
-      "--tasks", "2"], "is unreachable"),  # a dead endpoint, found by preflight (old: a table of nan, exit 0)
+      "--user", "scripted", "--eval_tasks", "2"], "is unreachable"),  # a dead endpoint, found by preflight
 ])
 def test_eval_failures_are_one_line_and_exit_2(args, says):
     r = run_eval(args)
@@ -140,9 +146,9 @@ def test_eval_failures_are_one_line_and_exit_2(args, says):
 
 
 def test_step_statistics_count_scored_episodes_only():
-    # issue 14 "honest logs": aborted episodes (a failed customer) are never scored, so they are not zeros in the
-    # step's reward or its group shares; they are counted on their own key
-    import muarl
+    # honest logs: aborted episodes (a failed customer) are never scored, so they are not zeros in the step's
+    # reward or its group shares; they are counted on their own key
+    from plumbing.runlog import step_stats
 
     def ep(reward, stop):
         return SimpleNamespace(reward=reward, turns=2, mask=[1], ids=[1, 2], tool_calls=[], stop_reason=stop,
@@ -150,6 +156,6 @@ def test_step_statistics_count_scored_episodes_only():
 
     eps = [ep(1.0, "user_stop"), ep(1.0, "user_stop"), ep(1.0, "user_stop"), ep(0.0, "user_error"),  # group 2: aborted
            ep(0.0, "user_stop"), ep(0.0, "max_turns"), ep(0.0, "user_error"), ep(0.0, "user_error")]
-    st = muarl.step_stats(eps, kept_groups=1, group_size=2)
+    st = step_stats(eps, kept_groups=1, group_size=2)
     assert st["reward"] == pytest.approx(3 / 5) and st["aborted"] == 3 and st["episodes"] == 8
     assert st["all_correct_groups"] == 0.5 and st["all_wrong_groups"] == 0.5  # over the 2 groups with no abort

@@ -285,9 +285,12 @@ def no_torch(tmp_path_factory):
 
 
 def assert_one_line(r, says: str, prog: str = "muarl"):
+    """`r` (a finished subprocess, or core_in_process's result) stopped on bad input: one line on stderr, from
+    `prog`, saying `says`; exit status 2; no traceback."""
+    rc = r.returncode if isinstance(r, subprocess.CompletedProcess) else r.rc
     lines = [line for line in r.stderr.splitlines() if line.strip()]
     assert "Traceback" not in r.stderr + r.stdout, r.stderr[-3000:]
-    assert r.rc == 2, (r.rc, r.stderr[-3000:])
+    assert rc == 2, (rc, r.stderr[-3000:])
     assert len(lines) == 1, r.stderr[-3000:]
     assert lines[0].startswith(f"{prog}: ") and says in lines[0], lines[0]
 
@@ -299,7 +302,7 @@ def test_a_bad_flag_is_one_line_before_torch_loads(name, bad_model_dirs, no_torc
     t0 = time.perf_counter()
     p = run_core(core_argv(args, bad_model_dirs, out), timeout=120, env=no_torch)
     print(f"{name}: refused in {time.perf_counter() - t0:.1f} s")
-    assert_one_line(SimpleNamespace(rc=p.returncode, stdout=p.stdout, stderr=p.stderr), says)
+    assert_one_line(p, says)
     assert not out.exists()  # nothing written, not even the folder
 
 
@@ -308,7 +311,7 @@ def test_a_bad_demo_flag_is_one_line_before_torch_loads(name, bad_model_dirs, no
     args, says = DEMO_BAD[name]
     out = tmp_path / "run"
     p = run_demo([*[a.format(**bad_model_dirs) for a in args], "--out_dir", str(out)], timeout=120, env=no_torch)
-    assert_one_line(SimpleNamespace(rc=p.returncode, stdout=p.stdout, stderr=p.stderr), says, prog="demo")
+    assert_one_line(p, says, prog="demo")
     assert not out.exists()
 
 
@@ -336,11 +339,11 @@ def test_bad_config_stops_with_one_line(name, bad_model_dirs, tmp_path, monkeypa
 def test_smoke_cli(tmp_path):
     out = tmp_path / "run"
     t0 = time.perf_counter()
-    r = run_demo(["--model", "tiny", "--domains", "shop", "--out_dir", str(out), "--steps", "2", "--tasks_per_step", "2",
-                 "--group_size", "2",
-                 "--sft_epochs", "0.02", "--sft_batch", "4", "--eval_tasks", "2", "--max_new_tokens", "24",
-                 "--max_turns", "6", "--tiny_hidden", "64", "--tiny_layers", "2", "--threads", "1",
-                 "--save_every", "1", "--copy_warmup", "3"])
+    r = run_demo(["--model", "tiny", "--domains", "shop", "--out_dir", str(out), "--steps", "2", "--tasks_per_step",
+                  "2", "--group_size", "2",
+                  "--sft_epochs", "0.02", "--sft_batch", "4", "--eval_tasks", "2", "--max_new_tokens", "24",
+                  "--max_turns", "6", "--tiny_hidden", "64", "--tiny_layers", "2", "--threads", "1",
+                  "--save_every", "1", "--copy_warmup", "3"])
     seconds = time.perf_counter() - t0
     assert r.returncode == 0, r.stderr[-3000:]
     assert "Traceback" not in r.stderr

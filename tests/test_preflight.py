@@ -1,4 +1,4 @@
-"""Issue 15, first contact: every endpoint misconfiguration is one line before any work; a customer that stays down
+"""First contact with an endpoint: every misconfiguration is one line before any work; a customer that stays down
 stops the run with a checkpoint; a run that never updated and an evaluation that measured nothing both fail.
 
 The endpoints are tests/fake_openai.FakeServer, which answers as vLLM's server does (status codes and messages
@@ -12,12 +12,13 @@ import pytest
 import torch
 
 import eval as evaluation
-from config import ConfigError
 import muarl
-from conftest import TAU2, needs_tau2
-from fake_openai import FakeServer
-from plumbing.preflight import PreflightError, RunStopped, check_endpoint
 import user_sim
+from conftest import TAU2, needs_tau2
+from demo import train as demo_train
+from fake_openai import FakeServer
+from plumbing.flags import ConfigError
+from plumbing.preflight import PreflightError, RunStopped, check_endpoint
 from user_sim import UserError
 
 HELLO = [{"role": "user", "content": "Hello"}]
@@ -69,49 +70,52 @@ def test_customer_lines_name_the_customer_flags():
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# 2. muarl.py and eval.py stop before any work
+# 2. A training run and eval.py stop before any work
 
 
 def test_training_stops_at_preflight_before_building_anything(tmp_path):
     with FakeServer() as srv:
         with pytest.raises(PreflightError, match="does not serve model 'gpt-4o'"):
-            muarl.main(["--model", "tiny", "--domains", "shop", "--user", "llm", "--user_model", "gpt-4o",
-                        "--user_base_url", srv.url,
-                        "--out_dir", str(tmp_path), "--copy_warmup", "0", "--sft_epochs", "0"])
+            demo_train.main(["--model", "tiny", "--domains", "shop", "--user", "llm", "--user_model", "gpt-4o",
+                             "--user_base_url", srv.url,
+                             "--out_dir", str(tmp_path), "--copy_warmup", "0", "--sft_epochs", "0"])
     assert not (tmp_path / "tiny-init").exists() and not (tmp_path / "checkpoints").exists()
 
 
 def test_eval_with_an_agent_endpoint_lacking_tool_flags_is_one_line(tmp_path):
     with FakeServer(tools=False) as srv, pytest.raises(ConfigError) as err:  # eval.py's __main__: one line, exit 2
-        evaluation.main(["--agent", "openai", "--agent_model", "tiny", "--agent_base_url", srv.url, "--domain", "shop",
-                         "--tasks", "2", "--out", str(tmp_path / "t.jsonl")])
+        evaluation.main(["--agent", "openai", "--agent_model", "tiny", "--agent_base_url", srv.url, "--domains",
+                         "shop", "--user", "scripted", "--eval_tasks", "2", "--out", str(tmp_path / "t.jsonl")])
     assert "--enable-auto-tool-choice --tool-call-parser hermes" in str(err.value)
     assert not (tmp_path / "t.jsonl").exists()  # stopped before any episode
 
 
 @needs_tau2
 def test_eval_of_tau2_tasks_with_the_scripted_customer_is_one_line(tmp_path, capsys):
-    # before: every episode aborted (the script only plays generated tasks), `pass^1 nan`, exit status 0
+    # the script plays only generated tasks: every episode would abort, scoring nothing
     with pytest.raises(ConfigError, match="the scripted customer does not play retail.s tasks: use --user llm"):
-        evaluation.main(["--agent", "openai", "--agent_model", "m", "--domain", "retail", "--data_dir",
-                         str(TAU2 / "data"), "--out", str(tmp_path / "t.jsonl")])
-    evaluation.main(["--agent", "oracle", "--domain", "retail", "--data_dir", str(TAU2 / "data"), "--tasks", "2",
-                     "--out", str(tmp_path / "t.jsonl")])
+        evaluation.main(["--agent", "openai", "--agent_model", "m", "--domains", "retail", "--user", "scripted",
+                         "--data_dir", str(TAU2 / "data"), "--out", str(tmp_path / "t.jsonl")])
+    assert not (tmp_path / "t.jsonl").exists()
+    evaluation.main(["--agent", "oracle", "--domains", "retail", "--data_dir", str(TAU2 / "data"), "--eval_tasks",
+                     "2", "--out", str(tmp_path / "t.jsonl")])
     assert f"[data] retail: {TAU2 / 'data' / 'domains' / 'retail'} (sha256 " in capsys.readouterr().out  # provenance
 
 
 def test_eval_where_every_episode_aborted_fails_and_keeps_its_transcripts(tmp_path):
-    # the endpoint passes preflight, then fails every request (a server going down): before, a traceback or a
-    # `pass^1 nan` table with exit status 0; now each episode is aborted with its error, the transcripts are written,
-    # and the evaluation exits non-zero naming the error
+    # the endpoint passes preflight, then fails every request (a server going down): each episode is aborted with
+    # its error, the transcripts are written, and the evaluation fails naming the error (not a traceback, nor a
+    # `pass^1 nan` table)
     out = tmp_path / "t.jsonl"
     with FakeServer() as srv:
-        evaluation.main(["--agent", "openai", "--agent_model", "tiny", "--agent_base_url", srv.url, "--domain", "shop",
-                         "--tasks", "1", "--out", str(out)])  # healthy: runs
+        evaluation.main(["--agent", "openai", "--agent_model", "tiny", "--agent_base_url", srv.url, "--domains",
+                         "shop", "--user", "scripted", "--eval_tasks", "1", "--eval_trials", "1", "--out",
+                         str(out)])  # healthy: runs
         srv.fail = 503
         with pytest.raises(ConfigError) as err:
             evaluation.main(["--agent", "openai", "--agent_model", "tiny", "--agent_base_url", srv.url,
-                             "--domain", "shop", "--tasks", "3", "--preflight", "0", "--out", str(out)])
+                             "--domains", "shop", "--user", "scripted", "--eval_tasks", "3", "--eval_trials", "1",
+                             "--preflight", "false", "--out", str(out)])
     assert "every episode (3) aborted; first error: InternalServerError" in str(err.value)
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["stop_reason"] for r in rows] == ["agent_error"] * 3  # this evaluation's (the healthy one's replaced)
@@ -124,9 +128,10 @@ def test_the_agent_sends_max_tokens_and_stops_when_the_context_is_full(tmp_path)
     for context, extra in ((4096, 1500), (2000, 1000)):  # each message "costs" `extra` tokens more
         out = tmp_path / f"{context}.jsonl"
         with FakeServer(context=context, extra_tokens=extra) as srv:
-            evaluation.main(["--agent", "openai", "--agent_model", "tiny", "--agent_base_url", srv.url, "--domain",
-                             "shop", "--tasks", "2", "--max_new_tokens", "100", "--max_context", "3000", "--out",
-                             str(out), "--preflight", "0"])
+            evaluation.main(["--agent", "openai", "--agent_model", "tiny", "--agent_base_url", srv.url, "--domains",
+                             "shop", "--user", "scripted", "--eval_tasks", "2", "--eval_trials", "1",
+                             "--max_new_tokens", "100", "--max_context", "3000", "--out", str(out),
+                             "--preflight", "false"])
         assert srv.requests and all(r["max_tokens"] == 100 for r in srv.requests)
         rows = [json.loads(line) for line in out.read_text().splitlines()]
         assert [r["stop_reason"] for r in rows] == ["context_full"] * 2, rows
@@ -154,28 +159,33 @@ class DownUser(user_sim.User):
         return [UserError("down")] * len(requests)
 
 
+def down(monkeypatch) -> None:
+    """The run's customer (the demo kit's) is a DownUser, with the run's --user_down_s."""
+    monkeypatch.setattr(demo_train, "customer", lambda cfg, out, rank=0, world_size=1: DownUser(cfg.user_down_s))
+
+
 def test_a_customer_down_past_its_budget_stops_the_run_with_a_checkpoint(tmp_path, monkeypatch):
     torch.set_num_threads(1)
     out = tmp_path / "run"
-    monkeypatch.setattr(muarl, "make_customer", lambda cfg, out: DownUser(cfg.user_down_s))  # the run's customer
+    down(monkeypatch)
     with pytest.raises(RunStopped, match=r"has failed every conversation for 0 s \(budget --user_down_s 0\)"):
-        muarl.main(TINY + ["--out_dir", str(out), "--steps", "3", "--user_down_s", "0"])
+        demo_train.main(TINY + ["--out_dir", str(out), "--steps", "3", "--user_down_s", "0"])
     ck = out / "checkpoints" / json.loads((out / "latest.json").read_text())["path"]
     state = json.loads((ck / "state.json").read_text())
     drawn = [json.loads(line)["task_id"] for line in (out / "episodes-rank0.jsonl").read_text().splitlines()
              if json.loads(line).get("step") == 0]
     assert state["step"] == 0 and state["sampler"]["again"] == drawn[::2]  # step 0's 2 tasks: not consumed
     monkeypatch.undo()  # the customer is back: the resumed run plays step 0 again, on the same tasks
-    muarl.main(TINY + ["--out_dir", str(out), "--steps", "1", "--resume"])
+    demo_train.main(TINY + ["--out_dir", str(out), "--steps", "1", "--resume"])
     again = [json.loads(line) for line in (out / "episodes-rank0.jsonl").read_text().splitlines()]
     assert [r["task_id"] for r in again if r.get("step") == 0][len(drawn):][::2] == drawn[::2]
 
 
 def test_a_run_that_never_updated_is_not_labelled_trained(tmp_path, monkeypatch):
     out = tmp_path / "run"
-    monkeypatch.setattr(muarl, "make_customer", lambda cfg, out: DownUser(cfg.user_down_s))  # the run's customer
+    down(monkeypatch)
     with pytest.raises(RunStopped, match="no GRPO step updated the model"):
-        muarl.main(TINY + ["--out_dir", str(out), "--steps", "2", "--eval", "false", "--micro_batch_tokens", "0"])
+        demo_train.main(TINY + ["--out_dir", str(out), "--steps", "2", "--eval", "false", "--micro_batch_tokens", "0"])
     assert json.loads((out / "final" / "muarl.json").read_text())["updates"] == 0
     assert not (out / "results.md").exists()  # --eval false: no evaluation at all
     # --micro_batch_tokens 0: chosen by device (a CPU here: 7,000), and saved so
@@ -190,7 +200,7 @@ def test_a_prompt_that_fills_the_context_warns_and_skips_empty_updates(tmp_path,
     monkeypatch.setattr(muarl, "update", lambda *a, **k: calls.append(1))
     # the shop's rules alone are > 64 tokens: every episode starts context_full, trains no token
     with pytest.raises(RunStopped, match="no GRPO step updated"):
-        muarl.main(TINY + ["--out_dir", str(out), "--steps", "1", "--max_context", "64", "--max_new_tokens", "8"])
+        demo_train.main(TINY + ["--out_dir", str(out), "--steps", "1", "--max_context", "64", "--max_new_tokens", "8"])
     printed = capsys.readouterr().out
     assert "warning: the prompt alone is" in printed and "update skipped: no trained tokens" in printed
     assert calls == []  # no forward/backward over nothing
