@@ -28,7 +28,7 @@ def world():
 def test_the_oracle_scores_100_percent_through_eval(capsys):
     import eval as ev
 
-    m = ev.main(["--bench", "acebench_agent", "--agent", "oracle", "--out", os.devnull])
+    m = ev.main(["--bench", "acebench_agent", "--agent", "oracle", "--eval_trials", "1", "--out", os.devnull])
     out = capsys.readouterr().out
     assert m["multi_turn_n"] == 30 and m["multi_step_n"] == 20 and m["aborted"] == 0
     assert m["agent"] == m["multi_turn_end_to_end"] == m["multi_step_end_to_end"] == 1.0
@@ -135,31 +135,35 @@ def test_missing_data_is_one_clear_line(monkeypatch, tmp_path):
         ev.main(["--bench", "acebench_agent", "--agent", "oracle", "--out", str(tmp_path / "t.jsonl")])
     assert "\n" not in str(e.value)
     env = dict(os.environ, ACEBENCH_DIR=str(tmp_path / "nowhere"))  # an explicit folder is the only one tried
-    # never the default runs/muarl: a test writes nothing inside the checkout (issue 25: it set a user's run aside)
+    # never the default runs/muarl: a test writes nothing inside the checkout (a run there would set a user's aside)
     out = tmp_path / "run"
-    run = subprocess.run([sys.executable, "muarl.py", "--domains", "acebench_agent", "--model", "tiny", "--out_dir",
-                          str(out)], capture_output=True, text=True, env=env, cwd=REPO)
-    assert run.returncode == 2 and run.stderr.startswith("muarl: ACEBench Agent data not found")
-    assert run.stderr.strip().count("\n") == 0, run.stderr
-    assert not out.exists()  # stopped on missing data: nothing set aside, nothing written
+    folder = tmp_path / "model"  # a model folder, as validation sees one: the data is missed before it is loaded
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    for cli, name in ((["muarl.py", "--model", str(folder)], "muarl"), (["-m", "demo", "--model", "tiny"], "demo")):
+        run = subprocess.run([sys.executable, *cli, "--domains", "acebench_agent", "--out_dir", str(out)],
+                             capture_output=True, text=True, env=env, cwd=REPO)
+        assert run.returncode == 2 and run.stderr.startswith(f"{name}: ACEBench Agent data not found"), run.stderr
+        assert run.stderr.strip().count("\n") == 0, run.stderr
+        assert not out.exists()  # stopped on missing data: nothing set aside, nothing written
 
 
 @needs_data
 def test_muarl_trains_one_grpo_step_on_acebench(tmp_path):
-    import muarl
+    from demo import train as demo
 
     out = tmp_path / "run"
-    res = muarl.main(["--domains", "acebench_agent", "--model", "tiny", "--tiny_hidden", "64", "--tiny_layers", "1",
-                      "--threads", "1", "--copy_warmup", "0", "--sft_epochs", "0", "--steps", "1", "--tasks_per_step",
-                      "2", "--group_size", "2", "--max_new_tokens", "16", "--max_turns", "6", "--eval_tasks", "2",
-                      "--max_context", "16384", "--out_dir", str(out)])
+    res = demo.main(["--domains", "acebench_agent", "--model", "tiny", "--tiny_hidden", "64", "--tiny_layers", "1",
+                     "--threads", "1", "--copy_warmup", "0", "--sft_epochs", "0", "--steps", "1", "--tasks_per_step",
+                     "2", "--group_size", "2", "--max_new_tokens", "16", "--max_turns", "6", "--eval_tasks", "2",
+                     "--max_context", "16384", "--out_dir", str(out)])
     recs = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
     grpo = [r for r in recs if r["phase"] == "grpo"]
     assert len(grpo) == 1 and grpo[0]["episodes"] == 4 and grpo[0]["turns"] > 0 and "GRPO (1 steps)" in res
     # the trained model evaluated through ACEBench's protocol (AceAgent over the local engine, ACEBench's prompts)
     import eval as ev
 
-    m = ev.main(["--bench", "acebench_agent", "--agent", "local", "--model", str(out / "final"), "--tasks", "2",
+    m = ev.main(["--bench", "acebench_agent", "--agent", "local", "--model", str(out / "final"), "--eval_tasks", "2",
                  "--max_new_tokens", "8", "--out", os.devnull])
     assert m["multi_turn_n"] == 2 and m["aborted"] == 0
 
@@ -183,8 +187,9 @@ def test_an_endpoint_agent_sees_acebench_s_prompt(monkeypatch):
 
     monkeypatch.setattr(openai, "OpenAI", Stub)
     m = ev.main(["--bench", "acebench_agent", "--agent", "openai", "--agent_model", "stub", "--user", "fixed",
-                 "--tasks", "1", "--out", os.devnull, "--preflight", "0",  # (a stub client, not a server to check)
-                 "--agent_api_key", "k"])  # OpenAI's endpoint needs its key (issue 25: "EMPTY" went there before)
+                 "--eval_tasks", "1", "--eval_trials", "1", "--out", os.devnull,
+                 "--preflight", "0",  # (a stub client, not a server to check)
+                 "--agent_api_key", "k"])  # OpenAI's endpoint needs its key (a placeholder "EMPTY" is not sent there)
     assert m["episodes"] == 1 and m["aborted"] == 0 and len(seen) >= 2
     messages, kw = seen[0]
     assert [x["role"] for x in messages] == ["system", "user"] and kw == {"temperature": 0.001, "top_p": 1,
@@ -195,7 +200,7 @@ def test_an_endpoint_agent_sees_acebench_s_prompt(monkeypatch):
 @pytest.mark.parametrize("expr", ["((((3**64)**64)**64)**64)**64", "('a'*99999)*9999", "[0]*10**9",
                                   "'%0999999999d' % 1", "(2**64)**64**1", "(1<<64)<<64<<64<<64" * 1])
 def test_argument_arithmetic_is_refused_before_it_blows_the_budget(expr):
-    # issue 25: the first did not finish in 60 s, the second built 1 GB before its length was checked
+    # unbounded, the first does not finish in 60 s, the second builds 1 GB before its length is checked
     import time
 
     t0 = time.perf_counter()

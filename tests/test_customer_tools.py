@@ -417,6 +417,9 @@ def test_phone_counts_and_caps():
     assert phone.stop is None and phone.calls == 2 and len(log) == 3
     phone.run([("look_at_lamp", {})])
     assert phone.stop == "max_turns"
+    capped = Phone(w.new_env(), [], turns_left=1, cap="max_messages")  # the stop reason is the cap it was given
+    capped.run([("look_at_lamp", {})])
+    assert capped.stop == "max_messages"
     for _ in range(MAX_ERRORS):
         env.call("nope", {})
     phone = Phone(env, [], 30)
@@ -532,13 +535,13 @@ def test_eval_on_telecom_alone_or_mixed(domains, tmp_path, capsys):
 @needs_telecom
 @pytest.mark.slow
 def test_muarl_trains_on_telecom_with_the_scripted_customer(tmp_path):
-    import muarl
+    from demo import train as demo
 
     out = tmp_path / "run"
-    muarl.main(["--domains", "telecom", "--model", "tiny", "--tiny_hidden", "64", "--tiny_layers", "1", "--threads",
-                "1", "--copy_warmup", "0", "--sft_epochs", "0", "--steps", "2", "--tasks_per_step", "2",
-                "--group_size", "2", "--max_new_tokens", "16", "--max_turns", "6", "--max_context", "12000",
-                "--eval_tasks", "2", "--data_dir", str(TAU2 / "data"), "--out_dir", str(out)])
+    demo.main(["--domains", "telecom", "--model", "tiny", "--tiny_hidden", "64", "--tiny_layers", "1", "--threads",
+               "1", "--copy_warmup", "0", "--sft_epochs", "0", "--steps", "2", "--tasks_per_step", "2",
+               "--group_size", "2", "--max_new_tokens", "16", "--max_turns", "6", "--max_context", "12000",
+               "--eval_tasks", "2", "--data_dir", str(TAU2 / "data"), "--out_dir", str(out)])
     recs = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
     steps = [r for r in recs if r["phase"] == "grpo"]
     assert len(steps) == 2 and all(r["episodes"] == 4 and r["aborted"] == 0 for r in steps)
@@ -609,7 +612,7 @@ def test_customer_over_a_vllm_server_with_tool_calling(tmp_path):
 @needs_telecom
 @pytest.mark.slow
 def test_muarl_trains_on_telecom_mixed_with_retail_with_an_llm_customer(tmp_path, serve):
-    import muarl
+    from demo import train as demo
 
     def answer(body):  # a customer that checks its phone once (telecom: tools offered), then ends the chat
         last = body["messages"][-1]
@@ -621,12 +624,12 @@ def test_muarl_trains_on_telecom_mixed_with_retail_with_an_llm_customer(tmp_path
 
     srv, _ = serve(answer)
     out = tmp_path / "run"
-    muarl.main(["--domains", "telecom,retail", "--model", "tiny", "--tiny_hidden", "64", "--tiny_layers", "1",
-                "--threads", "1", "--copy_warmup", "0", "--sft_epochs", "0", "--steps", "1", "--tasks_per_step", "4",
-                "--group_size", "2", "--max_new_tokens", "8", "--max_turns", "4", "--max_context", "12000",
-                "--eval_tasks", "2", "--user", "llm", "--user_model", "stub", "--user_base_url", srv.url,
-                "--seed", "1", "--data_dir", str(TAU2 / "data"), "--out_dir", str(out),  # seed 1: both domains drawn
-                "--preflight", "false"])  # (the stub answers chat completions only: no /models to check)
+    demo.main(["--domains", "telecom,retail", "--model", "tiny", "--tiny_hidden", "64", "--tiny_layers", "1",
+               "--threads", "1", "--copy_warmup", "0", "--sft_epochs", "0", "--steps", "1", "--tasks_per_step", "4",
+               "--group_size", "2", "--max_new_tokens", "8", "--max_turns", "4", "--max_context", "12000",
+               "--eval_tasks", "2", "--user", "llm", "--user_model", "stub", "--user_base_url", srv.url,
+               "--seed", "1", "--data_dir", str(TAU2 / "data"), "--out_dir", str(out),  # seed 1: both domains drawn
+               "--preflight", "false"])  # (the stub answers chat completions only: no /models to check)
     eps = [json.loads(line) for line in (out / "episodes-rank0.jsonl").read_text().splitlines()]
     train = [e for e in eps if e.get("phase") != "eval"]
     assert len(train) == 8 and not any(e["stop_reason"] in ("user_error", "agent_error") for e in eps)

@@ -1,7 +1,7 @@
-"""engine.py and hf_engine.py: the HF sampling loop against plain forward passes and against ReferenceEngine (the
-bare loop), its store of earlier calls' keys/values against a full re-prefill. Elsewhere: vLLM in
-tests/test_vllm_engine.py (which imports make_prompts and forward_logprobs from here), the sampling step and the seeds in tests/test_sampling.py, KVStore alone in
-tests/test_kv_store.py."""
+"""engine.py and plumbing/hf_engine.py: the HF sampling loop against plain forward passes and against ReferenceEngine
+(the bare loop), its store of earlier calls' keys/values against a full re-prefill. Elsewhere: vLLM in
+tests/test_vllm_engine.py (which imports make_prompts and forward_logprobs from here), the sampling step and the
+seeds in tests/test_sampling.py, KVStore alone in tests/test_kv_store.py."""
 
 import copy
 import random

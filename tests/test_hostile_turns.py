@@ -1,7 +1,7 @@
 """Hostile agent text never escapes the tool-call parser: every failure becomes the turn's parse error.
 
-Found by a hostile-user pass (issue 14): JSON nested past Python's recursion limit (RecursionError) and integers of
-more than 4,300 digits (ValueError) escaped `parse_tool_calls`, which then crashed rollout() and the training run.
+The cases of a hostile-user pass: JSON nested past Python's recursion limit (RecursionError) and integers of more
+than 4,300 digits (ValueError) must not escape `parse_tool_calls`, or they crash rollout() and the training run.
 """
 
 import random

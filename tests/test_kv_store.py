@@ -1,4 +1,4 @@
-"""kv_store.py: KVStore's prefix lookup, supersession and LRU on dummy keys/values (no model). How HFEngine uses
+"""plumbing/kv_store.py: KVStore's prefix lookup, supersession and LRU on dummy keys/values (no model). How HFEngine uses
 the store, against a full re-prefill: tests/test_engine.py."""
 
 import numpy as np

@@ -1,4 +1,5 @@
-"""models.py: the tiny model and tokenizer build, save and load; the chat template renders Qwen3's layout."""
+"""plumbing/tiny_model.py and plumbing/models.py: the tiny model and tokenizer build, save and load; the chat template
+renders Qwen3's layout."""
 
 import json
 

@@ -1,4 +1,4 @@
-"""sampling.py: the sampling step on hand-made logits, and the seeds (episode_seed pinned to its bytes)."""
+"""plumbing/sampling.py: the sampling step on hand-made logits, and the seeds (episode_seed pinned to its bytes)."""
 
 import hashlib
 

@@ -1,19 +1,25 @@
-"""--tasks: training on tau2's train split, or on tasks generated over the retail database (held out by user)."""
+"""--task_source: training on tau2's train split, or on tasks generated over the retail database (held out by user)."""
 
 import pytest
 
-import muarl
+from config import Config
 from conftest import needs_tau2
-from domains import synthetic
+from domains import load_worlds, synthetic, task_sets
+from plumbing.flags import ConfigError, parse_config
+from plumbing.validate import validate
+
+
+def parse(argv):
+    return parse_config(argv, Config)
 
 
 @needs_tau2
 def test_generated_retail_tasks_hold_out_users():
-    cfg = muarl.parse_config(["--model", "x", "--domains", "retail", "--tasks", "synthetic", "--user", "scripted",
-                              "--synthetic_train", "60", "--synthetic_test", "20"])
-    muarl.validate(cfg)  # the scripted user may play generated retail tasks
-    worlds = muarl.load_worlds(cfg)
-    train, held_out = muarl.task_sets(cfg, worlds)
+    cfg = parse(["--model", "x/y", "--domains", "retail", "--task_source", "generated", "--user", "scripted",
+                 "--synthetic_train", "60", "--synthetic_test", "20"])
+    validate(cfg)  # the scripted user may play generated retail tasks
+    worlds = load_worlds(cfg)
+    train, held_out = task_sets(cfg, worlds)
     assert len(train) == 60 and len(held_out) == 20
     w = worlds["retail"]
     users = lambda ts: set().union(*(synthetic.task_user_ids(w, t) for t in ts))  # noqa: E731
@@ -23,9 +29,11 @@ def test_generated_retail_tasks_hold_out_users():
 
 
 def test_task_flag_errors():
-    with pytest.raises(muarl.ConfigError, match="--tasks must be"):
-        muarl.validate(muarl.parse_config(["--model", "x", "--tasks", "test"]))
-    with pytest.raises(muarl.ConfigError, match="retail"):
-        muarl.validate(muarl.parse_config(["--model", "x", "--domains", "airline", "--tasks", "synthetic", "--user", "llm"]))
-    with pytest.raises(muarl.ConfigError, match="scripted user"):
-        muarl.validate(muarl.parse_config(["--model", "x", "--domains", "retail"]))
+    with pytest.raises(ConfigError, match="--task_source must be one of train, generated, got 'test'"):
+        validate(parse(["--model", "x/y", "--task_source", "test"]))
+    with pytest.raises(ConfigError, match="--task_source generated: the task generator covers only .*retail"):
+        validate(parse(["--model", "x/y", "--domains", "airline", "--task_source", "generated", "--user", "llm"]))
+    with pytest.raises(ConfigError, match="the scripted customer plays only generated tasks"):
+        validate(parse(["--model", "x/y", "--domains", "retail", "--user", "scripted"]))
+    with pytest.raises(ConfigError, match="unrecognized arguments: --tasks synthetic"):  # the flag is --task_source
+        parse(["--model", "x/y", "--tasks", "synthetic"])

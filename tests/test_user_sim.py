@@ -361,7 +361,8 @@ def test_demo_runs():
     out = subprocess.run([sys.executable, "user_sim.py"], cwd=os.path.dirname(user_sim.__file__), env=env,
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
-    assert "\nends: ###STOP###;" in out.stdout and "opening cached: True" in out.stdout
+    assert "\nends: ###STOP###;" in out.stdout and "  assistant: Hi, I'd like to return something" in out.stdout
+    assert "API stats: {'calls': 4, 'retries': 0, 'failures': 0}" in out.stdout  # the opening + 3 replies, no retry
 
 
 # ---------------------------------------------------------------------------------------------------------------
