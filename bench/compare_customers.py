@@ -1,4 +1,4 @@
-"""The paper's question on the CPU demo (issue 23): does training against a stochastic LLM customer generalise to
+"""The paper's question on the CPU demo : does training against a stochastic LLM customer generalise to
 customers the agent never met better than training against a script?
 
 Rows: the agent trained against the script (`--user scripted`), against the script sampling its paraphrases (`--user
@@ -99,7 +99,7 @@ def paired(cells: dict, row: str = "the LLM customer") -> str:
 
 
 if __name__ == "__main__":
-    p = argparse.ArgumentParser(description="issue 23's comparison: trained against X, evaluated against Y")
+    p = argparse.ArgumentParser(description="the comparison of customers: trained against X, evaluated against Y")
     p.add_argument("runs", nargs="+", help="finished runs of muarl.py --model tiny (each with final/ and config.json)")
     p.add_argument("--held_out", default=str(Path(__file__).resolve().parent.parent / "demo" / "customer_model_b"),
                    help="the held-out customer model (default: the one committed, built by demo.customer --phrasing b)")

@@ -1,4 +1,4 @@
-"""Where does the in-loop customer fidelity of a CPU-demo run fall? Split by what the agent said (issue 23 item 1).
+"""Where does the in-loop customer fidelity of a CPU-demo run fall? Split by what the agent said.
 
 A run logs, at every evaluation, the share of held-out conversations whose customer kept to its instructions
 (store.customer_mistakes). This splits that share by the agent's side of the conversation:
@@ -10,7 +10,7 @@ A run logs, at every evaluation, the share of held-out conversations whose custo
 
 The customer model was trained and gated against the policy's lines and a noisy agent's (demo/customer.py: other
 policy lines, policy words in random order, a fumbled refusal, a piece of a tool call); a drifted policy's garble is
-mostly refusal words run into a tool call, which neither holds. Seed 5 at 55 % (Session 17, docs/demo_notes.md):
+mostly refusal words run into a tool call, which neither holds. Seed 5 at 55 % (2026-11-29):
 91.5 % at step 10 overall, 33 of its 34 unfaithful conversations had other text.
 
     python bench/fidelity_split.py runs/seed5 [runs/seed17 ...]

@@ -1,4 +1,4 @@
-"""A customer model's gate on many runs' worlds: how often would README command 1 stop at it? (issue 23, item 1)
+"""A customer model's gate on many runs' worlds: how often would README command 1 stop at it?
 
 Before training anything, a CPU-demo run gates its customer on its own world's 200 held-out tasks
 (demo.customer.ServedCustomer.gate: against the policy's right lines and a noisy agent, at the run's temperature,

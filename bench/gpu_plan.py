@@ -1,4 +1,4 @@
-"""The memory plan and fp32 masters, measured on a GPU (issue 24): what `models.plan` says one GRPO update needs,
+"""The memory plan and fp32 masters, measured on a GPU: what `models.plan` says one GRPO update needs,
 beside what CUDA's allocator saw during a real update (muarl.update) of a random model of Qwen3-8B's width, and how
 many weights an update at the paper's lr moves with fp32 masters (bf16 compute) against bf16 weights.
 

@@ -15,7 +15,7 @@ continuations compared at the decision (their log-probabilities differ only ther
               wants the non-default option (no change of mind) that wrote it (greedy)
 
 Sampling at top-p 0.9 (the demo's) never draws a continuation whose first token has less mass than the last 10 %, so
-a probability that falls near there during GRPO does not come back. Seed 17 (Intel, docs/demo_notes.md Session 14):
+a probability that falls near there during GRPO does not come back. Seed 17 (Intel, measured 2026-11-28):
 one GRPO step took p(other | said other) for refunds from 0.245 to 0.089.
 
     python bench/read_probe.py runs/seed17                        # the run's cold start, and its evaluations

@@ -4,7 +4,7 @@ and held-out tasks), read from each run's log.jsonl; then the mean and spread of
     for s in 0 1 2 3 4 5; do python muarl.py --model tiny --seed $s --out_dir runs/seed$s; done
     python bench/seeds.py runs/seed*          # the table the README's "every seed" rows come from
 
-A seed "learns" (issue 23) when its held-out pass^1 after GRPO is >= 15 points above its cold start, with the cold
+A seed "learns" when its held-out pass^1 after GRPO is >= 15 points above its cold start, with the cold
 start inside the preset's band (25-65 %). Every evaluation is listed, so a peak that did not last shows; beside
 them the best customer-blind rule on the same held-out tasks (demo.baselines: RL must beat it by reading the
 customer), the customer's fidelity, the lowest any evaluation of the run measured (the gate asks >= 95 %), and the

@@ -27,7 +27,7 @@ SHIPPED = Path(__file__).resolve().parent / "customer_model"  # the committed cu
 # `--user scripted` plays the script instead. The seed is the world's too unless --synthetic_seed is
 # given. 40 GRPO steps (~5.5 s each here): at 20, seed 17 had learned the insisting customer, then
 # traded it for plain requests (75.2 %); from the same cold start it read both by step 30 (83.5 %,
-# 82.8 at 40; docs/demo_notes.md). An evaluation every 20 steps (3 a run, as at 20 steps): seed 0
+# 82.8 at 40). An evaluation every 20 steps (3 a run, as at 20 steps): seed 0
 # with all five took 18:28, past item 3 with the install.
 TINY = dict(
     model="tiny", domains="store", synthetic_train=1000, synthetic_test=200, tiny_hidden=128, tiny_layers=2, tiny_intermediate=512,

@@ -15,7 +15,7 @@ brings, not the annotator); rendered as LLMUser renders a request
 and SFT (sft.py).
 
 The training, in three stages (train_customer), each there because a measurement said so (README,
-issue 12):
+measured):
     1. copy drills     a random model cannot copy an order id from its context (without them: 0 % fidelity)
     2. short requests  the system prompt cut to its situation (~190 tokens, not ~490): the option to name is learned
                        in a jump (a held-out probe: 50 -> 100 % at ~450 steps); cheaper steps buy
@@ -27,7 +27,7 @@ issue 12):
 
 The customer is an *input* to RL (the paper's GPT-4o is frozen): built once, shipped in
 demo/customer_model/ with its fidelity.json. Trained in every run, one seed gave a 99 % customer on
-one machine, 78 % on another (issue 23).
+one machine, 78 % on another.
 
     python -m demo.customer build              # rebuild demo/customer_model/ (13-45 min, 2 cores), measure it
     python -m demo.customer build --phrasing b --seed 1 --out DIR    # a customer no agent met: other phrasings
@@ -96,7 +96,7 @@ def _garbled(spec: dict, rng: random.Random) -> str:
     refusal that lost its grammar (still a refusal, answered as one), a piece of a tool call, its
     markup half gone (user_prompt hides whole <tool_call>s), or GRPO's mid-run splice of its lines,
     thought and calls ("I am sorry, but the policy do thir", "arguments": {"sum wants to return
-    order #W113, so I?": Session 17)."""
+    order #W113, so I?")."""
     r = rng.random()
     if r < 0.25:
         return " ".join(rng.sample(re.findall(r"[a-z]+", store.POLICY.lower()), rng.randint(2, 8)))

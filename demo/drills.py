@@ -46,7 +46,7 @@ def copy_warmup(model, tokenizer, steps: int, lr: float, words: list[str], seed:
     """Copy drills until they take: `steps` steps of copy_examples, another round while the last
     ended above loss 0.15, 3 rounds at most (they take at 0.03-0.07, stall at ~0.6 on some CPUs;
     seed 2's 0.22 left an agent that never learnt the rule lookup, seed 0's 0.16 after two rounds
-    one that read no option, docs/demo_notes.md). Each round a logged stage, a stall named. Returns
+    one that read no option). Each round a logged stage, a stall named. Returns
     the mean of the last 20 losses."""
     for attempt in range(3):
         drills = copy_examples(tokenizer, 16 * steps, seed=seed + attempt, words=words)
@@ -118,8 +118,7 @@ def until_lookup(run, model, examples, epochs: float, takes: float = 0.95, hold:
       longer  a step of the lookup failed, and this draw was not trained on yet: its weights train 3/4 of its epochs
               more. The lookup is slow to learn, not wrongly learnt: seed 0 read the status at 53-56
               % after 4 epochs in three orders and took it after 3 more, as seed 13's act did (its
-              returns' option read stayed 0.0 % throughout: GRPO learnt that, docs/demo_notes.md
-              Session 23);
+              returns' option read stayed 0.0 % throughout: GRPO learnt that);
       again   else: SFT again from the drills' weights, the examples in another order (a new seed); after a failed
               hold with the annotator's held refusals three times (a redraw alone left seed 32 at
               0.025-0.046). An option read that failed is drawn again: more epochs do not mend it

@@ -43,7 +43,7 @@ DOMAINS: dict[str, Domain] = {
     # the shop with a customer worth simulating (the CPU demo's world; its annotator writes the default for 55 % of
     # those who name the other option: at 50 % a close imitation tipped either way, 4 of 26 cold starts above 65 %).
     # 8 in 10 of its allowed requests want the option other than the default (a customer any rule serves less often;
-    # at 5 in 10 the data imitated scored 58-67 %, 2 of 11 cold starts above 65 %; docs/demo_notes.md Session 21)
+    # at 5 in 10 the data imitated scored 58-67 %, 2 of 11 cold starts above 65 %)
     "store": Domain(store.build_world, lambda c: _shop_settings(c, lazy=0.55) | {"other_share": 0.8}, script=store),
 }
 

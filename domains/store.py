@@ -12,7 +12,7 @@ order every time; the store's customer does what the paper's practitioners list 
     hands off told the same, another customer asks for a human agent (spec "human"): now the transfer is right,
               and refusing again is wrong. Insisting and asking for a human follow the same refusal, so no rule
               that ignores the customer's words gets both (a "never transfer" rule scored 73.5 % of the version
-              without this behaviour: the learning did not need the customer; issue 23)
+              without this behaviour: the learning did not need the customer)
     phrases   every message comes in several paraphrases, the order id in different places
 
 The same tools as the shop, plus the two generic tools the paper watched RL prune: `think` (tau2's: no effect) and
@@ -77,7 +77,7 @@ THANKS = ["Thank you! " + STOP, "Great, thanks. " + STOP, "Perfect, that's all. 
 # A second customer's banks (phrasing "b"): other frames around the same key words (the request, the order id, the
 # options' words, "human", the end), so the agent's reading and customer_mistakes carry over unchanged. No agent
 # trains against them: a customer model trained on them (python -m demo.customer build --phrasing b) is a customer
-# the agent never met, the held-out column of issue 23's comparison.
+# the agent never met, the held-out column of the comparison of customers.
 PHRASINGS = {"a": dict(first=FIRST, give_id=GIVE_ID, say=SAY, change=CHANGE, insist=INSIST, human=HUMAN, accept=ACCEPT,
                        thanks=THANKS)}
 PHRASINGS["b"] = dict(
@@ -378,7 +378,7 @@ def make_task(world: World, order: dict, request: str, rng: random.Random, task_
     # The policy's rule worked out in words (always: the annotator's one careful habit). Whether the request may be
     # done depends on the request AND the status, and neither alone says it (a pending order may be cancelled, not
     # returned); a 2-layer model trained on the bare decision wrote the status's flow for either request (measured:
-    # p(refuse) 0.4 whatever the request, issue 23). The thought turns it into steps it can take: the status copied,
+    # p(refuse) 0.4 whatever the request). The thought turns it into steps it can take: the status copied,
     # the rule for that status (one word decides), the request copied, and the answer is the word that followed the
     # request in the rule: a lookup, what copy heads do (the copy drills train them).
     call("think", {"thought": rule_thought(status, request)})
@@ -475,7 +475,7 @@ def lookup_cases(tasks, n: int = 64) -> dict[str, list[tuple]]:
     same step done wrong the way a cold start was seen to do it, and for the act, the third act too):
       "status"   the thought with the other status copied in, its flow and the request answered by it ("It is
                  delivered: cancel no, return yes. ..." after a lookup that said pending): seed 2 on the first machine
-                 did that under a drills variant later reverted (docs/demo_notes.md, Session 8);
+                 did that under a drills variant later reverted;
       "answer"   the thought after the lookup with the other last word ("The customer wants to return: yes."): seed
                  0 on the first machine wrote the status's flow for either request (README, "The CPU demo");
       "request"  the thought with the other request, answered for it ("The customer wants to cancel: yes." when the
@@ -517,7 +517,7 @@ def option_cases(tasks, n: int = 32) -> dict[str, list[tuple]]:
     annotator writes the default for about half of the customers who want the other (its laziness), so a cold start that
     imitates it writes the other option sometimes, and only when it was said. Seed 9 (Intel) wrote it as often after
     either answer for returns: GRPO then never learnt to read the refund's destination (0 -> 2 of 50 held-out
-    returns to a gift card), as seed 4 did not, and seed 9 gained +0.5 points (docs/demo_notes.md, Session 12)."""
+    returns to a gift card), as seed 4 did not, and seed 9 gained +0.5 points."""
     out = {"cancel": [], "return": []}
     for t in tasks:
         s = t.spec or {}
@@ -544,7 +544,7 @@ def hold_cases(tasks, n: int = 32) -> dict[str, list[tuple]]:
     reply to the refusal, the refusal repeated, the transfer). The annotator transfers 8 insisting customers in 10,
     so a cold start that imitates it holds p(refuse again | insists) near 0.2; GRPO must raise that to 1 from the
     refusals it samples. Cold starts of seeds 17 and 32 held 0.025 (at top-p 0.9 a continuation under ~0.1 is rarely
-    drawn) and never learnt it, as 29-31 and 33 (0.08-0.18) did (docs/demo_notes.md, Session 19)."""
+    drawn) and never learnt it, as 29-31 and 33 (0.08-0.18) did."""
     out = {"insist": [], "human": []}
     for t in tasks:
         s = t.spec or {}

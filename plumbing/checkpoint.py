@@ -182,7 +182,7 @@ def set_rng_state(rng: dict) -> None:
 def save_checkpoint(out: Path, step: int, policy, opt, sampler: TaskSampler, extra: dict, world_size: int, rank: int):
     """Weights, AdamW's moments, the sampler and the generators at `step`. Under FSDP2 every rank
     calls it (the gathers are collectives) and only rank 0 keeps the whole, in host memory, one
-    tensor gathered at a time: no GPU ever holds a whole copy (#24, defect 7)."""
+    tensor gathered at a time: no GPU ever holds a whole copy."""
     state = full_state_dict(policy, world_size, keep=rank == 0)
     if is_sharded(policy):  # the optimizer state is sharded like the weights: gathered whole onto rank 0's CPU
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict

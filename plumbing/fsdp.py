@@ -189,7 +189,7 @@ def full_tensors(model, dtype: torch.dtype | None = None, cpu: bool = False):
     FSDP2 each is all-gathered on its own (a collective: every rank must draw every pair, in the
     same order), so at most one whole parameter is ever on a GPU beside the shards; `cpu` moves it
     off the GPU before the next one is gathered, `dtype` casts it (bf16 for vLLM). Never the whole
-    model gathered on every GPU at once (#24, defect 6)."""
+    model gathered on every GPU at once."""
     for name, t in model.state_dict().items():
         if isinstance(t, DTensor) and t.to_local().device != rank_device():  # --offload: its shard in host memory
             t = moved(t, rank_device())  # gathered on the GPU by NCCL, not over gloo

