@@ -2,13 +2,13 @@
 the scripted customer, on the same tasks.
 
 MUA-RL's customer is a language model inside every rollout, so every customer turn is a request to a chat endpoint;
-the scripted customer is a Python function. This script measures, on a finished CPU demo run (`python muarl.py
---model tiny` leaves runs/muarl/cold-start, the agent before RL; the customer is the shipped demo/customer_model):
+the scripted customer is a Python function. This script measures, on a finished CPU demo run (`python -m demo`
+leaves runs/muarl/cold-start, the agent before RL; the customer is the shipped demo/customer_model):
 
     throughput   customer replies per second through vLLM's OpenAI server (serve.py, the run's own customer model),
                  at 1, 8 and 64 requests in flight (LLMUser.replies, the rollout's own call), on real mid-conversation
                  requests of held-out store tasks
-    step         one GRPO step as muarl.main runs it (rollout of B x G episodes, score, advantages, update) from the
+    step         one GRPO step as muarl.train runs it (rollout of B x G episodes, score, advantages, update) from the
                  cold-start model, with the served customer and with the scripted one, on the same B tasks; repeated,
                  the two interleaved, the policy reloaded before each step so every step starts from the same model.
                  Printed per step: its time, the rollout's split (policy generation / customer / tools) and the
@@ -60,7 +60,7 @@ def requests_of(tasks, n: int) -> list[tuple]:
 
 
 def one_step(cfg, worlds, tasks, policy, tok, user, step: int) -> dict:
-    """muarl.main's steps 1-5 on `tasks` (no weight sync: the engine shares the policy's weights on a CPU)."""
+    """muarl.train's steps 1-5 on `tasks` (no weight sync: the engine shares the policy's weights on a CPU)."""
     opt = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     t0 = time.perf_counter()
     policy.eval()
@@ -87,7 +87,7 @@ def main() -> None:
     run = Path(a.run)
     for need in ("customer/config.json", "cold-start/config.json"):
         if not (run / need).is_file():
-            sys.exit(f"bench_customer: {run / need} is missing: run `python muarl.py --model tiny --out_dir {run}` "
+            sys.exit(f"bench_customer: {run / need} is missing: run `python -m demo --out_dir {run}` "
                      "first")
     torch.set_num_threads(a.threads)
     cfg = muarl.parse_config(["--model", "tiny"])  # the CPU demo's settings: B = 8 tasks x G = 8, T = 1.0, ...

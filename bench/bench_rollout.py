@@ -307,7 +307,7 @@ def main() -> int:
     ap.add_argument("--max-context", type=int, default=4096, help="token cap per episode")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1 is fastest on a busy 2-core machine)")
-    # the model: by default the CPU demo's (muarl.py --model tiny); build_tiny's larger default is
+    # the model: by default the CPU demo's (python -m demo); build_tiny's larger default is
     # --hidden 256 --layers 4 --intermediate 768 --vocab 4096 --no-split-digits
     ap.add_argument("--hidden", type=int, default=128, help="tiny model: hidden size")
     ap.add_argument("--layers", type=int, default=2)

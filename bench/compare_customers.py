@@ -10,9 +10,9 @@ mean and spread over the seeds of that row, and the customer's fidelity (store.c
 second table gives the share of each cell's conversations that ended in the agent's malformed tool call.
 
     for s in 0 17 29 35 37 38; do  # the README's six seeds
-      python muarl.py --model tiny --seed $s --out_dir runs/cmp/llm-$s                  # README command 1, 10-17 min
+      python -m demo --seed $s --out_dir runs/cmp/llm-$s                              # README command 1
       for u in scripted sampled; do  # the same seed's cold start (its weights), then RL against another customer
-        python muarl.py --config runs/cmp/llm-$s/config.json --model runs/cmp/llm-$s/cold-start --sft_epochs 0 \
+        python -m demo --config runs/cmp/llm-$s/config.json --model runs/cmp/llm-$s/cold-start --sft_epochs 0 \
           --user $u --user_serve "" --threads 2 --out_dir runs/cmp/$u-$s               # ~4 min
       done
     done
@@ -100,7 +100,7 @@ def paired(cells: dict, row: str = "the LLM customer") -> str:
 
 if __name__ == "__main__":
     p = argparse.ArgumentParser(description="the comparison of customers: trained against X, evaluated against Y")
-    p.add_argument("runs", nargs="+", help="finished runs of muarl.py --model tiny (each with final/ and config.json)")
+    p.add_argument("runs", nargs="+", help="finished runs of python -m demo (each with final/ and config.json)")
     p.add_argument("--held_out", default=str(Path(__file__).resolve().parent.parent / "demo" / "customer_model_b"),
                    help="the held-out customer model (default: the one committed, built by demo.customer --phrasing b)")
     a = p.parse_args()

@@ -68,7 +68,7 @@ def main(argv=None) -> None:
     for run in runs:
         path = run / "episodes-rank0.jsonl"
         if not path.is_file():
-            raise SystemExit(f"fidelity_split: {path} not found (a run directory of muarl.py --model tiny)")
+            raise SystemExit(f"fidelity_split: {path} not found (a run directory of python -m demo)")
         with path.open() as f:
             rows = split(json.loads(line) for line in f if line.strip())
         print(f"\n{run}\n| evaluation | all | policy lines only | other agent text |\n|---|---|---|---|")

@@ -1,7 +1,7 @@
 """Does the CPU demo learn on every seed? One row per run of README command 1 (a seed is also a world: its orders
 and held-out tasks), read from each run's log.jsonl; then the mean and spread of the gain.
 
-    for s in 0 1 2 3 4 5; do python muarl.py --model tiny --seed $s --out_dir runs/seed$s; done
+    for s in 0 1 2 3 4 5; do python -m demo --seed $s --out_dir runs/seed$s; done
     python bench/seeds.py runs/seed*          # the table the README's "every seed" rows come from
 
 A seed "learns" when its held-out pass^1 after GRPO is >= 15 points above its cold start, with the cold

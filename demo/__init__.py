@@ -1,23 +1,22 @@
 """The CPU demo's kit, beside the core: what lets a laptop stand in for a GPU cluster and GPT-4o.
 
-    __init__.py      TINY, the preset of `python muarl.py --model tiny` (config.py applies it)
-    tiny.py          the tiny agent: a Qwen3-shaped model and tokenizer built from nothing
-    drills.py        copy drills, its stand-in for pre-training
+    python -m demo [flags]      the demo (__main__.py): muarl.train with the kit of train.py
+    __init__.py      TINY, the demo's preset, applied to every flag the command line leaves out
+    train.py         the demo's own knobs (DemoConfig) and its kit: the tiny model, the drilled and probed cold
+                     start, the served and gated customer
+    drills.py        copy drills, the tiny model's stand-in for pre-training; the cold start's probes
     customer.py      the store's customer model: its data, its training, its fidelity gate, the shipped model
     customer_model/  that model, trained once and committed (a fixed simulator, as the paper's GPT-4o is)
-    serve.py         a local model served as users serve models: vLLM's OpenAI server on 127.0.0.1
-    curves.py        the training dynamics drawn from a run's log.jsonl
     baselines.py     rule policies (customer-blind and not) and the per-behaviour table of a run
 
-Nothing in the core (the top-level files) is needed to read MUA-RL; this folder is how the demo runs
-it on a CPU.
+Nothing in the core needs this folder (a test checks it); it is how the demo runs MUA-RL on a CPU.
 """
 
 from pathlib import Path
 
 SHIPPED = Path(__file__).resolve().parent / "customer_model"  # the committed customer model (--user_serve demo)
 
-# The CPU preset of `--model tiny`: applied to every field the command line did not set. A 2-layer
+# The CPU preset: applied to every field the command line did not set. A 2-layer
 # model built from scratch has no pre-training, so copy drills stand in for it, the cold start runs
 # hot (lr 2e-3), and the KL anchor is off (the reference would be a random model). The store's tasks
 # fit in 10 turns of 64 tokens. Its customer is a language model, as in the paper: a tiny one
@@ -28,7 +27,7 @@ SHIPPED = Path(__file__).resolve().parent / "customer_model"  # the committed cu
 # given. 40 GRPO steps (~5.5 s each here): at 20, seed 17 had learned the insisting customer, then
 # traded it for plain requests (75.2 %); from the same cold start it read both by step 30 (83.5 %,
 # 82.8 at 40). An evaluation every 20 steps (3 a run, as at 20 steps): seed 0
-# with all five took 18:28, past item 3 with the install.
+# with an evaluation every 10 took 18:28 with the install.
 TINY = dict(
     model="tiny", domains="store", synthetic_train=1000, synthetic_test=200, tiny_hidden=128, tiny_layers=2, tiny_intermediate=512,
     tiny_vocab=512, tiny_split_digits=True, copy_warmup=2000, sft_epochs=4.0, sft_lr=2e-3, sft_batch=8,

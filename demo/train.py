@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from dataclasses import dataclass
 
 from config import GROUPS, Config, flag
@@ -75,8 +76,9 @@ def parse(argv=None) -> DemoConfig:
     if cfg.user_serve == "demo":  # the shipped customer model
         cfg = dataclasses.replace(cfg, user_serve=str(SHIPPED))
     first_problem([
-        (cfg.model == "tiny", f"--model: the demo trains its own tiny model (got {cfg.model!r}); for another "
-                              "model use muarl.py"),
+        (cfg.model == "tiny" or os.path.isfile(os.path.join(cfg.model, "config.json")),
+         f"--model: the demo builds its tiny model (tiny), or starts from a folder of one (e.g. a run's "
+         f"cold-start/); got {cfg.model!r}"),
         *[(getattr(cfg, k) >= 0, f"--{k} must be >= 0, got {getattr(cfg, k)}") for k in ("copy_warmup", "copy_lr",
                                                                                        "lookup_draws")],
         *[(getattr(cfg, k) > 0, f"--{k} must be positive, got {getattr(cfg, k)}")
@@ -95,9 +97,11 @@ def parse(argv=None) -> DemoConfig:
 
 def build_model(cfg, worlds, out):
     """out/tiny-init: a tiny model and tokenizer from the training tasks' text (built once per run
-    folder)."""
+    folder); or --model's folder (a run's cold-start/, to train it again against another customer)."""
     from plumbing.tiny_model import build_tiny
 
+    if cfg.model != "tiny":
+        return cfg.model
     path = out / "tiny-init"
     if not (path / "config.json").exists():
         texts = [text for w in worlds.values()

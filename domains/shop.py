@@ -1,6 +1,6 @@
 """The shop: a very small customer-service world, sized so a from-scratch model can learn it on a laptop CPU.
 
-The CPU demo (`python muarl.py --model tiny`) needs a world where a model of about a million parameters, trained
+The CPU demo (`python -m demo`) needs a world where a model of about a million parameters, trained
 for a few minutes, can hold the whole conversation in mind and copy what it must copy. tau2's retail tools
 answer with whole JSON records (hundreds of tokens) and its tasks need a dozen steps; the synthetic retail world
 (synthetic.py) is smaller but still ~1,000 tokens per conversation. The shop keeps the shape of a MUA-RL task,

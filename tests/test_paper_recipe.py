@@ -77,3 +77,44 @@ def test_the_cards_command_runs_the_paper_recipe_end_to_end(tmp_path):
     assert [r["step"] for r in grpo] == [0, 1, 2], "the resumed run plays step 2 only"
     assert json.loads((out / "latest.json").read_text())["step"] == 3
     assert "GRPO (3 steps)" in (out / "results.md").read_text()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+@needs_vllm
+def test_a_served_customer_under_torchrun_is_one_server_for_all_ranks(tmp_path):
+    # --user_serve under torchrun (2 gloo ranks): rank 0 serves the customer model once and tells rank 1 its
+    # address and key (in memory, never on disk); both ranks' conversations reach it; the server stops at the end.
+    from domains import load_world
+    from plumbing.tiny_model import build_tiny
+
+    model = tmp_path / "model"
+    build_tiny(model, texts=[load_world("store", seed=0, n_train=20, n_test=20).rules], hidden=64, layers=1,
+               heads=1, kv_heads=1, intermediate=128, vocab_size=512)
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(_free_port()),
+           "muarl.py", "--model", str(model), "--domains", "store", "--user_serve", str(REPO / "demo" / "customer_model"),
+           "--sft_data", "tasks", "--sft_epochs", "0.02", "--sft_batch", "4", "--tools_in_prompt", "false",
+           "--tasks_per_step", "2", "--group_size", "2", "--max_turns", "4", "--max_new_tokens", "16",
+           "--max_context", "1024", "--user_max_tokens", "32", "--user_temperature", "0.7", "--kl_coef", "0",
+           "--eval_tasks", "2", "--steps", "1", "--threads", "1", "--out_dir", str(out)]
+    r = subprocess.run(cmd, cwd=REPO, env=ENV, capture_output=True, text=True, timeout=1200)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    recs = _records(out)
+    started = [x for x in recs if x["phase"] == "customer_server" and x.get("event") == "started"]
+    assert len(started) == 1, "one server for the run, not one a rank"
+    grpo = [x for x in recs if x["phase"] == "grpo"]
+    assert len(grpo) == 1 and grpo[0]["episodes"] == 4 and grpo[0]["aborted"] == 0  # both ranks' customers answered
+    for rank in (0, 1):  # each rank played its own task's conversations against the one server
+        lines = (out / f"episodes-rank{rank}.jsonl").read_text().splitlines()
+        played = [json.loads(x) for x in lines if json.loads(x).get("step") == 0]
+        assert len(played) == 2 and all(e["stop_reason"] != "user_error" for e in played)
+    assert "customer: the served customer model at T=0.7" in r.stdout  # the results table names it
