@@ -1,6 +1,8 @@
-"""The memory plan and fp32 masters, measured on a GPU: what `models.plan` says one GRPO update needs,
+"""The memory plan and fp32 masters, measured on a GPU: what `memory_plan.plan` says one GRPO update needs,
 beside what CUDA's allocator saw during a real update (muarl.update) of a random model of Qwen3-8B's width, and how
 many weights an update at the paper's lr moves with fp32 masters (bf16 compute) against bf16 weights.
+bench/gpu_check.py is the whole GPU check (FSDP2, the KL reference, the longest row, weight sync, checkpoints,
+offload, in one table); this probe adds the one-process case and the fp32-master comparison.
 
     python bench/gpu_plan.py [--layers 8] [--tokens 16384]     # on a GPU: ~1-2 minutes (a 2.8B model at 8 layers)
     python bench/gpu_plan.py --tiny                            # anywhere: a tiny Qwen3, so a CPU can run the script

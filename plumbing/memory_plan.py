@@ -43,8 +43,9 @@ of that after its non-KV memory:
     graphs      CUDA graphs: a fixed 1 GiB (vLLM measures it by capturing them; 0 with --enforce-eager)
     non-torch   a fixed 0.5 GiB: cuBLAS and attention workspaces, persistent input buffers
     N, S        vLLM's defaults for an offline LLM (arg_utils.py get_batch_defaults): 16,384 and 1,024 on a
-                GPU of >= 70 GiB, else 8,192 and 256; the customer's server (an API server, run unchunked
-                with --enforce-eager) N = max(max_model_len, 8192), S 1,024 (>= 70 GiB) or 256
+                GPU of >= 70 GiB, else 8,192 and 256 (an A100 of 80 GiB gets these too: the plan does not
+                know the GPU's name); the customer's server (an API server, run unchunked with
+                --enforce-eager) N = max(max_model_len, 8192), S 1,024 (>= 70 GiB) or 256
 
 It refuses to start ("To serve at least one request with the model's max seq len ...") when KV is
 less than one request of max_model_len tokens (the run passes --max_context; the customer's server
@@ -252,7 +253,8 @@ def plan(c: dict, gpus: int, tokens: int, checkpointing: bool, reference: bool, 
 
 ROWS = [("masters fp32", "masters"), ("grads fp32", "grads"), ("AdamW fp32", "adamw"), ("bf16 copies", "copies"),
         ("acts, no ckpt (longest row)", "acts_no_ckpt"), ("acts, ckpt (longest row)", "acts_ckpt"),
-        ("logits chunk", "logits"), ("reference bf16", "reference"), ("reference root, kept gathered", "reference_root"),
+        ("logits chunk", "logits"), ("reference bf16", "reference"),
+        ("reference root, kept gathered", "reference_root"),
         ("hf engine's own copy", "hf_copy"), ("vLLM share (awake)", "vllm_share"), ("  of it weights", "vllm_weights"),
         ("  of it non-KV", "vllm_non_kv"), ("  of it KV cache", "vllm_kv"), ("vLLM asleep", "vllm_asleep"),
         ("customer's server (GPU 0)", "customer"), ("= rollout phase", "rollout"), ("= update phase", "update"),
@@ -273,6 +275,10 @@ def format_plan(name: str, p: list) -> str:
         out.append("vLLM KV cache, tokens | " + " | ".join(f"{q['kv_tokens'] / 1e3:.0f}k" for _, q in p))
         out.append("vLLM starts | " + " | ".join(("yes" if q["engine"]["starts"] else "NO") if q["engine"] else "-"
                                                  for _, q in p))
+    if any(q["customer"] for _, q in p):
+        out.append("customer's server starts | " + " | ".join(
+            "-" if not q["customer"] else "unknown" if not q["customer_engine"] else
+            "yes" if q["customer_engine"]["starts"] else "NO" for _, q in p))
     out.append("fits | " + " | ".join(("yes" if q["fits"] else "NO") + f" ({q['gpu_gib']:.0f} GiB)" for _, q in p))
     return "\n".join(out)
 
@@ -310,8 +316,9 @@ def _settings(cfg, engine: str, gpu_gib: float) -> tuple[dict, list[str]]:
 
 def _engine_note(p: dict) -> str:
     e = p["engine"]
+    non_kv = (e["non_kv"] - e["weights"]) / GIB
     return (f"vLLM: gpu_memory_utilization {e['share'] / (p['gpu_gib'] * GIB):.2f} x {p['gpu_gib']:.0f} GiB = "
-            f"{e['share'] / GIB:.1f} GiB: weights {e['weights'] / GIB:.1f}, non-KV {(e['non_kv'] - e['weights']) / GIB:.1f}"
+            f"{e['share'] / GIB:.1f} GiB: weights {e['weights'] / GIB:.1f}, non-KV {non_kv:.1f}"
             f" (its profiling forward of {e['batched']} tokens / sampler of {e['seqs']} rows "
             f"{e['activation'] / GIB:.1f}, CUDA graphs {e['graphs'] / GIB:.1f}, other {e['non_torch'] / GIB:.1f}), "
             f"KV cache {e['kv'] / GIB:.1f} GiB = {e['kv_tokens'] / 1e3:.0f}k tokens; one request of max_model_len "
