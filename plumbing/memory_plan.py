@@ -262,11 +262,11 @@ ROWS = [("masters fp32", "masters"), ("grads fp32", "grads"), ("AdamW fp32", "ad
 
 
 def format_plan(name: str, p: list) -> str:
-    """One Markdown row per part (GiB per GPU) for the plans in `p` (a list of (label, plan)); rows
-    that are 0 in every plan are left out."""
-    vllm = any(q["engine"] for _, q in p)
-    rows = [(label, k) for label, k in ROWS if any(q[k] for _, q in p) or k in ("rollout", "update", "peak")
-            or vllm and k.startswith("vllm")]
+    """One Markdown row per part (GiB per GPU) for the plans in `p` (a list of (label, plan)); the
+    vLLM rows without vLLM, and a kept root, the hf engine's copy or a customer none has, left out."""
+    vllm, optional = any(q["engine"] for _, q in p), ("reference_root", "hf_copy", "customer")
+    rows = [(label, k) for label, k in ROWS if any(q[k] for _, q in p) or k not in optional
+            and (vllm or not k.startswith("vllm"))]
     out = [f"{name} | " + " | ".join(label for label, _ in p), "---|" * (len(p) + 1)]
     out += [f"{label} | " + " | ".join(f"{q[k] / GIB:.1f}" for _, q in p) for label, k in rows]
     out.append("longest row, tokens | " + " | ".join(f"{q['row']}" + (" (max_context)" if q["row"] > q["tokens"]
