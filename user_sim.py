@@ -216,6 +216,8 @@ class LLMUser(User):
         domain = getattr(task, "domain", None)
         tau2 = self.prompt == "tau2" or self.prompt == "auto" and domain in TAU2_LOADED
         guide = user_guidelines(domain, tools) if tau2 else None
+        if self.prompt == "tau2" and guide is None:
+            raise ValueError(f"--user_prompt tau2: no tau2 guidelines for a task of {domain!r}")
         return simulator_messages(task.instructions, history, _variant(task), tools, guide)
 
     def complete(self, messages: list[dict], tools: list[dict] | None = None,
@@ -223,8 +225,8 @@ class LLMUser(User):
         """One chat completion with retries: the reply's text, with `tools` (text, calls); else
         UserError. `seed`: this request's (from the episode's), else the customer's own: the OpenAI
         API and vLLM's server take one per request, so a rerun of one seed meets the same replies."""
-        kwargs = dict(model=self.model, messages=messages, temperature=self.temperature,
-                      max_tokens=self.max_tokens, **(sampling or {}))  # (ACEBench's own sampling)
+        kwargs = {"model": self.model, "messages": messages, "temperature": self.temperature,
+                  "max_tokens": self.max_tokens, **(sampling or {})}  # (ACEBench's own sampling)
         if tools:
             kwargs["tools"] = tools
         if seed is not None or self.seed is not None:  # (an int32: any endpoint takes it)

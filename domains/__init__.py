@@ -73,7 +73,7 @@ def load_worlds(cfg) -> dict[str, World]:
 
 
 def task_sets(cfg, worlds: dict[str, World]) -> tuple[list[Task], list[Task]]:
-    """(training tasks, held-out tasks). Each world's train and test splits, or, with cfg.tasks == "synthetic",
+    """(training tasks, held-out tasks). Each world's train and test splits, or, with task_source "generated",
     tasks generated over a world the generator covers: the held-out ones involve only a reserved fifth of its users,
     the training ones only the others, and neither touches a user of tau2's test split (the generator's default),
     so no task the agent trains on leaks into evaluation."""

@@ -78,8 +78,8 @@ def gold_requestors(task) -> list[str]:
 class Phone:
     """The customer's own tools during one customer turn of a dual-control episode: runs its calls
     on the episode's env as requestor "user", logs each call and result in the episode's readable
-    messages (`log`), and stops the turn when a cap is reached (the turns left to the episode, or
-    tau2's too-many-errors rule)."""
+    messages (`log`), and stops the turn when a cap is reached (`turns_left`: the calls a customer turn
+    may make, or the messages left under tau2's message cap; or tau2's too-many-errors rule)."""
 
     def __init__(self, env, log: list[dict], turns_left: int, cap: str = "max_turns"):
         self.env, self.log, self.turns_left, self.cap = env, log, turns_left, cap
@@ -98,8 +98,9 @@ class Phone:
         self.log += new  # the episode's messages (transcripts, logs); rollout never renders these for the agent
         self.calls += len(calls)
         # errors first: when both caps are hit at once, tau2 reports too many errors
+        used = len(self.new) if self.cap == "max_messages" else self.calls  # messages, or calls
         self.stop = "too_many_errors" if too_many_errors(self.env) else \
-            self.cap if self.calls >= self.turns_left else None
+            self.cap if used >= self.turns_left else None
         return [m["content"] for m in new[1:]]
 
 

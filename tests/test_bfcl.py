@@ -266,8 +266,6 @@ def test_category_filter_and_a_bad_category(capsys):
 
 
 @needs_bfcl
-@pytest.mark.xfail(strict=True, raises=ValueError, reason="plumbing/eval_flags.start_customer: a benchmark's own "
-                   "oracle gets customer_for(a), --user llm by default, and --user is refused with --agent oracle")
 def test_the_oracle_runs_from_the_command_line_as_it_is():
     from eval import main
 

@@ -323,8 +323,6 @@ def test_with_a_message_cap_the_phone_stops_at_it(world, tok, serve):
     assert ep.reward == 0.0
 
 
-@pytest.mark.xfail(strict=True, reason="dual_control.Phone counts calls against the message cap rollout gives it: "
-                   "each call adds 2 messages (call, result), so the episode ends holding 2 * (N - 2) + 2")
 def test_with_a_message_cap_a_dual_control_episode_holds_n_messages(world, tok, serve):
     from rollout import messages
 
