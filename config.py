@@ -173,7 +173,8 @@ class Config:
     offload: bool = flag(False, ENGINE,
         "FSDP2 CPU offload under torchrun: masters, gradients, AdamW and the reference in host "
         "memory (8B on one GPU)")
-    activation_checkpointing: bool = flag(False, ENGINE, "recompute decoder layers in the backward")
+    activation_checkpointing: bool = flag(True, ENGINE, "recompute decoder layers in the backward (8B's "
+                                          "updates fit on 80 GiB only so)")
     micro_batch_tokens: int = flag(0, ENGINE,
         "tokens per packed row (memory; the step is unchanged): 0 = 16,384 on a GPU, 7,000 on a CPU")
     logprob_chunk: int = flag(1024, ENGINE, "tokens per chunk of the memory-bounded log-softmax")

@@ -35,4 +35,5 @@ TINY = dict(
     max_context=1024, micro_batch_tokens=512, tools_in_prompt=False, train_check_outputs=True, eval_every=20,
     threads=1, train_threads=2, user="llm", user_serve="demo", user_temperature=0.7, user_max_tokens=64,
     user_concurrency=64, eval_trials=2, stage_band="0.25,0.65", sft_data="tasks",
+    activation_checkpointing=False,
 )
