@@ -7,7 +7,8 @@
   sharded     a 100M Qwen3 loaded over 4 gloo ranks from the meta device: each rank's peak memory below one whole
               copy, and one GRPO step equal to the one-process step
   vLLM        under torchrun the engine joins the trainer's group (external_launcher), one seed per rank
-  gpu_check   bench/gpu_check.py runs on a CPU (gloo), so its script is tested before any GPU sees it
+  gpu_check   bench/gpu_check.py --loop (the training loop end to end) runs on a CPU (gloo), so its script is
+              tested before any GPU sees it
 """
 
 import json
@@ -373,7 +374,7 @@ def test_vllm_joins_the_trainers_process_group_under_torchrun(monkeypatch, tmp_p
 @pytest.mark.parametrize("offload", [[], ["--offload"]], ids=["", "offload"])
 def test_the_gpu_check_runs_on_a_cpu(tmp_path, offload):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "1", "--master_port", str(_free_port()),
-           "bench/gpu_check.py", "--out_dir", str(tmp_path / "run"), *offload]
+           "bench/gpu_check.py", "--loop", "--out_dir", str(tmp_path / "run"), *offload]
     r = subprocess.run(cmd, cwd=REPO, env=ENV, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
     seen = "\n".join(line for line in r.stdout.splitlines() if line.startswith("[gpu_check]"))
