@@ -113,10 +113,14 @@ def test_offload_moves_the_trainers_state_to_host_memory_in_the_plan(monkeypatch
     host = one["masters"] + one["grads"] + one["adamw"] + one["reference"]
     assert off["host"] == pytest.approx(host + off["vllm_weights"])  # ... all in host memory (and vLLM asleep)
     assert off["fits"] and not one["fits"]  # 8B on one 80 GiB GPU: only with --offload
-    # 32B on 8: vLLM's whole bf16 copy (TP 1) needs the GPU the trainer gives up, and a cache for a row of context
+    # 32B on 8: vLLM's whole bf16 copy (TP 1) needs the GPU the trainer gives up, and beside its weights and its
+    # non-KV memory a cache for one request of max_model_len (a row of context), else vLLM does not start
     assert not memplan.plan(c32, 8, **kw)["fits"]
-    assert not memplan.plan(c32, 8, offload=True, **kw)["fits"]  # at --engine_memory 0.5 vLLM has no cache left
-    big = memplan.plan(c32, 8, offload=True, engine_share=0.85, **kw)
+    assert not memplan.plan(c32, 8, offload=True, **kw)["fits"]  # at --engine_memory 0.5: less than its weights
+    short = memplan.plan(c32, 8, offload=True, engine_share=0.85, **kw)
+    assert not short["fits"] and short["kv_tokens"] < 16384
+    assert "less than one request of max_model_len 16384" in " ".join(short["why"])
+    big = memplan.plan(c32, 8, offload=True, engine_share=0.9, **kw)
     assert big["fits"] and big["kv_tokens"] >= 16384
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     with pytest.raises(ConfigError, match="--offload shards with FSDP2: use torchrun"):
