@@ -95,12 +95,23 @@ def test_the_defaults_are_the_papers_recipe():
     assert cfg == Config()  # nothing on the command line: the dataclass's own defaults
 
 
-def test_the_core_refuses_the_demos_model_with_a_hint_and_the_demo_any_other():
+def test_the_core_refuses_the_demos_model_with_a_hint_and_the_demo_takes_only_its_own(tmp_path):
     with pytest.raises(ConfigError, match=r"--model tiny is the CPU demo's model: run `python -m demo`") as e:
         validate(core(["--model", "tiny"]))
     assert "\n" not in str(e.value)
-    with pytest.raises(ConfigError, match="the demo trains its own tiny model .* use muarl.py"):
+    # the demo builds its tiny model, or starts from a folder of one (a run's cold-start/); a hub id is neither
+    with pytest.raises(ConfigError, match=r"--model: the demo builds its tiny model \(tiny\), or starts from a "
+                                          r"folder of one .* got 'Qwen/Qwen3-8B'") as e:
         demo(["--model", "Qwen/Qwen3-8B"])
+    assert "\n" not in str(e.value)
+    folder = tmp_path / "cold-start"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    cfg = demo(["--model", str(folder)])
+    from demo.train import build_model
+
+    assert cfg.model == str(folder) and str(build_model(cfg, {}, tmp_path / "run")) == str(folder)  # taken as it is
+    assert not (tmp_path / "run").exists()  # nothing built
 
 
 def test_the_demo_preset_fills_what_the_command_line_leaves_out():
