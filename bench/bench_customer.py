@@ -36,11 +36,12 @@ import torch  # noqa: E402
 
 import muarl  # noqa: E402
 from demo import customer  # noqa: E402
+from demo.train import parse as demo_parse  # noqa: E402
 from plumbing.serve import ModelServer  # noqa: E402
 from domains import load_worlds, task_sets  # noqa: E402
 from engine import make_engine  # noqa: E402
 from plumbing.models import load_policy  # noqa: E402
-from rollout import PolicyAgent, rollout, score  # noqa: E402
+from rollout import PolicyAgent, RolloutConfig, rollout, score  # noqa: E402
 from plumbing.sampling import episode_seed  # noqa: E402
 from user_sim import make_user  # noqa: E402
 
@@ -65,7 +66,7 @@ def one_step(cfg, worlds, tasks, policy, tok, user, step: int) -> dict:
     t0 = time.perf_counter()
     policy.eval()
     eps = rollout(tasks, cfg.group_size, worlds, PolicyAgent(make_engine("hf", model=policy, tokenizer=tok), tok), user,
-                  muarl.rollout_cfg(cfg, seed=episode_seed(cfg.seed, "bench", step)))
+                  RolloutConfig.of(cfg, seed=episode_seed(cfg.seed, "bench", step)))
     score(eps, worlds, check_outputs=cfg.train_check_outputs)
     t1 = time.perf_counter()
     kept, adv = muarl.advantages(eps, cfg.group_size, cfg.advantage, cfg.reward, cfg.turn_bonus)
@@ -90,7 +91,7 @@ def main() -> None:
             sys.exit(f"bench_customer: {run / need} is missing: run `python -m demo --out_dir {run}` "
                      "first")
     torch.set_num_threads(a.threads)
-    cfg = muarl.parse_config(["--model", "tiny"])  # the CPU demo's settings: B = 8 tasks x G = 8, T = 1.0, ...
+    cfg = demo_parse([])  # the CPU demo's settings: B = 8 tasks x G = 8, T = 1.0, ...
     worlds = load_worlds(cfg)
     train, held_out = task_sets(cfg, worlds)
     print(f"load average {os.getloadavg()[0]:.1f} | {a.threads} torch thread(s) | customer {run / 'customer'}")

@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 ROWS = {"scripted": "the script", "sampled": "the sampled script", "llm": "the LLM customer"}
 COLUMNS = ("the script", "its training customer", "a held-out customer")
-SERVED = ["--user", "llm", "--user_temperature", "0.7", "--user_max_tokens", "64", "--trials", "2"]  # the preset's
+SERVED = ["--user", "llm", "--user_temperature", "0.7", "--user_max_tokens", "64", "--eval_trials", "2"]  # the preset's
 
 
 def cell_argv(run: Path, column: str, held_out: str) -> list[str]:
@@ -47,13 +47,17 @@ def cell_argv(run: Path, column: str, held_out: str) -> list[str]:
     (`--out` first: the rest, argv[2:], is what the cell computes)."""
     cfg = json.loads((run / "config.json").read_text())
     base = ["--out", str(run / "compare" / f"{COLUMNS.index(column)}.jsonl"), "--model", str(run / "final"),
-            "--domain", "store", "--tools_in_prompt", str(int(cfg["tools_in_prompt"])), "--max_turns",
+            "--domains", "store", "--tools_in_prompt", str(int(cfg["tools_in_prompt"])), "--max_turns",
             str(cfg["max_turns"]), "--max_new_tokens", str(cfg["max_new_tokens"]), "--max_context",
             str(cfg["max_context"]), "--synthetic_seed", str(cfg["synthetic_seed"]), "--seed", str(cfg["seed"])]
     trained = cfg["user"] if cfg["user"] != "llm" else "served"
     user = "scripted" if column == "the script" else trained if column == "its training customer" else "held_out"
-    return base + {"scripted": ["--user", "scripted"], "sampled": ["--user", "sampled", "--trials", "2"],
-                   "served": SERVED + ["--user_serve", cfg.get("user_serve") or "demo"],
+    from demo import SHIPPED
+
+    served = cfg.get("user_serve") if cfg.get("user_serve") not in (None, "", "demo") else str(SHIPPED)
+    return base + {"scripted": ["--user", "scripted", "--eval_trials", "1"],
+                   "sampled": ["--user", "sampled", "--eval_trials", "2"],
+                   "served": SERVED + ["--user_serve", served],
                    "held_out": SERVED + ["--user_serve", held_out]}[user]
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from config import parse_config  # noqa: E402
+from demo.train import parse  # noqa: E402
 from domains import load_worlds, task_sets  # noqa: E402
 
 
@@ -40,7 +40,7 @@ def seeds_of(text: str) -> list[int]:
 def run_tasks(seed: int) -> tuple[object, list]:
     """README command 1's configuration for `seed` (the preset: the seed is the world's) and its gate's tasks: the
     held-out tasks with a store spec, as ServedCustomer.start passes them."""
-    cfg = parse_config(["--model", "tiny", "--seed", str(seed)])
+    cfg = parse(["--seed", str(seed)])
     _, held_out = task_sets(cfg, load_worlds(cfg))
     return cfg, [t for t in held_out if t.spec and "behaviour" in t.spec]
 
