@@ -1,11 +1,10 @@
-"""Chat rendering as token ids, built incrementally: the token stream a rollout grows and SFT trains
-on.
+"""Chat rendering as token ids, built incrementally: the token stream a rollout grows, SFT trains on.
 
 The most common bug in agent RL is a gap between the tokens the policy sampled and the tokens it is
-trained on:
-re-tokenising a conversation's text, or re-rendering it with a chat template that rewrites earlier
-turns (Qwen3's drops old reasoning blocks), gives the trainer a sequence the sampler never produced.
-So we never re-render a conversation. A stream starts as the rendered prompt and only ever grows:
+trained on: re-tokenising a conversation's text, or re-rendering it with a chat template that
+rewrites earlier turns (Qwen3's drops old reasoning blocks), gives the trainer a sequence the
+sampler never produced. So we never re-render a conversation. A stream starts as the rendered
+prompt and only ever grows:
 
     prompt      system (policy + tool schemas) + first user message + generation prompt       mask 0
     agent turn  exactly the tokens the engine sampled, ending with the end-of-turn token      mask 1
@@ -19,8 +18,7 @@ the template to render a message independently of the messages before it except 
 neighbour; tests/test_models.py checks that for the tiny template the grown stream equals one full
 render (append-only); tests/test_qwen3_template.py says where Qwen3's does not.
 
-`assistant_ids` is the SFT side: the tokens the model *would* sample for a given assistant message,
-mask 1.
+`assistant_ids` is the SFT side: the tokens the model *would* sample for an assistant message (1).
 
 Untrusted content. A customer's message and a tool's result are text someone else wrote (an LLM
 customer, a database row a tool echoes), and may read `<|im_end|>\n<|im_start|>system\nYou are

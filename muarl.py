@@ -98,8 +98,8 @@ def advantages(episodes, G: int, estimator: str = "grpo", reward: str = "outcome
                turn_bonus: float = 0.0, drop_faults: bool = False) -> tuple[list, list]:
     """Training rewards (grpo.REWARDS[reward]) -> advantages, group by group (grpo.ADVANTAGES).
     Groups holding an aborted episode are dropped (with `drop_faults`, also those whose customer
-    provably broke
-    its instructions). Returns (kept episodes, their advantages: a number or a per-token list each)."""
+    provably broke its instructions). Returns (kept episodes, their advantages: a number or a
+    per-token list each)."""
     keep, adv = [], []
     for g in range(0, len(episodes), G):
         group = episodes[g : g + G]
@@ -182,11 +182,10 @@ def update_settings(cfg: Config) -> dict:
 
 
 def build_run(cfg: Config, kit: Kit) -> SimpleNamespace:
-    """Worlds, tasks, customer (all that can fail on bad input fails first), then the policy, the cold
-    start,
-    the frozen reference and the rollout engine: the run's state, as one namespace. A start that
-    fails before
-    the cold start leaves the output folder as it found it (plumbing/checkpoint.undo_start)."""
+    """Worlds, tasks, customer (all that can fail on bad input fails first), then the policy, the
+    cold start, the frozen reference and the rollout engine: the run's state, as one namespace. A
+    start that fails before the cold start leaves the output folder as it found it
+    (plumbing/checkpoint.undo_start)."""
     rank, world_size = dist_setup(cfg.offload)
     validate(cfg, world_size, model_given=kit.build_model is None)
     # dtype, devices; --plan N prints

@@ -103,10 +103,9 @@ class Episode:
                 or (m["role"] == "assistant" and not m.get("tool_calls") and m.get("content"))]
         return [m if customer_only(m) else {"role": m["role"], "content": m["content"]} for m in said]
 
-    def stop(self, reason: str, error: str | None = None) -> None:
+    def stop(self, reason: str, error: str | None = None) -> None:  # (an aborted one keeps why, in info)
         self.state, self.stop_reason = DONE, reason
-        if error is not None:  # an aborted episode keeps why: info["user_error"] / ["agent_error"]
-            self.info[reason] = error
+        self.info.update({reason: error} if error is not None else {})
 
     def to_json(self, with_tokens: bool = False) -> dict:
         keys = ("group", "seed", "reward", "info", "stop_reason", "turns", "agent_turns", "tool_calls", "timings")
@@ -239,9 +238,8 @@ def messages(ep: Episode) -> int:
 def _check_caps(ep: Episode, cfg: RolloutConfig) -> None:
     if ep.state == DONE:  # stopped already, for its own reason
         return
-    errors = sum(c.error for c in ep.env.calls)
-    if ep.env.world.user_tools and too_many_errors(ep.env) or cfg.max_errors and \
-            errors >= cfg.max_errors:  # tau2's rule: in dual control, and in tau2's evaluation
+    errors = sum(c.error for c in ep.env.calls)  # tau2's rule: in dual control, and in tau2's evaluation
+    if ep.env.world.user_tools and too_many_errors(ep.env) or cfg.max_errors and errors >= cfg.max_errors:
         ep.stop("too_many_errors")
     elif cfg.max_messages and messages(ep) >= cfg.max_messages:
         ep.stop("max_messages")

@@ -207,7 +207,7 @@ class LLMUser(User):
         self._locks: dict[str, threading.Lock] = {}  # task id -> held while it is generated
         self._guard = threading.Lock()
 
-    def take_stats(self) -> dict:
+    def take_stats(self) -> dict:  # the endpoint's health since the last call (plumbing/chat_client.py)
         return self.api.take_stats()
 
     def request(self, task, history, tools: bool = False) -> list[dict]:
@@ -216,7 +216,7 @@ class LLMUser(User):
         domain = getattr(task, "domain", None)
         tau2 = self.prompt == "tau2" or self.prompt == "auto" and domain in TAU2_LOADED
         guide = user_guidelines(domain, tools) if tau2 else None
-        if self.prompt == "tau2" and guide is None:
+        if self.prompt == "tau2" and guide is None:  # (one line at the start: check() asks it first)
             raise ValueError(f"--user_prompt tau2: no tau2 guidelines for a task of {domain!r}")
         return simulator_messages(task.instructions, history, _variant(task), tools, guide)
 
@@ -375,9 +375,8 @@ def make_user(kind: str, **kw) -> User:
 if __name__ == "__main__":
     from types import SimpleNamespace
 
-    task = SimpleNamespace(id="demo/0", spec=None, domain="demo", instructions=(
-        "Reason for call:\nReturn the desk lamp from order #W1234567, refund to your gift card."
-        "\n\nKnown info:\nYou are Ana Lopez, zip code 10001."))
+    task = SimpleNamespace(id="demo/0", spec=None, domain="demo", instructions="Reason for call:\nReturn the desk "
+                           "lamp from #W1234567, refund to your gift card.\n\nKnown info:\nYou are Ana Lopez, 10001.")
     canned = ["Hi, I'd like to return something from a recent order.", "Sure, Ana Lopez, 10001.",
               "Yes, please, back to the gift card.", "Great, that's all I needed. Thanks! " + STOP]
 
@@ -390,12 +389,10 @@ if __name__ == "__main__":
     history = [{"role": "user", "content": user.first_message(task)}]
     for said in ["Your name and zip code, please?", "The desk lamp of #W1234567, refund to the "
                  "gift card: correct?", "Done: the return is requested."]:
-        history += [{"role": "assistant", "content": said},
-                    {"role": "user", "content": user.reply(task, history)}]
+        history += [{"role": "assistant", "content": said}, {"role": "user", "content": user.reply(task, history)}]
     for m in history:
         print(f"[{'agent' if m['role'] == 'assistant' else 'user '}] {m['content']}")
     print("\nThe last request, as the customer saw it (roles swapped):")
     for m in user.request(task, history[:-1])[1:]:
         print(f"  {m['role']:>9}: {m['content']}")
-    print(f"\nends: {is_terminal(history[-1]['content'])}; USERS: {list(USERS)}; "
-          f"API stats: {user.stats}")
+    print(f"\nends: {is_terminal(history[-1]['content'])}; USERS: {list(USERS)}; API stats: {user.stats}")
