@@ -263,7 +263,8 @@ LATE_BAD = {
 DEMO_BAD = {
     "lazy_rate": (["--lazy_rate", "1.5"], "demo: config error: --lazy_rate must be in [0, 1] (or -1), got 1.5"),
     "stage_band": (["--stage_band", "0.7,0.2"], "--stage_band must be 'LO,HI' with 0 <= LO <= HI <= 1"),
-    "a_model_folder": (["--model", "{head16}"], "the demo trains its own tiny model"),
+    "a_hub_id": (["--model", "Qwen/Qwen3-8B"], "--model: the demo builds its tiny model (tiny), or starts from a "
+                 "folder of one"),  # (a hub id is the core's: muarl.py)
     "top_p": (["--top_p", "2"], "--top_p must be in (0, 1]"),
 }
 
