@@ -207,7 +207,7 @@ def test_a_planted_pickle_runs_nothing_on_resume(tmp_path, capsys, name):
     torch.save({"state": {}, "param_groups": [], "x": Boom(marker)}, ck / name)
     replant(ck)
     assert damage(out / "checkpoints" / "step-000001") is None
-    if name == "state.pt":  # the old format: a pickle beside the JSON is refused whole, the step before it used
+    if name == "state.pt":  # a pickled state beside the JSON one: refused whole, the step before it used
         assert resume(out) == (1, 1.0) and "'state.pt', no file of a run" in capsys.readouterr().err
     else:  # its checksums match: loading it is refused (one line), before anything in it runs
         with pytest.raises(ValueError, match="holds more than tensors") as e:

@@ -666,7 +666,7 @@ FSDP_WORKER = textwrap.dedent("""
         if rank == 0:
             torch.save(out, os.path.join({out!r}, case + ".pt"))
     # the last case leaves rank 1 idle while rank 0 saves: without a barrier it could tear down gloo's connections
-    # under rank 0 (seen once in CI: rank 1 aborted, "terminate called without an active exception")
+    # under rank 0 (rank 1 then aborts: "terminate called without an active exception")
     fsdp.dist_teardown(world_size)
     fsdp.exit_now(world_size)
 """)
