@@ -1,0 +1,26 @@
+"""The README's reading order states each file's length: this rewrites those counts from the files.
+
+    python bench/readme_lines.py          # README.md's "Reading order" table, counts made true
+
+tests/test_design.py fails when a count is wrong; this is how a change that moves a file's length keeps the
+README true (run it, read the diff, commit it).
+"""
+
+import re
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+if __name__ == "__main__":
+    readme = REPO / "README.md"
+    head, rest = readme.read_text().split("## Reading order", 1)
+    table, tail = rest.split("\n#", 1)
+
+    def count(m):
+        path = REPO / m.group(1)
+        n = len(path.read_text().splitlines()) if path.is_file() else m.group(2)
+        return f"| `{m.group(1)}` | {n} |"
+
+    table = re.sub(r"^\| `([\w/.]+)` \| (\d+) \|", count, table, flags=re.M)
+    readme.write_text(head + "## Reading order" + table + "\n#" + tail)
+    print(table.strip())
