@@ -78,9 +78,9 @@ def conversations(source: str, tasks, seed: int = 0, n: int = 2000) -> list[dict
     orders), each carrying that shop's policy and tool schemas; "tasks" (or ""), the training tasks'
     own; else a JSONL file."""
     if source == "generated":
-        from domains import load_world
+        from domains import cold_start_world
 
-        world = load_world("synthetic", seed=seed, n_train=n, n_test=0, tool_set="full")
+        world = cold_start_world(seed, n)
         rules, schemas = world.rules, world.tool_schemas()
         return [{**c, "system": rules, "tools": schemas} for c in expert_conversations(world.tasks("train"))]
     return expert_conversations(tasks) if source in ("", "tasks") else load_jsonl(source)

@@ -27,7 +27,6 @@ def _shop_settings(c, lazy: float = 0.6) -> dict:
                 n_test_orders=n_test_orders, lazy_rate=lazy if getattr(c, "lazy_rate", -1) == -1 else c.lazy_rate)  # -1: the world's
 
 
-DEFAULT = "synthetic"  # the world a run trains on unless --domains says otherwise (muarl.py, eval.py)
 
 DOMAINS: dict[str, Domain] = {
     "retail": Domain(retail.build_world, lambda c: {"data_dir": c.data_dir or None}, generator=True),
@@ -65,6 +64,12 @@ def load_world(name: str, **kwargs) -> World:
     if key not in _WORLDS:
         _WORLDS[key] = DOMAINS[name].build(**kwargs)
     return _WORLDS[key]
+
+
+def cold_start_world(seed: int = 0, n: int = 2000) -> World:
+    """The world whose `n` generated expert conversations are the recipe's cold start (--sft_data generated):
+    a separate shop on retail's full tools, with its own customers, products and orders."""
+    return load_world("synthetic", seed=seed, n_train=n, n_test=0, tool_set="full")
 
 
 def load_worlds(cfg) -> dict[str, World]:

@@ -61,7 +61,7 @@ def test_qwen3_8b_on_8_gpus_fits_with_activation_checkpointing():
     print(fits)
     assert "DOES NOT FIT" not in fits and "fits | yes (80 GiB)" in fits and "vLLM starts | yes" in fits
     assert "KV cache" in fits and "one request of max_model_len 32768 (--max_context) needs 4.5 GiB" in fits
-    without = mp.describe(run_cfg(), 8, "vllm", GPU, False)
+    without = mp.describe(run_cfg(activation_checkpointing=False), 8, "vllm", GPU, False)
     assert "DOES NOT FIT: the update phase needs" in without
     assert without.rstrip().endswith("Would fit with: --activation_checkpointing true")
 

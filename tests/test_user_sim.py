@@ -171,7 +171,8 @@ def test_agent_said_nothing(server):
 
 
 def test_first_message_once_for_concurrent_group(server):
-    server.default = lambda body: ("sleep", 0.2, ("ok", f"opening #{len(server.requests)}"))
+    names = {1: "one", 2: "two"}  # the n-th request's answer
+    server.default = lambda body: ("sleep", 0.2, ("ok", f"opening {names.get(len(server.requests))}"))
     user, barrier, out = new_user(server), threading.Barrier(8), [None] * 8
 
     def rollout(i):
@@ -181,11 +182,11 @@ def test_first_message_once_for_concurrent_group(server):
     threads = [threading.Thread(target=rollout, args=(i,)) for i in range(8)]
     [t.start() for t in threads]
     [t.join(10) for t in threads]
-    assert out == ["opening #1"] * 8 and len(server.requests) == 1
+    assert out == ["opening one"] * 8 and len(server.requests) == 1
     first = server.requests[0]["messages"]
     assert [m["role"] for m in first] == ["system", "user"] and first[1]["content"] == GREETING
     other = SimpleNamespace(id="retail/8", spec=None, instructions="Cancel order #W2.")
-    assert user.first_message(other) == "opening #2" and user.first_message(TASK) == "opening #1"
+    assert user.first_message(other) == "opening two" and user.first_message(TASK) == "opening one"
     assert len(server.requests) == 2
 
 
