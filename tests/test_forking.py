@@ -33,6 +33,7 @@ def apply(recipe: str, root: Path) -> None:
         path = root / file
         if not anchor:
             assert not path.exists(), f"the recipe would overwrite {file}"
+            path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(code)
             continue
         lines = path.read_text().split("\n")
