@@ -175,7 +175,7 @@ def main(argv=None, a=None) -> dict:
     for source in provenance(worlds):  # where the tau2 data came from
         print(f"[data] {source['domain']}: {source['path']} (sha256 {source['sha256']}; "
               f"{source['revision']})")
-    user = start_customer(a, tasks, bench)  # each endpoint checked once, before any episode
+    user = start_customer(a, tasks, worlds, bench)  # each endpoint checked once, before any episode
     t0 = time.time()
     agent, name = make_agent(a, worlds, bench)
     log = TrajectoryLog(a.out)

@@ -208,7 +208,7 @@ def build_run(cfg: Config, kit: Kit) -> SimpleNamespace:
     # Every input is checked before anything is written: the customer checks what it can now, starts
     # later
     user = (kit.customer or customer_for)(cfg, out, rank, world_size)
-    user.check(train_tasks + held_out)
+    user.check(train_tasks + held_out, worlds)
     # Only then is an earlier run set aside (previous-<k>/: never appended to nor overwritten)
     before = {p.name for p in out.iterdir()} if out.is_dir() else None
     out.mkdir(parents=True, exist_ok=True)

@@ -155,7 +155,7 @@ class User:
         with ThreadPoolExecutor(max_workers=max(1, min(self.workers, len(requests)))) as pool:
             return list(pool.map(one, requests))  # map yields in submission order
 
-    def check(self, tasks: list) -> None:
+    def check(self, tasks: list, worlds: dict | None = None) -> None:
         pass
 
     def start(self, tasks: list, log=None) -> None:
@@ -266,14 +266,16 @@ class LLMUser(User):
             if phone.stop:
                 return None
 
-    def check(self, tasks: list) -> None:
-        """Preflight: the endpoint reachable, the model served, the longest opening within its
-        context (plumbing/preflight.py)."""
-        if self.preflight and tasks:
-            longest = max(tasks, key=lambda t: len(t.instructions))
-            ok = check_endpoint("customer", self.model, self.request(longest, []), self.max_tokens,
-                                client=self.client)
-            print(f"[preflight] customer {ok['model']} at {ok['base_url']}: ok ({ok})", flush=True)
+    def check(self, tasks: list, worlds: dict | None = None) -> None:
+        """Preflight (plumbing/preflight.py): the endpoint reachable, the model served, each world's
+        longest request within its context, with the phone's tools where the customer has one."""
+        for domain in dict.fromkeys(t.domain for t in tasks) if self.preflight else ():
+            longest = max((t for t in tasks if t.domain == domain), key=lambda t: len(t.instructions))
+            world = (worlds or {}).get(domain)
+            tools = world.user_tool_schemas() if world is not None and world.user_tools else None
+            ok = check_endpoint("customer", self.model, self.request(longest, [], bool(tools)), self.max_tokens,
+                                tools, client=self.client)
+            print(f"[preflight] customer {ok['model']} at {ok['base_url']}, {domain}: ok ({ok})", flush=True)
 
 
 def _variant(task) -> dict | None:

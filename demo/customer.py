@@ -303,12 +303,12 @@ class ServedCustomer(ServedUser):
         super().__init__(SHIPPED if folder == "demo" else folder, out, max_model_len=max_model_len, **llm)
         self.threshold = gate
 
-    def check(self, tasks=()) -> "ServedCustomer":
+    def check(self, tasks=(), worlds=None) -> "ServedCustomer":
         need_vllm()
         if not (self.folder / "config.json").is_file():
             raise ServeError(f"no customer model in {self.folder} (no config.json): rebuild it with "
                              "`python -m demo.customer build`, or pass --user_serve FOLDER")
-        return super().check(tasks)
+        return super().check(tasks, worlds)
 
     def served(self, tasks: list, log=None) -> None:
         if self.threshold > 0:

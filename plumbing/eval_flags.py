@@ -132,7 +132,7 @@ def rules(a, worlds, tasks, bench):
     return dataclasses.replace(cfg, **bench.rollout) if bench else cfg
 
 
-def start_customer(a, tasks, bench):
+def start_customer(a, tasks, worlds, bench):
     """The customer, checked and started (an endpoint's preflight; a served model served now)."""
     from plumbing.preflight import PreflightError
     from plumbing.serve import customer_for
@@ -144,7 +144,7 @@ def start_customer(a, tasks, bench):
     user = (ScriptedUser() if bench and bench.oracle else FixedUser()) if a.agent == "oracle" else \
         customer_for(a, os.path.dirname(a.out) or ".")
     try:
-        user.check(tasks)
+        user.check(tasks, worlds)
         user.start(tasks)
     except PreflightError as e:  # (a served model that cannot start: ServeError, an OSError, one line)
         raise ConfigError(str(e)) from None

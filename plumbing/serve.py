@@ -281,9 +281,10 @@ class ServedUser(User):
         limit = json.loads(own.read_text()).get("max_position_embeddings", context) if own.is_file() else context
         self.max_model_len = max_model_len or min(context, limit)
 
-    def check(self, tasks=()) -> "ServedUser":
+    def check(self, tasks=(), worlds=None) -> "ServedUser":
         """What can be known before any work: vLLM installed, a model in the folder (ServeError, one
-        line)."""
+        line). The worlds are kept for the endpoint's own preflight once it is served."""
+        self.worlds = worlds if worlds is not None else getattr(self, "worlds", None)
         need_vllm()
         if not (self.folder / "config.json").is_file():
             raise ServeError(f"no customer model in {self.folder} (no config.json): pass --user_serve FOLDER")
@@ -312,7 +313,7 @@ class ServedUser(User):
             dist.broadcast_object_list(where, src=0)
         self.llm = LLMUser("customer", base_url=where[0], api_key=where[1], **self.llm_settings)
         if self.rank == 0:
-            self.llm.check(list(tasks))
+            self.llm.check(list(tasks), self.worlds)
             self.served(list(tasks), log)
         return self.server
 

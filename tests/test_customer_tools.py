@@ -424,6 +424,33 @@ def test_phone_counts_and_caps():
     assert phone.run([("look_at_lamp", {})]) == ["The lamp is on."] and phone.stop == "too_many_errors"
 
 
+
+def test_preflight_checks_a_dual_control_customer_with_its_phones_tools():
+    # In a dual-control world the customer's requests carry its phone's tools: preflight sends each world's longest
+    # request as the rollout will, so a server without tool calling, or too short a context for the schemas, is
+    # one line at the start (not a failed request in the middle of a run).
+    from fake_openai import FakeServer
+    from plumbing.preflight import PreflightError
+
+    lamp = lamp_world()
+    shop = World("shop", {"orders": {}}, content_key("{}", "shop-test"), [lamp_state], set(), "Help with orders.",
+                 [Task(id="shop/1", domain="shop", split="test", instructions="Cancel order W1.", actions=[])])
+    tasks, worlds = lamp.tasks("test") + shop.tasks("test"), {"lamp": lamp, "shop": shop}
+    with FakeServer(context=8192) as srv:
+        LLMUser("tiny", base_url=srv.url, api_key="EMPTY", max_tokens=16).check(tasks, worlds)
+    sent = {("lamp" if "lamp" in json.dumps(r["messages"]) else "shop"): r for r in srv.requests}
+    assert sorted(sent) == ["lamp", "shop"] and len(srv.requests) == 2  # one request per world
+    assert sent["lamp"]["tools"] == lamp.user_tool_schemas() and "tools" not in sent["shop"]
+    assert sent["lamp"]["messages"] == LLMUser("x", base_url=srv.url, api_key="EMPTY").request(tasks[0], [], True)
+    with FakeServer(context=8192, tools=False) as srv, pytest.raises(PreflightError, match="refuses tool calls"):
+        LLMUser("tiny", base_url=srv.url, api_key="EMPTY").check(tasks, worlds)
+    with FakeServer(context=8192, tools=False) as srv:  # a world without a phone asks nothing of tool calling
+        LLMUser("tiny", base_url=srv.url, api_key="EMPTY").check(shop.tasks("test"), worlds)
+    # a context that holds the request without the schemas but not with them: refused at the start
+    bare = len(json.dumps(sent["lamp"]["messages"])) // 4  # (FakeServer's count: the JSON's length / 4)
+    with FakeServer(context=bare + 16 + 8) as srv, pytest.raises(PreflightError, match="exceeds"):
+        LLMUser("tiny", base_url=srv.url, api_key="EMPTY", max_tokens=16).check(lamp.tasks("test"), worlds)
+
 # ---------------------------------------------------------------------------------------------------------------
 # On tau2's telecom domain (needs ../shared/tau2)
 
