@@ -91,6 +91,18 @@ def test_eval_with_an_agent_endpoint_lacking_tool_flags_is_one_line(tmp_path):
 
 
 @needs_tau2
+def test_eval_on_telecom_with_a_customer_endpoint_lacking_tool_flags_is_one_line(tmp_path):
+    # telecom's customer acts on its own phone: its endpoint must take tools, and preflight asks it with them
+    with FakeServer(context=10**6) as agent, FakeServer(model="cust", context=10**6, tools=False) as cust, \
+            pytest.raises(ConfigError) as err:
+        evaluation.main(["--agent", "openai", "--agent_model", "tiny", "--agent_base_url", agent.url, "--domains",
+                         "telecom", "--user", "llm", "--user_model", "cust", "--user_base_url", cust.url,
+                         "--data_dir", str(TAU2 / "data"), "--eval_tasks", "2", "--out", str(tmp_path / "t.jsonl")])
+    assert "the customer endpoint" in str(err.value) and "refuses tool calls" in str(err.value), err.value
+    assert cust.requests[-1]["tools"] and not (tmp_path / "t.jsonl").exists()  # stopped before any episode
+
+
+@needs_tau2
 def test_eval_of_tau2_tasks_with_the_scripted_customer_is_one_line(tmp_path, capsys):
     # the script plays only generated tasks: every episode would abort, scoring nothing
     with pytest.raises(ConfigError, match="the scripted customer does not play retail.s tasks: use --user llm"):
