@@ -267,12 +267,10 @@ class LLMUser(User):
                 return None
 
     def check(self, tasks: list, worlds: dict | None = None) -> None:
-        """Preflight (plumbing/preflight.py): the endpoint reachable, the model served, each world's
-        longest request within its context, with the phone's tools where the customer has one."""
+        """Preflight (plumbing/preflight.py): each world's longest request as sent, a phone's tools too."""
         for domain in dict.fromkeys(t.domain for t in tasks) if self.preflight else ():
             longest = max((t for t in tasks if t.domain == domain), key=lambda t: len(t.instructions))
-            world = (worlds or {}).get(domain)
-            tools = world.user_tool_schemas() if world is not None and world.user_tools else None
+            tools = world.user_tool_schemas() or None if (world := (worlds or {}).get(domain)) is not None else None
             ok = check_endpoint("customer", self.model, self.request(longest, [], bool(tools)), self.max_tokens,
                                 tools, client=self.client)
             print(f"[preflight] customer {ok['model']} at {ok['base_url']}, {domain}: ok ({ok})", flush=True)
