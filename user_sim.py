@@ -270,7 +270,7 @@ class LLMUser(User):
         """Preflight (plumbing/preflight.py): each world's longest request as sent, a phone's tools too."""
         for domain in dict.fromkeys(t.domain for t in tasks) if self.preflight else ():
             longest = max((t for t in tasks if t.domain == domain), key=lambda t: len(t.instructions))
-            tools = world.user_tool_schemas() or None if (world := (worlds or {}).get(domain)) is not None else None
+            tools = worlds[domain].user_tool_schemas() if worlds else []  # [] where the customer has no phone
             ok = check_endpoint("customer", self.model, self.request(longest, [], bool(tools)), self.max_tokens,
                                 tools, client=self.client)
             print(f"[preflight] customer {ok['model']} at {ok['base_url']}, {domain}: ok ({ok})", flush=True)

@@ -271,6 +271,7 @@ class ServedUser(User):
                  context: int = 32768, gpu_share: float = 0.2, **llm):
         self.folder, self.out, self.rank, self.world_size = Path(folder), Path(out), rank, world_size
         self.server, self.restarts, self.llm, self.gpu_share = None, 0, None, gpu_share
+        self.worlds = None  # check()'s, for the served endpoint's own preflight in start()
         self.llm_settings = {k: v for k, v in llm.items() if v is not None}
         for own in ("model", "base_url", "api_key"):  # its own server: its own name, address and key
             self.llm_settings.pop(own, None)
@@ -283,8 +284,8 @@ class ServedUser(User):
 
     def check(self, tasks=(), worlds=None) -> "ServedUser":
         """What can be known before any work: vLLM installed, a model in the folder (ServeError, one
-        line). The worlds are kept for the endpoint's own preflight once it is served."""
-        self.worlds = worlds if worlds is not None else getattr(self, "worlds", None)
+        line)."""
+        self.worlds = worlds or self.worlds
         need_vllm()
         if not (self.folder / "config.json").is_file():
             raise ServeError(f"no customer model in {self.folder} (no config.json): pass --user_serve FOLDER")

@@ -424,7 +424,6 @@ def test_phone_counts_and_caps():
     assert phone.run([("look_at_lamp", {})]) == ["The lamp is on."] and phone.stop == "too_many_errors"
 
 
-
 def test_preflight_checks_a_dual_control_customer_with_its_phones_tools():
     # In a dual-control world the customer's requests carry its phone's tools: preflight sends each world's longest
     # request as the rollout will, so a server without tool calling, or too short a context for the schemas, is
@@ -450,6 +449,7 @@ def test_preflight_checks_a_dual_control_customer_with_its_phones_tools():
     bare = len(json.dumps(sent["lamp"]["messages"])) // 4  # (FakeServer's count: the JSON's length / 4)
     with FakeServer(context=bare + 16 + 8) as srv, pytest.raises(PreflightError, match="exceeds"):
         LLMUser("tiny", base_url=srv.url, api_key="EMPTY", max_tokens=16).check(lamp.tasks("test"), worlds)
+
 
 # ---------------------------------------------------------------------------------------------------------------
 # On tau2's telecom domain (needs ../shared/tau2)
