@@ -195,7 +195,7 @@ def build_run(cfg: Config, kit: Kit) -> SimpleNamespace:
         check_vllm_model(cfg.model, on_cpu=not on_gpu)
     out = Path(cfg.out_dir)
     # --resume: the newest whole checkpoint
-    found = ckpt.newest_checkpoint(out) if cfg.resume else None
+    found = ckpt.resume_point(out, rank) if cfg.resume else None
     random.seed(cfg.seed + rank)
     np.random.seed(cfg.seed + rank)
     # the same on every rank: a built model is initialised identically everywhere

@@ -3,8 +3,11 @@
 Why atomic: a run can die at any instant (SIGKILL, a preempted node), leaving a file written in
 place truncated yet named by latest.json. A rename (os.replace) is atomic: a reader finds the old
 file or the new, never half. So a checkpoint is written to a temporary folder and renamed, and
-`latest.json`, which --resume reads first, is replaced last: a crash loses at most the current step
-(tests/test_muarl.py kills runs, and fails each file operation).
+`latest.json` is replaced last: a crash loses at most the current step (tests/test_muarl.py kills
+runs, and fails each file operation). latest.json is a hint, never a dependency: --resume scans the
+checkpoints for the newest intact one, says so in one line when latest.json disagrees (cut short,
+empty, naming a folder that is gone or damaged) and rewrites it; a save never reads it as more than a
+hint, and a stale `.tmp` left by a killed save is cleared, never in the way.
 
 Why a manifest: a rename guards against a crash, not against a disk. Each checkpoint holds
 manifest.json, the size and sha256 of each of its files and the length of every log at that step.
@@ -112,7 +115,7 @@ def damage(path: Path) -> str | None:
     return None
 
 
-def newest_checkpoint(out: Path) -> Path | None:
+def newest_checkpoint(out: Path, said: str | None = None) -> Path | None:
     """The newest checkpoint in out/checkpoints whose files match its manifest; each newer damaged
     one is named on stderr. None if there is no checkpoint; if there are some but none is usable, a
     ValueError says what to do. latest.json is not needed: a folder is renamed into place only once
@@ -123,11 +126,67 @@ def newest_checkpoint(out: Path) -> Path | None:
         if (why := damage(path)) is None:
             return path
         bad.append(f"{path.name}: {why}")
-        print(f"checkpoint {path}: {why}; trying the one before it", file=sys.stderr, flush=True)
+        if path.name != said:  # (`said`: a folder whose damage the caller names itself)
+            print(f"checkpoint {path}: {why}; trying the one before it", file=sys.stderr, flush=True)
     if bad:
         raise ValueError(f"no usable checkpoint in {out / 'checkpoints'} ({'; '.join(bad)}): restore the damaged files "
                          "or pass --resume false to start a new run (this one is then kept in previous-<k>/)")
     return None
+
+
+def read_latest(out: Path) -> tuple[str | None, str | None]:
+    """(the checkpoint folder latest.json names, what is wrong with latest.json or None). It may be
+    absent, cut short by a disk or an editor, or name a folder that was deleted: it is a hint, and
+    the checkpoints themselves are the truth (newest_checkpoint scans them)."""
+    path = out / "latest.json"
+    if not path.exists():
+        return None, None
+    try:
+        text = path.read_text()
+        name = json.loads(text)["path"]
+    except (OSError, UnicodeDecodeError) as e:
+        return None, f"{path} cannot be read ({getattr(e, 'strerror', None) or 'not text'})"
+    except (ValueError, KeyError, TypeError):
+        return None, f"{path} is empty" if not text.strip() else f"{path} is not a checkpoint pointer ({text[:40]!r})"
+    if not isinstance(name, str) or not re.fullmatch(r"step-\d+", name):
+        return None, f"{path} names {name!r}, not a checkpoint folder"
+    if not (out / "checkpoints" / name).is_dir():
+        return name, f"{path} names checkpoints/{name}, which is gone"
+    if (why := damage(out / "checkpoints" / name)) is not None:
+        return name, f"{path} names checkpoints/{name}, which is damaged ({why})"
+    return name, None
+
+
+def resume_point(out: Path, rank: int = 0) -> Path | None:
+    """The checkpoint --resume continues from: the newest intact one. When latest.json disagrees
+    (damaged, empty, naming a folder that is gone or damaged, or an older step than one found whole)
+    one line says what it held and which checkpoint is taken instead, and rank 0 rewrites it to
+    name that checkpoint, so the next resume reads a whole pointer."""
+    named, problem = read_latest(out)
+    found = newest_checkpoint(out, said=named if problem else None)
+    if found is None or (problem is None and named == found.name) or (named is None and problem is None):
+        return found
+    why = problem or f"{out / 'latest.json'} names checkpoints/{named}, older than the intact {found.name}"
+    print(f"muarl: {why}; resuming from {found} (the newest intact checkpoint)", file=sys.stderr, flush=True)
+    if rank == 0:
+        _write_atomically(out / "latest.json", json.dumps({"step": int(found.name.split("-")[1]), "path": found.name}))
+    return found
+
+
+def _clear(path: Path) -> None:
+    """Remove whatever stands at `path` (a stale temporary file or folder of a run killed while saving)."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    elif path.exists() or path.is_symlink():
+        path.unlink()
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    """`text` into `path`, written aside and renamed: a reader finds the old file or the new, never half."""
+    tmp = path.with_name(path.name + ".tmp")
+    _clear(tmp)
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 def set_aside(out: Path) -> Path | None:
@@ -195,8 +254,10 @@ def save_checkpoint(out: Path, step: int, policy, opt, sampler: TaskSampler, ext
         return
     latest, final = out / "latest.json", out / "checkpoints" / f"step-{step:06d}"
     tmp = final.with_name(final.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    (out / "checkpoints").mkdir(parents=True, exist_ok=True)
+    for stale in (out / "checkpoints").glob("*.tmp"):  # a run killed while saving left it: never in the way
+        _clear(stale)
+    tmp.mkdir()
     resume = {"step": step, "sampler": {"epoch": sampler.epoch, "pos": sampler.pos, "again": sampler.again},
               "rng": rng_state(), **extra}
     torch.save(state, tmp / "model.pt")
@@ -206,7 +267,7 @@ def save_checkpoint(out: Path, step: int, policy, opt, sampler: TaskSampler, ext
     files = {name: [[(tmp / name).stat().st_size, _sha256(tmp / name)]] for name in CHECKPOINT_FILES}
     logs = {f.name: f.stat().st_size for f in out.iterdir() if f.name in RUN_LOGS or f.match("episodes-rank*.jsonl")}
     (tmp / "manifest.json").write_text(_manifest({"step": step, "files": files, "logs": logs}))
-    if latest.exists() and json.loads(latest.read_text())["path"] == final.name:
+    if read_latest(out)[0] == final.name and (final / "manifest.json").is_file():
         # the same step again (a run's end adds its final evaluation), named by latest.json: never
         # remove the folder. Its files are replaced one at a time, so the manifest accepts the old
         # and the new version of each until the last one is in (same step, same weights: any mix of
@@ -219,10 +280,10 @@ def save_checkpoint(out: Path, step: int, policy, opt, sampler: TaskSampler, ext
             os.replace(f, final / f.name)  # one file at a time, each atomically; the manifest last
         tmp.rmdir()
     else:
-        shutil.rmtree(final, ignore_errors=True)  # a leftover of a run killed before latest.json pointed to it
+        _clear(final)  # a leftover of a run killed before latest.json pointed to it
         os.replace(tmp, final)
-    (out / "latest.json.tmp").write_text(json.dumps({"step": step, "path": final.name}))
-    os.replace(out / "latest.json.tmp", latest)  # the commit point: from here on --resume starts at this step
+    # the commit point: from here on --resume starts at this step
+    _write_atomically(latest, json.dumps({"step": step, "path": final.name}))
     for old in sorted((out / "checkpoints").glob("step-*"))[:-2]:  # keep the last two
         if old.name != final.name and not old.name.endswith(".tmp"):
             shutil.rmtree(old, ignore_errors=True)

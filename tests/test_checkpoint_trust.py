@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from demo import train as demo_train
-from plumbing.checkpoint import (TaskSampler, damage, load_checkpoint, newest_checkpoint, save_checkpoint, set_aside,
-                                 undo_start)
+from plumbing.checkpoint import (TaskSampler, damage, load_checkpoint, newest_checkpoint, read_latest, resume_point,
+                                 save_checkpoint, set_aside, undo_start)
 from test_muarl import TINY, grpo_records, new_run, run_demo, tiny_init  # noqa: F401 (a fixture)
 
 
@@ -39,9 +39,9 @@ def saved_run(tmp_path, steps=(1, 2)):
     return out
 
 
-def resume(out):
+def resume(out, path=None):
     m = model_at(0)
-    step, _ = load_checkpoint(out, m, torch.optim.AdamW(m.parameters()), TaskSampler(list(range(9)), 0), 1)
+    step, _ = load_checkpoint(out, m, torch.optim.AdamW(m.parameters()), TaskSampler(list(range(9)), 0), 1, path)
     return step, m.weight[0, 0].item()
 
 
@@ -100,6 +100,66 @@ def test_the_same_step_saved_again_is_trusted_at_every_point(tmp_path):
     save_checkpoint(out, 1, m, torch.optim.AdamW(m.parameters()), TaskSampler(list(range(9)), 0),
                     {"results": {"final": 1}}, 1, 0)
     assert damage(path) is None and json.loads((path / "manifest.json").read_text()) != before
+
+
+# latest.json is a hint: whatever it holds, a resume takes the newest intact checkpoint, says so in one line,
+# and leaves a pointer the next resume reads; stale .tmp leftovers of a killed save never block a save.
+POINTERS = {
+    "cut short": (lambda out: (out / "latest.json").write_text("{"), "not a checkpoint pointer"),
+    "empty": (lambda out: (out / "latest.json").write_text(""), "is empty"),
+    "not json of a pointer": (lambda out: (out / "latest.json").write_text("[1, 2]"), "not a checkpoint pointer"),
+    "a path out of the run": (lambda out: (out / "latest.json").write_text('{"path": "../../etc"}'),
+                              "not a checkpoint folder"),
+    "a folder that is gone": (lambda out: (out / "latest.json").write_text('{"step": 6, "path": "step-000006"}'),
+                              "step-000006, which is gone"),
+    "a damaged folder": (lambda out: flip_byte(out / "checkpoints" / "step-000002" / "model.pt"), "damaged"),
+    "a binary file": (lambda out: (out / "latest.json").write_bytes(b"\xff\xfe\x00"), "cannot be read"),
+}
+
+
+def save_at(out, step):
+    m = model_at(step)
+    save_checkpoint(out, step, m, torch.optim.AdamW(m.parameters()), TaskSampler(list(range(9)), 0),
+                    {"results": {}}, 1, 0)
+
+
+@pytest.mark.parametrize("case", list(POINTERS))
+def test_a_damaged_pointer_is_named_passed_over_and_mended_resuming_twice(tmp_path, capsys, case):
+    out = saved_run(tmp_path)
+    hurt, says = POINTERS[case]
+    hurt(out)
+    # a killed save's leftovers, folder and file alike, stand where the next saves write
+    (out / "checkpoints" / "step-000003.tmp").mkdir()
+    (out / "checkpoints" / "step-000003.tmp" / "model.pt").write_bytes(b"half")
+    (out / "latest.json.tmp").mkdir()
+    want = 1 if case == "a damaged folder" else 2
+    found = resume_point(out)  # the first resume: one line, what it found and what it takes instead
+    err = capsys.readouterr().err.strip().splitlines()
+    assert found.name == f"step-00000{want}" and len(err) == 1 and says in err[0], err
+    assert f"resuming from {found}" in err[0]
+    assert read_latest(out) == (found.name, None)  # mended at once: a crash now still leaves a whole pointer
+    assert resume(out, found) == (want, float(want))
+    save_at(out, 3)  # the run goes on and saves through the leftovers
+    save_at(out, 3)  # ... and again at the same step, as a run's end does after its final evaluation
+    assert damage(out / "checkpoints" / "step-000003") is None
+    assert not list((out / "checkpoints").glob("*.tmp")) and not (out / "latest.json.tmp").exists()
+    found = resume_point(out)  # the second resume: the pointer is whole, nothing to say
+    assert found.name == "step-000003" and capsys.readouterr().err == "" and resume(out, found) == (3, 3.0)
+
+
+def test_a_pointer_older_than_a_whole_checkpoint_is_named_and_the_newer_one_taken(tmp_path, capsys):
+    out = saved_run(tmp_path)  # killed between the rename of step 2 and the pointer's replacement
+    (out / "latest.json").write_text('{"step": 1, "path": "step-000001"}')
+    assert resume_point(out).name == "step-000002" and "older than the intact step-000002" in capsys.readouterr().err
+    assert read_latest(out) == ("step-000002", None)
+
+
+def test_a_whole_pointer_or_none_is_resumed_without_a_word(tmp_path, capsys):
+    out = saved_run(tmp_path)
+    assert resume_point(out).name == "step-000002"
+    (out / "latest.json").unlink()
+    assert resume_point(out).name == "step-000002" and capsys.readouterr().err == ""
+    assert not (out / "latest.json").exists()  # no pointer is no disagreement: nothing written
 
 
 def test_a_new_run_sets_an_old_one_aside(tmp_path):
@@ -163,6 +223,26 @@ def test_cli_resume_after_damage_logs_each_step_once(tmp_path, tiny_init):
     assert [s["step"] for s in grpo_records(out)] == [0]
     assert [s["step"] for s in grpo_records(out / "previous-1")] == [0, 1, 2]
     assert (out / "previous-1" / "checkpoints" / "step-000003").is_dir()
+
+
+@pytest.mark.parametrize("case", ["cut short", "a folder that is gone"])
+def test_cli_a_damaged_pointer_never_makes_a_run_unfinishable(tmp_path, tiny_init, capfd, case):
+    # Before: a run resumed past `{` or a pointer to a deleted folder trained its step, then died saving it, and so
+    # did every later resume. Now: one line, the run finishes, and the next resume reads the pointer it left.
+    out = new_run(tmp_path, tiny_init, "run")
+    args = TINY + ["--out_dir", str(out), "--save_every", "1", "--eval_tasks", "0"]
+    demo_train.main(args + ["--steps", "2"])
+    POINTERS[case][0](out)
+    (out / "checkpoints" / "step-000003.tmp").mkdir()  # a killed save's leftover, where the next save writes
+    capfd.readouterr()
+    demo_train.main(args + ["--steps", "3", "--resume"])
+    said = [line for line in capfd.readouterr().err.splitlines() if "latest.json" in line]
+    assert len(said) == 1 and "resuming from" in said[0] and "step-000002" in said[0], said
+    assert json.loads((out / "latest.json").read_text())["path"] == "step-000003"
+    demo_train.main(args + ["--steps", "4", "--resume"])  # the second resume: nothing to say
+    assert "latest.json" not in capfd.readouterr().err
+    assert [s["step"] for s in grpo_records(out)] == [0, 1, 2, 3]  # each step once
+    assert damage(out / "checkpoints" / "step-000004") is None and not list((out / "checkpoints").glob("*.tmp"))
 
 
 def test_cli_no_usable_checkpoint_is_one_line_and_exit_2(tmp_path):
