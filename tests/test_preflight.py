@@ -69,6 +69,64 @@ def test_customer_lines_name_the_customer_flags():
         check_endpoint("customer", "tiny", HELLO, 512, base_url=srv.url)
 
 
+# A transient fault at the start is asked again, as the run's own requests are; one that persists is one line
+
+def test_a_passing_fault_at_the_start_is_retried_like_the_run(capsys):
+    import openai
+
+    # a 503 on GET /models, then a 429 and a hung request on the one-token request: three faults that pass
+    with FakeServer(faults=[503, None, 429, "hang"], hang_s=1.0) as srv:
+        client = openai.OpenAI(base_url=srv.url, api_key="EMPTY", timeout=0.3, max_retries=0)
+        ok = check_endpoint("customer", "tiny", HELLO, 64, client=client, retries=2, backoff=0.01)
+    assert ok["model"] == "tiny" and ok["prompt_tokens"] > 0 and srv.faults == []
+    said = [line for line in capsys.readouterr().out.splitlines() if "asking again" in line]
+    assert [("GET /models" in s, "one-token" in s) for s in said] == [(True, False), (False, True), (False, True)]
+    assert "Timeout" in said[2], said
+
+
+@pytest.mark.parametrize("fault, says", [(503, "HTTP 503"), (429, "HTTP 429"), ("hang", "timed out")])
+def test_a_fault_that_persists_through_the_retries_is_one_line(fault, says):
+    import openai
+
+    with FakeServer(faults=[fault] * 9, hang_s=1.0) as srv, pytest.raises(PreflightError) as err:
+        client = openai.OpenAI(base_url=srv.url, api_key="EMPTY", timeout=0.3, max_retries=0)
+        check_endpoint("customer", "tiny", HELLO, 64, client=client, retries=2, backoff=0.01)
+    line = str(err.value)
+    assert "\n" not in line and srv.url in line and says in line and "after 3 attempts" in line, line
+
+
+def test_a_refusal_is_not_asked_again():
+    with FakeServer(faults=[404]) as srv, pytest.raises(PreflightError, match="HTTP 404"):
+        check_endpoint("customer", "tiny", HELLO, 64, base_url=srv.url, retries=3, backoff=0.01)
+    assert srv.faults == [] and not srv.requests  # one GET, answered 404: no second
+
+
+def test_the_customers_preflight_takes_the_runs_retry_flags(tmp_path, capsys):
+    # --user_retries / --user_backoff reach the preflight: two 503s pass with 2 retries, stop the run with 1
+    from domains import load_worlds, task_sets
+
+    cfg = demo_train.parse(["--domains", "shop", "--user", "scripted", "--out_dir", str(tmp_path)])
+    worlds = load_worlds(cfg)
+    tasks = task_sets(cfg, worlds)[0][:3]
+    for retries, passes in ((2, True), (1, False)):
+        with FakeServer(faults=[503, 503]) as srv:
+            user = user_sim.LLMUser("tiny", base_url=srv.url, max_retries=retries, backoff=0.01)
+            if passes:
+                user.check(tasks, worlds)
+            else:
+                with pytest.raises(PreflightError, match="HTTP 503 to GET /models .after 2 attempts"):
+                    user.check(tasks, worlds)
+    assert "[preflight] customer tiny" in capsys.readouterr().out
+
+
+def test_training_with_a_customer_down_through_the_retries_stops_before_building_anything(tmp_path):
+    with FakeServer(faults=[500] * 9) as srv, pytest.raises(PreflightError, match="HTTP 500.*after 2 attempts"):
+        demo_train.main(["--model", "tiny", "--domains", "shop", "--user", "llm", "--user_model", "tiny",
+                         "--user_base_url", srv.url, "--user_retries", "1", "--user_backoff", "0.01",
+                         "--out_dir", str(tmp_path / "run"), "--copy_warmup", "0", "--sft_epochs", "0"])
+    assert not (tmp_path / "run").exists()  # a fresh out_dir, as it was: not there
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # 2. A training run and eval.py stop before any work
 
