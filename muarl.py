@@ -70,7 +70,7 @@ from plumbing.runlog import step_stats, write_sample
 from plumbing.sampling import episode_seed
 from plumbing.serve import customer_for
 from plumbing.startup import prepare
-from plumbing.validate import validate
+from plumbing.validate import row_note, validate
 from rollout import PolicyAgent, RolloutConfig, TrajectoryLog, rollout, score
 
 
@@ -190,6 +190,8 @@ def build_run(cfg: Config, kit: Kit) -> SimpleNamespace:
     validate(cfg, world_size, model_given=kit.build_model is None)
     # dtype, devices; --plan N prints
     cfg, device, engine, on_gpu, sharded = place(cfg, rank, world_size)
+    if rank == 0 and (note := row_note(cfg)):  # rows shorter than the longest conversation: said once
+        print(note, flush=True)
     # a model vLLM cannot run: said now, not after SFT
     if engine == "vllm" and kit.build_model is None:
         check_vllm_model(cfg.model, on_cpu=not on_gpu)

@@ -32,9 +32,9 @@ PANELS = [("reward", "reward (dots: held-out pass^1)"), ("all_correct_groups", "
 
 def read_log(path: Path) -> tuple[list[dict], list[dict]]:
     """(GRPO step records, evaluation records) of a log.jsonl; lines that are not JSON (a crash
-    mid-write) skipped."""
+    mid-write) skipped; no file (a run that logged nothing) is no records."""
     steps, evals = [], []
-    for line in path.read_text().splitlines():
+    for line in path.read_text(errors="replace").splitlines() if path.is_file() else []:
         try:
             r = json.loads(line)
         except json.JSONDecodeError:

@@ -42,6 +42,46 @@ def model_problem(name: str) -> str | None:
     return f"--model {name!r}: no such model folder (and not a hub id like Qwen/Qwen3-8B)" if bad else None
 
 
+def sft_data_problem(path: str) -> str | None:
+    """What is wrong with an --sft_data JSONL file, or None: it must be a readable text file of at
+    least one conversation, one JSON object a line, each with a "messages" list holding an assistant
+    turn (the tokens the cold start trains). Read in full now, so a bad line is refused before the
+    model loads, not after the untrained model's evaluation."""
+    import json
+
+    if not os.path.exists(path):
+        return f"--sft_data {path}: no such file"
+    if not os.path.isfile(path):
+        return f"--sft_data {path}: a folder, not a JSONL file of conversations"
+    n = 0
+    try:
+        with open(path, encoding="utf-8") as f:
+            for i, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                row = json.loads(line)
+                msgs = row.get("messages") if isinstance(row, dict) else None
+                if not isinstance(msgs, list) or not all(isinstance(m, dict) and "role" in m for m in msgs):
+                    return f'--sft_data {path}:{i}: not a conversation (a JSON object with a "messages" list)'
+                if not any(m["role"] == "assistant" for m in msgs):
+                    return f"--sft_data {path}:{i}: a conversation with no assistant turn (nothing to train)"
+                n += 1
+    except json.JSONDecodeError as e:
+        return f"--sft_data {path}:{i}: not JSON ({e.msg})"
+    except (OSError, UnicodeDecodeError) as e:
+        return f"--sft_data {path}: cannot be read as text ({getattr(e, 'strerror', None) or e})"
+    return None if n else f"--sft_data {path}: no conversations in it (an empty file?)"
+
+
+def row_note(cfg) -> str | None:
+    """One line on --micro_batch_tokens when it is below the longest conversation (--max_context): an
+    episode longer than a row is not cut, it is trained in a row of its own (long_rows in the log)."""
+    rows, context = getattr(cfg, "micro_batch_tokens", 0), getattr(cfg, "max_context", 0)
+    return None if not rows or rows >= context else (
+        f"note: --micro_batch_tokens {rows} is below --max_context {context}: an episode longer than {rows} tokens "
+        f"is trained in a row of its own (counted as long_rows in log.jsonl)")
+
+
 def field_problems(cfg, names) -> list[tuple[bool, str]]:
     """(holds, what to say otherwise) for each single-field rule on the fields `names` of `cfg` (any
     object with them). NaN fails every comparison: `--kl_coef nan` is refused like `--kl_coef -1`."""
@@ -53,8 +93,13 @@ def field_problems(cfg, names) -> list[tuple[bool, str]]:
             *[(0 < v[k] <= 1, f"--top_p must be in (0, 1], got {v[k]}") for k in v if k == "top_p"],
             *[(v[k] < v["max_context"], "--max_new_tokens must be smaller than --max_context (a turn needs room)")
               for k in v if k == "max_new_tokens" and "max_context" in v],
-            *[(not v[k] or v[k] in ("generated", "tasks") or os.path.exists(v[k]), f"--{k} {v[k]}: no such file")
-              for k in v if k == "sft_data"],
+            *[(False, m) for k in v if k == "sft_data" and v[k] not in ("", "generated", "tasks")
+              for m in [sft_data_problem(v[k])] if m],
+            *[(not v[k] or not os.path.exists(v[k]) or os.path.isdir(v[k]),
+               f"--out_dir {v[k]}: a file stands there, not a folder") for k in v if k == "out_dir"],
+            *[(not v[k] or v[k] >= v["max_new_tokens"], f"--micro_batch_tokens {v[k]} cannot hold one turn of "
+               f"--max_new_tokens {v['max_new_tokens']}: every episode would be a row of its own (0: automatic)")
+              for k in v if k == "micro_batch_tokens" and "max_new_tokens" in v],
             *[(not v[k] or os.path.exists(v[k]), f"--{k} {v[k]}: no such folder") for k in v if k == "data_dir"],
             *[(not v[k] or os.path.isfile(os.path.join(v[k], "config.json")),
                f"--user_serve {v[k]}: no model folder there (no config.json)") for k in v if k == "user_serve"],
