@@ -234,6 +234,12 @@ class VLLMEngine:
             self.llm.wake_up(tags=["weights"])
             self.kv_asleep = True
 
+    def close(self) -> None:
+        """Shut vLLM's engine core down while the process group it joined still exists. Left to
+        its exit-time finalizer, it would find the group already closed by the run's end and print
+        a traceback ("Invalid process group specified") after a run that succeeded."""
+        self.llm.llm_engine.engine_core.shutdown()
+
     def _wake_kv_cache(self) -> None:
         if self.kv_asleep:
             # the gathered weights just loaded are freed blocks in PyTorch's cache

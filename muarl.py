@@ -365,7 +365,7 @@ def finish(run) -> dict:
         (run.out / "results.md").write_text(table + "\n")
         print(f"\nHeld-out success (greedy agent, customer: {run.user.label}, {cfg.eval_trials} "
               f"trial(s) per task)\n{table}")
-    dist_teardown(run.world_size)
+    dist_teardown(run.world_size, run.engine)  # the engine first: vLLM leaves no traceback at exit
     if cfg.steps > 0 and n == 0:
         raise RunStopped(f"no GRPO step updated the model ({cfg.steps} steps, see log.jsonl): final/ "
                          "holds it as it was before RL, labelled so in results.md and final/muarl.json")

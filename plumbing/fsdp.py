@@ -82,12 +82,16 @@ def barrier(world_size: int) -> None:
         dist.barrier()
 
 
-def dist_teardown(world_size: int) -> None:
-    """End of a run under torchrun: wait for every rank, then close the process group (a rank that
-    exits while another still talks to it can abort that rank, and torch warns about a group never
-    destroyed)."""
+def dist_teardown(world_size: int, engine=None) -> None:
+    """End of a run: wait for every rank, shut the rollout engine down (vLLM closes the groups it
+    made, and the default one, while they still exist), then close the process group if it is still
+    open (a rank that exits while another still talks to it can abort that rank, and torch warns
+    about a group never destroyed)."""
     if dist.is_initialized():  # a one-rank torchrun run has a process group to close too
         barrier(world_size)
+    if getattr(engine, "close", None) is not None:  # (an engine without one holds nothing to close)
+        engine.close()
+    if dist.is_initialized():
         dist.destroy_process_group()
 
 

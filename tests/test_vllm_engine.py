@@ -93,3 +93,24 @@ def test_vllm_seeded_batch_longer_than_one_step(vllm_pair, tiny):
     prompts = [[rng.randrange(3, len(tiny[2])) for _ in range(500)] for _ in range(10)]  # 5,000 tokens
     out = vl.generate(prompts, 2, temperature=1.0, stop_token_ids=[], seed=0)
     assert [len(s.token_ids) for s in out] == [2] * 10
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A run that succeeded exits quietly: before, `--engine vllm` finished, then vLLM's exit-time finalizer found the
+# process group already closed by the run's end and printed 17 lines of "[rank0]: Traceback ... ValueError: Invalid
+# process group specified". The engine is now shut down first (plumbing/fsdp.dist_teardown).
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_a_vllm_run_that_succeeded_exits_without_a_traceback(tmp_path):
+    pytest.importorskip("vllm")
+    from test_muarl import run_demo
+
+    r = run_demo(["--engine", "vllm", "--domains", "shop", "--user", "scripted", "--tiny_hidden", "128",
+                  "--tiny_layers", "2", "--copy_warmup", "0", "--sft_epochs", "0", "--steps", "1", "--eval_tasks", "2",
+                  "--tasks_per_step", "2", "--group_size", "2", "--threads", "1", "--out_dir", str(tmp_path / "run")],
+                 timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "Traceback" not in r.stderr and "Invalid process group" not in r.stderr, r.stderr[-3000:]
+    assert (tmp_path / "run" / "final" / "muarl.json").is_file() and (tmp_path / "run" / "results.md").is_file()
