@@ -55,8 +55,16 @@ class Config:
     grad_clip: float = flag(1.0, PAPER, "max global gradient norm")
     kl_coef: float = flag(0.001, PAPER,
         "beta: weight of the k3 KL to the frozen reference (0: no reference)")
-    clip_low: float = flag(0.2, PAPER, "PPO clip below 1")
-    clip_high: float = flag(0.2, PAPER, "PPO clip above 1")
+    # The clip bites only from a batch's second optimizer step on (--mini_batches > 1): the paper
+    # updates once per batch, where the policy that is clipped against is the one being updated.
+    clip_low: float = flag(0.2, PAPER, "PPO clip below 1 (acts with --mini_batches > 1)")
+    clip_high: float = flag(0.2, PAPER, "PPO clip above 1 (acts with --mini_batches > 1)")
+    mini_batches: int = flag(1, PAPER,
+        "optimizer steps per batch: its episodes in K parts, one AdamW step each, the ratio against "
+        "the batch's starting policy clipped (1: the paper's one update)")
+    tis_cap: float = flag(2.0, PAPER,
+        "C: each trained token's loss weighted by min(pi_trainer / pi_sampler, C), detached "
+        "(truncated importance sampling against the engine's numerics; 0: off, the paper's loss)")
     temperature: float = flag(1.0, PAPER, "sampling temperature in training (evaluation is greedy)")
     top_p: float = flag(1.0, PAPER, "nucleus sampling in training (1: off)")
     max_turns: int = flag(30, PAPER,

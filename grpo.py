@@ -10,7 +10,8 @@ T = tokens per row, H = hidden size, V = vocabulary size. Sections, in the order
   1. group_advantages: rewards (N,) -> A (N,); the REWARDS and ADVANTAGES tables; token_advantages
   2. pack_sequences: episodes end to end in rows, no padding (pad_sequences, for comparison)
   3. token_logprobs: model + rows -> log p of every given token (B, T), never holding (B, T, V)
-  4. grpo_loss: log-probs + A + mask -> the scalar loss and plain-float stats
+  4. grpo_loss: log-probs + A + mask -> the scalar loss and plain-float stats; tis_weights, the
+     sampler's correction
 
 Departures from the paper / from verl, on purpose:
   1. Position t holds log p(ids[t] | ids[<t]), aligned with the ids and the loss mask; position 0
@@ -20,6 +21,9 @@ Departures from the paper / from verl, on purpose:
   3. `num_tokens` lets every row divide by the whole step's token count, so the gradient is the
      same however the step is split (a per-row mean would weight short rows more).
   4. Entropy is measured (detached) for logging only: the paper uses no entropy bonus.
+  5. Truncated importance sampling (w in the loss) corrects for the rollout engine's numerics, as
+     verl, slime, OpenRLHF and NeMo-RL do; the paper does not (--tis_cap 0 gives its loss bit for
+     bit).
 """
 
 from __future__ import annotations
@@ -222,8 +226,9 @@ def token_logprobs(model, input_ids, attention_mask=None, position_ids=None, chu
 #
 #   ratio_bt = pi(y_bt) / pi_old(y_bt)  = exp(logp - old_logp)
 #   surr_bt  = min( ratio_bt * A,  clip(ratio_bt, 1 - eps_low, 1 + eps_high) * A )     pessimistic side
+#   w_bt     = min( pi_old(y_bt) / mu(y_bt),  C )   detached; mu = the sampler          truncated IS
 #   kl_bt    = exp(ref - logp) - (ref - logp) - 1   clamped to [-10, 10]              k3 estimator, >= 0
-#   J        = (1 / N_tok) * sum_bt m_bt * ( surr_bt - beta * kl_bt )                 token mean
+#   J        = (1 / N_tok) * sum_bt m_bt * ( w_bt * surr_bt - beta * kl_bt )          token mean
 #   loss     = -J
 #
 # Why: the min makes the update pessimistic (a ratio already past the clip on the side that helps
@@ -231,13 +236,38 @@ def token_logprobs(model, input_ids, attention_mask=None, position_ids=None, chu
 # gradient is exactly REINFORCE with the group mean as baseline. k3 is an unbiased, non-negative
 # estimate of KL(pi || pi_ref) from samples of pi; its gradient 1 - exp(ref - logp) is zero when pi
 # == pi_ref. N_tok = trained tokens (of the whole step, if given).
+#
+# w is truncated importance sampling (TIS). The tokens were drawn by the rollout engine (mu: vLLM's
+# bf16 kernels, or another copy of the weights), not by the trainer's forward (pi_old), and the two
+# disagree token by token. Weighting each token by pi_old / mu makes the gradient the trainer's
+# own policy gradient again; truncating at C keeps one token the sampler found unlikely from
+# dominating the step (the variance of an untruncated weight has no bound). Without it (w = 1, the
+# paper's loss) the gradient is that of the sampler's policy, biased by however far the two drift.
+
+
+def tis_weights(old_logp, sample_logp, mask, cap: float) -> tuple[torch.Tensor, dict]:
+    """w = min(pi_old / mu, C) per token, detached, and how far the sampler is from the trainer:
+    `sampler_kl` (the k3 estimate of KL(mu || pi_old) from mu's own samples: r - 1 - log r with
+    r = pi_old / mu), the weights' mean and max, and the share truncated at C. old_logp is the
+    trainer's log-prob under the sampler's own temperature and top-p (sampling.sampler_logprobs),
+    so the two are compared like for like; all (B, T)."""
+    on = mask > 0  # (B, T)
+    d = (old_logp - sample_logp).detach().clamp(-20.0, 20.0)  # (B, T): log r, finite (-inf: outside a nucleus)
+    r = torch.exp(d)  # (B, T)
+    w = r.clamp(max=cap)  # (B, T)
+    n = max(int(on.sum().item()), 1)
+    stats = {"sampler_kl": float((r - 1 - d)[on].sum()) / n,
+             "is_mean": float(w[on].sum()) / n, "is_max": float(w[on].max()) if on.any() else 1.0,
+             "is_truncated": float((r > cap)[on].sum()) / n}
+    return w, stats
 
 
 def grpo_loss(logp, old_logp, ref_logp, advantages, mask, clip_low: float = 0.2, clip_high: float = 0.2,
-              kl_coef: float = 0.001, num_tokens=None, entropy=None):
-    """The loss above -> (loss, stats of plain floats). logp (grad), old_logp (sampler), ref_logp
-    (frozen, or None), mask, entropy: (B, T); advantages: (B,) or (B, T); num_tokens: N_tok, the
-    whole step's (default mask.sum())."""
+              kl_coef: float = 0.001, num_tokens=None, entropy=None, is_weight=None):
+    """The loss above -> (loss, stats of plain floats). logp (grad), old_logp (the policy before this
+    step), ref_logp (frozen, or None), mask, entropy: (B, T); advantages: (B,) or (B, T); num_tokens:
+    N_tok, the whole step's (default mask.sum()); is_weight: w (B, T) from tis_weights, or None for
+    the paper's loss (w = 1)."""
     mask = mask.to(logp.dtype)  # (B, T): 1 = token sampled by the policy
     adv = advantages[:, None] if advantages.dim() == 1 else advantages  # (B, 1) or (B, T)
     n_tok = mask.sum()
@@ -246,6 +276,8 @@ def grpo_loss(logp, old_logp, ref_logp, advantages, mask, clip_low: float = 0.2,
     ratio = torch.exp(logp - old_logp.detach())  # (B, T)
     clipped = torch.clamp(ratio, 1 - clip_low, 1 + clip_high)  # (B, T)
     surr = torch.min(ratio * adv, clipped * adv)  # (B, T)
+    if is_weight is not None:
+        surr = is_weight.detach() * surr  # (B, T): the sampler corrected for, never differentiated
     d = ref_logp.detach() - logp if ref_logp is not None and kl_coef != 0 else torch.zeros_like(logp)  # (B, T)
     kl = torch.clamp(torch.exp(d) - d - 1, -10.0, 10.0)  # (B, T); 0 without a reference
     objective = surr - kl_coef * kl  # (B, T)

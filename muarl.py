@@ -59,7 +59,8 @@ from domains import load_worlds, task_sets
 from domains.tau2_data import provenance
 from engine import check_vllm_model, rollout_engine
 from eval import format_table, run_eval
-from grpo import ADVANTAGES, REWARDS, grpo_loss, pack_sequences, token_advantages, token_logprobs
+from grpo import (ADVANTAGES, REWARDS, grpo_loss, pack_sequences, tis_weights, token_advantages,
+                  token_logprobs)
 from plumbing import checkpoint as ckpt, curves
 from plumbing.fsdp import (all_gather_episodes, all_sum, barrier, bf16_compute, compute_device,
                            dist_setup, dist_teardown, even_rows, full_tensors, is_sharded, place,
@@ -113,60 +114,73 @@ def advantages(episodes, G: int, estimator: str = "grpo", reward: str = "outcome
 
 
 def update(policy, reference, episodes, advantages, opt, *, row_tokens: int, chunk: int, bf16: bool,
-           kl_coef: float, clip: tuple[float, float], sampler: tuple[float, float],
-           grad_clip: float, world_size: int = 1) -> dict:
-    """One optimizer step of GRPO on this rank's episodes: pack, log-probs, loss, backward, step.
+           kl_coef: float, clip: tuple[float, float], sampler: tuple[float, float], grad_clip: float,
+           tis_cap: float = 0.0, mini_batches: int = 1, world_size: int = 1) -> dict:
+    """GRPO on this rank's episodes: pack, log-probs, loss, backward, step; `mini_batches` optimizer
+    steps (1: the paper's one update per batch).
 
-    The step's loss is the token mean over every trained token of every rank's episodes; each packed
-    row (of at most `row_tokens`; a longer episode gets a row of its own, counted as `long_rows`)
-    adds its share (masked sum / N_tok) to the gradient, so splitting into rows changes nothing.
-    With `bf16` the forward computes in bf16 while AdamW updates fp32 weights. `sampler`: the
-    engine's (temperature, top-p), to
-    compare like for like with what the engine reported (`logp_gap`)."""
+    An optimizer step's loss is the token mean over every trained token of its rows on every rank;
+    each packed row (of at most `row_tokens`; a longer episode gets a row of its own, counted as
+    `long_rows`) adds its share (masked sum / N_tok) to the gradient, so splitting into rows changes
+    nothing. With `bf16` the forward computes in bf16 while AdamW updates fp32 weights. `sampler`:
+    the engine's (temperature, top-p), so the trainer's log-probs are compared like for like with
+    the engine's (`logp_gap`) and weigh each token by min(pi_trainer / pi_engine, tis_cap)
+    (grpo.tis_weights; 0: off)."""
     rows = pack_sequences([e.ids for e in episodes], [e.mask for e in episodes], row_tokens,
                           adv=advantages, sample_logp=[e.logprobs for e in episodes])
-    # FSDP: every rank runs as many rows (one process: unchanged)
-    rows = even_rows(rows, world_size)
-    # N_tok of the whole step
-    n_tok = all_sum(float(sum(sum(e.mask) for e in episodes)), world_size)
-    # Under FSDP the forward runs as a registered method of the sharded model, so its root gathers
-    # weights.
+    rows = even_rows(rows, world_size)  # FSDP: every rank runs as many rows (one process: unchanged)
+    # under FSDP the forward runs as a registered method of the sharded model, so its root gathers
     logprobs = token_logprobs if not is_sharded(policy) else lambda m, *a, **k: m.token_logprobs(*a, **k)
     dev, use_ref = compute_device(policy), reference is not None and kl_coef > 0
-    opt.zero_grad(set_to_none=True)
-    stats = []
-    for row in rows:
-        # rows are packed on the CPU: every tensor to the GPU
-        row = {k: v.to(dev) for k, v in row.items()}
-        ids, pos, mask = row["input_ids"], row["position_ids"], row["mask"]  # (1, L) each
-        # the forward in bf16 (fp32 log-softmax inside); backward outside
-        with bf16_compute(policy, bf16):
-            with torch.no_grad():  # (1, L): the frozen reference's log-probs, for the KL term
-                ref_logp = logprobs(reference, ids, position_ids=pos, chunk_size=chunk) \
-                    if use_ref else None
+
+    def forward(row):
+        """(logp, entropy, logp under the engine's temperature and top-p), (1, L) each."""
+        with bf16_compute(policy, bf16):  # the forward in bf16 (fp32 log-softmax inside)
+            return logprobs(policy, row["input_ids"], position_ids=row["position_ids"], chunk_size=chunk,
+                            return_entropy=True, sampler=sampler)
+
+    # One step: the policy being updated is the one that was rolled out, so old_logp = logp.detach()
+    # (ratio 1, the clip never bites) and no extra forward is needed. Several: the policy moves
+    # within the batch, so every row's log-probs before the first step are kept now (old_logp).
+    start = None
+    if mini_batches > 1:
+        with torch.no_grad():
+            start = [[x.detach() for x in forward({k: v.to(dev) for k, v in row.items()})] for row in rows]
+    stats, norms, steps = [], [], 0
+    for k in range(mini_batches):
+        part = range(k * len(rows) // mini_batches, (k + 1) * len(rows) // mini_batches)  # the same on every rank
+        if not part:  # (more mini-batches than rows: nothing to step on)
+            continue
+        n_tok = all_sum(float(sum(int(rows[i]["mask"].sum()) for i in part)), world_size)  # this step's N_tok
+        opt.zero_grad(set_to_none=True)
+        losses = []
+        for i in part:
+            row = {key: v.to(dev) for key, v in rows[i].items()}  # rows are packed on the CPU
+            ids, pos, mask = row["input_ids"], row["position_ids"], row["mask"]  # (1, L) each
+            with torch.no_grad(), bf16_compute(policy, bf16):  # (1, L): the frozen reference's, for the KL
+                ref_logp = logprobs(reference, ids, position_ids=pos, chunk_size=chunk) if use_ref else None
             if use_ref:
-                # FSDP2 keeps a root gathered after a forward no backward follows
-                reshard(reference)
-            # (1, L) each; logp_seen: under the distribution the engine drew from (its temperature,
-            # top-p)
-            logp, ent, logp_seen = logprobs(policy, ids, position_ids=pos, chunk_size=chunk,
-                                            return_entropy=True, sampler=sampler)
-        # one update per batch: the sampling policy is this policy (departure 1)
-        old_logp = logp.detach()
-        loss, st = grpo_loss(logp, old_logp, ref_logp, row["adv"], mask, *clip, kl_coef,
-                             num_tokens=max(n_tok, 1.0), entropy=ent)
-        loss.backward()
-        # engine vs trainer, like for like; clamped: a token outside the trainer's nucleus is -inf
-        gap = ((row["sample_logp"] - logp_seen).abs().clamp(max=1e3) * mask).sum().item()
-        stats.append({**st, "loss": loss.item(), "logp_gap": gap})
-    gnorm = float(torch.nn.utils.clip_grad_norm_(policy.parameters(), grad_clip))
-    out = reduce_stats(stats, world_size)  # token-weighted means over every row of every rank
-    finite = math.isfinite(out["loss"]) and math.isfinite(gnorm)
-    if finite:  # a non-finite loss or gradient skips the step: the weights stay as they were
-        opt.step()
+                reshard(reference)  # FSDP2 keeps a root gathered after a forward no backward follows
+            logp, ent, logp_seen = forward(row)  # (1, L) each
+            old_logp, old_seen = (logp.detach(), logp_seen.detach()) if start is None else start[i][::2]
+            weight, tis = tis_weights(old_seen, row["sample_logp"], mask, tis_cap) if tis_cap else (None, {})
+            loss, st = grpo_loss(logp, old_logp, ref_logp, row["adv"], mask, *clip, kl_coef,
+                                 num_tokens=max(n_tok, 1.0), entropy=ent, is_weight=weight)
+            loss.backward()
+            # engine vs trainer, like for like; clamped: a token outside the trainer's nucleus is -inf
+            gap = ((row["sample_logp"] - logp_seen).abs().clamp(max=1e3) * mask).sum().item()
+            stats.append({**st, **tis, "loss": loss.item(), "logp_gap": gap})
+            losses.append(loss.item())
+        norms.append(float(torch.nn.utils.clip_grad_norm_(policy.parameters(), grad_clip)))
+        # a non-finite loss or gradient skips the step: the weights stay as they were
+        if math.isfinite(all_sum(sum(losses), world_size)) and math.isfinite(norms[-1]):
+            opt.step()
+            steps += 1
     opt.zero_grad(set_to_none=True)
+    out = reduce_stats(stats, world_size)  # token-weighted means over every row of every rank
     long_rows = all_sum(float(sum(len(e.ids) > row_tokens for e in episodes)), world_size)
-    return {**out, "grad_norm": gnorm, "skipped": not finite, "trained_tokens": n_tok,
+    return {**out, "grad_norm": sum(norms) / len(norms), "skipped": steps == 0, "optimizer_steps": steps,
+            "trained_tokens": all_sum(float(sum(sum(e.mask) for e in episodes)), world_size),
             "long_rows": long_rows}
 
 
@@ -174,7 +188,8 @@ def update_settings(cfg: Config) -> dict:
     """The run's flags as update() takes them."""
     return dict(row_tokens=cfg.micro_batch_tokens, chunk=cfg.logprob_chunk, kl_coef=cfg.kl_coef,
                 bf16=cfg.dtype == "bfloat16", clip=(cfg.clip_low, cfg.clip_high),
-                sampler=(cfg.temperature, cfg.top_p), grad_clip=cfg.grad_clip)
+                sampler=(cfg.temperature, cfg.top_p), grad_clip=cfg.grad_clip, tis_cap=cfg.tis_cap,
+                mini_batches=cfg.mini_batches)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -207,8 +222,7 @@ def build_run(cfg: Config, kit: Kit) -> SimpleNamespace:
     if not train_tasks:
         raise ConfigError(f"no training tasks in {cfg.domains}")
     held_out = eval_tasks[: cfg.eval_tasks or None]
-    # Every input is checked before anything is written: the customer checks what it can now, starts
-    # later
+    # every input is checked before anything is written: the customer checks what it can now
     user = (kit.customer or customer_for)(cfg, out, rank, world_size)
     user.check(train_tasks + held_out, worlds)
     # Only then is an earlier run set aside (previous-<k>/: never appended to nor overwritten)
@@ -266,8 +280,7 @@ def train(cfg: Config, kit: Kit | None = None) -> dict:
     bar = tqdm(range(run.start, cfg.steps), desc="GRPO", initial=run.start, total=cfg.steps, disable=quiet)
     for step in bar:
         t0 = time.perf_counter()
-        # 1. roll out: B tasks (every rank draws the same B and plays its share) x G conversations
-        # each
+        # 1. roll out: B tasks x G conversations each (every rank draws the same B, plays its share)
         tasks = run.sampler.next(cfg.tasks_per_step)[run.rank * per_rank : (run.rank + 1) * per_rank]
         run.policy.eval()
         live = tqdm(desc=f"step {step} rollout", unit="episode", leave=False, mininterval=10, disable=quiet)
@@ -281,15 +294,13 @@ def train(cfg: Config, kit: Kit | None = None) -> dict:
         score(episodes, run.worlds, check_outputs=cfg.train_check_outputs)
         t1 = time.perf_counter()
         run.episodes_log.write(episodes, step=step)
-        # 3. advantages, group by group (groups with an aborted episode are dropped, their tasks
-        # drawn again)
+        # 3. advantages, group by group (a group with an aborted episode is dropped, its task drawn again)
         kept, adv = advantages(episodes, cfg.group_size, cfg.advantage, cfg.reward, cfg.turn_bonus,
                                cfg.drop_customer_faults)
         # an aborted group's task, once, is drawn again: every rank puts back the same, in order
         lost = [{"id": t} for t in {e.group: e.task.id for e in episodes if e.aborted}.values()]
         run.sampler.put_back([r["id"] for r in all_gather_episodes(lost, run.world_size)])
-        # 4 + 5. loss, backward, optimizer step (every rank takes the same branch: the update is
-        # collective)
+        # 4 + 5. loss, backward, optimizer step (one branch on every rank: the update is collective)
         run.policy.train()
         if all_sum(float(sum(sum(e.mask) for e in kept)), run.world_size) > 0:
             torch.set_num_threads(cfg.train_threads or cfg.threads)  # (the customer is idle now)
@@ -303,8 +314,7 @@ def train(cfg: Config, kit: Kit | None = None) -> dict:
             print(f"[step {step}] warning: update skipped: {upd['reason']}", flush=True)
         run.updates += not upd["skipped"]
         t2 = time.perf_counter()
-        # 6. sync: the engine wakes first (asleep, vLLM handed its weights' memory back); none if
-        # shared
+        # 6. sync (none if shared): the engine wakes first, as asleep vLLM handed its weights' memory back
         run.engine.wake_up()
         if not run.shares_weights:
             run.engine.update_weights(full_tensors(run.policy, dtype=getattr(torch, cfg.dtype)))
@@ -345,8 +355,7 @@ def save(run, step: int) -> None:
 def finish(run) -> dict:
     """The final evaluation, checkpoint and model; the results table."""
     cfg, n = run.cfg, run.updates
-    # the label says how many steps really updated the model: a run whose customer failed throughout
-    # is not trained
+    # the label says how many steps updated the model: one whose customer failed throughout is not trained
     label = f"GRPO ({cfg.steps} steps)" if n == cfg.steps else \
         f"GRPO ({n} of {cfg.steps} steps updated)" if n else f"not trained (0 of {cfg.steps} GRPO steps updated)"
     if run.eval_tasks and cfg.steps > run.start:

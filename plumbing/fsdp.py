@@ -276,7 +276,8 @@ def reduce_stats(stats: list[dict], world_size: int) -> dict:
     "logp_gap", a sum over the row's trained tokens): loss summed (each row's is its share of the
     step's mean), clip_frac / kl / entropy / logp_gap as means weighted by trained tokens, ratio_min
     / ratio_max the extremes over rows that trained any."""
-    keys = ("clip_frac", "kl", "entropy")
+    # (the importance weights' keys when the loss corrects for the sampler: every rank has them or none)
+    keys = ("clip_frac", "kl", "entropy") + (("sampler_kl", "is_mean", "is_truncated") if "is_max" in stats[0] else ())
     sums = [sum(s["loss"] for s in stats), sum(s["logp_gap"] for s in stats), sum(s["tokens"] for s in stats)]
     sums += [sum(s.get(k, 0.0) * s["tokens"] for s in stats) for k in keys]  # token-weighted sums
     loss, gap, tokens, *weighted = all_reduce(sums, world_size)
@@ -284,8 +285,10 @@ def reduce_stats(stats: list[dict], world_size: int) -> dict:
     rmin = all_reduce([min((s["ratio_min"] for s in live), default=float("inf"))], world_size, "min")[0]
     rmax = all_reduce([max((s["ratio_max"] for s in live), default=float("-inf"))], world_size, "max")[0]
     n = max(tokens, 1.0)
+    most = {"is_max": all_reduce([max((s["is_max"] for s in live), default=1.0)], world_size, "max")[0]} \
+        if "is_max" in stats[0] else {}
     return {"loss": loss, **{k: w / n for k, w in zip(keys, weighted)}, "logp_gap": gap / n,
-            "ratio_min": rmin, "ratio_max": rmax}
+            "ratio_min": rmin, "ratio_max": rmax, **most}
 
 
 def all_gather_episodes(records: list[dict], world_size: int) -> list[dict]:

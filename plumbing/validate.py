@@ -20,9 +20,9 @@ from plumbing.flags import ConfigError
 NONNEG = ("steps", "grad_clip", "temperature", "clip_high", "kl_coef", "weight_decay", "eval_tasks", "eval_every",
           "save_every", "micro_batch_tokens", "user_down_s", "sft_epochs", "threads", "train_threads",
           "turn_bonus", "user_temperature", "user_retries", "user_backoff", "synthetic_train", "synthetic_test",
-          "sft_lr", "plan")
-POSITIVE = ("lr", "max_new_tokens", "max_context", "user_max_tokens", "max_turns", "logprob_chunk", "sft_batch",
-            "synthetic_users", "user_timeout", "user_concurrency", "eval_trials")
+          "sft_lr", "plan", "tis_cap")
+POSITIVE = ("lr", "mini_batches", "max_new_tokens", "max_context", "user_max_tokens", "max_turns", "logprob_chunk",
+            "sft_batch", "synthetic_users", "user_timeout", "user_concurrency", "eval_trials")
 CHOICES = {"task_source": ("train", "generated"), "malformed": ("end", "observe"), "engine": ("auto", "hf", "vllm"),
            "logger": ("none", "tensorboard", "wandb"), "dtype": ("auto", "float32", "bfloat16"),
            "user_prompt": ("auto", "tau2", "muarl")}
@@ -105,7 +105,9 @@ def field_problems(cfg, names) -> list[tuple[bool, str]]:
                f"--user_serve {v[k]}: no model folder there (no config.json)") for k in v if k == "user_serve"],
             *[(0 < v[k] < 1, f"--{k} must be in (0, 1), got {v[k]}") for k in v if k in ("engine_memory",
                                                                                          "user_memory")],
-            *[(0 <= v[k] < 1, f"--clip_low must be in [0, 1), got {v[k]}") for k in v if k == "clip_low"]]
+            *[(0 <= v[k] < 1, f"--clip_low must be in [0, 1), got {v[k]}") for k in v if k == "clip_low"],
+            *[(v[k] == 0 or v[k] >= 1, f"--tis_cap must be 0 (off) or at least 1 (a cap below 1 shrinks every "
+               f"weight), got {v[k]}") for k in v if k == "tis_cap"]]
 
 
 def first_problem(checks) -> None:

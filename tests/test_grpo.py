@@ -129,6 +129,46 @@ def test_on_policy_gradient_is_reinforce_plus_kl():
     assert st["clip_frac"] == 0 and st["ratio_min"] == st["ratio_max"] == 1.0
 
 
+# Truncated importance sampling: w = min(pi_old / mu, C), detached, on the surrogate only
+
+SAMPLED = torch.tensor([[-1.0, -2.0 - math.log(3.0), -0.5 + 0.25, -7.0]])  # mu: pi_old / mu = 1, 3, e^-.25, (masked)
+
+
+def test_tis_weights_hand_numbers():
+    w, st = grpo.tis_weights(LOGP, SAMPLED, MASK, cap=2.0)
+    assert w[0, :3].tolist() == pytest.approx([1.0, 2.0, math.exp(-0.25)], abs=1e-6)  # 3 truncated at C = 2
+    assert st["is_max"] == pytest.approx(2.0) and st["is_truncated"] == pytest.approx(1 / 3)
+    assert st["is_mean"] == pytest.approx((1 + 2 + math.exp(-0.25)) / 3, abs=1e-6)
+    # k3 of KL(mu || pi_old) from mu's samples: r - 1 - log r per token, averaged over the 3 trained ones
+    k3 = [0.0, 3 - 1 - math.log(3.0), math.exp(-0.25) - 1 + 0.25]
+    assert st["sampler_kl"] == pytest.approx(sum(k3) / 3, abs=1e-6)
+    # a token outside the trainer's nucleus (log pi_old = -inf) weighs nothing, and the stats stay finite
+    w, st = grpo.tis_weights(torch.tensor([[float("-inf"), -1.0]]), torch.tensor([[-1.0, -1.0]]),
+                             torch.ones(1, 2), cap=2.0)
+    assert w.tolist() == [[pytest.approx(math.exp(-20.0)), 1.0]] and math.isfinite(st["sampler_kl"])
+
+
+def test_tis_weighted_gradient_is_w_times_reinforce_and_the_kl_is_not_weighted():
+    logp, ref, mask, adv = _rand()
+    g = torch.Generator().manual_seed(3)
+    sampled = logp.detach() + 0.8 * torch.randn(logp.shape, generator=g)  # a sampler that disagrees
+    w, _ = grpo.tis_weights(logp.detach(), sampled, mask, cap=1.5)
+    assert (w < 1.5).any() and (w == 1.5).any()  # some weights truncated, some not
+    beta, N = 0.05, mask.sum()
+    loss, _ = grpo.grpo_loss(logp, logp.detach(), ref, adv, mask, kl_coef=beta, is_weight=w)
+    loss.backward()
+    expect = -(w * adv[:, None] * mask) / N + beta * mask * (1 - torch.exp(ref - logp.detach())) / N
+    assert torch.allclose(logp.grad, expect, atol=1e-7)
+
+
+def test_without_weights_the_loss_is_the_papers_bit_for_bit():
+    logp, ref, mask, adv = _rand(seed=5)
+    old = logp.detach() + 0.1
+    paper, _ = grpo.grpo_loss(logp, old, ref, adv, mask, kl_coef=0.05)
+    ones, _ = grpo.grpo_loss(logp, old, ref, adv, mask, kl_coef=0.05, is_weight=torch.ones_like(logp))
+    assert paper.item() == ones.item()  # w = 1 exactly (a sampler that agrees) changes no bit either
+
+
 def test_on_policy_gradient_is_reinforce_through_a_model():
     model = tiny_qwen3()
     ids = torch.randint(0, 512, (2, 16))

@@ -58,7 +58,7 @@ TINY = ["--model", "tiny", "--domains", "shop", "--tiny_hidden", "64", "--tiny_l
 GRPO_KEYS = {"reward", "kl", "clip_frac", "entropy", "grad_norm", "turns", "tool_mix", "stop_reasons", "tokens_per_s",
              "rollout_s", "update_s", "sync_s", "loss", "skipped", "all_correct_groups", "all_wrong_groups",
              "think_rate", "calculate_rate", "transfer_rate", "kept_groups", "logp_gap", "trained_tokens",
-             "long_rows"}
+             "long_rows", "optimizer_steps", "sampler_kl", "is_mean", "is_max", "is_truncated"}
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -628,10 +628,12 @@ def test_checkpoint_interrupted_at_any_file_operation_leaves_a_loadable_latest(t
 # 6. The step's gradient does not depend on how it is split, over micro-batches or over FSDP ranks
 
 
-def _update_once(model, eps, adv, micro_batch_tokens, opt="sgd", reference=None, world_size=1, kl_coef=0.0):
-    """One muarl.update(); SGD with lr 1 and no clipping makes the weight change equal to minus the gradient."""
+def _update_once(model, eps, adv, micro_batch_tokens, opt="sgd", reference=None, world_size=1, kl_coef=0.0,
+                 tis_cap=0.0, **more):
+    """One muarl.update(); SGD with lr 1 and no clipping makes the weight change equal to minus the gradient.
+    (tis_cap 0: the paper's loss, unweighted, unless a test asks for the sampler's correction.)"""
     cfg = Config(micro_batch_tokens=micro_batch_tokens, logprob_chunk=32, kl_coef=kl_coef,
-                       grad_clip=1e9 if opt == "sgd" else 1.0)
+                 grad_clip=1e9 if opt == "sgd" else 1.0, tis_cap=tis_cap, **more)
     o = torch.optim.SGD(model.parameters(), lr=1.0) if opt == "sgd" else torch.optim.AdamW(model.parameters(), lr=1e-4)
     return muarl.update(model, reference, eps, adv, o, **muarl.update_settings(cfg), world_size=world_size)
 
@@ -650,6 +652,57 @@ def test_step_gradient_independent_of_micro_batch_size():
     for k in before:
         g_many, g_one = before[k] - sd_many[k], before[k] - sd_one[k]  # = the gradient (SGD, lr 1)
         assert torch.allclose(g_many, g_one, atol=1e-6, rtol=1e-4), k
+
+
+# The sampler's correction (--tis_cap) and several optimizer steps per batch (--mini_batches)
+
+
+def test_a_sampler_that_disagrees_moves_the_update_and_is_logged():
+    eps, adv = synthetic_episodes()  # sampled at -1.5 a token, where the random model gives about -5.8
+    paper, tis = tiny_qwen3(), tiny_qwen3()
+    st0 = _update_once(paper, eps, adv, micro_batch_tokens=100_000)
+    st2 = _update_once(tis, eps, adv, micro_batch_tokens=100_000, tis_cap=2.0)
+    assert not {"sampler_kl", "is_mean", "is_max", "is_truncated"} & set(st0)  # off: nothing pretends
+    # the trainer finds every sampled token ~70 x less likely than the sampler did: w = pi_old / mu ~ 0.014
+    assert 0.005 < st2["is_mean"] < 0.05 and st2["is_max"] < 0.1 and st2["is_truncated"] == 0
+    assert st2["sampler_kl"] > 2.0 and st2["logp_gap"] == pytest.approx(st0["logp_gap"])
+    assert st2["grad_norm"] == pytest.approx(st0["grad_norm"] * st2["is_mean"], rel=0.5)  # each token's share shrinks
+
+
+def test_a_sampler_that_agrees_leaves_the_update_as_the_papers():
+    import grpo
+
+    eps, adv = synthetic_episodes()
+    model = tiny_qwen3()
+    with torch.no_grad():  # what the sampler reports: the trainer's own log-probs, episode by episode
+        for e in eps:
+            e.logprobs = [x * m for x, m in zip(grpo.token_logprobs(model, torch.tensor([e.ids]))[0].tolist(), e.mask)]
+    paper, tis = tiny_qwen3(), tiny_qwen3()
+    st0 = _update_once(paper, eps, adv, micro_batch_tokens=1)  # one row an episode: as the weights were computed
+    st2 = _update_once(tis, eps, adv, micro_batch_tokens=1, tis_cap=2.0)
+    assert st2["is_mean"] == pytest.approx(1.0, abs=1e-5) and st2["sampler_kl"] < 1e-9
+    for (k, a), b in zip(paper.state_dict().items(), tis.state_dict().values()):
+        assert torch.allclose(a, b, atol=1e-7), k
+
+
+def test_the_clip_acts_from_a_batchs_second_optimizer_step():
+    eps, adv = synthetic_episodes()
+
+    def run(mini_batches, clip):
+        model = tiny_qwen3()
+        st = _update_once(model, eps, adv, micro_batch_tokens=80, opt="adamw", mini_batches=mini_batches,
+                          clip_low=clip, clip_high=clip)
+        return st, model.state_dict()
+
+    one_a, w_one_a = run(1, 0.2)
+    one_b, w_one_b = run(1, 0.01)
+    assert one_a["clip_frac"] == one_b["clip_frac"] == 0 and one_a["optimizer_steps"] == 1
+    assert all(torch.equal(a, b) for a, b in zip(w_one_a.values(), w_one_b.values()))  # one step: the clip is inert
+    two_a, w_two_a = run(2, 0.2)
+    two_b, w_two_b = run(2, 0.001)
+    assert two_a["optimizer_steps"] == two_b["optimizer_steps"] == 2
+    assert two_b["clip_frac"] > 0 and two_b["ratio_max"] != 1.0  # the second step's ratio is against the first's start
+    assert any(not torch.equal(a, b) for a, b in zip(w_two_a.values(), w_two_b.values()))  # and the clip now matters
 
 
 # The FSDP worker: rank r of 2 takes episodes [4r, 4r + 4) and runs one update() on a fully_shard-ed model.
@@ -672,7 +725,7 @@ FSDP_WORKER = textwrap.dedent("""
 """)
 
 
-FSDP_CASES = ("sgd", "adamw", "sgd+ckpt", "sgd+uneven", "sgd+empty")
+FSDP_CASES = ("sgd", "adamw", "sgd+ckpt", "sgd+uneven", "sgd+empty", "sgd+tis")
 
 
 def _fsdp_case(case: str, world_size: int, rank: int = 0) -> dict:
@@ -691,7 +744,7 @@ def _fsdp_case(case: str, world_size: int, rank: int = 0) -> dict:
         mine = slice(0, cut) if rank == 0 else slice(cut, len(eps))
         eps, adv = eps[mine], adv[mine]
     stats = _update_once(model, eps, adv, micro_batch_tokens=96, opt=opt, reference=reference,
-                         world_size=world_size, kl_coef=0.05)
+                         world_size=world_size, kl_coef=0.05, tis_cap=2.0 if case.endswith("+tis") else 0.0)
     weights = {k: v.detach().clone() for k, v in fsdp.full_state_dict(model, world_size).items()}
     step = step_stats(eps, kept_groups=len(eps) // 2, group_size=2, world_size=world_size)
     return {"stats": stats, "weights": weights, "step": step}
@@ -715,13 +768,16 @@ def test_fsdp2_two_ranks_match_one_process(tmp_path):
     assert [p.returncode for p in procs] == [0, 0], "\n".join(logs)[-4000:]
 
     for opt in FSDP_CASES:
-        single, fsdp = _fsdp_case(opt.split("+")[0], world_size=1), torch.load(tmp_path / f"{opt}.pt", weights_only=False)
+        # (one process: the same case, the split over ranks aside; the sampler's correction kept)
+        alone = opt if opt.endswith("+tis") else opt.split("+")[0]
+        single, fsdp = _fsdp_case(alone, world_size=1), torch.load(tmp_path / f"{opt}.pt", weights_only=False)
         # the step's loss: each rank's share of the global token mean, summed over ranks
         assert fsdp["stats"]["loss"] == pytest.approx(single["stats"]["loss"], rel=1e-5, abs=1e-7)
         assert fsdp["stats"]["grad_norm"] == pytest.approx(single["stats"]["grad_norm"], rel=1e-5)
         assert fsdp["stats"]["trained_tokens"] == single["stats"]["trained_tokens"]
         # what rank 0 logs is the whole step's, not its share
-        for k in ("clip_frac", "kl", "entropy", "logp_gap", "ratio_min", "ratio_max"):
+        for k in ("clip_frac", "kl", "entropy", "logp_gap", "ratio_min", "ratio_max") + \
+                (("sampler_kl", "is_mean", "is_max", "is_truncated") if opt.endswith("+tis") else ()):
             assert fsdp["stats"][k] == pytest.approx(single["stats"][k], rel=1e-4, abs=1e-7), (opt, k)
         if opt == "sgd":  # halves: each rank holds whole groups of 2
             assert fsdp["step"] == single["step"]
