@@ -305,7 +305,7 @@ if __name__ == "__main__":
     print("rewards", rewards.tolist(), "-> advantages", [round(a, 4) for a in adv.tolist()], "(mean 0, unbiased std 1)")
     # (G, T): prompt, 3 sampled, a tool result
     mask = torch.tensor([[0, 0, 1, 1, 1, 0]] * G, dtype=torch.float32)
-    old_logp = -torch.rand(G, T) * 2  # (G, T): what the sampler reported
+    old_logp = -torch.rand(G, T) * 2  # (G, T): the trainer's log-probs before the update
     # (G, T): reference a little away from the policy
     ref_logp = old_logp + 0.05 * torch.randn(G, T)
     # (G, T): as if the policy had already moved
@@ -316,3 +316,8 @@ if __name__ == "__main__":
     print("ratio on trained tokens (nan = not trained)\n", ratio)
     print("loss", round(loss.item(), 5), "stats", {k: round(v, 4) for k, v in stats.items()})
     print("d loss / d logp: 0 where masked; where clipped only the small KL part is left\n", logp.grad)
+    # (G, T): the rollout engine's own log-probs of the same tokens, off by its numerics (here a lot)
+    sample_logp = old_logp + 0.4 * torch.randn(G, T)
+    w, tis = tis_weights(old_logp, sample_logp, mask, cap=2.0)  # (G, T)
+    print("importance weights min(pi_old / mu, 2) on trained tokens\n", w.masked_fill(mask == 0, float("nan")))
+    print("sampler stats", {k: round(v, 4) for k, v in tis.items()})
