@@ -143,6 +143,11 @@ class Config:
     user_temperature: float = flag(0.0, CUSTOMER,
         "the customer's sampling temperature (the paper: 0)")
     user_max_tokens: int = flag(512, CUSTOMER, "tokens per customer reply")
+    # A thinking model (Qwen3) reasons before it answers; cut by user_max_tokens inside <think>, its
+    # notes would reach the agent as the customer's words. Off: every request asks its template not to.
+    user_thinking: bool = flag(False, CUSTOMER,
+        "let a thinking customer model think (false: each request sends chat_template_kwargs "
+        "enable_thinking false, except to OpenAI's own API; a reply left inside <think> fails)")
     user_timeout: float = flag(30.0, CUSTOMER,
         "deadline of one request, seconds (connect + every read)")
     user_retries: int = flag(3, CUSTOMER,

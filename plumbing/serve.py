@@ -96,11 +96,28 @@ def server_command(model_dir: str, name: str, port: int, max_model_len: int, ext
     """The command line that serves `model_dir` as `name` on 127.0.0.1:`port`. float32 and eager
     mode: the CPU backend runs them (and a tiny model gains nothing from CUDA graphs or bf16); the
     tool-call flags let a customer with tools (telecom) reply with `tool_calls` in the OpenAI
-    format."""
+    format; a thinking model gets its reasoning parser, so its reasoning never reaches the message."""
+    parser = reasoning_parser(model_dir)
     return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
             "--served-model-name", name, "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
             "--enforce-eager", "--max-model-len", str(max_model_len), "--enable-auto-tool-choice",
-            "--tool-call-parser", "hermes", *unchunked(max_model_len), *gpu_share(extra_args), *extra_args]
+            "--tool-call-parser", "hermes", *(["--reasoning-parser", parser] if parser else []),
+            *unchunked(max_model_len), *gpu_share(extra_args), *extra_args]
+
+
+# The model families that think in <think>...</think>, by config.json's model_type, and the name of
+# vLLM 0.32's reasoning parser for each (vllm/reasoning/__init__.py). vLLM starts with none by default,
+# so a Qwen3 served bare writes its reasoning into the message.
+REASONING_PARSERS = {"qwen3": "qwen3", "qwen3_moe": "qwen3", "qwen3_next": "qwen3"}
+
+
+def reasoning_parser(model_dir) -> str | None:
+    """The reasoning parser of the model in `model_dir` (its config.json's model_type), or None."""
+    try:
+        config = json.loads((Path(model_dir) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return REASONING_PARSERS.get(config.get("model_type")) if isinstance(config, dict) else None
 
 
 def unchunked(max_model_len: int) -> list[str]:
@@ -245,7 +262,8 @@ def customer_settings(cfg) -> dict:
                 temperature=cfg.user_temperature, seed=cfg.seed, timeout=cfg.user_timeout,
                 max_retries=cfg.user_retries, backoff=cfg.user_backoff, max_workers=cfg.user_concurrency,
                 max_tokens=cfg.user_max_tokens, allow_http=bool(cfg.allow_insecure_http), down_s=cfg.user_down_s,
-                preflight=bool(cfg.preflight), prompt=getattr(cfg, "user_prompt", "auto"))
+                preflight=bool(cfg.preflight), prompt=getattr(cfg, "user_prompt", "auto"),
+                thinking=bool(getattr(cfg, "user_thinking", False)))
 
 
 def customer_for(cfg, out: Path | str = ".", rank: int = 0, world_size: int = 1):
@@ -302,8 +320,10 @@ class ServedUser(User):
                 if _on_gpu() else ()
             self.server = ModelServer(self.folder, name="customer", log_path=self.out / "customer-server.log",
                                       max_model_len=self.max_model_len, extra_args=extra).start()
+            parser = reasoning_parser(self.folder) or "none"
             print(f"[customer] {self.folder.name} served at {self.server.base_url} in "
-                  f"{time.perf_counter() - t0:.0f} s (log: {self.server.log_path})", flush=True)
+                  f"{time.perf_counter() - t0:.0f} s, reasoning parser {parser} (log: {self.server.log_path})",
+                  flush=True)
             if log:
                 log({"phase": "customer_server", "event": "started", "pid": self.server.proc.pid,
                      "base_url": self.server.base_url, "model": str(self.folder)})
