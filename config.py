@@ -137,6 +137,9 @@ class Config:
     user_serve: str = flag("", CUSTOMER,
         "serve this local model folder as the customer (vLLM's OpenAI server on 127.0.0.1, one for "
         "all ranks) instead of an endpoint")
+    user_host: str = flag("", CUSTOMER,
+        "--user_serve: the address its server listens on ('': 127.0.0.1 on one node; across nodes, this "
+        "node's address, reached over plain http: --allow_insecure_http)")
     user_prompt: str = flag("auto", CUSTOMER,
         "the customer's system prompt: auto (tau2's own guidelines for tau2 worlds, else muarl's) "
         "| tau2 | muarl")
@@ -175,6 +178,8 @@ class Config:
     user_memory: float = flag(0.2, ENGINE,
         "--user_serve on a GPU: the customer server's share of GPU 0")
     plan: int = flag(0, ENGINE, "print the memory plan of this run on N GPUs, then exit (0: run)")
+    plan_override: bool = flag(False, ENGINE,
+        "run although the memory plan says it does not fit (else a GPU run stops before loading anything)")
     offload: bool = flag(False, ENGINE,
         "FSDP2 CPU offload under torchrun: masters, gradients, AdamW and the reference in host "
         "memory (8B on one GPU)")

@@ -92,14 +92,16 @@ def served_models(base_url: str, timeout: float = 2.0, api_key: str | None = Non
         return None
 
 
-def server_command(model_dir: str, name: str, port: int, max_model_len: int, extra_args=()) -> list[str]:
-    """The command line that serves `model_dir` as `name` on 127.0.0.1:`port`. float32 and eager
-    mode: the CPU backend runs them (and a tiny model gains nothing from CUDA graphs or bf16); the
-    tool-call flags let a customer with tools (telecom) reply with `tool_calls` in the OpenAI
-    format; a thinking model gets its reasoning parser, so its reasoning never reaches the message."""
+def server_command(model_dir: str, name: str, port: int, max_model_len: int, extra_args=(),
+                   host: str = "127.0.0.1") -> list[str]:
+    """The command line that serves `model_dir` as `name` on `host`:`port` (loopback by default).
+    float32 and eager mode: the CPU backend runs them (and a tiny model gains nothing from CUDA
+    graphs or bf16); the tool-call flags let a customer with tools (telecom) reply with `tool_calls`
+    in the OpenAI format; a thinking model gets its reasoning parser, so its reasoning never reaches
+    the message."""
     parser = reasoning_parser(model_dir)
     return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
-            "--served-model-name", name, "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
+            "--served-model-name", name, "--host", host, "--port", str(port), "--dtype", "float32",
             "--enforce-eager", "--max-model-len", str(max_model_len), "--enable-auto-tool-choice",
             "--tool-call-parser", "hermes", *(["--reasoning-parser", parser] if parser else []),
             *unchunked(max_model_len), *gpu_share(extra_args), *extra_args]
@@ -139,6 +141,17 @@ def gpu_share(extra_args, share: float = 0.1) -> list[str]:
     return ["--gpu-memory-utilization", str(share)] if gpu else []
 
 
+def serve_host(host: str, world_size: int) -> str:
+    """Where --user_serve listens: --user_host if given; else 127.0.0.1 when every rank is on this
+    node; across nodes (LOCAL_WORLD_SIZE < WORLD_SIZE), this node's address as the others reach it:
+    the interface that routes to torchrun's MASTER_ADDR (a UDP connect sends nothing)."""
+    if host or int(os.environ.get("LOCAL_WORLD_SIZE", world_size)) >= world_size:
+        return host or "127.0.0.1"
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((os.environ.get("MASTER_ADDR", "127.0.0.1"), 9))
+        return s.getsockname()[0]
+
+
 def need_vllm() -> None:
     """ServeError unless vLLM can be imported: asked before a run trains a model it could not serve."""
     if importlib.util.find_spec("vllm") is None:
@@ -154,17 +167,17 @@ def need_vllm() -> None:
 class ModelServer:
     def __init__(self, model_dir: str | Path, name: str = "customer", log_path: str | Path = "server.log",
                  port: int | None = None, max_model_len: int = 4096, start_timeout: float = 300.0,
-                 extra_args: tuple = (), command: list[str] | None = None):
+                 extra_args: tuple = (), command: list[str] | None = None, host: str = "127.0.0.1"):
         """`command` replaces the vLLM command line (tests start a small stand-in server with it);
-        its `{port}` is filled in."""
-        self.model_dir, self.name, self.log_path = Path(model_dir), name, Path(log_path)
+        its `{port}` is filled in. `host`: the address it listens on (other nodes need one they reach)."""
+        self.model_dir, self.name, self.log_path, self.host = Path(model_dir), name, Path(log_path), host
         self.port, self.max_model_len, self.start_timeout = port, max_model_len, start_timeout
         self.extra_args, self.command, self.proc = tuple(extra_args), command, None
         self.api_key = secrets.token_urlsafe(32)  # what a client must send (point 5); kept across restarts
 
     @property
     def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
+        return f"http://{self.host}:{self.port}/v1"
 
     def _checks(self) -> None:
         # Everything that can be known before a process starts, each as one line that says what to
@@ -175,15 +188,15 @@ class ModelServer:
             raise ServeError(f"no model to serve at {self.model_dir} (no config.json there): train or copy the "
                              "model first, or pass the right folder")
         if self.port is None:
-            self.port = free_port()
-        elif port_taken(self.port):
-            raise ServeError(f"port {self.port} on 127.0.0.1 is taken (another server?): stop it, or pick another "
+            self.port = free_port(self.host)
+        elif port_taken(self.port, self.host):
+            raise ServeError(f"port {self.port} on {self.host} is taken (another server?): stop it, or pick another "
                              "port (or none: a free one is chosen)")
 
     def start(self) -> "ModelServer":
         self._checks()
         cmd = [c.replace("{port}", str(self.port)) for c in self.command] if self.command else \
-            server_command(str(self.model_dir), self.name, self.port, self.max_model_len, self.extra_args)
+            server_command(str(self.model_dir), self.name, self.port, self.max_model_len, self.extra_args, self.host)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "a")
         print(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} starting: {' '.join(cmd)}", file=log, flush=True)
@@ -272,7 +285,9 @@ def customer_for(cfg, out: Path | str = ".", rank: int = 0, world_size: int = 1)
     that)."""
     if cfg.user_serve:
         return ServedUser(cfg.user_serve, out, rank=rank, world_size=world_size, context=cfg.max_context,
-                          gpu_share=getattr(cfg, "user_memory", 0.2), **customer_settings(cfg))
+                          gpu_share=getattr(cfg, "user_memory", 0.2), host=serve_host(getattr(cfg, "user_host", ""),
+                                                                                      world_size),
+                          **customer_settings(cfg))
     return make_user(cfg.user, **customer_settings(cfg))
 
 
@@ -286,8 +301,9 @@ class ServedUser(User):
     MAX_RESTARTS = 3  # times a run starts its served customer again after the server died
 
     def __init__(self, folder, out, max_model_len: int | None = None, rank: int = 0, world_size: int = 1,
-                 context: int = 32768, gpu_share: float = 0.2, **llm):
+                 context: int = 32768, gpu_share: float = 0.2, host: str = "127.0.0.1", **llm):
         self.folder, self.out, self.rank, self.world_size = Path(folder), Path(out), rank, world_size
+        self.host = host  # where its server listens: loopback, or an address the other nodes reach
         self.server, self.restarts, self.llm, self.gpu_share = None, 0, None, gpu_share
         self.worlds = None  # check()'s, for the served endpoint's own preflight in start()
         self.llm_settings = {k: v for k, v in llm.items() if v is not None}
@@ -319,7 +335,7 @@ class ServedUser(User):
             extra = ("--gpu-memory-utilization", str(self.gpu_share), "--dtype", "bfloat16") \
                 if _on_gpu() else ()
             self.server = ModelServer(self.folder, name="customer", log_path=self.out / "customer-server.log",
-                                      max_model_len=self.max_model_len, extra_args=extra).start()
+                                      max_model_len=self.max_model_len, extra_args=extra, host=self.host).start()
             parser = reasoning_parser(self.folder) or "none"
             print(f"[customer] {self.folder.name} served at {self.server.base_url} in "
                   f"{time.perf_counter() - t0:.0f} s, reasoning parser {parser} (log: {self.server.log_path})",
