@@ -113,8 +113,18 @@ def server_command(model_dir: str, name: str, port: int, max_model_len: int, ext
 REASONING_PARSERS = {"qwen3": "qwen3", "qwen3_moe": "qwen3", "qwen3_next": "qwen3"}
 
 
+def trained_here(model_dir) -> bool:
+    """A customer model muarl trained itself (demo/customer.py writes customer.json beside it, last).
+    It never thinks, and it learned from prompts rendered with no thinking switch: it is sent none
+    (its Qwen3-shaped template would add empty <think> blocks) and served with no reasoning parser
+    (which, with no switch, reads a whole reply as reasoning until a </think> that never comes)."""
+    return (Path(model_dir) / "customer.json").is_file()
+
+
 def reasoning_parser(model_dir) -> str | None:
     """The reasoning parser of the model in `model_dir` (its config.json's model_type), or None."""
+    if trained_here(model_dir):
+        return None
     try:
         config = json.loads((Path(model_dir) / "config.json").read_text())
     except (OSError, ValueError):
@@ -307,6 +317,8 @@ class ServedUser(User):
         self.server, self.restarts, self.llm, self.gpu_share = None, 0, None, gpu_share
         self.worlds = None  # check()'s, for the served endpoint's own preflight in start()
         self.llm_settings = {k: v for k, v in llm.items() if v is not None}
+        if trained_here(self.folder):  # (no thinking switch: the prompts it learned from)
+            self.llm_settings["thinking"] = True
         for own in ("model", "base_url", "api_key"):  # its own server: its own name, address and key
             self.llm_settings.pop(own, None)
         self.down_s = self.llm_settings.get("down_s", float("inf"))

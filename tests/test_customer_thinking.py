@@ -133,3 +133,16 @@ def test_a_served_thinking_model_gets_its_reasoning_parser(tmp_path, model_type,
     assert reasoning_parser(tmp_path) == parser
     assert (cmd[cmd.index("--reasoning-parser") + 1] if "--reasoning-parser" in cmd else None) == parser
     assert reasoning_parser(tmp_path / "absent") is None
+
+
+def test_a_customer_model_trained_here_is_sent_no_switch_and_served_without_a_parser(tmp_path):
+    # The CPU demo's customer (Qwen3-shaped, never thinking) learned from prompts with no switch: its
+    # prompts stay those, and no parser reads its replies as reasoning.
+    from demo import SHIPPED
+    from plumbing.serve import ServedUser
+
+    assert reasoning_parser(SHIPPED) is None and customer_settings(Config())["thinking"] is False
+    served = ServedUser(SHIPPED, tmp_path, **customer_settings(Config()))
+    assert served.llm_settings["thinking"] is True
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen3"}))
+    assert ServedUser(tmp_path, tmp_path, **customer_settings(Config())).llm_settings["thinking"] is False
