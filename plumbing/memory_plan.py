@@ -7,7 +7,8 @@ GRPO step, and whether vLLM would start at all.
 A GRPO step has two phases that share each GPU: the rollout (vLLM awake and holding its whole share;
 the trainer's masters, AdamW moments and reference resident) and the update (vLLM asleep, level 1:
 its weights copied to host memory, its KV cache freed; gradients, activations and the bf16 compute
-copies of the weights come and go). The plan is the larger of the two, per GPU:
+copies of the weights come and go). Between them the new weights are pushed into vLLM, its weights
+woken and its KV cache still asleep, one gathered tensor at a time. The plan is the largest, per GPU:
 
     masters   4 P / W      fp32 weights, sharded over W GPUs by FSDP2 (one process: W = 1, nothing sharded)
     grads     4 P / W      fp32, reduce-scattered
@@ -247,13 +248,15 @@ def plan(c: dict, gpus: int, tokens: int, checkpointing: bool, reference: bool, 
     p["rollout"] = resident + p["vllm_share"]
     step = 0 if offload else 4 * P / W  # AdamW's temporaries (on the CPU with offload)
     p["update"] = resident + p["vllm_asleep"] + p["grads"] + max(p["copies"] + p["acts"] + p["logits"], step)
-    p["peak"] = max(p["rollout"], p["update"])
     # the weight sync and a checkpoint: the resident state plus one whole tensor at a time (the largest,
     # V x D): fp32 gathered (a shard in host memory is first copied to the GPU) and its bf16 cast
     p["largest"] = V * D
     p["load"] = p["masters"] + p["reference"] + p["hf_copy"] + (0 if offload else 2 * V * D)
-    p["sync"] = resident + (8 if offload else 6) * V * D
+    # The push into vLLM (first and every step alike): vLLM asleep but its weights woken to receive the
+    # new ones, its KV cache still asleep (engine.VLLMEngine.wake_up), so the push never meets a full share
+    p["sync"] = resident + p["vllm_asleep"] + p["vllm_weights"] + (8 if offload else 6) * V * D
     p["gather"] = resident + 8 * V * D
+    p["peak"] = max(p["rollout"], p["update"], p["sync"])
     p.update(P=P, gpus=W, gpu_gib=gpu_gib, tokens=tokens, max_context=context, row=T, offload=offload)
     limit, why = 0.9 * gpu_gib * GIB, []
     if vllm and not p["engine"]["starts"]:
@@ -272,7 +275,7 @@ def plan(c: dict, gpus: int, tokens: int, checkpointing: bool, reference: bool, 
     if vllm and context > c.get("max_position_embeddings", context):
         why.append(f"vLLM would not start: max_model_len {context} is above the model's max_position_embeddings "
                    f"{c['max_position_embeddings']}")
-    for phase in ("rollout", "update"):
+    for phase in ("rollout", "update", "sync"):
         if p[phase] > limit:
             why.append(f"the {phase} phase needs {p[phase] / GIB:.1f} GiB of {limit / GIB:.0f} GiB (90 % of "
                        f"{gpu_gib:.0f})")
@@ -287,6 +290,7 @@ ROWS = [("masters fp32", "masters"), ("grads fp32", "grads"), ("AdamW fp32", "ad
         ("hf engine's own copy", "hf_copy"), ("vLLM share (awake)", "vllm_share"), ("  of it weights", "vllm_weights"),
         ("  of it non-KV", "vllm_non_kv"), ("  of it KV cache", "vllm_kv"), ("vLLM asleep", "vllm_asleep"),
         ("customer's server (GPU 0)", "customer"), ("= rollout phase", "rollout"), ("= update phase", "update"),
+        ("= weight push (KV asleep)", "sync"),
         ("= peak", "peak"), ("host memory", "host")]
 
 

@@ -291,3 +291,14 @@ def test_the_gpu_check_says_which_vllm_model_runner_ran_and_its_kv_cache(monkeyp
     monkeypatch.setitem(sys.modules, "vllm", None)  # not installed: said, no row
     gpu_check.vllm_rows(C8, tmp_path, a, rows)
     assert len(rows) == 2 and "vLLM: not installed" in capsys.readouterr().out
+
+
+def test_the_weight_push_is_planned_with_vllms_weights_awake_and_its_kv_cache_asleep():
+    p = mp.plan(C8, 8, tokens=16384, max_context=32768, checkpointing=True, reference=True)
+    resident = p["masters"] + p["adamw"] + p["reference"]
+    V, D = C8["vocab_size"], C8["hidden_size"]
+    assert p["sync"] == pytest.approx(resident + p["vllm_asleep"] + p["vllm_weights"] + 6 * V * D)
+    assert p["sync"] < p["rollout"] and p["peak"] >= p["sync"]  # the KV cache asleep: less than a rollout
+    tight = mp.plan(C8, 1, tokens=4096, max_context=4096, checkpointing=True, reference=True, engine_share=0.3,
+                    gpu_gib=40.0)
+    assert any(w.startswith("the sync phase needs") for w in tight["why"]) == (tight["sync"] > 0.9 * 40 * mp.GIB)
