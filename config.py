@@ -145,12 +145,20 @@ class Config:
     user_serve: str = flag("", CUSTOMER,
         "serve this local model folder as the customer (vLLM's OpenAI server on 127.0.0.1, one for "
         "all ranks) instead of an endpoint")
+    user_host: str = flag("", CUSTOMER,
+        "--user_serve: the address its server listens on ('': 127.0.0.1 on one node; across nodes, this "
+        "node's address, reached over plain http: --allow_insecure_http)")
     user_prompt: str = flag("auto", CUSTOMER,
         "the customer's system prompt: auto (tau2's own guidelines for tau2 worlds, else muarl's) "
         "| tau2 | muarl")
     user_temperature: float = flag(0.0, CUSTOMER,
         "the customer's sampling temperature (the paper: 0)")
     user_max_tokens: int = flag(512, CUSTOMER, "tokens per customer reply")
+    # A thinking model (Qwen3) reasons before it answers; cut by user_max_tokens inside <think>, its
+    # notes would reach the agent as the customer's words. Off: every request asks its template not to.
+    user_thinking: bool = flag(False, CUSTOMER,
+        "let a thinking customer model think (false: each request sends chat_template_kwargs "
+        "enable_thinking false, except to OpenAI's own API; a reply left inside <think> fails)")
     user_timeout: float = flag(30.0, CUSTOMER,
         "deadline of one request, seconds (connect + every read)")
     user_retries: int = flag(3, CUSTOMER,
@@ -178,6 +186,8 @@ class Config:
     user_memory: float = flag(0.2, ENGINE,
         "--user_serve on a GPU: the customer server's share of GPU 0")
     plan: int = flag(0, ENGINE, "print the memory plan of this run on N GPUs, then exit (0: run)")
+    plan_override: bool = flag(False, ENGINE,
+        "run although the memory plan says it does not fit (else a GPU run stops before loading anything)")
     offload: bool = flag(False, ENGINE,
         "FSDP2 CPU offload under torchrun: masters, gradients, AdamW and the reference in host "
         "memory (8B on one GPU)")

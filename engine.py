@@ -44,6 +44,7 @@ from typing import Protocol, runtime_checkable
 import torch
 
 from plumbing.hf_engine import HFEngine
+from plumbing.preflight import RunStopped
 # here too: `engine.Sample` works
 from plumbing.sampling import Sample, default_stop_ids, prompt_seeds, sample_step
 
@@ -158,6 +159,21 @@ def check_vllm_model(model_path: str | Path, on_cpu: bool) -> dict:
     return cfg
 
 
+class EngineStartError(RunStopped):
+    """vLLM refused to start (its memory checks run only now, after the cold start): its own message,
+    whole, and what the run saved. Exit 3, as a run stopped with its checkpoint saved."""
+
+
+def vllm_refused(e: BaseException) -> EngineStartError:
+    """vLLM's own words, with the errors that caused them: nothing cut to one line."""
+    said, cause = [f"{type(e).__name__}: {e}"], e.__cause__ or e.__context__
+    while cause is not None and len(said) < 5:
+        said.append(f"caused by {type(cause).__name__}: {cause}")
+        cause = cause.__cause__ or cause.__context__
+    return EngineStartError("vLLM did not start:\n  " + "\n  ".join(said) + "\nWhat ran before it is saved (a cold "
+                            "start as checkpoint step 0): fix the above, then rerun with --resume")
+
+
 class VLLMEngine:
     """vLLM's LLM in this process, so the trainer can push new weights into it. On a CPU,
     `VLLM_CPU_KVCACHE_SPACE` (GiB) bounds the KV cache; on a GPU, `gpu_memory_utilization` and
@@ -190,7 +206,10 @@ class VLLMEngine:
             # without it every rank's engine takes GPU 0. Seeds differ by rank (each engine samples
             # its own prompts).
             kw.update(distributed_executor_backend="external_launcher", seed=seed + torch.distributed.get_rank())
-        self.llm = LLM(**{**kw, **llm_kwargs})  # llm_kwargs override the above
+        try:
+            self.llm = LLM(**{**kw, **llm_kwargs})  # llm_kwargs override the above
+        except Exception as e:  # noqa: BLE001 - whatever vLLM raises, shown whole (vllm_refused)
+            raise vllm_refused(e) from e
         self.sleep_mode, self.kv_asleep = enable_sleep_mode and not on_cpu, False
         self.stop_token_ids = default_stop_ids(self.llm.get_tokenizer())
 

@@ -63,8 +63,8 @@ from grpo import (ADVANTAGES, REWARDS, grpo_loss, pack_sequences, tis_weights, t
                   token_logprobs)
 from plumbing import checkpoint as ckpt, curves
 from plumbing.fsdp import (all_gather_episodes, all_sum, barrier, bf16_compute, compute_device,
-                           dist_setup, dist_teardown, even_rows, full_tensors, is_sharded, place,
-                           reduce_stats, reshard)
+                           decide_on_rank0, dist_setup, dist_teardown, even_rows, full_tensors, is_sharded,
+                           place, reduce_stats, reshard)
 from plumbing.models import reference_for
 from plumbing.preflight import RunStopped
 from plumbing.runlog import step_stats, write_sample
@@ -211,8 +211,9 @@ def build_run(cfg: Config, kit: Kit) -> SimpleNamespace:
     if engine == "vllm" and kit.build_model is None:
         check_vllm_model(cfg.model, on_cpu=not on_gpu)
     out = Path(cfg.out_dir)
-    # --resume: the newest whole checkpoint
-    found = ckpt.resume_point(out, rank) if cfg.resume else None
+    # --resume: the newest intact checkpoint, as rank 0 finds it (every rank resumes the same step); rank 0
+    # names and mends a latest.json that disagrees
+    found = decide_on_rank0(lambda: ckpt.resume_point(out, rank) if cfg.resume else None, world_size)
     random.seed(cfg.seed + rank)
     np.random.seed(cfg.seed + rank)
     # the same on every rank: a built model is initialised identically everywhere
@@ -250,6 +251,8 @@ def build_run(cfg: Config, kit: Kit) -> SimpleNamespace:
         torch.set_num_threads(cfg.train_threads or cfg.threads)
         sft.cold_start(run, kit.cold_start and (lambda *a, **k: kit.cold_start(run, *a, **k)))
         torch.set_num_threads(cfg.threads)
+        # checkpointed before vLLM starts: a rerun after it refused (--resume) starts after the cold start
+        save(run, 0)
     # frozen: the policy RL starts from
     run.reference = reference_for(cfg, out, run.model_path, device, sharded)
     # vLLM seeds the global generators as it starts: a resumed run's are put back
@@ -257,11 +260,16 @@ def build_run(cfg: Config, kit: Kit) -> SimpleNamespace:
     run.engine, run.shares_weights = rollout_engine(engine, run.policy, run.tok, run.model_path, cfg,
                                                     device, sharded)
     ckpt.set_rng_state(rng)
-    # one tensor at a time (fsdp.full_tensors), cast to the engine's dtype
+    # the first push as the loop's (step 6): KV cache asleep while the weights arrive one tensor at a
+    # time (fsdp.full_tensors), cast to the engine's dtype
     if not run.shares_weights:
+        run.engine.sleep()
+        run.engine.wake_up()
         run.engine.update_weights(full_tensors(run.policy, dtype=getattr(torch, cfg.dtype)))
     run.agent = PolicyAgent(run.engine, run.tok)
-    if run.fresh and rank == 0 and run.eval_tasks:
+    # (a run resumed at step 0, after the cold start, evaluates it then)
+    if run.start == 0 and rank == 0 and run.eval_tasks and ("cold start" if cfg.sft_epochs > 0 else "start") \
+            not in run.results:
         run_eval(run, "cold start" if cfg.sft_epochs > 0 else "start")
         if kit.started:
             kit.started(run)

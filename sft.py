@@ -170,6 +170,9 @@ def cold_start(run, fit=None) -> None:
     convs = [dict(c, tools=[]) for c in convs] if not cfg.tools_in_prompt else convs
     (fit or train)(run.policy, render_examples(run.tok, convs, run.worlds), epochs=cfg.sft_epochs,
                    batch_size=cfg.sft_batch, lr=cfg.sft_lr, log=run.log, **common)
+    # The last step's fp32 gradients (4 bytes a parameter) freed now, not at RL's first update: the
+    # engine, the reference and the first rollout would otherwise start beside them.
+    run.policy.zero_grad(set_to_none=True)
     save_pretrained(run.policy, run.tok, run.out / "cold-start", run.world_size, run.rank)
 
 

@@ -39,7 +39,7 @@ from typing import Callable
 from domains import script_for
 from domains.dual_control import Phone, customer_only, own_call_view
 from domains.tau2_data import LOADED as TAU2_LOADED, user_guidelines
-from plumbing.chat_client import ChatClient, UserError, reply_text, reply_turn  # noqa: F401
+from plumbing.chat_client import ChatClient, UserError, reply_text, reply_turn, thinking_switch  # noqa: F401
 from plumbing.preflight import RunStopped, check_endpoint, endpoint
 from plumbing.sampling import episode_seed
 from tools import as_text
@@ -189,7 +189,7 @@ class LLMUser(User):
 
     def __init__(self, model, base_url=None, api_key=None, temperature=0.0, seed=None, timeout=30.0,
                  max_retries=3, backoff=1.0, max_workers=16, max_tokens=512, client=None,
-                 allow_http=False, down_s=float("inf"), preflight=True, prompt="auto"):
+                 allow_http=False, down_s=float("inf"), preflight=True, prompt="auto", thinking=False):
         import openai  # here, so that scripted customers run without the package
 
         if client is None:  # which key may go where: preflight.endpoint's rule, not openai's
@@ -200,8 +200,8 @@ class LLMUser(User):
         # max_retries=0: the client must not retry on its own, or ChatClient's counts would lie
         self.client = client or openai.OpenAI(base_url=base_url, api_key=api_key, timeout=timeout,
                                               max_retries=0)
-        self.api = ChatClient(self.client, f"user simulator {model!r} at {base_url}", timeout,
-                              max_retries, backoff)
+        self.api = ChatClient(self.client, f"user simulator {model!r} at {base_url}", timeout, max_retries,
+                              backoff, thinking_switch(base_url, thinking))  # its reasoning kept from the agent
         self.stats = self.api.stats  # calls, retries, failures since the start
         self._first: dict[str, str] = {}  # task id -> the cached opening
         self._locks: dict[str, threading.Lock] = {}  # task id -> held while it is generated
@@ -272,7 +272,8 @@ class LLMUser(User):
             longest = max((t for t in tasks if t.domain == domain), key=lambda t: len(t.instructions))
             tools = worlds[domain].user_tool_schemas() if worlds else []  # [] where the customer has no phone
             ok = check_endpoint("customer", self.model, self.request(longest, [], bool(tools)), self.max_tokens,
-                                tools, client=self.client, retries=self.api.max_retries, backoff=self.api.backoff)
+                                tools, client=self.client, extra=self.api.extra, retries=self.api.max_retries,
+                                backoff=self.api.backoff)
             print(f"[preflight] customer {ok['model']} at {ok['base_url']}, {domain}: ok ({ok})", flush=True)
 
 

@@ -101,7 +101,8 @@ def main() -> None:
         reqs = requests_of(held_out, 64)
         for workers in (1, 8, 64):
             user = make_user("llm", model="customer", base_url=srv.base_url, api_key=srv.api_key,
-                             temperature=cfg.user_temperature, max_tokens=cfg.user_max_tokens, max_workers=workers)
+                             temperature=cfg.user_temperature, max_tokens=cfg.user_max_tokens, max_workers=workers,
+                             thinking=True)  # (the demo's customer: no thinking switch, serve.trained_here)
             user.replies(reqs[:4])  # warm: the server's first requests compile nothing on a CPU, but fill its caches
             t0 = time.perf_counter()
             out = user.replies(reqs)
@@ -111,7 +112,8 @@ def main() -> None:
                   f"{len(reqs) / dt:6.1f} replies/s ({bad} failed)")
         # 2. a GRPO step with each customer, on the same tasks, interleaved
         llm = make_user("llm", model="customer", base_url=srv.base_url, api_key=srv.api_key,
-                        temperature=cfg.user_temperature, max_tokens=cfg.user_max_tokens, max_workers=cfg.user_concurrency)
+                        temperature=cfg.user_temperature, max_tokens=cfg.user_max_tokens, max_workers=cfg.user_concurrency,
+                        thinking=True)
         customers = {"llm": llm, "scripted": make_user("scripted")}
         times = {k: [] for k in customers}
         for rep in range(a.reps):

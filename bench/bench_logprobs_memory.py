@@ -127,7 +127,7 @@ def run_mode(args, mode: str, tmp: str) -> float:
         if proc.returncode != 0:
             sys.exit(f"{mode}/{variant} failed:\n{proc.stderr[-3000:]}")
         r = res[variant] = json.loads(proc.stdout.strip().splitlines()[-1])
-        values[variant] = torch.load(out)
+        values[variant] = torch.load(out, weights_only=True)  # a tensor: nothing else is unpickled
         note = "" if r["peak"] > r["peak_before"] else "  (call did not pass an earlier peak: an upper bound)"
         print(f"  {mode:11s} {variant:8s} rss before {r['rss_before'] / 2**30:5.2f} GiB   "
               f"peak growth during call {r['delta'] / 2**30:5.2f} GiB   {r['seconds']:6.1f} s{note}")

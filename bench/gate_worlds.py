@@ -66,7 +66,8 @@ def main(argv=None) -> None:
             threshold = cfg.user_gate if a.threshold is None else a.threshold
             t0 = time.perf_counter()
             user = LLMUser("customer", base_url=srv.base_url, api_key=srv.api_key, temperature=cfg.user_temperature,
-                           max_tokens=cfg.user_max_tokens, max_workers=cfg.user_concurrency, seed=cfg.seed)
+                           max_tokens=cfg.user_max_tokens, max_workers=cfg.user_concurrency, seed=cfg.seed,
+                           thinking=True)  # (the demo's customer: no thinking switch, serve.trained_here)
             g = gate(user, tasks, seed=cfg.seed or 0)  # (a user per world: it caches each task's opening by id)
             cells = [f"{100 * r['fidelity']:.1f} % {r['mistakes'] or ''}" for r in g["agents"].values()]
             print(f"| {seed} | {' | '.join(cells)} | {100 * g['fidelity']:.1f} % | {time.perf_counter() - t0:.0f} |",

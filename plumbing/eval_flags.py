@@ -25,7 +25,7 @@ from plumbing.validate import field_problems, first_problem, model_problem
 SHARED = ("model", "engine", "domains", "data_dir", "synthetic_seed", "eval_tasks", "eval_trials", "seed",
           "max_turns", "max_new_tokens", "max_context", "tools_in_prompt", "temperature", "top_p",
           "user", "user_model", "user_base_url", "user_api_key", "user_serve", "user_prompt", "user_temperature",
-          "user_max_tokens", "user_concurrency", "user_timeout", "user_retries", "user_backoff", "preflight",
+          "user_max_tokens", "user_thinking", "user_concurrency", "user_timeout", "user_retries", "user_backoff", "preflight",
           "allow_insecure_http")
 DEFAULTS = {**{k: getattr(Config, k) for k in SHARED}, "model": "", "engine": "hf", "eval_tasks": 0,
             "eval_trials": 4, "temperature": 0.0, "top_p": 1.0, "seed": 0}  # a greedy agent, 4 trials a task

@@ -28,7 +28,7 @@ class ConfigError(ValueError):
 # saved run.
 RESUMABLE = {"steps", "resume", "eval", "eval_tasks", "eval_every", "save_every", "threads", "train_threads",
              "logger", "config", "allow_change", "preflight", "user_base_url", "user_api_key", "user_down_s",
-             "allow_insecure_http"}
+             "allow_insecure_http", "plan_override", "user_host"}
 SECRETS = ("user_api_key",)
 
 

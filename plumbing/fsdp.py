@@ -46,19 +46,92 @@ def dist_setup(offload: bool = False) -> tuple[int, int]:
     return dist.get_rank(), dist.get_world_size()
 
 
+def from_rank0(value, world_size: int):
+    """Rank 0's `value` on every rank. A decision read from a disk or a device (which checkpoint to
+    resume, where the reference comes from, whether the plan fits) is made once, on rank 0, and sent:
+    on node-local disks each rank reading its own could decide differently and hang the next
+    collective."""
+    if world_size == 1 or not dist.is_initialized():
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def decide_on_rank0(decide, world_size: int):
+    """`decide()` run on rank 0 alone, and its answer on every rank; a one-line error it raises
+    (ValueError, OSError) is raised on every rank, so none is left waiting in a collective."""
+    if world_size == 1 or not dist.is_initialized():
+        return decide()
+    said = None
+    if dist.get_rank() == 0:
+        try:
+            said = ("ok", decide())
+        except (ValueError, OSError) as e:
+            said = ("error", e)
+    kind, value = from_rank0(said, world_size)
+    if kind == "error":
+        raise value
+    return value
+
+
+def on_every_node(path, world_size: int, what: str) -> None:
+    """ValueError on every rank unless every rank sees `path` (rank 0's choice) on its own disk: a
+    folder on node-local disks is one line, not a hang or a mix of two models."""
+    if world_size == 1 or not dist.is_initialized():
+        return
+    if not all_reduce([float(os.path.exists(path))], world_size, "min")[0]:
+        raise ValueError(f"{what} {path}, as rank 0 found it, is missing on another node's disk: give every node "
+                         f"the same folder (a shared --out_dir, the model on a shared disk)")
+
+
+# What a CPU run is for: the demo's tiny models and the tests' 100M one. Anything larger without a
+# usable GPU is a GPU run whose CUDA is broken, not a run to start on the CPU for days.
+CPU_MAX_PARAMS = 1e9
+
+
+def no_cuda_refusal(model: str, world_size: int) -> str | None:
+    """One line refusing a run of `model` without a usable GPU when the plan sizes it above what a
+    CPU run is for; None for a small model, or one the plan cannot size (the demo's, built later)."""
+    from plumbing.memory_plan import load_config, param_counts
+
+    try:
+        P = param_counts(load_config(model))[0]
+    except (ValueError, OSError, KeyError, TypeError):
+        return None
+    if P <= CPU_MAX_PARAMS:
+        return None
+    ranks = f" on {world_size} gloo ranks" if world_size > 1 else ""
+    return (f"no usable CUDA: torch {torch.__version__} (built for CUDA {torch.version.cuda or 'none: a CPU wheel'}) "
+            f"sees {torch.cuda.device_count()} GPU(s) and torch.cuda.is_available() is False, so {model} "
+            f"({P / 1e9:.1f}B parameters) would train in fp32 on the CPU{ranks}; vLLM 0.32's wheel needs a CUDA 13 "
+            f"build of torch 2.13 and a driver that runs it (nvidia-smi; CUDA_VISIBLE_DEVICES)")
+
+
+def host_memory() -> int:
+    """This node's memory in bytes (the plan checks a node's share against it)."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
 def place(cfg, rank: int, world_size: int):
     """Where and how the run computes: (cfg with dtype, micro_batch_tokens and threads resolved, its
     device, the rollout engine's kind, on_gpu, sharded). GPUs: bf16 compute, vLLM, 16,384 tokens a
     packed row; a CPU: fp32, the transformers engine, 7,000 (44 s and 2.1 GB an update on the demo's
     machine). Under torchrun the policy is sharded with FSDP2, even on one rank. `--plan N` plans a
-    GPU run wherever it is asked: it prints the memory plan (plumbing/memory_plan.py) and exits; a
-    GPU run prints it on rank 0 before any work."""
+    GPU run wherever it is asked: it prints the memory plan (plumbing/memory_plan.py) and exits. A
+    GPU run prints it on rank 0 before any work and is a gate: a plan that does not fit stops every
+    rank (a ValueError on rank 0, one line, exit 2) unless --plan_override. Without a usable GPU a
+    model larger than a CPU run is for is refused (no_cuda_refusal), and CPU ranks say so."""
     import dataclasses
 
-    from plumbing.memory_plan import GIB, describe
+    from plumbing.memory_plan import GIB, assess
 
     on_gpu, sharded = torch.cuda.is_available(), dist.is_initialized()
     device = f"cuda:{torch.cuda.current_device()}" if on_gpu else "cpu"
+    if not on_gpu and not cfg.plan and (why := no_cuda_refusal(cfg.model, world_size)):
+        raise ValueError(why)  # every rank sees the same: each stops with the same line (run_cli: exit 2)
+    if not on_gpu and world_size > 1 and rank == 0:  # a small model on gloo ranks: the tests' path, said
+        print(f"[place] no CUDA: {world_size} gloo processes on the CPU (fp32, the transformers engine)", flush=True)
     on_gpu = on_gpu or cfg.plan > 0
     # compute; masters fp32
     dtype = ("bfloat16" if on_gpu else "float32") if cfg.dtype == "auto" else cfg.dtype
@@ -67,11 +140,25 @@ def place(cfg, rank: int, world_size: int):
                               # 0: torch's own
                               dtype=dtype, threads=cfg.threads or torch.get_num_threads())
     torch.set_num_threads(cfg.threads)
+    refusal = None
     if cfg.plan or (on_gpu and rank == 0):
-        gib = torch.cuda.mem_get_info()[1] / GIB if torch.cuda.is_available() else 80.0
-        print(describe(cfg, cfg.plan or world_size, engine, gib, sharded), flush=True)
+        # the card's own total (an 80 GB H100 reports about 79 GiB), 80 where there is none
+        gib = torch.cuda.get_device_properties(rank_device()).total_memory / GIB if torch.cuda.is_available() \
+            else 80.0
+        host = None if cfg.plan else host_memory() / GIB
+        text, refusal = assess(cfg, cfg.plan or world_size, engine, gib, sharded, host_gib=host,
+                               local_gpus=int(os.environ.get("LOCAL_WORLD_SIZE", world_size)))
+        print(text, flush=True)
         if cfg.plan:
             raise SystemExit(0)
+    # rank 0's verdict on every rank, before anything is loaded: all stop, or none does
+    refusal = from_rank0(refusal, world_size) if on_gpu else None
+    if refusal and not cfg.plan_override:
+        if rank == 0:
+            raise ValueError(refusal)  # (run_cli: one line, exit 2)
+        raise SystemExit(2)  # (the other ranks quietly: rank 0 says why)
+    if refusal and rank == 0:
+        print(f"[plan] --plan_override: running although {refusal.split('; or pass')[0]}", flush=True)
     return cfg, device, engine, on_gpu, sharded
 
 

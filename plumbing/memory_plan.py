@@ -7,7 +7,8 @@ GRPO step, and whether vLLM would start at all.
 A GRPO step has two phases that share each GPU: the rollout (vLLM awake and holding its whole share;
 the trainer's masters, AdamW moments and reference resident) and the update (vLLM asleep, level 1:
 its weights copied to host memory, its KV cache freed; gradients, activations and the bf16 compute
-copies of the weights come and go). The plan is the larger of the two, per GPU:
+copies of the weights come and go). Between them the new weights are pushed into vLLM, its weights
+woken and its KV cache still asleep, one gathered tensor at a time. The plan is the largest, per GPU:
 
     masters   4 P / W      fp32 weights, sharded over W GPUs by FSDP2 (one process: W = 1, nothing sharded)
     grads     4 P / W      fp32, reduce-scattered
@@ -90,9 +91,16 @@ BLOCK = 16  # tokens per KV-cache block (vLLM's default on CUDA)
 
 
 def load_config(model: str) -> dict:
-    """config.json of a local model folder, or of a hub id shipped in configs/ (Qwen/Qwen3-8B ->
-    configs/Qwen3-8B)."""
-    for path in (Path(model) / "config.json", CONFIGS / model.split("/")[-1] / "config.json"):
+    """config.json of a local model folder, of a hub id shipped in configs/ (Qwen/Qwen3-8B ->
+    configs/Qwen3-8B), or of a hub id already in the Hugging Face cache (no network)."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        cached = try_to_load_from_cache(model, "config.json")
+    except Exception:  # noqa: BLE001 - not a hub id, no huggingface_hub: the other places only
+        cached = None
+    for path in (Path(model) / "config.json", CONFIGS / model.split("/")[-1] / "config.json",
+                 Path(cached) if isinstance(cached, str) else Path(model) / "config.json"):
         if path.is_file():
             return json.loads(path.read_text())
     raise ValueError(f"no config.json for {model!r}: pass a model folder, or add configs/{model.split('/')[-1]}/")
@@ -171,7 +179,9 @@ def why_vllm_stops(b: dict, who: str) -> str:
 def plan(c: dict, gpus: int, tokens: int, checkpointing: bool, reference: bool, bf16: bool = True,
          chunk: int = 1024, engine: str = "vllm", engine_tp: int = 1, engine_share: float = 0.5,
          gpu_gib: float = 80.0, sharded: bool | None = None, offload: bool = False, max_context: int | None = None,
-         customer: dict | None = None, customer_share: float = 0.0, reference_resharded: bool = True) -> dict:
+         customer: dict | None = None, customer_share: float = 0.0, reference_resharded: bool = True,
+         customer_concurrency: int = 0, customer_reply: int = 0, host_gib: float | None = None,
+         local_gpus: int | None = None) -> dict:
     """Bytes per GPU of each part, both phases and the peak, for a run on `gpus` GPUs (FSDP2 when
     sharded: by default when gpus > 1). `tokens`: a packed row; `max_context` (None: `tokens`) the
     longest episode, trained in a row of its own and the max_model_len vLLM reserves for. engine:
@@ -180,7 +190,9 @@ def plan(c: dict, gpus: int, tokens: int, checkpointing: bool, reference: bool, 
     masters, gradients, AdamW and the reference live in host memory ("host": per GPU, with vLLM's
     weights while it sleeps). `customer_share` > 0: this GPU also holds the customer's vLLM server
     (GPU 0), of the model `customer` (its config.json; None: unknown, its share counted, its start
-    not checked). `fits` is False with the reasons in `why`."""
+    not checked); `customer_concurrency` requests in flight from each of the `gpus` ranks, each
+    with a reply of `customer_reply` tokens. `host_gib`: one node's memory, with `local_gpus` of
+    the GPUs (None: the host is not checked). `fits` is False with the reasons in `why`."""
     P, layer, root = param_counts(c)
     W, b = gpus, 2 if bf16 else 4
     sharded = gpus > 1 or offload if sharded is None else sharded or offload
@@ -217,33 +229,53 @@ def plan(c: dict, gpus: int, tokens: int, checkpointing: bool, reference: bool, 
         n = min(context, limit)
         p["customer_engine"] = vllm_budget(customer, customer_share, gpu_gib, n, max(n, 8192),
                                            vllm_defaults(gpu_gib, server=True)[1], graphs=False)
+        # every rank sends up to --user_concurrency requests at once; each holds its prompt and its
+        # reply in the server's KV cache (the replies alone are the floor checked below)
+        p["customer_engine"].update(in_flight=customer_concurrency * W, replies=customer_concurrency * W
+                                    * customer_reply)
     # host memory: vLLM's weights while it sleeps (level 1) through the update, and what --offload
     # keeps there (on the GPU it is then only the gathered copies, and their gradients until reduced
     # and copied out)
     offloaded = ("masters", "grads", "adamw", "reference") if offload else ()
     p["host"] = p["vllm_weights"] + sum(p[k] for k in offloaded)
     p.update(dict.fromkeys(offloaded, 0))
+    # one node: each of its GPUs' host share, and on rank 0's node a checkpoint's whole fp32 weights
+    # and AdamW moments, gathered there to be written (checkpoint.save_checkpoint)
+    p["local_gpus"] = min(local_gpus or W, W)
+    p["checkpoint_host"] = 12 * P
+    p["host_node"] = p["host"] * p["local_gpus"] + p["checkpoint_host"]
     resident = p["masters"] + p["adamw"] + p["reference"] + p["reference_root"] + p["hf_copy"] + p["customer"]
     p["rollout"] = resident + p["vllm_share"]
     step = 0 if offload else 4 * P / W  # AdamW's temporaries (on the CPU with offload)
     p["update"] = resident + p["vllm_asleep"] + p["grads"] + max(p["copies"] + p["acts"] + p["logits"], step)
-    p["peak"] = max(p["rollout"], p["update"])
     # the weight sync and a checkpoint: the resident state plus one whole tensor at a time (the largest,
     # V x D): fp32 gathered (a shard in host memory is first copied to the GPU) and its bf16 cast
     p["largest"] = V * D
     p["load"] = p["masters"] + p["reference"] + p["hf_copy"] + (0 if offload else 2 * V * D)
-    p["sync"] = resident + (8 if offload else 6) * V * D
+    # The push into vLLM (first and every step alike): vLLM asleep but its weights woken to receive the
+    # new ones, its KV cache still asleep (engine.VLLMEngine.wake_up), so the push never meets a full share
+    p["sync"] = resident + p["vllm_asleep"] + p["vllm_weights"] + (8 if offload else 6) * V * D
     p["gather"] = resident + 8 * V * D
+    p["peak"] = max(p["rollout"], p["update"], p["sync"])
     p.update(P=P, gpus=W, gpu_gib=gpu_gib, tokens=tokens, max_context=context, row=T, offload=offload)
     limit, why = 0.9 * gpu_gib * GIB, []
     if vllm and not p["engine"]["starts"]:
         why.append(why_vllm_stops(p["engine"], "vLLM"))
     if p["customer_engine"] and not p["customer_engine"]["starts"]:
         why.append(why_vllm_stops(p["customer_engine"], "the customer's server"))
+    elif p["customer_engine"] and p["customer_engine"]["kv_tokens"] < p["customer_engine"]["replies"]:
+        e = p["customer_engine"]  # it starts, but its requests in flight would queue past their deadline
+        why.append(f"the customer's server holds {e['kv_tokens'] / 1e3:.0f}k tokens of KV cache, fewer than the "
+                   f"replies alone of its {e['in_flight']} requests in flight ({e['replies'] / 1e3:.0f}k: "
+                   f"--user_concurrency x {W} ranks x --user_max_tokens)")
+    if host_gib is not None and p["host_node"] > 0.9 * host_gib * GIB:
+        why.append(f"host memory: a node needs {p['host_node'] / GIB:.0f} GiB of {0.9 * host_gib:.0f} GiB (90 % of "
+                   f"{host_gib:.0f}): {p['host'] / GIB:.1f} per GPU x {p['local_gpus']} GPUs + "
+                   f"{p['checkpoint_host'] / GIB:.0f} for rank 0's checkpoint gather")
     if vllm and context > c.get("max_position_embeddings", context):
         why.append(f"vLLM would not start: max_model_len {context} is above the model's max_position_embeddings "
                    f"{c['max_position_embeddings']}")
-    for phase in ("rollout", "update"):
+    for phase in ("rollout", "update", "sync"):
         if p[phase] > limit:
             why.append(f"the {phase} phase needs {p[phase] / GIB:.1f} GiB of {limit / GIB:.0f} GiB (90 % of "
                        f"{gpu_gib:.0f})")
@@ -258,6 +290,7 @@ ROWS = [("masters fp32", "masters"), ("grads fp32", "grads"), ("AdamW fp32", "ad
         ("hf engine's own copy", "hf_copy"), ("vLLM share (awake)", "vllm_share"), ("  of it weights", "vllm_weights"),
         ("  of it non-KV", "vllm_non_kv"), ("  of it KV cache", "vllm_kv"), ("vLLM asleep", "vllm_asleep"),
         ("customer's server (GPU 0)", "customer"), ("= rollout phase", "rollout"), ("= update phase", "update"),
+        ("= weight push (KV asleep)", "sync"),
         ("= peak", "peak"), ("host memory", "host")]
 
 
@@ -300,6 +333,8 @@ def _settings(cfg, engine: str, gpu_gib: float) -> tuple[dict, list[str]]:
     serve = getattr(cfg, "user_serve", "")
     if serve:
         kw["customer_share"] = share = getattr(cfg, "user_memory", 0.2)
+        kw.update(customer_concurrency=getattr(cfg, "user_concurrency", 0), customer_reply=getattr(
+            cfg, "user_max_tokens", 0))
         own = Path(serve) / "config.json"
         try:
             kw["customer"] = json.loads(own.read_text())
@@ -339,6 +374,8 @@ def _axes(kw: dict, gpus: int) -> list[tuple]:
     if kw.get("customer_share"):
         axes.append(("--user_memory {}", "customer_share", _nearest(kw["customer_share"],
                                                                      [s / 100 for s in range(10, 55, 5)])))
+        axes.append(("--user_concurrency {}", "customer_concurrency",
+                     [n for n in (8, 4, 2, 1) if n < kw.get("customer_concurrency", 0)]))
     return [a for a in axes if a[2]]
 
 
@@ -373,11 +410,20 @@ def remedies(c: dict, gpus: int, kw: dict, most: int = 3) -> list[str]:
 def describe(cfg, gpus: int, engine: str, gpu_gib: float, sharded: bool) -> str:
     """muarl's plan of the run `cfg` on `gpus` GPUs, as a table with notes; when it does not fit,
     why (vLLM would not start, a phase over the GPU) and which flags would make it fit."""
+    return assess(cfg, gpus, engine, gpu_gib, sharded)[0]
+
+
+def assess(cfg, gpus: int, engine: str, gpu_gib: float, sharded: bool, host_gib: float | None = None,
+           local_gpus: int | None = None) -> tuple[str, str | None]:
+    """(describe's text, None when the plan fits, else one line for a run to stop with: what does
+    not fit, by how much, and the flags that would fit). `host_gib`: one node's memory, checked
+    with its `local_gpus` GPUs (a GPU run's own; --plan N, asked anywhere, leaves it out)."""
     try:
         c = load_config(cfg.model)
     except (ValueError, OSError) as e:
-        return f"memory plan: none ({e})"
+        return f"memory plan: none ({e})", None
     kw, notes = _settings(cfg, engine, gpu_gib)
+    kw.update(host_gib=host_gib, local_gpus=local_gpus)
     p = plan(c, gpus, sharded=sharded or gpus > 1, **kw)
     label = f"{gpus} GPU(s), {gpu_gib:.0f} GiB" + (", GPU 0" if kw.get("customer_share") else "")
     out = [format_plan(f"{cfg.model}: GiB per GPU", [(label, p)]), ""]
@@ -386,15 +432,22 @@ def describe(cfg, gpus: int, engine: str, gpu_gib: float, sharded: bool) -> str:
         e = p["customer_engine"]
         out.append(f"- the customer's server: weights {e['weights'] / GIB:.1f} GiB, KV cache {e['kv'] / GIB:.1f} GiB "
                    f"= {e['kv_tokens'] / 1e3:.0f}k tokens; one request of its max_model_len {e['max_model_len']} "
-                   f"needs {e['need'] / GIB:.1f} GiB")
+                   f"needs {e['need'] / GIB:.1f} GiB; up to {e['in_flight']} requests in flight")
+    out.append(f"- host memory of a node: {p['host_node'] / GIB:.0f} GiB ({p['host'] / GIB:.1f} per GPU x "
+               f"{p['local_gpus']} + {p['checkpoint_host'] / GIB:.0f} for rank 0's checkpoint gather)"
+               + (f" of {host_gib:.0f} GiB" if host_gib else " (not checked here)"))
     if p["fits"]:
-        return "\n".join(out)
+        return "\n".join(out), None
     fixes = remedies(c, gpus, dict(kw, sharded=sharded))
     out.append("DOES NOT FIT: " + "; ".join(p["why"]) + ".")
     out.append("Would fit with: " + " | ".join(fixes) if fixes else
                "No change of --activation_checkpointing, --offload, --engine_memory, --max_context, "
-               "--micro_batch_tokens, --kl_coef, --user_memory or the GPUs (up to 4 at once) makes it fit.")
-    return "\n".join(out)
+               "--micro_batch_tokens, --kl_coef, --user_memory, --user_concurrency or the GPUs (up to 4 at once) "
+               "makes it fit.")
+    line = (f"the memory plan does not fit on {gpus} x {gpu_gib:.0f} GiB: " + "; ".join(p["why"]) + "; "
+            + (f"it would fit with {' | '.join(fixes)}" if fixes else "no flag change makes it fit")
+            + "; or pass --plan_override to run anyway")
+    return "\n".join(out), line
 
 
 def min_gpus(c: dict, **kw) -> int | None:

@@ -83,13 +83,13 @@ def build_or_load_model(cfg, device: str, dtype: str, rank=0, world_size=1, shar
     """(policy, tokenizer, model_path): fp32 weights, AdamW's masters (`dtype`: the forward's).
     Under torchrun (`sharded`) each rank reads only its own shards (fsdp.load_sharded). `build`: a
     function () -> folder that makes the model when it is not there yet (the CPU demo's tiny one);
-    rank 0 calls it first, the others once it is done."""
-    from plumbing.fsdp import barrier, load_sharded  # (here, not at the top: fsdp needs none of this file)
+    rank 0 alone calls it (or fetches a hub id), and every rank reads the folder it names."""
+    from plumbing.fsdp import decide_on_rank0, load_sharded, on_every_node  # (fsdp needs none of this file)
 
-    make = build or (lambda: model_folder(cfg.model))  # a hub id: rank 0 downloads, then the others read the cache
-    path = make() if rank == 0 else None
-    barrier(world_size)
-    path = str(path or make())
+    # rank 0 alone decides whether the model must be fetched (or built), and where it is; every rank
+    # then reads that folder, which must be on its own disk too
+    path = str(decide_on_rank0(build or (lambda: model_folder(cfg.model)), world_size))
+    on_every_node(path, world_size, "the model folder")
     if sharded:
         policy = load_sharded(path, torch.float32, cfg.activation_checkpointing, dtype == "bfloat16", cfg.offload)
         return policy, load_tokenizer(path), path
@@ -102,10 +102,14 @@ def reference_for(cfg, out: Path, model_path: str, device: str, sharded: bool):
     trains); under FSDP2 each rank reads its shards. None when the KL term is off (--kl_coef 0)."""
     if cfg.kl_coef <= 0:
         return None
-    start = str(out / "cold-start" if (out / "cold-start").exists() else model_path)
-    if sharded:
-        from plumbing.fsdp import load_sharded
+    from plumbing.fsdp import decide_on_rank0, load_sharded, on_every_node
 
+    # decided on rank 0: ranks that chose from their own disks could read two models' shards
+    world_size = torch.distributed.get_world_size() if sharded else 1
+    start = decide_on_rank0(lambda: str(out / "cold-start" if (out / "cold-start").exists() else model_path),
+                            world_size)
+    on_every_node(start, world_size, "the KL reference")
+    if sharded:
         return load_sharded(start, getattr(torch, cfg.dtype), bf16=cfg.dtype == "bfloat16", frozen=True,
                             offload=cfg.offload)
     return load_reference(start, dtype=cfg.dtype, device=device)

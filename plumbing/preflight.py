@@ -102,13 +102,29 @@ def patiently(call, retries: int, backoff: float, said: str):
             time.sleep(backoff * 2 ** k)
 
 
+def thinking_seen(resp, extra: dict | None) -> dict:
+    """What the one-token reply says about reasoning: whether the run asked for thinking off (its
+    `extra`, chat_client.thinking_switch's), whether the server split reasoning from the message (a
+    reasoning parser: vLLM's `reasoning` field), and whether the reply opened <think> in the message."""
+    asked = ((extra or {}).get("extra_body") or {}).get("chat_template_kwargs", {}).get("enable_thinking")
+    msg = getattr((getattr(resp, "choices", None) or [None])[0], "message", None)
+    fields = {k: getattr(msg, k, None) for k in ("content", "reasoning", "reasoning_content")}  # (extra fields too)
+    seen = {"thinking": "off" if asked is False else "the model's default"}
+    if any(fields.get(k) is not None for k in ("reasoning", "reasoning_content")):
+        seen["reasoning"] = "split by the server's reasoning parser"
+    if str(fields.get("content") or "").lstrip().startswith("<think>"):
+        seen["reply"] = "opened <think>" + (": the endpoint ignored thinking off" if asked is False else "")
+    return seen
+
+
 def check_endpoint(role: str, model: str, messages: list[dict], max_tokens: int, tools: list[dict] | None = None,
                    base_url: str | None = None, api_key: str | None = None, client=None,
-                   retries: int = 0, backoff: float = 1.0) -> dict:
+                   retries: int = 0, backoff: float = 1.0, extra: dict | None = None) -> dict:
     """Check one endpoint (role "customer" or "agent") for `model` with the longest prompt
-    `messages` (+ `tools`) and a turn of `max_tokens`, asking again after a transient fault up to
-    `retries` times (the run's --user_retries, --user_backoff). Returns {"model", "base_url",
-    "context", "prompt_tokens"}; raises PreflightError."""
+    `messages` (+ `tools`) and a turn of `max_tokens`, sent with `extra` as every request is (the
+    customer's thinking switch), asking again after a transient fault up to `retries` times (the
+    run's --user_retries, --user_backoff). Returns {"model", "base_url", "context",
+    "prompt_tokens"} and thinking_seen's; raises PreflightError."""
     import openai  # optional dependency: only endpoint runs get here
 
     client = client or openai.OpenAI(base_url=base_url or None, api_key=api_key or "EMPTY", timeout=30, max_retries=0)
@@ -135,11 +151,15 @@ def check_endpoint(role: str, model: str, messages: list[dict], max_tokens: int,
                              f"or start the server with --served-model-name {model}")
     context = (getattr(served[model], "model_extra", None) or {}).get("max_model_len")  # vLLM's; OpenAI's: none
     try:  # 3 + 4: one real request, one token
-        usage = patiently(lambda: client.chat.completions.create(
-            model=model, messages=messages, max_tokens=1, temperature=0, **({"tools": tools} if tools else {})),
-            retries, backoff, f"{where}, a one-token request").usage
+        resp = patiently(lambda: client.chat.completions.create(
+            model=model, messages=messages, max_tokens=1, temperature=0, **({"tools": tools} if tools else {}),
+            **(extra or {})), retries, backoff, f"{where}, a one-token request")
+        usage = resp.usage
     except openai.APIStatusError as e:
         text = str(e.message)
+        if extra and "chat_template_kwargs" in text:  # an endpoint that refuses the thinking switch
+            raise PreflightError(f"{where} refuses chat_template_kwargs (HTTP {e.status_code}: {text[:120]}): pass "
+                                 f"{flag}_thinking true to send none (the model's default thinking)") from None
         if tools and "tool" in text and "choice" in text:
             raise PreflightError(f"{where} refuses tool calls (HTTP {e.status_code}): start vLLM with {TOOL_FLAGS}")
         if "context length" in text or "max_model_len" in text:
@@ -154,7 +174,7 @@ def check_endpoint(role: str, model: str, messages: list[dict], max_tokens: int,
         raise PreflightError(f"{where}: the longest prompt ({prompt} tokens) plus one turn ({max_tokens}) exceeds its "
                              f"context ({context}): start it with --max-model-len {prompt + max_tokens} or more, or "
                              f"lower {turn}")
-    return {"model": model, "base_url": url, "context": context, "prompt_tokens": prompt}
+    return {"model": model, "base_url": url, "context": context, "prompt_tokens": prompt, **thinking_seen(resp, extra)}
 
 
 def prompt_warning(tok, worlds: dict, max_context: int, max_new_tokens: int, tools_in_prompt: bool) -> str | None:

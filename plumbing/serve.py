@@ -92,15 +92,44 @@ def served_models(base_url: str, timeout: float = 2.0, api_key: str | None = Non
         return None
 
 
-def server_command(model_dir: str, name: str, port: int, max_model_len: int, extra_args=()) -> list[str]:
-    """The command line that serves `model_dir` as `name` on 127.0.0.1:`port`. float32 and eager
-    mode: the CPU backend runs them (and a tiny model gains nothing from CUDA graphs or bf16); the
-    tool-call flags let a customer with tools (telecom) reply with `tool_calls` in the OpenAI
-    format."""
+def server_command(model_dir: str, name: str, port: int, max_model_len: int, extra_args=(),
+                   host: str = "127.0.0.1") -> list[str]:
+    """The command line that serves `model_dir` as `name` on `host`:`port` (loopback by default).
+    float32 and eager mode: the CPU backend runs them (and a tiny model gains nothing from CUDA
+    graphs or bf16); the tool-call flags let a customer with tools (telecom) reply with `tool_calls`
+    in the OpenAI format; a thinking model gets its reasoning parser, so its reasoning never reaches
+    the message."""
+    parser = reasoning_parser(model_dir)
     return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
-            "--served-model-name", name, "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
+            "--served-model-name", name, "--host", host, "--port", str(port), "--dtype", "float32",
             "--enforce-eager", "--max-model-len", str(max_model_len), "--enable-auto-tool-choice",
-            "--tool-call-parser", "hermes", *unchunked(max_model_len), *gpu_share(extra_args), *extra_args]
+            "--tool-call-parser", "hermes", *(["--reasoning-parser", parser] if parser else []),
+            *unchunked(max_model_len), *gpu_share(extra_args), *extra_args]
+
+
+# The model families that think in <think>...</think>, by config.json's model_type, and the name of
+# vLLM 0.32's reasoning parser for each (vllm/reasoning/__init__.py). vLLM starts with none by default,
+# so a Qwen3 served bare writes its reasoning into the message.
+REASONING_PARSERS = {"qwen3": "qwen3", "qwen3_moe": "qwen3", "qwen3_next": "qwen3"}
+
+
+def trained_here(model_dir) -> bool:
+    """A customer model muarl trained itself (demo/customer.py writes customer.json beside it, last).
+    It never thinks, and it learned from prompts rendered with no thinking switch: it is sent none
+    (its Qwen3-shaped template would add empty <think> blocks) and served with no reasoning parser
+    (which, with no switch, reads a whole reply as reasoning until a </think> that never comes)."""
+    return (Path(model_dir) / "customer.json").is_file()
+
+
+def reasoning_parser(model_dir) -> str | None:
+    """The reasoning parser of the model in `model_dir` (its config.json's model_type), or None."""
+    if trained_here(model_dir):
+        return None
+    try:
+        config = json.loads((Path(model_dir) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return REASONING_PARSERS.get(config.get("model_type")) if isinstance(config, dict) else None
 
 
 def unchunked(max_model_len: int) -> list[str]:
@@ -122,6 +151,17 @@ def gpu_share(extra_args, share: float = 0.1) -> list[str]:
     return ["--gpu-memory-utilization", str(share)] if gpu else []
 
 
+def serve_host(host: str, world_size: int) -> str:
+    """Where --user_serve listens: --user_host if given; else 127.0.0.1 when every rank is on this
+    node; across nodes (LOCAL_WORLD_SIZE < WORLD_SIZE), this node's address as the others reach it:
+    the interface that routes to torchrun's MASTER_ADDR (a UDP connect sends nothing)."""
+    if host or int(os.environ.get("LOCAL_WORLD_SIZE", world_size)) >= world_size:
+        return host or "127.0.0.1"
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((os.environ.get("MASTER_ADDR", "127.0.0.1"), 9))
+        return s.getsockname()[0]
+
+
 def need_vllm() -> None:
     """ServeError unless vLLM can be imported: asked before a run trains a model it could not serve."""
     if importlib.util.find_spec("vllm") is None:
@@ -137,17 +177,17 @@ def need_vllm() -> None:
 class ModelServer:
     def __init__(self, model_dir: str | Path, name: str = "customer", log_path: str | Path = "server.log",
                  port: int | None = None, max_model_len: int = 4096, start_timeout: float = 300.0,
-                 extra_args: tuple = (), command: list[str] | None = None):
+                 extra_args: tuple = (), command: list[str] | None = None, host: str = "127.0.0.1"):
         """`command` replaces the vLLM command line (tests start a small stand-in server with it);
-        its `{port}` is filled in."""
-        self.model_dir, self.name, self.log_path = Path(model_dir), name, Path(log_path)
+        its `{port}` is filled in. `host`: the address it listens on (other nodes need one they reach)."""
+        self.model_dir, self.name, self.log_path, self.host = Path(model_dir), name, Path(log_path), host
         self.port, self.max_model_len, self.start_timeout = port, max_model_len, start_timeout
         self.extra_args, self.command, self.proc = tuple(extra_args), command, None
         self.api_key = secrets.token_urlsafe(32)  # what a client must send (point 5); kept across restarts
 
     @property
     def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
+        return f"http://{self.host}:{self.port}/v1"
 
     def _checks(self) -> None:
         # Everything that can be known before a process starts, each as one line that says what to
@@ -158,15 +198,15 @@ class ModelServer:
             raise ServeError(f"no model to serve at {self.model_dir} (no config.json there): train or copy the "
                              "model first, or pass the right folder")
         if self.port is None:
-            self.port = free_port()
-        elif port_taken(self.port):
-            raise ServeError(f"port {self.port} on 127.0.0.1 is taken (another server?): stop it, or pick another "
+            self.port = free_port(self.host)
+        elif port_taken(self.port, self.host):
+            raise ServeError(f"port {self.port} on {self.host} is taken (another server?): stop it, or pick another "
                              "port (or none: a free one is chosen)")
 
     def start(self) -> "ModelServer":
         self._checks()
         cmd = [c.replace("{port}", str(self.port)) for c in self.command] if self.command else \
-            server_command(str(self.model_dir), self.name, self.port, self.max_model_len, self.extra_args)
+            server_command(str(self.model_dir), self.name, self.port, self.max_model_len, self.extra_args, self.host)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "a")
         print(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} starting: {' '.join(cmd)}", file=log, flush=True)
@@ -245,7 +285,8 @@ def customer_settings(cfg) -> dict:
                 temperature=cfg.user_temperature, seed=cfg.seed, timeout=cfg.user_timeout,
                 max_retries=cfg.user_retries, backoff=cfg.user_backoff, max_workers=cfg.user_concurrency,
                 max_tokens=cfg.user_max_tokens, allow_http=bool(cfg.allow_insecure_http), down_s=cfg.user_down_s,
-                preflight=bool(cfg.preflight), prompt=getattr(cfg, "user_prompt", "auto"))
+                preflight=bool(cfg.preflight), prompt=getattr(cfg, "user_prompt", "auto"),
+                thinking=bool(getattr(cfg, "user_thinking", False)))
 
 
 def customer_for(cfg, out: Path | str = ".", rank: int = 0, world_size: int = 1):
@@ -254,7 +295,9 @@ def customer_for(cfg, out: Path | str = ".", rank: int = 0, world_size: int = 1)
     that)."""
     if cfg.user_serve:
         return ServedUser(cfg.user_serve, out, rank=rank, world_size=world_size, context=cfg.max_context,
-                          gpu_share=getattr(cfg, "user_memory", 0.2), **customer_settings(cfg))
+                          gpu_share=getattr(cfg, "user_memory", 0.2), host=serve_host(getattr(cfg, "user_host", ""),
+                                                                                      world_size),
+                          **customer_settings(cfg))
     return make_user(cfg.user, **customer_settings(cfg))
 
 
@@ -268,11 +311,14 @@ class ServedUser(User):
     MAX_RESTARTS = 3  # times a run starts its served customer again after the server died
 
     def __init__(self, folder, out, max_model_len: int | None = None, rank: int = 0, world_size: int = 1,
-                 context: int = 32768, gpu_share: float = 0.2, **llm):
+                 context: int = 32768, gpu_share: float = 0.2, host: str = "127.0.0.1", **llm):
         self.folder, self.out, self.rank, self.world_size = Path(folder), Path(out), rank, world_size
+        self.host = host  # where its server listens: loopback, or an address the other nodes reach
         self.server, self.restarts, self.llm, self.gpu_share = None, 0, None, gpu_share
         self.worlds = None  # check()'s, for the served endpoint's own preflight in start()
         self.llm_settings = {k: v for k, v in llm.items() if v is not None}
+        if trained_here(self.folder):  # (no thinking switch: the prompts it learned from)
+            self.llm_settings["thinking"] = True
         for own in ("model", "base_url", "api_key"):  # its own server: its own name, address and key
             self.llm_settings.pop(own, None)
         self.down_s = self.llm_settings.get("down_s", float("inf"))
@@ -301,9 +347,11 @@ class ServedUser(User):
             extra = ("--gpu-memory-utilization", str(self.gpu_share), "--dtype", "bfloat16") \
                 if _on_gpu() else ()
             self.server = ModelServer(self.folder, name="customer", log_path=self.out / "customer-server.log",
-                                      max_model_len=self.max_model_len, extra_args=extra).start()
+                                      max_model_len=self.max_model_len, extra_args=extra, host=self.host).start()
+            parser = reasoning_parser(self.folder) or "none"
             print(f"[customer] {self.folder.name} served at {self.server.base_url} in "
-                  f"{time.perf_counter() - t0:.0f} s (log: {self.server.log_path})", flush=True)
+                  f"{time.perf_counter() - t0:.0f} s, reasoning parser {parser} (log: {self.server.log_path})",
+                  flush=True)
             if log:
                 log({"phase": "customer_server", "event": "started", "pid": self.server.proc.pid,
                      "base_url": self.server.base_url, "model": str(self.folder)})

@@ -155,4 +155,20 @@ def validate(cfg, world_size: int = 1, model_given: bool = True) -> None:
                                                      f"--user_base_url {cfg.user_base_url} (or --user_serve)"),
         *[(False, m) for m in [model_problem(cfg.model) if model_given else None] if m],
         (not cfg.offload or "WORLD_SIZE" in os.environ or cfg.plan > 0, "--offload shards with FSDP2: use torchrun"),
+        *across_nodes(cfg, world_size),
     ])
+
+
+def across_nodes(cfg, world_size: int) -> list[tuple[bool, str]]:
+    """--user_serve under torchrun on several nodes (LOCAL_WORLD_SIZE < WORLD_SIZE): the other nodes
+    reach rank 0's server over the network, on plain http (its key readable on the way), so only
+    with --allow_insecure_http, and never on a loopback --user_host."""
+    nodes = int(os.environ.get("LOCAL_WORLD_SIZE", world_size)) < world_size
+    if not (cfg.user_serve and nodes):
+        return []
+    host = getattr(cfg, "user_host", "")
+    return [(not host.startswith(("127.", "localhost")), f"--user_host {host} cannot be reached from the other "
+             "nodes: drop it (this node's address is used) or serve the customer yourself and pass --user_base_url"),
+            (bool(cfg.allow_insecure_http), "--user_serve across nodes: the other nodes would reach rank 0's server "
+             "over plain http: pass --allow_insecure_http (a private network), or serve the customer yourself and "
+             "pass --user_base_url https://HOST/v1")]

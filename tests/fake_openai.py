@@ -12,6 +12,10 @@ the context leaves. A prompt's token count here is its JSON length / 4. `fail` m
 HTTP status; `reply` is the assistant text; `extra_tokens` inflates the usage (a conversation that fills up).
 `faults` is a list the next requests (GET or POST) take in order, one each: an HTTP status to answer, "hang" (no
 reply for `hang_s` seconds, then the connection closes) or None (answered as usual): transient faults that pass.
+`thinking`: a thinking model (Qwen3's default), which opens <think> and is cut by max_tokens before it closes it,
+unless the request's chat_template_kwargs say enable_thinking false; `reasoning_parser`: the server then moves that
+reasoning out of the message (vLLM's `reasoning` field); `strict`: like OpenAI's own API, a request field it does
+not know (chat_template_kwargs) is 400.
 """
 
 import json
@@ -22,9 +26,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 class FakeServer:
     def __init__(self, model="tiny", context=2048, tools=True, reply="Hello, how can I help?", fail=None,
-                 extra_tokens=0, faults=(), hang_s=5.0):
+                 extra_tokens=0, faults=(), hang_s=5.0, thinking=False, reasoning_parser=False, strict=False):
         self.model, self.context, self.tools, self.reply, self.fail = model, context, tools, reply, fail
         self.faults, self.hang_s, self._lock = list(faults), hang_s, threading.Lock()
+        self.thinking, self.reasoning_parser, self.strict = thinking, reasoning_parser, strict
         self.extra_tokens, self.requests, self.keys = extra_tokens, [], []  # keys: each request's Authorization
         srv = self
 
@@ -80,12 +85,18 @@ class FakeServer:
                 if (body.get("max_tokens") or 0) > srv.context:
                     return self._send(400, _error(f"max_tokens={body['max_tokens']} cannot be greater than "
                                                   f"max_model_len={srv.context}.", 400))
+                if srv.strict and "chat_template_kwargs" in body:
+                    return self._send(400, _error("Unrecognized request argument supplied: chat_template_kwargs", 400))
                 if srv.fail:
                     return self._send(srv.fail, _error("the engine is restarting", srv.fail))
                 n = min(body.get("max_tokens") or 16, srv.context - prompt, 8)
+                thinks = srv.thinking and (body.get("chat_template_kwargs") or {}).get("enable_thinking", True)
+                message = {"role": "assistant", "content": "<think>\nThe customer wants" if thinks else srv.reply}
+                if thinks and srv.reasoning_parser:  # the whole reply was reasoning: no message at all
+                    message = {"role": "assistant", "content": None, "reasoning": "The customer wants"}
                 self._send(200, {"id": "x", "object": "chat.completion", "created": 0, "model": srv.model,
-                                 "choices": [{"index": 0, "finish_reason": "stop",
-                                              "message": {"role": "assistant", "content": srv.reply}}],
+                                 "choices": [{"index": 0, "finish_reason": "length" if thinks else "stop",
+                                              "message": message}],
                                  "usage": {"prompt_tokens": prompt, "completion_tokens": n,
                                            "total_tokens": prompt + n}})
 

@@ -342,3 +342,20 @@ def test_a_linked_log_is_not_followed_out_of_the_run(tmp_path):
     replant(ck, logs={"log.jsonl": 1, "samples.txt": 0})
     resume(out)
     assert victim.read_text() == "precious\n" * 100
+
+
+def test_every_torch_load_in_the_project_states_weights_only_true():
+    # A tensor file from anywhere is loaded as tensors and numbers only: no load in the project (benchmarks
+    # included) leaves the choice to torch's default.
+    import ast
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    loose = []
+    for path in sorted(p for p in repo.rglob("*.py") if not {"tests", ".venv", "runs"} & set(p.relative_to(repo).parts)):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and ast.unparse(node.func) == "torch.load":
+                said = {k.arg: ast.unparse(k.value) for k in node.keywords}
+                if said.get("weights_only") != "True":
+                    loose.append(f"{path.relative_to(repo)}:{node.lineno}")
+    assert not loose, f"torch.load without weights_only=True: {loose}"

@@ -18,6 +18,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -240,3 +241,64 @@ def test_the_gpu_check_runs_on_a_cpu(tmp_path):
             assert f"{run} | {phase} |" in table
     assert re.search(r"\| pass \| [\d.]+M parameters, [2-9]\d* files \+ index", table)
     assert "FAIL" not in table and not (tmp_path / "check").exists()  # its files removed (no --keep)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# What the GPU check says it ran
+
+
+def _gpu_check():
+    sys.path.insert(0, str(REPO / "bench"))
+    import gpu_check
+
+    return gpu_check
+
+
+def test_the_gpu_check_plans_with_the_cards_own_memory(monkeypatch):
+    import torch
+
+    gpu_check = _gpu_check()
+    assert gpu_check.card_gib() == 80.0  # a CPU: nothing measured, the plan's default
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda d=None: SimpleNamespace(total_memory=int(139.8 * mp.GIB)))
+    assert gpu_check.card_gib() == pytest.approx(139.8)  # an H200's, not 80
+
+
+def test_the_gpu_check_says_which_vllm_model_runner_ran_and_its_kv_cache(monkeypatch, tmp_path, capsys):
+    gpu_check, seen = _gpu_check(), {}
+
+    class LLM:  # vLLM's surface the check reads, as 0.32 has it
+        def __init__(self, **kw):
+            seen.update(kw)
+            cache = SimpleNamespace(num_gpu_blocks=2500, block_size=16)
+            self.llm_engine = SimpleNamespace(vllm_config=SimpleNamespace(use_v2_model_runner=True,
+                                                                          cache_config=cache))
+
+        def collective_rpc(self, method):
+            return [method(SimpleNamespace(worker=SimpleNamespace(available_kv_cache_memory_bytes=5 * mp.GIB)))]
+
+    monkeypatch.setitem(sys.modules, "vllm", SimpleNamespace(LLM=LLM))
+    rows, a = [], SimpleNamespace(engine_memory=0.5, longest=32768)
+    gpu_check.vllm_rows(C8, tmp_path, a, rows)
+    assert seen["max_model_len"] == 32768 and seen["gpu_memory_utilization"] == 0.5
+    runner, kv = rows
+    assert runner["phase"] == "model runner" and runner["note"].startswith("V2")
+    assert kv["peak"] == 5 * mp.GIB and kv["plan"] == pytest.approx(
+        mp.vllm_budget(C8, 0.5, 80.0, 32768, 16384, 1024, graphs=True)["kv"]) and "40,000 tokens" in kv["note"]
+    assert "vLLM: model runner V2, available KV cache 5.00 GiB = 40,000 tokens" in capsys.readouterr().out
+    monkeypatch.setitem(sys.modules, "vllm", None)  # not installed: said, no row
+    gpu_check.vllm_rows(C8, tmp_path, a, rows)
+    assert len(rows) == 2 and "vLLM: not installed" in capsys.readouterr().out
+
+
+def test_the_weight_push_is_planned_with_vllms_weights_awake_and_its_kv_cache_asleep():
+    p = mp.plan(C8, 8, tokens=16384, max_context=32768, checkpointing=True, reference=True)
+    resident = p["masters"] + p["adamw"] + p["reference"]
+    V, D = C8["vocab_size"], C8["hidden_size"]
+    assert p["sync"] == pytest.approx(resident + p["vllm_asleep"] + p["vllm_weights"] + 6 * V * D)
+    assert p["sync"] < p["rollout"] and p["peak"] >= p["sync"]  # the KV cache asleep: less than a rollout
+    tight = mp.plan(C8, 1, tokens=4096, max_context=4096, checkpointing=True, reference=True, engine_share=0.3,
+                    gpu_gib=40.0)
+    assert any(w.startswith("the sync phase needs") for w in tight["why"]) == (tight["sync"] > 0.9 * 40 * mp.GIB)
