@@ -18,8 +18,8 @@ model and drills it). Symbols: B = tasks per step, G = group size (rollouts per 
 T = tokens, N_tok = trained tokens in a step.
 
 Departures from the paper (see also the README):
-1. One update per batch, as the authors ran it: the policy that sampled is the one we update, so
-   old_logp = logp.detach() (ratio == 1, the clip never fires), no second pass.
+1. One update per batch by default, as the authors ran it: old_logp = logp.detach() (ratio == 1,
+   the clip acts only with --mini_batches > 1); each token weighted by min(pi / pi_sampler, C).
 2. Groups with an aborted episode (the customer's endpoint failed) are dropped from the step, not
    scored 0; their tasks are drawn again. A customer down longer than --user_down_s stops the run.
 """

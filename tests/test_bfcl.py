@@ -282,7 +282,9 @@ def test_missing_wheel_is_one_line_saying_how_to_get_it(tmp_path):
     assert r.returncode != 0 and r.stderr.strip().count("\n") == 0, r.stderr
     assert "pip install --no-deps bfcl-eval==2026.3.23" in r.stderr and "Traceback" not in r.stderr
     code = code.replace("eval.py", "muarl.py").replace("'--bench'", "'--domains'").replace(", '--agent', 'oracle'", "")
-    code = code.replace("'--out'", "'--out_dir'")
+    # (a model a CPU run is for: the default 8B is refused first on a machine without CUDA; the wheel is checked
+    # before any model is fetched)
+    code = code.replace("'--out'", "'--model', 'Qwen/Qwen3-0.6B', '--out_dir'")
     r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and r.stderr.strip().count("\n") == 0, r.stderr
     assert "pip install --no-deps bfcl-eval==2026.3.23" in r.stderr and "Traceback" not in r.stderr
