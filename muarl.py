@@ -60,7 +60,7 @@ from domains.tau2_data import provenance
 from engine import check_vllm_model, rollout_engine
 from eval import format_table, run_eval
 from grpo import ADVANTAGES, REWARDS, grpo_loss, pack_sequences, token_advantages, token_logprobs
-from plumbing import checkpoint as ckpt, curves
+from plumbing import checkpoint as ckpt, curves, view
 from plumbing.fsdp import (all_gather_episodes, all_sum, barrier, bf16_compute, compute_device,
                            dist_setup, dist_teardown, even_rows, full_tensors, is_sharded, place,
                            reduce_stats, reshard)
@@ -114,7 +114,7 @@ def advantages(episodes, G: int, estimator: str = "grpo", reward: str = "outcome
 
 def update(policy, reference, episodes, advantages, opt, *, row_tokens: int, chunk: int, bf16: bool,
            kl_coef: float, clip: tuple[float, float], sampler: tuple[float, float],
-           grad_clip: float, world_size: int = 1) -> dict:
+           grad_clip: float, world_size: int = 1, keep: list[int] = ()) -> dict:
     """One optimizer step of GRPO on this rank's episodes: pack, log-probs, loss, backward, step.
 
     The step's loss is the token mean over every trained token of every rank's episodes; each packed
@@ -122,7 +122,8 @@ def update(policy, reference, episodes, advantages, opt, *, row_tokens: int, chu
     adds its share (masked sum / N_tok) to the gradient, so splitting into rows changes nothing.
     With `bf16` the forward computes in bf16 while AdamW updates fp32 weights. `sampler`: the
     engine's (temperature, top-p), to
-    compare like for like with what the engine reported (`logp_gap`)."""
+    compare like for like with what the engine reported (`logp_gap`). `keep`: episodes whose
+    trainer log-probs come back under "seen" (the run's page, plumbing/view.py)."""
     rows = pack_sequences([e.ids for e in episodes], [e.mask for e in episodes], row_tokens,
                           adv=advantages, sample_logp=[e.logprobs for e in episodes])
     # FSDP: every rank runs as many rows (one process: unchanged)
@@ -134,7 +135,7 @@ def update(policy, reference, episodes, advantages, opt, *, row_tokens: int, chu
     logprobs = token_logprobs if not is_sharded(policy) else lambda m, *a, **k: m.token_logprobs(*a, **k)
     dev, use_ref = compute_device(policy), reference is not None and kl_coef > 0
     opt.zero_grad(set_to_none=True)
-    stats = []
+    stats, seen = [], {}
     for row in rows:
         # rows are packed on the CPU: every tensor to the GPU
         row = {k: v.to(dev) for k, v in row.items()}
@@ -159,6 +160,8 @@ def update(policy, reference, episodes, advantages, opt, *, row_tokens: int, chu
         # engine vs trainer, like for like; clamped: a token outside the trainer's nucleus is -inf
         gap = ((row["sample_logp"] - logp_seen).abs().clamp(max=1e3) * mask).sum().item()
         stats.append({**st, "loss": loss.item(), "logp_gap": gap})
+        for k in set(keep) & set(row["seq_id"][0].tolist()):  # (first row first: FSDP's padding rows reuse 0)
+            seen.setdefault(k, logp_seen[0][row["seq_id"][0] == k].tolist())
     gnorm = float(torch.nn.utils.clip_grad_norm_(policy.parameters(), grad_clip))
     out = reduce_stats(stats, world_size)  # token-weighted means over every row of every rank
     finite = math.isfinite(out["loss"]) and math.isfinite(gnorm)
@@ -167,7 +170,7 @@ def update(policy, reference, episodes, advantages, opt, *, row_tokens: int, chu
     opt.zero_grad(set_to_none=True)
     long_rows = all_sum(float(sum(len(e.ids) > row_tokens for e in episodes)), world_size)
     return {**out, "grad_norm": gnorm, "skipped": not finite, "trained_tokens": n_tok,
-            "long_rows": long_rows}
+            "long_rows": long_rows, **({"seen": seen} if keep else {})}
 
 
 def update_settings(cfg: Config) -> dict:
@@ -289,10 +292,11 @@ def train(cfg: Config, kit: Kit | None = None) -> dict:
         # 4 + 5. loss, backward, optimizer step (every rank takes the same branch: the update is
         # collective)
         run.policy.train()
+        keep = view.pick(kept, cfg.group_size) if run.rank == 0 else []  # the page's 1-2 groups
         if all_sum(float(sum(sum(e.mask) for e in kept)), run.world_size) > 0:
             torch.set_num_threads(cfg.train_threads or cfg.threads)  # (the customer is idle now)
             upd = update(run.policy, run.reference, kept, adv, run.opt, **update_settings(cfg),
-                         world_size=run.world_size)
+                         world_size=run.world_size, keep=keep)
             torch.set_num_threads(cfg.threads)
         # a forward and backward over 0 trained tokens would cost a full update and change nothing
         else:
@@ -300,6 +304,8 @@ def train(cfg: Config, kit: Kit | None = None) -> dict:
                    if all_sum(len(kept), run.world_size) else "every group had an aborted episode"}
             print(f"[step {step}] warning: update skipped: {upd['reason']}", flush=True)
         run.updates += not upd["skipped"]
+        if run.rank == 0:  # their tokens as the loss saw them, for runs/<name>/view.html
+            view.record(run.out, step, kept, adv, keep, upd.pop("seen", {}), run.tok, cfg.group_size)
         t2 = time.perf_counter()
         # 6. sync: the engine wakes first (asleep, vLLM handed its weights' memory back); none if
         # shared
@@ -356,6 +362,7 @@ def finish(run) -> dict:
     if run.rank == 0:
         # runs/<name>/curves.png: the training dynamics (needs matplotlib; else one line)
         curves.draw(run.out)
+        view.write(run.out)  # runs/<name>/view.html, also written at every evaluation
         made = {"model": label, "grpo_steps": cfg.steps, "updates": n, "data": provenance(run.worlds)}
         (run.out / "final" / "muarl.json").write_text(json.dumps(made))
     if run.rank == 0 and run.results:

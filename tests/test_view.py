@@ -1,0 +1,166 @@
+"""The run's page (plumbing/view.py): written by a run, self-contained, and right in a real browser.
+
+A short CPU run (the demo's tiny model, the scripted customer, the shop world: seconds) writes view.html; headless
+Chromium opens it with #selftest, which draws every recorded episode token by token and works the filters, and
+writes what it counted into <pre id="selftest">. What each part pins:
+
+  the run        view.html and view-tokens.jsonl exist; the page loads nothing (no URL, a policy forbidding
+                 requests); the token record is the exact stream the loss saw, with the trainer's log-probs
+  the browser    no script error; each recorded episode's lit tokens == its trained tokens, as the episode log
+                 records them; a filter changes what is shown
+  bad input      an older run's folder, a truncated log, an episode without tokens: a page that says what is
+                 missing; a page that cannot be made is one printed line, never a traceback
+  sanity flags   a trained token inside the customer's text is counted
+
+Without Chromium (Debian's `chromium`) the browser test skips with the reason; CI installs it (.ci/run).
+"""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from demo import train as demo_train
+from plumbing import view
+
+# 2 GRPO steps of 2 tasks x 2 episodes, an evaluation after each, no cold start: a few seconds on a CPU
+TINY = ["--model", "tiny", "--domains", "shop", "--tiny_hidden", "64", "--tiny_layers", "2", "--threads", "1",
+        "--tasks_per_step", "2", "--copy_warmup", "0", "--group_size", "2", "--max_new_tokens", "24", "--max_turns",
+        "6", "--eval_tasks", "2", "--sft_epochs", "0", "--steps", "2", "--eval_every", "1"]
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    out = tmp_path_factory.mktemp("view") / "run"
+    demo_train.main(TINY + ["--out_dir", str(out)])
+    torch.set_num_threads(n)
+    return out
+
+
+def jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def browse(page: Path, tmp_path: Path) -> dict:
+    """Open `page#selftest` in headless Chromium; what its self-test wrote."""
+    if CHROMIUM is None:
+        pytest.skip("chromium not installed (apt-get install chromium): the page is not checked in a browser")
+    args = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+            "--disable-background-networking", "--disable-component-update", "--disable-sync",
+            f"--user-data-dir={tmp_path / 'chromium'}", "--virtual-time-budget=5000", "--dump-dom",
+            page.resolve().as_uri() + "#selftest"]
+    dom = subprocess.run(args, capture_output=True, text=True, timeout=120, errors="replace").stdout
+    found = re.search(r'<pre id="selftest"[^>]*>([^<]*)</pre>', dom)
+    assert found and found.group(1).strip(), f"the self-test wrote nothing: {dom[-2000:]}"
+    return json.loads(found.group(1).replace("&amp;", "&").replace("&lt;", "<").replace("&gt;", ">")
+                      .replace("&quot;", '"'))
+
+
+# --------------------------------------------------------------------------------------------------
+# The run
+
+
+def test_a_run_writes_one_self_contained_page(run):
+    page = (run / "view.html").read_text()
+    assert "__DATA__" not in page and "Content-Security-Policy" in page and "default-src 'none'" in page
+    # nothing to fetch: no src or href attribute, no URL but the SVG namespace
+    assert not re.search(r"\b(src|href)\s*=", page)
+    assert set(re.findall(r"https?://[^\s\"'<>]+", page)) <= {"http://www.w3.org/2000/svg"}
+    assert len(page) < 2_000_000
+
+
+def test_the_token_record_is_the_stream_the_loss_saw(run):
+    groups = jsonl(run / "view-tokens.jsonl")
+    assert sorted({g["step"] for g in groups}) == [0, 1]  # every step, 1-2 groups each
+    for g in groups:
+        assert 1 <= sum(x["step"] == g["step"] for x in groups) <= 2 and len(g["episodes"]) == 2
+        for e in g["episodes"]:
+            assert len(e["mask"]) == len(e["ids"]) and e["trained"] == e["mask"].count("1") > 0
+            assert len(e["lp"]) == len(e["tlp"]) == e["trained"]
+            assert all(str(i) in g["vocab"] for i in e["ids"])
+            # one update per batch, shared weights: the trainer scores each trained token as the sampler did
+            assert max(abs(a - b) for a, b in zip(e["lp"], e["tlp"])) < 1e-3
+            # the spans tile the stream; trained tokens only in the agent's
+            assert e["spans"][0][1] == 0 and e["spans"][-1][2] == len(e["ids"])
+            assert sum(e["mask"][s:t].count("1") for who, s, t in e["spans"] if who != "agent") == 0
+    # a resume cuts this log back with the others: the checkpoint's manifest lists it
+    manifest = json.loads(next((run / "checkpoints").glob("step-*/manifest.json")).read_text())
+    assert "view-tokens.jsonl" in manifest["logs"]
+
+
+def test_the_page_in_a_real_browser(run, tmp_path):
+    got = browse(run / "view.html", tmp_path)
+    assert got["errors"] == []
+    # each recorded episode: lit tokens == trained tokens, as the episode log (episodes-rank0.jsonl) records them
+    logged = {(r["step"], str(r["seed"])): r["trained_tokens"] for r in jsonl(run / "episodes-rank0.jsonl")
+              if r.get("phase") != "eval"}
+    assert len(got["lit"]) == sum(len(g["episodes"]) for g in jsonl(run / "view-tokens.jsonl")) > 0
+    for e in got["lit"]:
+        assert e["lit"] == e["trained"] == logged[(e["step"], e["seed"])] > 0, e
+    # the filters change what is shown: one step of two, a stop reason no episode has, a reward
+    c = got["counts"]
+    assert c["training"] == 8 and c["training_step"] == 4
+    assert c["evaluation"] == 6 and c["compare"] == 2 and c["groups"] == 4
+    assert c["training_reward0"] == sum(r["reward"] == 0 for r in jsonl(run / "episodes-rank0.jsonl")
+                                        if r.get("phase") != "eval")
+
+
+# --------------------------------------------------------------------------------------------------
+# Bad input: the page is still written, and says what is missing
+
+
+def test_an_older_run_a_truncated_log_and_an_episode_without_tokens(run, tmp_path, capsys):
+    old = tmp_path / "old"
+    old.mkdir()
+    shutil.copy(run / "log.jsonl", old)
+    text = (run / "episodes-rank0.jsonl").read_text()
+    (old / "episodes-rank0.jsonl").write_text(text[: len(text) - 40])  # a run killed mid-line
+    page = view.write(old)
+    data = view.collect(old)
+    assert page == old / "view.html" and page.is_file()
+    assert "view-tokens.jsonl is missing" in data["notes"]
+    assert any("unreadable line" in n for n in data["notes"])
+    assert data["groups"] == [] and data["train"] and data["evals"]
+    # an episode with no tokens (a message-level agent's): drawn as such, noted
+    record = jsonl(run / "view-tokens.jsonl")[0]
+    for e in record["episodes"]:
+        e.update(ids=[], mask="", lp=[], tlp=[], spans=[], trained=0)
+    (old / "view-tokens.jsonl").write_text(json.dumps(record) + "\n")
+    assert any("without tokens" in n for n in view.collect(old)["notes"])
+    assert view.write(old) == page
+
+
+def test_a_page_that_cannot_be_made_is_one_line(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(view, "collect", lambda *a: 1 / 0)
+    assert view.write(tmp_path) is None
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1 and "view: " in out and "ZeroDivisionError" in out and "Traceback" not in out
+    assert not (tmp_path / "view.html").exists()
+
+
+def test_an_empty_folder_still_gets_a_page_in_the_browser(tmp_path):
+    page = view.write(tmp_path)
+    assert page is not None and {"log.jsonl is missing", "episodes-rank0.jsonl is missing"} <= set(
+        view.collect(tmp_path)["notes"])
+    got = browse(page, tmp_path)
+    assert got["errors"] == [] and got["lit"] == []
+
+
+def test_a_trained_token_in_the_customers_text_is_flagged(run, tmp_path):
+    record = jsonl(run / "view-tokens.jsonl")[0]
+    e = record["episodes"][0]
+    _, s, t = next(sp for sp in e["spans"] if sp[0] == "user")
+    e["mask"] = e["mask"][:s] + "1" + e["mask"][s + 1:]
+    os.makedirs(tmp_path / "r")
+    (tmp_path / "r" / "view-tokens.jsonl").write_text(json.dumps(record) + "\n")
+    flags = view.collect(tmp_path / "r")["flags"]
+    assert flags["trained tokens inside customer, tool or prompt text"] == 1
+    assert flags["mask and trained-token count disagree"] == 1
