@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import needs_tau2
 from demo import train as demo_train
 from plumbing import view
 
@@ -164,3 +165,41 @@ def test_a_trained_token_in_the_customers_text_is_flagged(run, tmp_path):
     flags = view.collect(tmp_path / "r")["flags"]
     assert flags["trained tokens inside customer, tool or prompt text"] == 1
     assert flags["mask and trained-token count disagree"] == 1
+
+
+# --------------------------------------------------------------------------------------------------
+# Every reward explained: a database mismatch names the rows and the fields that differ
+
+
+def test_a_database_mismatch_names_the_fields_that_differ():
+    from domains import load_world
+
+    world = load_world("shop", seed=0, n_train=0, n_test=5)
+    task = next(t for t in world.tasks("test") if t.actions)
+    reward, info = world.score(task, world.new_env(task))  # the agent did nothing
+    assert reward == 0.0 and info["db_rows"] and {r["row"] for r in info["db_rows"]} <= set(info["db_diff"])
+    for r in info["db_rows"]:
+        assert r["expected"] != r["agent"] and set(r["expected"]) == set(r["agent"])  # only the differing fields
+    reward, info = world.score(task, world.replay(task.actions))  # the gold actions: nothing differs
+    assert reward == 1.0 and info["db_rows"] == []
+
+
+@needs_tau2
+def test_telecom_names_the_rows_of_the_company_and_of_the_phone():
+    from domains import load_world
+
+    world = load_world("telecom")
+    task = next(t for t in world.tasks("all") if t.actions)  # (its gold actions fix the company and the phone)
+    reward, info = world.score(task, world.new_env(task))
+    assert reward == 0.0 and not info["db_match"]
+    assert {r["row"].split("/")[0] for r in info["db_rows"]} & {"phone"} and len(info["db_rows"]) <= 5
+
+
+def test_eval_writes_its_page_beside_its_transcripts(tmp_path, capsys):
+    from eval import main
+
+    out = tmp_path / "ev" / "transcripts.jsonl"
+    main(["--agent", "oracle", "--domains", "shop", "--eval_tasks", "3", "--out", str(out)])
+    data = view.collect(out.parent, out)
+    assert (out.parent / "view.html").is_file() and data["notes"] == []
+    assert len({e["task_id"] for e in data["evals"]}) == 3 and all(e["reward"] == 1.0 and e["messages"] for e in data["evals"])
