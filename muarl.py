@@ -114,7 +114,7 @@ def advantages(episodes, G: int, estimator: str = "grpo", reward: str = "outcome
 
 def update(policy, reference, episodes, advantages, opt, *, row_tokens: int, chunk: int, bf16: bool,
            kl_coef: float, clip: tuple[float, float], sampler: tuple[float, float],
-           grad_clip: float, world_size: int = 1, keep: list[int] = ()) -> dict:
+           grad_clip: float, world_size: int = 1, keep: list[int] | tuple = ()) -> dict:
     """One optimizer step of GRPO on this rank's episodes: pack, log-probs, loss, backward, step.
 
     The step's loss is the token mean over every trained token of every rank's episodes; each packed
@@ -160,7 +160,9 @@ def update(policy, reference, episodes, advantages, opt, *, row_tokens: int, chu
         # engine vs trainer, like for like; clamped: a token outside the trainer's nucleus is -inf
         gap = ((row["sample_logp"] - logp_seen).abs().clamp(max=1e3) * mask).sum().item()
         stats.append({**st, "loss": loss.item(), "logp_gap": gap})
-        for k in set(keep) & set(row["seq_id"][0].tolist()):  # (first row first: FSDP's padding rows reuse 0)
+        # the page's sample: the trainer's log-probs of each kept episode in this row (setdefault:
+        # FSDP's empty padding rows also call their two tokens episode 0)
+        for k in set(keep) & set(row["seq_id"][0].tolist()):
             seen.setdefault(k, logp_seen[0][row["seq_id"][0] == k].tolist())
     gnorm = float(torch.nn.utils.clip_grad_norm_(policy.parameters(), grad_clip))
     out = reduce_stats(stats, world_size)  # token-weighted means over every row of every rank
@@ -304,8 +306,6 @@ def train(cfg: Config, kit: Kit | None = None) -> dict:
                    if all_sum(len(kept), run.world_size) else "every group had an aborted episode"}
             print(f"[step {step}] warning: update skipped: {upd['reason']}", flush=True)
         run.updates += not upd["skipped"]
-        if run.rank == 0:  # their tokens as the loss saw them, for runs/<name>/view.html
-            view.record(run.out, step, kept, adv, keep, upd.pop("seen", {}), run.tok, cfg.group_size)
         t2 = time.perf_counter()
         # 6. sync: the engine wakes first (asleep, vLLM handed its weights' memory back); none if
         # shared
@@ -314,6 +314,8 @@ def train(cfg: Config, kit: Kit | None = None) -> dict:
             run.engine.update_weights(full_tensors(run.policy, dtype=getattr(torch, cfg.dtype)))
         t3 = time.perf_counter()
         # 7. log: the step's numbers, and every 10 steps one whole episode with its mask
+        if run.rank == 0:  # and 1-2 groups token by token, as the loss saw them (runs/<name>/view.html)
+            view.record(run.out, step, kept, adv, keep, upd.pop("seen", {}), run.tok, cfg.group_size)
         st = step_stats(episodes, len(kept) // cfg.group_size, cfg.group_size, run.world_size)
         run.log({"phase": "grpo", "step": step, **st, **upd, "rollout_s": t1 - t0, "update_s": t2 - t1,
                  "sync_s": t3 - t2, "tokens_per_s": st["tokens"] / max(1e-9, t3 - t0),
