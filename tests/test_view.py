@@ -203,3 +203,16 @@ def test_eval_writes_its_page_beside_its_transcripts(tmp_path, capsys):
     data = view.collect(out.parent, out)
     assert (out.parent / "view.html").is_file() and data["notes"] == []
     assert len({e["task_id"] for e in data["evals"]}) == 3 and all(e["reward"] == 1.0 and e["messages"] for e in data["evals"])
+
+
+def test_a_resumed_run_records_each_step_once(tmp_path):
+    # the token record is a run log: a resume cuts it back to the checkpoint's step, as it does log.jsonl
+    out = tmp_path / "run"
+    args = TINY[: TINY.index("--steps")] + ["--out_dir", str(out), "--eval", "false", "--save_every", "1"]
+    demo_train.main(args + ["--steps", "1"])
+    with open(out / "view-tokens.jsonl", "a") as f:
+        f.write('{"step": 1, "group": 0, "episo')  # a step killed while its record was written
+    demo_train.main(args + ["--steps", "2", "--resume", "true"])
+    steps = [(g["step"], g["group"]) for g in jsonl(out / "view-tokens.jsonl")]
+    assert sorted({s for s, _ in steps}) == [0, 1] and len(steps) == len(set(steps))
+    assert (out / "view.html").is_file() and view.collect(out)["notes"] == []
