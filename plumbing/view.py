@@ -94,9 +94,9 @@ def record(out: Path, step: int, episodes, adv, keep: list[int], trainer_logp: d
             eps = [episode_record(episodes[i], adv[i], trainer_logp.get(i), tok) for i in idx]
             used = sorted({t for e in eps for t in e["ids"]})
             vocab = dict(zip(used, tok.batch_decode([[t] for t in used], skip_special_tokens=False)))
-            rewards = [e["reward"] for e in eps]
-            lines.append({"step": step, "group": episodes[idx[0]].group, "task": eps[0]["task"], "world": episodes[idx[0]].task.domain,
-                          "rewards": rewards, "vocab": vocab, "episodes": eps})
+            first = episodes[idx[0]]  # (group: the task's place in the step's batch, as the episode log has it)
+            lines.append({"step": step, "group": first.group, "task": first.task.id, "world": first.task.domain,
+                          "vocab": vocab, "episodes": eps})
         with open(Path(out) / TOKENS, "a") as f:
             f.writelines(json.dumps(r, allow_nan=False) + "\n" for r in lines)
     except Exception as err:  # noqa: BLE001 - the viewer must never cost the run
@@ -140,6 +140,18 @@ def _last_per(rows: list[dict], key) -> list[dict]:
     return list(out.values())
 
 
+def _info(r: dict) -> dict:
+    return r["info"] if isinstance(r.get("info"), dict) else {}
+
+
+def _summary(r: dict) -> dict:
+    """An episode of episodes-rank0.jsonl in one line: what the filters and the tables read."""
+    return {"step": r.get("step"), "task_id": r.get("task_id"), "world": _world(str(r.get("task_id"))),
+            "reward": r.get("reward"), "stop": r.get("stop_reason"), "errors": _info(r).get("errors", 0),
+            "turns": r.get("turns"), "group": r.get("group"), "seed": str(r.get("seed")),
+            "trained": r.get("trained_tokens")}
+
+
 def _stats(rewards: list[float]) -> tuple[float, float]:
     mean = sum(rewards) / len(rewards) if rewards else 0.0
     return mean, (sum((r - mean) ** 2 for r in rewards) / max(1, len(rewards) - 1)) ** 0.5
@@ -173,20 +185,15 @@ def collect(run_dir: Path, episodes_path: Path | None = None) -> dict:
     eval_recs = _last_per([r for r in log if r.get("phase") == "eval"], lambda r: r.get("name"))
     step_of = {r.get("name"): r.get("step", 0) for r in eval_recs}
     eps = _jsonl(episodes_path or run_dir / "episodes-rank0.jsonl", notes)
-    keys = ("task_id", "reward", "stop_reason", "turns", "group", "seed")
-    summaries = [{"step": r.get("step"), "stop": r.get("stop_reason"), "world": _world(str(r.get("task_id"))), "errors": (r.get("info") or {})
-                  .get("errors", 0), "trained": r.get("trained_tokens"), **{k: r.get(k) for k in keys}, "seed": str(r.get("seed"))}
-                 for r in eps if r.get("phase") != "eval"]
+    summaries = [_summary(r) for r in eps if r.get("phase") != "eval"]
     rules, evals = {}, []
     for r in (r for r in eps if r.get("phase") == "eval"):
-        msgs = r.get("messages") or []
-        world = _world(str(r.get("task_id")))
+        msgs = [m for m in r.get("messages") or [] if isinstance(m, dict)]
+        e = {**_summary(r), "name": r.get("name") or r.get("agent") or "evaluation",
+             "step": step_of.get(r.get("name"), 0), "info": _info(r)}
         if msgs and msgs[0].get("role") == "system":
-            rules.setdefault(world, msgs[0].get("content"))  # the world's rules, once: not in every episode
-        evals.append({"name": r.get("name") or r.get("agent") or "evaluation", "step": step_of.get(r.get("name"), 0),
-                      "world": world, "messages": [m for m in msgs if m.get("role") != "system"],
-                      "info": r.get("info") or {}, "stop": r.get("stop_reason"), "errors": (r.get("info") or {})
-                      .get("errors", 0), **{k: r.get(k) for k in keys if k != "stop_reason"}})
+            rules.setdefault(e["world"], msgs[0].get("content"))  # the world's rules, once: not in every episode
+        evals.append({**e, "messages": [m for m in msgs if m.get("role") != "system"]})
     token_path = run_dir / TOKENS
     groups = _last_per(_jsonl(token_path, notes), lambda r: (r.get("step"), r.get("group"))) if own else []
     groups = [g for g in groups if isinstance(g.get("episodes"), list) and g["episodes"]]
@@ -194,8 +201,11 @@ def collect(run_dir: Path, episodes_path: Path | None = None) -> dict:
     for g in groups:
         vocab.update(g.pop("vocab", None) or {})
         g["mean"], g["std"] = _stats([float(e.get("reward") or 0) for e in g["episodes"]])
-        for e in g["episodes"]:
-            e.setdefault("ids", [])
+        for e in g["episodes"]:  # (a record from an older version may lack any of these)
+            for key, empty in (("ids", []), ("mask", ""), ("lp", []), ("tlp", None), ("spans", []), ("adv", 0),
+                               ("info", {}), ("seed", ""), ("stop", None), ("reward", 0)):
+                e.setdefault(key, empty)
+            e.setdefault("trained", e["mask"].count("1"))
         if not any(e["ids"] for e in g["episodes"]):
             notes.append(f"step {g.get('step')} group {g.get('group')}: episodes without tokens (message-level)")
     # the size bound: whole steps thinned evenly, first and last kept
@@ -206,15 +216,15 @@ def collect(run_dir: Path, episodes_path: Path | None = None) -> dict:
     if total > TOKEN_BUDGET and len(order) > 2:
         every = math.ceil(total / TOKEN_BUDGET)
         kept = set(order[::every]) | {order[0], order[-1]}
-        notes.append(f"token records of {len(kept)} of {len(order)} steps kept (every {every}th: the page's size bound)")
+        notes.append(f"token records of {len(kept)} of {len(order)} steps kept (every {every}th: the page's size "
+                     "bound)")
         groups = [g for g in groups if g.get("step") in kept]
+    flags, facts = _flags(groups, summaries, evals)
+    curves = {"train": [{k: r.get(k) for k in ("step", "reward", "trained_tokens", "kl", "turns", "logp_gap")}
+                        for r in steps],
+              "eval": [{"name": r.get("name"), "step": r.get("step", 0), "pass1": r.get("pass^1")} for r in eval_recs]}
     return {"run": run_dir.resolve().name, "made": time.strftime("%Y-%m-%d %H:%M:%S"), "notes": notes,
-            "curves": {"train": [{k: r.get(k) for k in ("step", "reward", "trained_tokens", "kl", "turns",
-                                                        "logp_gap", "all_correct_groups", "all_wrong_groups")}
-                                 for r in steps],
-                       "eval": [{"name": r.get("name"), "step": r.get("step", 0), "pass1": r.get("pass^1")}
-                                for r in eval_recs]},
-            **dict(zip(("flags", "facts"), _flags(groups, summaries, evals))), "vocab": vocab, "rules": rules, "groups": groups,
+            "curves": curves, "flags": flags, "facts": facts, "vocab": vocab, "rules": rules, "groups": groups,
             "train": summaries, "evals": evals}
 
 
