@@ -40,7 +40,7 @@ from pathlib import Path
 TOKENS = "view-tokens.jsonl"  # the token records, one line per sampled group (a run log: cut back on resume)
 PAGE = "view.html"
 TEMPLATE = Path(__file__).with_name("view.html")
-TOKEN_BUDGET = 3_000_000  # characters of token records a page holds at most (about 3 MB)
+TOKEN_BUDGET = 2_000_000  # characters of token records a page holds at most (about 2 MB)
 GROUPS_A_STEP = 2  # sampled groups a step: the first, and the first that teaches if the first does not
 
 

@@ -216,3 +216,13 @@ def test_a_resumed_run_records_each_step_once(tmp_path):
     steps = [(g["step"], g["group"]) for g in jsonl(out / "view-tokens.jsonl")]
     assert sorted({s for s, _ in steps}) == [0, 1] and len(steps) == len(set(steps))
     assert (out / "view.html").is_file() and view.collect(out)["notes"] == []
+
+
+def test_the_page_keeps_to_its_size_bound(run, tmp_path, monkeypatch):
+    record = jsonl(run / "view-tokens.jsonl")[0]
+    (tmp_path / "view-tokens.jsonl").write_text("".join(json.dumps({**record, "step": s}) + "\n" for s in range(6)))
+    monkeypatch.setattr(view, "TOKEN_BUDGET", 2.5 * len(json.dumps(record)))  # room for about two steps
+    data = view.collect(tmp_path)
+    steps = [g["step"] for g in data["groups"]]
+    assert steps[0] == 0 and steps[-1] == 5 and len(steps) < 6  # thinned evenly, the first and the last kept
+    assert any(f"token records of {len(steps)} of 6 steps kept" in n for n in data["notes"])
