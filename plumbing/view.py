@@ -62,6 +62,16 @@ def _num(x: float, places: int = 3):
     return round(float(x), places) if math.isfinite(x) else None
 
 
+def _clean(v):
+    """`v` with every NaN or infinity (in nested dicts and lists too) as None: JSON has neither, and
+    a browser's JSON.parse refuses them."""
+    if isinstance(v, float):
+        return v if math.isfinite(v) else None
+    if isinstance(v, dict):
+        return {k: _clean(x) for k, x in v.items()}
+    return [_clean(x) for x in v] if isinstance(v, list) else v
+
+
 def _retokenises(tok, ids: list[int]) -> int:
     """The first index where encode(decode(ids)) differs from ids, or -1 if it gives them back."""
     again = tok(tok.decode(ids, skip_special_tokens=False), add_special_tokens=False)["input_ids"]
@@ -98,7 +108,7 @@ def record(out: Path, step: int, episodes, adv, keep: list[int], trainer_logp: d
             lines.append({"step": step, "group": first.group, "task": first.task.id, "world": first.task.domain,
                           "vocab": vocab, "episodes": eps})
         with open(Path(out) / TOKENS, "a") as f:
-            f.writelines(json.dumps(r, allow_nan=False) + "\n" for r in lines)
+            f.writelines(json.dumps(_clean(r), allow_nan=False) + "\n" for r in lines)
     except Exception as err:  # noqa: BLE001 - the viewer must never cost the run
         print(f"view: step {step}'s token record not written ({type(err).__name__}: {err})", flush=True)
 
@@ -234,7 +244,7 @@ def collect(run_dir: Path, episodes_path: Path | None = None) -> dict:
 
 def render(data: dict) -> str:
     """The template with the data embedded as JSON ("</" escaped: the data cannot close the script)."""
-    blob = json.dumps(data, allow_nan=False, separators=(",", ":")).replace("</", "<\\/")
+    blob = json.dumps(_clean(data), allow_nan=False, separators=(",", ":")).replace("</", "<\\/")
     page = TEMPLATE.read_text()
     return page.replace("__TITLE__", html.escape(f"muarl run: {data.get('run', '')}")).replace("__DATA__", blob)
 

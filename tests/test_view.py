@@ -124,13 +124,16 @@ def test_an_older_run_a_truncated_log_and_an_episode_without_tokens(run, tmp_pat
     old.mkdir()
     shutil.copy(run / "log.jsonl", old)
     text = (run / "episodes-rank0.jsonl").read_text()
-    (old / "episodes-rank0.jsonl").write_text(text[: len(text) - 40])  # a run killed mid-line
+    nan = '{"phase": "eval", "name": "x", "task_id": "shop/t", "reward": NaN, "info": {"completion": Infinity}}\n'
+    (old / "episodes-rank0.jsonl").write_text(nan + text[: len(text) - 40])  # NaN (Python's json), a run killed mid-line
     page = view.write(old)
     data = view.collect(old)
     assert page == old / "view.html" and page.is_file()
     assert "view-tokens.jsonl is missing" in data["notes"]
     assert any("unreadable line" in n for n in data["notes"])
     assert data["groups"] == [] and data["train"] and data["evals"]
+    blob = re.search(r'<script id="data" type="application/json">(.*?)</script>', page.read_text(), re.S).group(1)
+    assert json.loads(blob, parse_constant=lambda c: pytest.fail(f"not JSON: {c}"))["evals"][0]["reward"] is None
     # an episode with no tokens (a message-level agent's): drawn as such, noted
     record = jsonl(run / "view-tokens.jsonl")[0]
     for e in record["episodes"]:
