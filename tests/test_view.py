@@ -101,6 +101,8 @@ def test_the_token_record_is_the_stream_the_loss_saw(run):
 def test_the_page_in_a_real_browser(run, tmp_path):
     got = browse(run / "view.html", tmp_path)
     assert got["errors"] == []
+    # a trained token's hover: both log-probs, the sampler's and the trainer's, and its advantage
+    assert re.search(r"sampler logp +-?\d+\.\d+\ntrainer logp +-?\d+\.\d+", got["tip"]) and "advantage" in got["tip"]
     # each recorded episode: lit tokens == trained tokens, as the episode log (episodes-rank0.jsonl) records them
     logged = {(r["step"], str(r["seed"])): r["trained_tokens"] for r in jsonl(run / "episodes-rank0.jsonl")
               if r.get("phase") != "eval"}
