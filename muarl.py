@@ -294,7 +294,7 @@ def train(cfg: Config, kit: Kit | None = None) -> dict:
         # 4 + 5. loss, backward, optimizer step (every rank takes the same branch: the update is
         # collective)
         run.policy.train()
-        keep = view.pick(kept, cfg.group_size) if run.rank == 0 else []  # the page's 1-2 groups
+        keep = view.pick(kept, adv, cfg.group_size) if run.rank == 0 else []  # the page's 1-2 groups
         if all_sum(float(sum(sum(e.mask) for e in kept)), run.world_size) > 0:
             torch.set_num_threads(cfg.train_threads or cfg.threads)  # (the customer is idle now)
             upd = update(run.policy, run.reference, kept, adv, run.opt, **update_settings(cfg),

@@ -48,11 +48,12 @@ GROUPS_A_STEP = 2  # sampled groups a step: the first, and the first that teache
 # Recording: called from the training loop (rank 0), cheap, never fatal
 
 
-def pick(episodes, G: int) -> list[int]:
-    """Indices (into `episodes`, G consecutive per group) of the groups to record this step: the
-    first group, and the first whose rewards differ (one that teaches) if the first does not."""
+def pick(episodes, adv, G: int) -> list[int]:
+    """Indices (into `episodes`, G consecutive per group; `adv` theirs) of the groups to record this
+    step: the first group, and the first with an advantage not 0 (one that teaches) if the first
+    does not teach."""
     groups = [list(range(g, min(g + G, len(episodes)))) for g in range(0, len(episodes), G)]
-    teaching = [g for g in groups if len({episodes[i].reward for i in g}) > 1]
+    teaching = [g for g in groups if any(any(adv[i]) if isinstance(adv[i], list) else adv[i] for i in g)]
     chosen = groups[:1] + [g for g in teaching[:1] if g != groups[0]]
     return [i for g in chosen[:GROUPS_A_STEP] for i in g]
 

@@ -232,3 +232,12 @@ def test_the_page_keeps_to_its_size_bound(run, tmp_path, monkeypatch):
     steps = [g["step"] for g in data["groups"]]
     assert steps[0] == 0 and steps[-1] == 5 and len(steps) < 6  # thinned evenly, the first and the last kept
     assert any(f"token records of {len(steps)} of 6 steps kept" in n for n in data["notes"])
+
+
+def test_the_sample_is_the_first_group_and_the_first_that_teaches():
+    eps = list(range(8))  # (pick reads only the advantages)
+    flat, teaches, per_token = [0.0, 0.0], [0.7, -0.7], [[0.0, 0.25, 0.0], [0.0, 0.0, 0.0]]
+    assert view.pick(eps, flat + flat + teaches + teaches, 2) == [0, 1, 4, 5]
+    assert view.pick(eps, teaches + teaches + flat + flat, 2) == [0, 1]  # the first teaches: one group
+    assert view.pick(eps, flat + per_token + flat + flat, 2) == [0, 1, 2, 3]  # a per-turn bonus teaches too
+    assert view.pick(eps[:4], flat + flat, 2) == [0, 1]
