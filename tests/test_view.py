@@ -241,3 +241,15 @@ def test_the_sample_is_the_first_group_and_the_first_that_teaches():
     assert view.pick(eps, teaches + teaches + flat + flat, 2) == [0, 1]  # the first teaches: one group
     assert view.pick(eps, flat + per_token + flat + flat, 2) == [0, 1, 2, 3]  # a per-turn bonus teaches too
     assert view.pick(eps[:4], flat + flat, 2) == [0, 1]
+
+
+def test_the_page_is_rebuilt_from_the_command_line(run, tmp_path):
+    import sys
+
+    shutil.copytree(run, tmp_path / "copy", ignore=shutil.ignore_patterns("*.pt", "*.safetensors", "view.html"))
+    r = subprocess.run([sys.executable, "-m", "plumbing.view", str(tmp_path / "copy")], capture_output=True, text=True,
+                       cwd=Path(__file__).resolve().parent.parent, timeout=120)
+    assert r.returncode == 0 and "open it in a browser" in r.stdout and (tmp_path / "copy" / "view.html").is_file()
+    bad = subprocess.run([sys.executable, "-m", "plumbing.view", str(tmp_path / "nowhere")], capture_output=True,
+                         text=True, cwd=Path(__file__).resolve().parent.parent, timeout=120)
+    assert bad.returncode == 2 and "usage" in bad.stderr and "Traceback" not in bad.stderr
