@@ -22,7 +22,9 @@ Sanity flags are computed here, not eyeballed: trained tokens inside customer or
 
 Departures from a full trace viewer:
 1. Only the sampled groups carry tokens (the page stays a few MB); if they would still pass
-   TOKEN_BUDGET, whole steps are thinned evenly, and the page says how many were left out.
+   TOKEN_BUDGET, whole steps are thinned evenly, and the page says how many were left out. Past
+   EVAL_BUDGET, the evaluations between the first and the last keep their rewards and
+   explanations but not their messages (a GPU run's conversations are long).
 2. A token is shown as its own decoded text; a character split across tokens (byte-level BPE) shows
    as a replacement character in each part.
 """
@@ -41,6 +43,7 @@ TOKENS = "view-tokens.jsonl"  # the token records, one line per sampled group (a
 PAGE = "view.html"
 TEMPLATE = Path(__file__).with_name("view.html")
 TOKEN_BUDGET = 2_000_000  # characters of token records a page holds at most (about 2 MB)
+EVAL_BUDGET = 4_000_000  # characters of evaluation messages, past which middle evaluations lose theirs
 GROUPS_A_STEP = 2  # sampled groups a step: the first, and the first that teaches if the first does not
 
 
@@ -187,6 +190,24 @@ def _flags(groups: list[dict], summaries: list[dict], evals: list[dict]) -> tupl
         {"agent turns cut by max_new_tokens (their end-of-turn token is not trained)": cut_turns}
 
 
+def _bound_evals(evals: list[dict], notes: list[str]) -> list[dict]:
+    """Past EVAL_BUDGET, the messages of the middle evaluations (the latest first) are left out; the
+    first and the last evaluation keep theirs, whatever their size (the before / after view)."""
+    size: dict[str, int] = {}
+    for e in evals:
+        size[e["name"]] = size.get(e["name"], 0) + len(json.dumps(e["messages"]))
+    names, total, dropped = list(size), sum(size.values()), []
+    for name in reversed(names[1:-1]):
+        if total <= EVAL_BUDGET:
+            break
+        total -= size[name]
+        dropped.append(name)
+    if dropped:
+        notes.append(f"the messages of evaluation(s) {', '.join(reversed(dropped))} (the page's size bound): their "
+                     "rewards and explanations are kept")
+    return [{**e, "messages": []} if e["name"] in dropped else e for e in evals]
+
+
 def collect(run_dir: Path, episodes_path: Path | None = None) -> dict:
     """Everything the page shows, as one JSON-able dict; what is missing goes into "notes"."""
     notes: list[str] = []
@@ -205,6 +226,7 @@ def collect(run_dir: Path, episodes_path: Path | None = None) -> dict:
         if msgs and msgs[0].get("role") == "system":
             rules.setdefault(e["world"], msgs[0].get("content"))  # the world's rules, once: not in every episode
         evals.append({**e, "messages": [m for m in msgs if m.get("role") != "system"]})
+    evals = _bound_evals(evals, notes)
     token_path = run_dir / TOKENS
     groups = _last_per(_jsonl(token_path, notes), lambda r: (r.get("step"), r.get("group"))) if own else []
     groups = [g for g in groups if isinstance(g.get("episodes"), list) and g["episodes"]]

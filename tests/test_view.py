@@ -253,3 +253,15 @@ def test_the_page_is_rebuilt_from_the_command_line(run, tmp_path):
     bad = subprocess.run([sys.executable, "-m", "plumbing.view", str(tmp_path / "nowhere")], capture_output=True,
                          text=True, cwd=Path(__file__).resolve().parent.parent, timeout=120)
     assert bad.returncode == 2 and "usage" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_long_evaluations_keep_the_first_and_the_last_conversations(tmp_path, monkeypatch):
+    msgs = [{"role": "user", "content": "x" * 1000}]
+    lines = [{"phase": "eval", "name": name, "task_id": f"shop/t{i}", "reward": 1.0, "messages": msgs}
+             for name in ("cold start", "GRPO step 10", "GRPO step 20", "GRPO (30 steps)") for i in range(3)]
+    (tmp_path / "episodes-rank0.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    monkeypatch.setattr(view, "EVAL_BUDGET", 3 * 3 * 1100)  # room for three evaluations' messages
+    data = view.collect(tmp_path)
+    kept = {e["name"] for e in data["evals"] if e["messages"]}
+    assert kept == {"cold start", "GRPO step 10", "GRPO (30 steps)"} and len(data["evals"]) == 12
+    assert any("GRPO step 20" in n and "size bound" in n for n in data["notes"])
