@@ -127,7 +127,8 @@ def test_an_older_run_a_truncated_log_and_an_episode_without_tokens(run, tmp_pat
     shutil.copy(run / "log.jsonl", old)
     text = (run / "episodes-rank0.jsonl").read_text()
     nan = '{"phase": "eval", "name": "x", "task_id": "shop/t", "reward": NaN, "info": {"completion": Infinity}}\n'
-    (old / "episodes-rank0.jsonl").write_text(nan + text[: len(text) - 40])  # NaN (Python's json), a run killed mid-line
+    # NaN (as Python's json writes it), then a run killed mid-line
+    (old / "episodes-rank0.jsonl").write_text(nan + text[: len(text) - 40])
     page = view.write(old)
     data = view.collect(old)
     assert page == old / "view.html" and page.is_file()
@@ -208,7 +209,8 @@ def test_eval_writes_its_page_beside_its_transcripts(tmp_path, capsys):
     main(["--agent", "oracle", "--domains", "shop", "--eval_tasks", "3", "--out", str(out)])
     data = view.collect(out.parent, out)
     assert (out.parent / "view.html").is_file() and data["notes"] == []
-    assert len({e["task_id"] for e in data["evals"]}) == 3 and all(e["reward"] == 1.0 and e["messages"] for e in data["evals"])
+    assert len({e["task_id"] for e in data["evals"]}) == 3
+    assert all(e["reward"] == 1.0 and e["messages"] for e in data["evals"])
 
 
 def test_a_resumed_run_records_each_step_once(tmp_path):
