@@ -48,6 +48,7 @@ from tqdm import tqdm  # noqa: E402
 
 from domains import BENCHES, load_worlds  # noqa: E402
 from domains.tau2_data import provenance  # noqa: E402
+from plumbing import view  # noqa: E402
 from rollout import Episode, PolicyAgent, RolloutConfig, TrajectoryLog, rollout, score  # noqa: E402
 from tools import TRANSFER_TOOL  # noqa: E402
 
@@ -157,6 +158,7 @@ def run_eval(run, name: str, step: int = 0, model=None, trials: int | None = Non
           f"x {k}{fid}", flush=True)
     # (a served customer: a dead server restarted; the demo's gate held)
     run.user.after(name, m, run.log)
+    view.write(run.out)  # runs/<name>/view.html: every conversation so far, in one offline page
 
 
 def main(argv=None, a=None) -> dict:
@@ -184,6 +186,7 @@ def main(argv=None, a=None) -> dict:
                             check_outputs=bool(a.check_outputs),
                             log=lambda batch: log.write(batch, phase="eval", agent=name))
     user.close()
+    view.write(log.path.parent, log.path)  # view.html beside the transcripts, one offline page
     print(f"{len(tasks)} tasks x {a.eval_trials} trials on {a.domains}/{a.split} in "
           f"{time.time() - t0:.1f}s; transcripts: {a.out}")
     domains = sorted({t.domain for t in tasks})

@@ -41,7 +41,6 @@ if __name__ == "__main__":
         print(f"muarl: config error: {e}", file=sys.stderr)
         sys.exit(2)
 
-import json
 import math
 import random
 import time
@@ -58,16 +57,16 @@ import sft
 from domains import load_worlds, task_sets
 from domains.tau2_data import provenance
 from engine import check_vllm_model, rollout_engine
-from eval import format_table, run_eval
+from eval import run_eval
 from grpo import (ADVANTAGES, REWARDS, grpo_loss, pack_sequences, tis_weights, token_advantages,
                   token_logprobs)
-from plumbing import checkpoint as ckpt, curves
+from plumbing import checkpoint as ckpt, view
 from plumbing.fsdp import (all_gather_episodes, all_sum, barrier, bf16_compute, compute_device,
                            decide_on_rank0, dist_setup, dist_teardown, even_rows, full_tensors, is_sharded,
                            place, reduce_stats, reshard)
 from plumbing.models import reference_for
 from plumbing.preflight import RunStopped
-from plumbing.runlog import step_stats, write_sample
+from plumbing.runlog import step_stats, write_record, write_sample
 from plumbing.sampling import episode_seed
 from plumbing.serve import customer_for
 from plumbing.startup import prepare
@@ -115,7 +114,7 @@ def advantages(episodes, G: int, estimator: str = "grpo", reward: str = "outcome
 
 def update(policy, reference, episodes, advantages, opt, *, row_tokens: int, chunk: int, bf16: bool,
            kl_coef: float, clip: tuple[float, float], sampler: tuple[float, float], grad_clip: float,
-           tis_cap: float = 0.0, mini_batches: int = 1, world_size: int = 1) -> dict:
+           tis_cap: float = 0.0, mini_batches: int = 1, world_size: int = 1, keep=()) -> dict:
     """GRPO on this rank's episodes: pack, log-probs, loss, backward, step; `mini_batches` optimizer
     steps (1: the paper's one update per batch).
 
@@ -125,7 +124,8 @@ def update(policy, reference, episodes, advantages, opt, *, row_tokens: int, chu
     nothing. With `bf16` the forward computes in bf16 while AdamW updates fp32 weights. `sampler`:
     the engine's (temperature, top-p), so the trainer's log-probs are compared like for like with
     the engine's (`logp_gap`) and weigh each token by min(pi_trainer / pi_engine, tis_cap)
-    (grpo.tis_weights; 0: off)."""
+    (grpo.tis_weights; 0: off). `keep`: episodes whose trainer log-probs come back under "seen"
+    (the run's page, plumbing/view.py)."""
     rows = pack_sequences([e.ids for e in episodes], [e.mask for e in episodes], row_tokens,
                           adv=advantages, sample_logp=[e.logprobs for e in episodes])
     rows = even_rows(rows, world_size)  # FSDP: every rank runs as many rows (one process: unchanged)
@@ -146,7 +146,7 @@ def update(policy, reference, episodes, advantages, opt, *, row_tokens: int, chu
     if mini_batches > 1:
         with torch.no_grad():
             start = [[x.detach() for x in forward({k: v.to(dev) for k, v in row.items()})] for row in rows]
-    stats, norms, steps = [], [], 0
+    stats, norms, steps, seen = [], [], 0, {}
     for k in range(mini_batches):
         part = range(k * len(rows) // mini_batches, (k + 1) * len(rows) // mini_batches)  # the same on every rank
         if not part:  # (more mini-batches than rows: nothing to step on)
@@ -170,6 +170,10 @@ def update(policy, reference, episodes, advantages, opt, *, row_tokens: int, chu
             # engine vs trainer, like for like; clamped: a token outside the trainer's nucleus is -inf
             gap = ((row["sample_logp"] - logp_seen).abs().clamp(max=1e3) * mask).sum().item()
             stats.append({**st, **tis, "loss": loss.item(), "logp_gap": gap})
+            # the page's sample: the trainer's log-probs of each kept episode, before this batch's steps
+            # (setdefault: FSDP's empty padding rows also call their two tokens episode 0)
+            for e in set(keep) & set(row["seq_id"][0].tolist()):
+                seen.setdefault(e, old_seen[0][row["seq_id"][0] == e].tolist())
             losses.append(loss.item())
         norms.append(float(torch.nn.utils.clip_grad_norm_(policy.parameters(), grad_clip)))
         # a non-finite loss or gradient skips the step: the weights stay as they were
@@ -181,7 +185,7 @@ def update(policy, reference, episodes, advantages, opt, *, row_tokens: int, chu
     long_rows = all_sum(float(sum(len(e.ids) > row_tokens for e in episodes)), world_size)
     return {**out, "grad_norm": sum(norms) / len(norms), "skipped": steps == 0, "optimizer_steps": steps,
             "trained_tokens": all_sum(float(sum(sum(e.mask) for e in episodes)), world_size),
-            "long_rows": long_rows}
+            "long_rows": long_rows, **({"seen": seen} if keep else {})}
 
 
 def update_settings(cfg: Config) -> dict:
@@ -310,10 +314,11 @@ def train(cfg: Config, kit: Kit | None = None) -> dict:
         run.sampler.put_back([r["id"] for r in all_gather_episodes(lost, run.world_size)])
         # 4 + 5. loss, backward, optimizer step (one branch on every rank: the update is collective)
         run.policy.train()
+        keep = view.pick(kept, adv, cfg.group_size) if run.rank == 0 else []  # the page's 1-2 groups
         if all_sum(float(sum(sum(e.mask) for e in kept)), run.world_size) > 0:
             torch.set_num_threads(cfg.train_threads or cfg.threads)  # (the customer is idle now)
             upd = update(run.policy, run.reference, kept, adv, run.opt, **update_settings(cfg),
-                         world_size=run.world_size)
+                         world_size=run.world_size, keep=keep)
             torch.set_num_threads(cfg.threads)
         # a forward and backward over 0 trained tokens would cost a full update and change nothing
         else:
@@ -328,14 +333,15 @@ def train(cfg: Config, kit: Kit | None = None) -> dict:
             run.engine.update_weights(full_tensors(run.policy, dtype=getattr(torch, cfg.dtype)))
         t3 = time.perf_counter()
         # 7. log: the step's numbers, and every 10 steps one whole episode with its mask
+        if run.rank == 0:  # and 1-2 groups token by token, as the loss saw them (runs/<name>/view.html)
+            view.record(run.out, step, kept, adv, keep, upd.pop("seen", {}), run.tok, cfg.group_size, cfg.tis_cap)
         st = step_stats(episodes, len(kept) // cfg.group_size, cfg.group_size, run.world_size)
         run.log({"phase": "grpo", "step": step, **st, **upd, "rollout_s": t1 - t0, "update_s": t2 - t1,
                  "sync_s": t3 - t2, "tokens_per_s": st["tokens"] / max(1e-9, t3 - t0),
                  "user": run.user.take_stats()})  # the customer endpoint's health (rank 0's)
         if run.rank == 0 and step % 10 == 0 and episodes:
             write_sample(run.out, step, episodes[0], run.tok)
-        bar.set_postfix(reward=f"{st['reward']:.3f}", kl=f"{upd.get('kl', 0):.4f}",
-                        turns=f"{st['turns']:.1f}")
+        bar.set_postfix(reward=f"{st['reward']:.3f}", kl=f"{upd.get('kl', 0):.4f}", turns=f"{st['turns']:.1f}")
         # 8. evaluate and checkpoint. A customer that stays down stops the run: the checkpoint keeps
         # what this step trained; a step that trained nothing is played again on --resume.
         done = step + 1
@@ -372,16 +378,9 @@ def finish(run) -> dict:
         save(run, cfg.steps)  # every rank: under FSDP, gathering the full weights is a collective
     ckpt.save_pretrained(run.policy, run.tok, run.out / "final", run.world_size, run.rank)
     run.user.close()  # a served customer's server (also stopped at exit, on an error or Ctrl-C)
-    if run.rank == 0:
-        # runs/<name>/curves.png: the training dynamics (needs matplotlib; else one line)
-        curves.draw(run.out)
-        made = {"model": label, "grpo_steps": cfg.steps, "updates": n, "data": provenance(run.worlds)}
-        (run.out / "final" / "muarl.json").write_text(json.dumps(made))
-    if run.rank == 0 and run.results:
-        table = format_table(list(run.results.items()), cfg.eval_trials)
-        (run.out / "results.md").write_text(table + "\n")
-        print(f"\nHeld-out success (greedy agent, customer: {run.user.label}, {cfg.eval_trials} "
-              f"trial(s) per task)\n{table}")
+    if run.rank == 0:  # the run's record: final/muarl.json, results.md, curves.png, view.html
+        write_record(run.out, label, cfg.steps, n, provenance(run.worlds), run.results, cfg.eval_trials,
+                     run.user.label)
     dist_teardown(run.world_size, run.engine)  # the engine first: vLLM leaves no traceback at exit
     if cfg.steps > 0 and n == 0:
         raise RunStopped(f"no GRPO step updated the model ({cfg.steps} steps, see log.jsonl): final/ "

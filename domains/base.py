@@ -464,6 +464,28 @@ class World:
                     diffs.append(f"{c}/{rid}")
         return not diffs, sorted(diffs)
 
+    def db_rows(self, env: Env, gold: dict[str, dict[str, str | None]], limit: int = 5) -> list[dict]:
+        """The first `limit` records that differ from the gold DB, each as {"row", "expected", "agent"}
+        holding only the fields that differ (a whole record where one side has none), long values cut:
+        what the run's page shows under a database mismatch."""
+        def cut(v):  # a value past 200 characters of JSON is shown as its first 200
+            text = json.dumps(v)
+            return v if len(text) <= 200 else text[:200] + "..."
+
+        mine, rows = self._delta(env), []
+        for c in self.collections:
+            for rid in sorted(set(mine[c]) | set(gold[c])):
+                a = mine[c][rid] if rid in mine[c] else _canon(self._template_raw(c, rid))
+                b = gold[c][rid] if rid in gold[c] else _canon(self._template_raw(c, rid))
+                if a == b or len(rows) >= limit:
+                    continue
+                x, y = (None if v is None else json.loads(v) for v in (a, b))
+                if isinstance(x, dict) and isinstance(y, dict):  # only the fields that differ
+                    keys = sorted(k for k in x.keys() | y.keys() if x.get(k) != y.get(k))
+                    x, y = {k: cut(x.get(k)) for k in keys}, {k: cut(y.get(k)) for k in keys}
+                rows.append({"row": f"{c}/{rid}", "expected": y, "agent": x})
+        return rows
+
     def _template_raw(self, coll: str, rid: str) -> str | None:
         row = self._template_con().execute(f"SELECT doc FROM {coll} WHERE id = ?", (rid,)).fetchone()
         return None if row is None else row[0]
@@ -482,7 +504,8 @@ class World:
         check: each required string must appear, case-insensitively and with commas removed, in some assistant
         message. Returns (reward, info) with the breakdown.
         """
-        db_match, diffs = self.db_equal(env, self.gold_delta(task))
+        gold = self.gold_delta(task)
+        db_match, diffs = self.db_equal(env, gold)
         said = " ".join(
             (m.get("content") or "").lower().replace(",", "") for m in (messages or []) if m.get("role") == "assistant"
         )
@@ -492,6 +515,7 @@ class World:
         info = {
             "db_match": db_match,
             "db_diff": diffs[:20],
+            "db_rows": [] if db_match else self.db_rows(env, gold),  # the fields that differ, for the run's page
             "outputs_found": found,
             "outputs_missing": missing,
             "outputs_checked": check_outputs,

@@ -532,6 +532,7 @@ class TelecomWorld(World):
         self.write_tools |= phone.USER_WRITE_TOOLS
         self._init_rows: dict[str, list[tuple[str, int, str, str]]] = {}
         self._gold: dict[str, tuple[str, str]] = {}
+        self._gold_delta: dict[str, dict] = {}  # (gold_rows)
 
     def after_call(self, env: Env) -> None:
         sync(env.db)
@@ -601,7 +602,17 @@ class TelecomWorld(World):
                 "action_matches": matches, "db_match": db_match, "completion": sum(met) / len(met) if met else reward,
                 "stop_ok": ended, "calls": len(env.calls), "user_calls": sum(c.requestor == "user" for c in env.calls),
                 "write_calls": sum(c.write for c in env.calls), "errors": sum(c.error for c in env.calls)}
+        if not db_match:  # the records both sides (company and phone) hold otherwise than the gold run left them
+            info["db_rows"] = self.db_rows(env, self.gold_rows(task))
         return reward, info
+
+    def gold_rows(self, task: Task) -> dict:
+        """The gold environment's written records (World._delta), computed once per task: db_rows' reference."""
+        if task.id not in self._gold_delta:
+            gold = self.gold_env(task)
+            self._gold_delta[task.id] = self._delta(gold)
+            gold.close()
+        return self._gold_delta[task.id]
 
 
 def init_actions(env: Env, actions: list[dict]) -> None:

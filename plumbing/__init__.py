@@ -18,6 +18,7 @@
     agents.py       agents other than the policy: an OpenAI-compatible endpoint, the oracle, the expert
     tiny_model.py   a Qwen3-architecture model and BPE tokenizer built locally (tests, demos, the CPU demo)
     curves.py       a run's training dynamics drawn from its log.jsonl
+    view.py         a run's page (view.html): every conversation, the trained tokens lit, each reward explained
 
 Nothing here is needed to read how MUA-RL works: the top-level files are.
 """

@@ -71,10 +71,11 @@ class TaskSampler:
 # --------------------------------------------------------------------------------------------------
 # Trust: the manifest's checksums, the newest checkpoint that matches them, an old run set aside
 
-RUN_LOGS = ("log.jsonl", "samples.txt")  # with episodes-rank*.jsonl: the logs a resume cuts back to its step
+# with episodes-rank*.jsonl: the logs a resume cuts back to its step (view-tokens: the page's, plumbing/view.py)
+RUN_LOGS = ("log.jsonl", "samples.txt", "view-tokens.jsonl")
 CHECKPOINT_FILES = ("model.pt", "optim.pt", "state.json")  # what a checkpoint folder holds, beside its manifest
 RUN_FILES = RUN_LOGS + ("latest.json", "checkpoints", "config.json", "results.md", "cold-start", "final",
-                        "curves.png", "tensorboard", "customer-server.log", "baselines.md")
+                        "curves.png", "tensorboard", "customer-server.log", "baselines.md", "view.html")
 
 
 def _sha256(path: Path) -> str:

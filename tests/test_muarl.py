@@ -826,6 +826,9 @@ def test_torchrun_cli_two_ranks(tmp_path, offload):
     assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-4
     assert (two / "final" / "model.safetensors").is_file() and (two / "episodes-rank1.jsonl").is_file()
     assert [x["step"] for x in grpo_records(two)] == [0, 1]
+    # rank 0's sampled groups, with the sharded trainer's log-probs of their trained tokens (plumbing/view.py)
+    for g in map(json.loads, (two / "view-tokens.jsonl").read_text().splitlines()):
+        assert all(e["tlp"] is not None and len(e["tlp"]) == e["trained"] for e in g["episodes"])
 
     r = torchrun(["--steps", "3", "--resume"])  # a bare --resume means true
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
