@@ -128,7 +128,7 @@ def update(policy, reference, episodes, advantages, opt, *, row_tokens: int, chu
     (the run's page, plumbing/view.py)."""
     rows = pack_sequences([e.ids for e in episodes], [e.mask for e in episodes], row_tokens,
                           adv=advantages, sample_logp=[e.logprobs for e in episodes])
-    rows = even_rows(rows, world_size)  # FSDP: every rank runs as many rows (one process: unchanged)
+    rows = even_rows(rows, world_size)  # FSDP: as many rows on every rank (one process: unchanged)
     # under FSDP the forward runs as a registered method of the sharded model, so its root gathers
     logprobs = token_logprobs if not is_sharded(policy) else lambda m, *a, **k: m.token_logprobs(*a, **k)
     dev, use_ref = compute_device(policy), reference is not None and kl_coef > 0
@@ -148,10 +148,10 @@ def update(policy, reference, episodes, advantages, opt, *, row_tokens: int, chu
             start = [[x.detach() for x in forward({k: v.to(dev) for k, v in row.items()})] for row in rows]
     stats, norms, steps, seen = [], [], 0, {}
     for k in range(mini_batches):
-        part = range(k * len(rows) // mini_batches, (k + 1) * len(rows) // mini_batches)  # the same on every rank
+        part = range(k * len(rows) // mini_batches, (k + 1) * len(rows) // mini_batches)
         if not part:  # (more mini-batches than rows: nothing to step on)
             continue
-        n_tok = all_sum(float(sum(int(rows[i]["mask"].sum()) for i in part)), world_size)  # this step's N_tok
+        n_tok = all_sum(float(sum(int(rows[i]["mask"].sum()) for i in part)), world_size)
         opt.zero_grad(set_to_none=True)
         losses = []
         for i in part:
@@ -160,17 +160,17 @@ def update(policy, reference, episodes, advantages, opt, *, row_tokens: int, chu
             with torch.no_grad(), bf16_compute(policy, bf16):  # (1, L): the frozen reference's, for the KL
                 ref_logp = logprobs(reference, ids, position_ids=pos, chunk_size=chunk) if use_ref else None
             if use_ref:
-                reshard(reference)  # FSDP2 keeps a root gathered after a forward no backward follows
+                reshard(reference)  # FSDP2 keeps a root gathered after a no-backward forward
             logp, ent, logp_seen = forward(row)  # (1, L) each
             old_logp, old_seen = (logp.detach(), logp_seen.detach()) if start is None else start[i][::2]
             weight, tis = tis_weights(old_seen, row["sample_logp"], mask, tis_cap) if tis_cap else (None, {})
             loss, st = grpo_loss(logp, old_logp, ref_logp, row["adv"], mask, *clip, kl_coef,
                                  num_tokens=max(n_tok, 1.0), entropy=ent, is_weight=weight)
             loss.backward()
-            # engine vs trainer, like for like; clamped: a token outside the trainer's nucleus is -inf
+            # engine vs trainer, like for like (clamped: outside the trainer's nucleus is -inf)
             gap = ((row["sample_logp"] - logp_seen).abs().clamp(max=1e3) * mask).sum().item()
             stats.append({**st, **tis, "loss": loss.item(), "logp_gap": gap})
-            # the page's sample: the trainer's log-probs of each kept episode, before this batch's steps
+            # the page's sample: each kept episode's trainer log-probs before this batch's steps
             # (setdefault: FSDP's empty padding rows also call their two tokens episode 0)
             for e in set(keep) & set(row["seq_id"][0].tolist()):
                 seen.setdefault(e, old_seen[0][row["seq_id"][0] == e].tolist())
@@ -209,14 +209,14 @@ def build_run(cfg: Config, kit: Kit) -> SimpleNamespace:
     validate(cfg, world_size, model_given=kit.build_model is None)
     # dtype, devices; --plan N prints
     cfg, device, engine, on_gpu, sharded = place(cfg, rank, world_size)
-    if rank == 0 and (note := row_note(cfg)):  # rows shorter than the longest conversation: said once
+    if rank == 0 and (note := row_note(cfg)):  # rows shorter than a conversation: said once
         print(note, flush=True)
     # a model vLLM cannot run: said now, not after SFT
     if engine == "vllm" and kit.build_model is None:
         check_vllm_model(cfg.model, on_cpu=not on_gpu)
     out = Path(cfg.out_dir)
-    # --resume: the newest intact checkpoint, as rank 0 finds it (every rank resumes the same step); rank 0
-    # names and mends a latest.json that disagrees
+    # --resume: the newest intact checkpoint as rank 0 finds it (every rank resumes the same step);
+    # rank 0 names and mends a latest.json that disagrees
     found = decide_on_rank0(lambda: ckpt.resume_point(out, rank) if cfg.resume else None, world_size)
     random.seed(cfg.seed + rank)
     np.random.seed(cfg.seed + rank)
@@ -255,7 +255,7 @@ def build_run(cfg: Config, kit: Kit) -> SimpleNamespace:
         torch.set_num_threads(cfg.train_threads or cfg.threads)
         sft.cold_start(run, kit.cold_start and (lambda *a, **k: kit.cold_start(run, *a, **k)))
         torch.set_num_threads(cfg.threads)
-        # checkpointed before vLLM starts: a rerun after it refused (--resume) starts after the cold start
+        # saved before vLLM starts: a --resume after it refused starts after the cold start
         save(run, 0)
     # frozen: the policy RL starts from
     run.reference = reference_for(cfg, out, run.model_path, device, sharded)
@@ -306,7 +306,7 @@ def train(cfg: Config, kit: Kit | None = None) -> dict:
         score(episodes, run.worlds, check_outputs=cfg.train_check_outputs)
         t1 = time.perf_counter()
         run.episodes_log.write(episodes, step=step)
-        # 3. advantages, group by group (a group with an aborted episode is dropped, its task drawn again)
+        # 3. advantages per group (one with an aborted episode is dropped, its task drawn again)
         kept, adv = advantages(episodes, cfg.group_size, cfg.advantage, cfg.reward, cfg.turn_bonus,
                                cfg.drop_customer_faults)
         # an aborted group's task, once, is drawn again: every rank puts back the same, in order
@@ -314,7 +314,7 @@ def train(cfg: Config, kit: Kit | None = None) -> dict:
         run.sampler.put_back([r["id"] for r in all_gather_episodes(lost, run.world_size)])
         # 4 + 5. loss, backward, optimizer step (one branch on every rank: the update is collective)
         run.policy.train()
-        keep = view.pick(kept, adv, cfg.group_size) if run.rank == 0 else []  # the page's 1-2 groups
+        keep = view.pick(kept, adv, cfg.group_size) if run.rank == 0 else []  # the page's groups
         if all_sum(float(sum(sum(e.mask) for e in kept)), run.world_size) > 0:
             torch.set_num_threads(cfg.train_threads or cfg.threads)  # (the customer is idle now)
             upd = update(run.policy, run.reference, kept, adv, run.opt, **update_settings(cfg),
@@ -327,13 +327,13 @@ def train(cfg: Config, kit: Kit | None = None) -> dict:
             print(f"[step {step}] warning: update skipped: {upd['reason']}", flush=True)
         run.updates += not upd["skipped"]
         t2 = time.perf_counter()
-        # 6. sync (none if shared): the engine wakes first, as asleep vLLM handed its weights' memory back
+        # 6. sync (none if shared): wake the engine first (asleep, vLLM gave back its weights)
         run.engine.wake_up()
         if not run.shares_weights:
             run.engine.update_weights(full_tensors(run.policy, dtype=getattr(torch, cfg.dtype)))
         t3 = time.perf_counter()
         # 7. log: the step's numbers, and every 10 steps one whole episode with its mask
-        if run.rank == 0:  # and 1-2 groups token by token, as the loss saw them (runs/<name>/view.html)
+        if run.rank == 0:  # and 1-2 groups token by token, as the loss saw them (view.html)
             view.record(run.out, step, kept, adv, keep, upd.pop("seen", {}), run.tok, cfg.group_size, cfg.tis_cap)
         st = step_stats(episodes, len(kept) // cfg.group_size, cfg.group_size, run.world_size)
         run.log({"phase": "grpo", "step": step, **st, **upd, "rollout_s": t1 - t0, "update_s": t2 - t1,
@@ -369,7 +369,7 @@ def save(run, step: int) -> None:
 def finish(run) -> dict:
     """The final evaluation, checkpoint and model; the results table."""
     cfg, n = run.cfg, run.updates
-    # the label says how many steps updated the model: one whose customer failed throughout is not trained
+    # the label says how many steps updated the model (0: its customer failed throughout)
     label = f"GRPO ({cfg.steps} steps)" if n == cfg.steps else \
         f"GRPO ({n} of {cfg.steps} steps updated)" if n else f"not trained (0 of {cfg.steps} GRPO steps updated)"
     if run.eval_tasks and cfg.steps > run.start:

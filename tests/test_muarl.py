@@ -58,7 +58,7 @@ TINY = ["--model", "tiny", "--domains", "shop", "--tiny_hidden", "64", "--tiny_l
 GRPO_KEYS = {"reward", "kl", "clip_frac", "entropy", "grad_norm", "turns", "tool_mix", "stop_reasons", "tokens_per_s",
              "rollout_s", "update_s", "sync_s", "loss", "skipped", "all_correct_groups", "all_wrong_groups",
              "think_rate", "calculate_rate", "transfer_rate", "kept_groups", "logp_gap", "trained_tokens",
-             "long_rows", "optimizer_steps", "sampler_kl", "is_mean", "is_max", "is_truncated"}
+             "long_rows", "optimizer_steps"}
 
 
 # ---------------------------------------------------------------------------------------------------------------
