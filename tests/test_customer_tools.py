@@ -385,6 +385,9 @@ def test_single_control_requests_unchanged():
     # (the opening is seeded from the customer's seed and the task, so every task opens with its own draw)
     assert seen[0]["seed"] == episode_seed(7, "opening", "retail/7") % 2**31 and seen[1]["seed"] == 7
     seen[0]["seed"] = 7  # the bytes otherwise as recorded
+    # every request asks a thinking template not to think (the customer's reasoning never reaches the agent);
+    # the rest of the request is as recorded before that switch existed
+    assert all(kw.pop("extra_body") == {"chat_template_kwargs": {"enable_thinking": False}} for kw in seen)
     assert hashlib.sha256(json.dumps(seen, sort_keys=True).encode()).hexdigest() == \
         "a61c2506ed7e40fff83e77155a0b10405fcfff85d8423231c49cddcb3e6d961d"
     assert "tools" not in seen[1] and "Your phone" not in seen[1]["messages"][0]["content"]
