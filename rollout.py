@@ -41,7 +41,6 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -49,6 +48,7 @@ from typing import Protocol
 import chat
 from domains.base import Env, Task, World
 from domains.dual_control import Phone, customer_only, too_many_errors
+from plumbing.chat_client import concurrently
 from plumbing.sampling import episode_seed
 from tools import TRANSFER_TOOL, ParsedTurn, clean
 from user_sim import OUT_OF_SCOPE, STOP, TRANSFER, User, UserError, is_terminal
@@ -267,9 +267,7 @@ def rollout(tasks: list[Task], group_size: int, worlds: dict[str, World], agent:
     if seeds is not None and len(seeds) != len(tasks) * group_size:
         raise ValueError(f"rollout: {len(seeds)} seeds for {len(tasks) * group_size} episodes")
     # the customer's opening: once per task, shared by the task's G episodes (LLMUser caches it)
-    with ThreadPoolExecutor(max_workers=max(1, min(16, len(tasks)))) as pool:
-        firsts = list(pool.map(_first_message, [user] * len(tasks), tasks,
-                               [bool(worlds[t.domain].user_tools) for t in tasks]))
+    firsts = concurrently(lambda t: _first_message(user, t, bool(worlds[t.domain].user_tools)), tasks, 16)
 
     episodes: list[Episode] = []
     seen: Counter = Counter()  # a task drawn twice in one call gets other seeds the second time

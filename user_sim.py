@@ -31,7 +31,6 @@ import random
 import re
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -39,7 +38,8 @@ from typing import Callable
 from domains import script_for
 from domains.dual_control import Phone, customer_only, own_call_view
 from domains.tau2_data import LOADED as TAU2_LOADED, user_guidelines
-from plumbing.chat_client import ChatClient, UserError, reply_text, reply_turn, thinking_switch  # noqa: F401
+from plumbing.chat_client import (ChatClient, UserError, concurrently, reply_text, reply_turn,  # noqa: F401
+                                   thinking_switch)
 from plumbing.preflight import RunStopped, check_endpoint, endpoint
 from plumbing.sampling import episode_seed
 from tools import as_text
@@ -152,8 +152,7 @@ class User:
             except Exception as e:  # one request's failure must not take down the batch
                 return e if isinstance(e, UserError) else UserError(f"{type(e).__name__}: {e}")
 
-        with ThreadPoolExecutor(max_workers=max(1, min(self.workers, len(requests)))) as pool:
-            return list(pool.map(one, requests))  # map yields in submission order
+        return concurrently(one, requests, self.workers)  # in order; Ctrl-C leaves no request waited on
 
     def check(self, tasks: list, worlds: dict | None = None) -> None:
         pass

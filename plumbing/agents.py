@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import inspect
 import json
-from concurrent.futures import ThreadPoolExecutor
 
 import chat
+from plumbing.chat_client import concurrently
 from plumbing.sampling import Sample
 from tools import ParsedTurn, as_text, check_call, clean
 from domains.dual_control import customer_only, gold_requestors
@@ -66,8 +66,7 @@ class MessageAgent:
                           errors=[c for c in checked if isinstance(c, str)])
 
     def act(self, episodes, cfg):
-        with ThreadPoolExecutor(max_workers=max(1, min(self.workers, len(episodes)))) as pool:
-            return list(pool.map(self._one, episodes, [cfg] * len(episodes)))
+        return concurrently(lambda ep: self._one(ep, cfg), episodes, self.workers)
 
     def observe(self, ep, messages):
         pass  # no token stream: the episode's messages are the whole record

@@ -16,6 +16,9 @@ dead endpoint from costing a run:
     thinking_switch(url, on)      what every request adds so that a thinking model answers without its
                                   reasoning (chat_template_kwargs, where the endpoint takes them)
     take_stats()                  calls, retries, failures, deadlines and latency percentiles since last asked
+    concurrently(fn, items)       fn over items on threads, in order; Ctrl-C (or any error) cancels what is
+                                  queued and sets STOP, which every request in flight obeys within 0.1 s: no
+                                  run waits on a hung customer to stop, and no thread outlives it
 
 Departure from the openai client's own retries: switched off (max_retries=0), or our counts would be
 a lie.
@@ -28,6 +31,7 @@ import random
 import re
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import urlparse
 
 
@@ -123,6 +127,28 @@ def reply_turn(resp) -> tuple[str, list[tuple]]:
         return "", calls
 
 
+# Set when a batch of requests is abandoned (Ctrl-C, an error in the caller): every request in flight
+# and every retry then gives up at once (UserError), instead of holding the process for its deadline.
+STOP = threading.Event()
+
+
+def concurrently(fn, items: list, workers: int) -> list:
+    """[fn(x) for x in items] on up to `workers` threads, in order (the endpoint is the bottleneck, not
+    Python: threads are real concurrency). If the caller is interrupted while it waits, what is still
+    queued is cancelled and STOP tells the requests in flight to give up, so the interrupt propagates
+    at once rather than after the slowest request's deadline and retries."""
+    STOP.clear()
+    pool = ThreadPoolExecutor(max_workers=max(1, min(workers, len(items))))
+    try:
+        return list(pool.map(fn, items))
+    except BaseException:
+        STOP.set()
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    finally:
+        pool.shutdown(wait=False)  # (after a normal end every call is done: nothing to wait for)
+
+
 class ChatClient:
     """Requests to one endpoint's /v1/chat/completions through an openai client, with the guarantees
     above."""
@@ -170,9 +196,12 @@ class ChatClient:
 
         worker = threading.Thread(target=run, daemon=True)
         worker.start()
-        worker.join(self.timeout)
+        while worker.is_alive() and not STOP.is_set() and time.monotonic() - t0 < self.timeout:
+            worker.join(min(0.1, max(0.0, self.timeout - (time.monotonic() - t0))))  # (STOP looked at 10 x a second)
         with self._guard:
             self._step["latency"].append(time.monotonic() - t0)
+        if worker.is_alive() and STOP.is_set():
+            raise UserError(f"{self.who}: stopped (the run was interrupted)")
         if worker.is_alive():
             self._count("deadlines")
             raise _Deadline(f"Timeout: no complete reply within the {self.timeout:g} s deadline")
@@ -187,7 +216,8 @@ class ChatClient:
         for attempt in range(self.max_retries + 1):
             if attempt:  # exponential backoff; the jitter keeps 16 threads from retrying in lockstep
                 self._count("retries")
-                time.sleep(self.backoff * 2 ** (attempt - 1) * (1 + 0.25 * random.random()))
+                if STOP.wait(self.backoff * 2 ** (attempt - 1) * (1 + 0.25 * random.random())):
+                    raise UserError(f"{self.who}: stopped (the run was interrupted)")
             self._count("calls")
             try:
                 return read(self._attempt(kwargs))

@@ -141,7 +141,8 @@ def save_config(out: Path, cfg) -> None:
 def run_cli(entry, name: str) -> None:
     """A training entry point's exits: 0 done; 2 bad input, in one line (ConfigError,
     PreflightError, ServeError, a missing file: a ValueError or an OSError); 3 stopped on purpose,
-    checkpoint saved (RunStopped)."""
+    checkpoint saved (RunStopped); 130 Ctrl-C, in one line (the requests in flight were given up,
+    chat_client.concurrently; a served customer is stopped at exit)."""
     import os
 
     from plumbing.fsdp import exit_now
@@ -157,3 +158,7 @@ def run_cli(entry, name: str) -> None:
     except RunStopped as e:
         print(f"{name}: {e}", file=sys.stderr)
         sys.exit(3)
+    except KeyboardInterrupt:
+        print(f"{name}: stopped (Ctrl-C); the checkpoints written so far are kept: --resume continues from the "
+              "newest", file=sys.stderr)
+        sys.exit(130)

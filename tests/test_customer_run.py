@@ -295,3 +295,63 @@ def test_real_vllm_customer_two_grpo_steps_and_a_kill(tmp_path):
     assert events[:3] == ["started", "died", "restarted"], events
     assert sum(r["user"]["calls"] for r in records(out, "grpo")) > 0  # the customer was really asked
     assert (out / "final" / "config.json").exists()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Ctrl-C never waits on a customer: the requests in flight are given up, queued ones cancelled, one line, exit 130.
+# Before, a run interrupted while its customer hung printed a KeyboardInterrupt traceback after ~30 s (each thread
+# of the batch held the exit for its request's deadline).
+
+
+def test_an_interrupt_gives_up_the_requests_in_flight_at_once():
+    import threading
+    from types import SimpleNamespace
+
+    from plumbing import chat_client
+
+    def create(**kw):  # an endpoint that hangs for longer than any test waits
+        time.sleep(30)
+
+    client = SimpleNamespace(chat=SimpleNamespace(completions=SimpleNamespace(create=create)))
+    api = chat_client.ChatClient(client, "a hung customer", timeout=20, max_retries=3, backoff=5)
+    before = threading.active_count()
+    # Ctrl-C half a second into the batch: a real SIGINT, which wakes the main thread's wait as a key press does
+    threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
+    t0 = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        chat_client.concurrently(lambda i: api.complete({"model": "m", "messages": []}), list(range(8)), 4)
+    assert time.monotonic() - t0 < 2.0  # not the 20 s deadline, let alone its retries
+    deadline = time.monotonic() + 2.0  # the pool's threads end within STOP's 0.1 s polls (the request's own
+    while threading.active_count() > before + 4 and time.monotonic() < deadline:  # daemon threads may linger)
+        time.sleep(0.05)
+    pool_threads = [t for t in threading.enumerate() if t.name.startswith("ThreadPoolExecutor")]
+    assert not pool_threads, pool_threads
+    # the next batch starts afresh: STOP is cleared, its requests are asked
+    assert chat_client.concurrently(lambda i: i * 2, [1, 2, 3], 2) == [2, 4, 6] and not chat_client.STOP.is_set()
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_a_rollout_with_a_hung_customer_is_one_line_and_quick(tmp_path):
+    sys.path.insert(0, str(Path(__file__).parent))
+    from fake_openai import FakeServer
+
+    with FakeServer(model="cust", context=10**6, faults=["hang"] * 200, hang_s=25.0) as srv:
+        p = subprocess.Popen([sys.executable, "-m", "demo", "--domains", "shop", "--user", "llm", "--user_model",
+                              "cust", "--user_base_url", srv.url, "--copy_warmup", "0", "--sft_epochs", "0",
+                              "--tiny_hidden", "64", "--tiny_layers", "1", "--steps", "2", "--eval", "false",
+                              "--preflight", "false", "--user_timeout", "20", "--user_retries", "2", "--threads", "1",
+                              "--out_dir", str(tmp_path / "run")], cwd=REPO, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 240
+        while len(srv.faults) == 200 and p.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)  # until the first customer request hangs
+        assert p.poll() is None, p.communicate()[1][-2000:]
+        time.sleep(1.0)
+        t0 = time.monotonic()
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=60)
+    assert time.monotonic() - t0 < 10, time.monotonic() - t0
+    assert p.returncode == 130 and "Traceback" not in err, err[-3000:]
+    said = [line for line in err.splitlines() if line.startswith("demo:")]  # (beside the progress bars' residue)
+    assert said == ["demo: stopped (Ctrl-C); the checkpoints written so far are kept: --resume continues from the "
+                    "newest"], err[-2000:]
