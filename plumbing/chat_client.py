@@ -127,6 +127,15 @@ def reply_turn(resp) -> tuple[str, list[tuple]]:
         return "", calls
 
 
+def transient(e: Exception) -> bool:
+    """A fault worth asking again, here and in the preflight: a connection refused or cut, a
+    timeout, 408, 429 or a 5xx. A 400, 401 or 404 would say the same again."""
+    import openai
+
+    return isinstance(e, openai.APIConnectionError) or isinstance(e, openai.APIStatusError) and (
+        e.status_code in (408, 429) or e.status_code >= 500)
+
+
 # Set when a batch of requests is abandoned (Ctrl-C, an error in the caller): every request in flight
 # and every retry then gives up at once (UserError), instead of holding the process for its deadline.
 STOP = threading.Event()
@@ -227,7 +236,7 @@ class ChatClient:
                 last = str(e)
             except oa.APIStatusError as e:
                 last = f"HTTP {e.status_code}: {e}"
-                if e.status_code not in (408, 429) and e.status_code < 500:  # 400/401/404: asking again cannot help
+                if not transient(e):  # 400/401/404: asking again cannot help
                     self._count("failures")
                     raise UserError(f"{self.who}: HTTP {e.status_code} (not retried): {e}") from e
             except oa.APIConnectionError as e:  # includes APITimeoutError

