@@ -99,8 +99,8 @@ def load_config(model: str) -> dict:
         cached = try_to_load_from_cache(model, "config.json")
     except Exception:  # noqa: BLE001 - not a hub id, no huggingface_hub: the other places only
         cached = None
-    for path in (Path(model) / "config.json", CONFIGS / model.split("/")[-1] / "config.json",
-                 Path(cached) if isinstance(cached, str) else Path(model) / "config.json"):
+    places = [Path(model) / "config.json", CONFIGS / model.split("/")[-1] / "config.json"]
+    for path in places + ([Path(cached)] if isinstance(cached, str) else []):
         if path.is_file():
             return json.loads(path.read_text())
     raise ValueError(f"no config.json for {model!r}: pass a model folder, or add configs/{model.split('/')[-1]}/")
