@@ -236,7 +236,7 @@ class VLLMEngine:
         self._wake_kv_cache()
         params = self._params(max_new_tokens, temperature, top_p, stop_token_ids, seed)
         [rid] = self.llm.enqueue([TokensPrompt(prompt_token_ids=list(prompt))], params, use_tqdm=False)
-        self.keys[rid] = key
+        self.keys[rid.split("-")[0]] = key  # vLLM's outputs carry the id without its random suffix
 
     def step(self) -> list[tuple]:
         """One scheduler step of vLLM (a decode step for every running request, prefill for new
