@@ -75,8 +75,12 @@ def test_a_seed_plays_the_same_episodes_whatever_order_the_replies_come_back_in(
         table = {}
         return lambda task, turn: table.setdefault((task.id, turn), rng.uniform(0, 0.06))
 
-    runs = [_play(world, tiny, LateUser(order(k)), engine=CountingEngine(*tiny)) for k in (1, 2)]
-    runs.append(_play(world, tiny, LateUser(order(3)), lockstep=True))
+    engines = [CountingEngine(*tiny) for _ in range(3)]
+    runs = [_play(world, tiny, LateUser(order(k)), engine=engines[k - 1]) for k in (1, 2)]
+    runs.append(_play(world, tiny, LateUser(order(3)), engine=engines[2], lockstep=True))
+    # lock-step: every batch holds every episode still playing (rounds); per episode, whatever was ready
+    assert engines[2].batches[0] == 8 and engines[2].batches == sorted(engines[2].batches, reverse=True)
+    assert sum(engines[0].batches) == sum(engines[2].batches)  # the same turns, however batched
     for a, b in zip(runs[0], runs[1]):
         assert a.ids == b.ids and a.mask == b.mask and a.spans == b.spans and a.messages == b.messages
         assert a.reward == b.reward and a.stop_reason == b.stop_reason
