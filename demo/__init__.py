@@ -42,6 +42,6 @@ TINY = dict(
     tis_cap=0.0,
     # Lock-step rounds: the transformers engine's numerics move by ~1e-7 with the batch a turn lands in,
     # so only batches that are the same on every run keep a seed's run the same number for number
-    # (bench/repro.py). On two cores the served customer and the agent share the CPU: rounds cost little.
+    # (bench/repro.py).
     lockstep=True,
 )
