@@ -390,7 +390,8 @@ def rollout(tasks: list[Task], group_size: int, worlds: dict[str, World], agent:
             t.join(timeout=max(0.0, deadline - time.monotonic()))
         raise
     for t in threads:
-        t.join()
+        while t.is_alive():  # (a timeout: a Ctrl-C meanwhile is raised at once)
+            t.join(timeout=0.2)
     if crashed:
         raise crashed[0]
     if progress is not None:

@@ -149,13 +149,23 @@ def concurrently(fn, items: list, workers: int) -> list:
     STOP.clear()
     pool = ThreadPoolExecutor(max_workers=max(1, min(workers, len(items))))
     try:
-        return list(pool.map(fn, items))
+        return [patient(f) for f in [pool.submit(fn, x) for x in items]]
     except BaseException:
         STOP.set()
         pool.shutdown(wait=False, cancel_futures=True)
         raise
     finally:
         pool.shutdown(wait=False)  # (after a normal end every call is done: nothing to wait for)
+
+
+def patient(future):
+    """future.result(), waking every 0.2 s: a Ctrl-C that the OS delivered to another thread is raised
+    here within 0.2 s (a wait without a timeout would hold it until the future is done)."""
+    while True:
+        try:
+            return future.result(timeout=0.2)
+        except TimeoutError:
+            continue
 
 
 class ChatClient:
