@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import random
 
-from domains import acebench, acebench_agents, airline, bfcl, retail, shop, store, synthetic, telecom, telecom_user
-from domains.base import Bench, Domain, Env, Task, World
+from benchmarks import acebench, acebench_agents, bfcl
+from benchmarks.bench import Bench
+from domains import airline, retail, shop, store, synthetic, telecom, telecom_user
+from domains.base import Domain, Env, Task, World
 
 
 def _shop_settings(c, lazy: float = 0.6) -> dict:

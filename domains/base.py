@@ -209,19 +209,6 @@ class Domain:
     generator: bool = False  # --tasks synthetic can generate tasks over this world (domains/synthetic.py)
 
 
-@dataclass(frozen=True)
-class Bench:
-    """One row of domains.BENCHES: a benchmark `eval.py --bench NAME` runs on a domain of DOMAINS, with the
-    conversation rules it fixes and the figures it reports (e.g. BFCL's accuracy per category)."""
-
-    domain: str  # the DOMAINS row whose world and tasks it runs
-    summary: Callable[[list], tuple[dict, str]]  # scored episodes -> (its figures, the text eval.py prints)
-    select: Callable[[list, str], list] = lambda tasks, category: tasks  # --category: which tasks
-    oracle: Callable | None = None  # task -> act(messages, tools): the gold replay (agents.MessageAgent)
-    rollout: dict = field(default_factory=dict)  # RolloutConfig fields the benchmark fixes (e.g. all_calls)
-    agent: Callable | None = None  # its own agent protocol (ACEBench): (kind, **settings) -> a rollout Agent
-
-
 # ---------------------------------------------------------------------------------------------------------------
 # Env: one rollout
 

@@ -175,7 +175,7 @@ def test_one_grpo_step_is_followed_in_the_files_the_readme_lists(tmp_path, monke
 # --------------------------------------------------------------------------------------------------
 # The core imports nothing from demo/; no import circles
 
-PACKAGES = ("domains", "demo", SKIP)
+PACKAGES = ("domains", "benchmarks", "demo", SKIP)
 MODULES = CORE + [f"{d}.{p.stem}" for d in PACKAGES for p in (REPO / d).glob("*.py") if p.stem != "__init__"] \
     + list(PACKAGES)
 

@@ -1,6 +1,6 @@
 """The README's reading order states each file's length: this rewrites those counts from the files.
 
-    python bench/readme_lines.py          # README.md's "Reading order" table, counts made true
+    python scripts/readme_lines.py          # README.md's "Reading order" table, counts made true
 
 tests/test_design.py fails when a count is wrong; this is how a change that moves a file's length keeps the
 README true (run it, read the diff, commit it).
