@@ -35,7 +35,7 @@ two envs (the reward) only needs the rows either of them wrote.
 Departures from tau2-bench
 --------------------------
 1. Storage is SQLite documents instead of pydantic models in memory; outputs and the exported DB are
-   identical (tests/test_parity_retail.py and test_parity_airline.py check every recorded call against tau2's own outputs).
+   identical (tests/test_retail_parity.py and test_airline_parity.py check every recorded call against tau2's own outputs).
 2. A tool that raises after writing keeps its write, as in tau2 (no rollback): tools read, check, then write,
    in tau2's order, so the database ends up exactly where tau2's would.
 """
