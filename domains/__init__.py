@@ -56,8 +56,7 @@ DOMAINS: dict[str, Domain] = {
     "store": Domain(store.build_world, lambda c: _shop_settings(c, lazy=0.55) | {"other_share": 0.8}, script=store),
 }
 
-# The benchmarks `eval.py --bench NAME` runs: a world above, the conversation rules it fixes, and its own figures
-# (benchmarks/bench.py).
+# The benchmarks `eval.py --bench NAME` runs (benchmarks/bench.py): a world above, the rules it fixes, its figures.
 BENCHES: dict[str, Bench] = {bfcl.NAME: bfcl.BENCH, "acebench_agent": acebench_agents.BENCH}
 
 _WORLDS: dict[tuple, World] = {}

@@ -296,8 +296,7 @@ def save_pretrained(policy, tokenizer, path: Path, world_size: int, rank: int) -
     # every rank calls save_pretrained (under FSDP the gathers are collectives); rank 0 keeps the
     # whole, on its CPU
     state = full_state_dict(policy, world_size, keep=rank == 0)
-    # a gathered dict holds tied weights twice (lm_head.weight beside the embedding): drop the copy,
-    # as HF does
+    # a gathered dict holds tied weights twice (lm_head.weight beside the embedding): drop the copy, as HF does
     if getattr(policy.config, "tie_word_embeddings", False):
         for tied in getattr(policy, "_tied_weights_keys", None) or {}:
             state.pop(tied, None)
@@ -355,8 +354,7 @@ def load_checkpoint(out: Path, policy, opt, sampler: TaskSampler, world_size: in
 
 
 # --------------------------------------------------------------------------------------------------
-# Demo: python checkpoint.py — a run saved at step 2 and resumed draws the same tasks and holds the
-# same weights
+# Demo: python checkpoint.py — a run saved at step 2 and resumed draws the same tasks and holds the same weights
 
 if __name__ == "__main__":
     import tempfile
