@@ -179,8 +179,7 @@ def prompt_ids(tokenizer, system: str, tools: list[dict], first_user: str) -> li
 
 @functools.lru_cache(maxsize=8)
 def _stub_renders(tokenizer) -> dict[str, str]:
-    # The template's renders of the fixed stub, computed once per tokenizer: every turn of every
-    # episode needs them.
+    # The template's renders of the fixed stub, computed once per tokenizer: every turn of every episode needs them.
     eot = tokenizer.convert_ids_to_tokens(end_of_turn_id(tokenizer))
     # user + assistant; user alone
     base, user_only = render(tokenizer, STUB), render(tokenizer, STUB[:1])
@@ -207,9 +206,8 @@ def delta_ids(tokenizer, new_messages: list[dict]) -> list[int]:
     turn before it was drawn."""
     stub = _stub_renders(tokenizer)
     n = stub["turns"]
-    # tool results and customer messages are untrusted: set aside those with special-token strings
-    # (their placeholders also keep a forged end-of-turn out of the split below, though only the
-    # stub's come before)
+    # tool results and customer messages are untrusted: set aside those with special-token strings (their placeholders
+    # also keep a forged end-of-turn out of the split below, though only the stub's come before)
     msgs, held = _set_aside(tokenizer, new_messages)
     parts = render(tokenizer, STUB + msgs, add_generation_prompt=True).split(stub["eot"], n)
     if n == 0 or len(parts) <= n:

@@ -200,8 +200,7 @@ def clean(text):
     return text.encode("utf-8", "backslashreplace").decode("utf-8") if isinstance(text, str) else text
 
 
-# Special-token look-alikes: <|...|> (ChatML, Qwen, Llama 3, Phi), <｜...｜> (DeepSeek), <s> </s>
-# [INST] (Llama 2)
+# Special-token look-alikes: <|...|> (ChatML, Qwen, Llama 3, Phi), <｜...｜> (DeepSeek), <s> </s> [INST] (Llama 2)
 _MARKERS = re.compile(r"<(?=[|｜]|/?s>)|\[(?=/?INST\])")
 
 

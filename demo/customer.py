@@ -205,9 +205,8 @@ def train_customer(conversations: list[dict], out_dir: str | Path, seed: int = 0
     common = dict(batch_size=batch_size, seed=seed, warmup=20, micro_batch_tokens=256, log=log)
     if copy_steps:  # 1. copy drills: induction heads first (lr 1e-3: at 3e-3 this vocabulary's drills stalled at 1.2)
         words = sorted({w for t in texts[:400] for w in re.findall(r"[a-z]+", t)})
-        # until they take (another round while one ends above 0.3: a build whose drills stalled at
-        # 0.40 named the options wrong in 15 % of the gate's conversations; the shipped model was
-        # built with 0.3)
+        # until they take (another round while one ends above 0.3: a build whose drills stalled at 0.40 named the
+        # options wrong in 15 % of the gate's conversations; the shipped model was built with 0.3)
         losses["copy"] = [copy_warmup(model, tok, copy_steps, copy_lr, words, seed=seed, converged=0.3,
                                       micro_batch_tokens=256)]
     if short_epochs:  # 2. the conversations with the rules cut away
