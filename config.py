@@ -179,6 +179,9 @@ class Config:
     # update of lr 1e-6 is below bf16's resolution (plumbing/fsdp.py).
     engine: str = flag("auto", ENGINE,
         "rollout engine: hf | vllm | auto (vllm on a GPU, hf on a CPU)")
+    lockstep: bool = flag(False, ENGINE,
+        "the rollout engine waits for every conversation before it generates (lock-step rounds): the "
+        "same batches on every run, bit-for-bit repeatable; off, each turn goes to the engine at once")
     dtype: str = flag("auto", ENGINE,
         "compute dtype, weights and AdamW stay fp32: auto (bf16 on a GPU) | float32 | bfloat16")
     engine_memory: float = flag(0.5, ENGINE,

@@ -38,6 +38,8 @@ from __future__ import annotations
 
 import json
 import os
+import threading
+import time
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
@@ -212,23 +214,52 @@ class VLLMEngine:
             raise vllm_refused(e) from e
         self.sleep_mode, self.kv_asleep = enable_sleep_mode and not on_cpu, False
         self.stop_token_ids = default_stop_ids(self.llm.get_tokenizer())
+        self.keys: dict[str, object] = {}  # vLLM request id -> the Batcher's key (submit, step)
 
     def generate(self, prompts: list[list[int]], max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0,
                  stop_token_ids: list[int] | None = None, seed: int | list[int] | None = None) -> list[Sample]:
-        from vllm import SamplingParams, TokensPrompt
+        from vllm import TokensPrompt
 
         self._wake_kv_cache()
         # one per request
         seeds = [None] * len(prompts) if seed is None else prompt_seeds(seed, len(prompts))
-        stop = list(self.stop_token_ids if stop_token_ids is None else stop_token_ids)
-        params = [SamplingParams(max_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=s,
-                                 logprobs=0,  # 0 extra candidates: just the sampled token's own log-prob
-                                 stop_token_ids=stop, ignore_eos=True,  # stop at `stop` only, as HFEngine does
-                                 detokenize=False) for s in seeds]
+        params = [self._params(max_new_tokens, temperature, top_p, stop_token_ids, s) for s in seeds]
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
-        cs = [o.outputs[0] for o in outs]  # in prompt order; c.logprobs[i]: {token id: Logprob}
-        return [Sample(list(c.token_ids), [d[t].logprob for t, d in zip(c.token_ids, c.logprobs)],
-                       "stop" if c.finish_reason == "stop" else "length") for c in cs]
+        return [self._sample(o.outputs[0]) for o in outs]  # in prompt order
+
+    def submit(self, key, prompt: list[int], max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0,
+               stop_token_ids: list[int] | None = None, seed: int | None = None) -> None:
+        """Continuous batching (Batcher): one request joins the running batch; `step` returns it
+        under `key` once it is finished."""
+        from vllm import TokensPrompt
+
+        self._wake_kv_cache()
+        params = self._params(max_new_tokens, temperature, top_p, stop_token_ids, seed)
+        [rid] = self.llm.enqueue([TokensPrompt(prompt_token_ids=list(prompt))], params, use_tqdm=False)
+        self.keys[rid.split("-")[0]] = key  # vLLM's outputs carry the id without its random suffix
+
+    def step(self) -> list[tuple]:
+        """One scheduler step of vLLM (a decode step for every running request, prefill for new
+        ones): the (key, Sample) of each request that finished in it."""
+        outs = self.llm.llm_engine.step()
+        return [(self.keys.pop(o.request_id), self._sample(o.outputs[0])) for o in outs if o.finished]
+
+    def busy(self) -> bool:
+        return self.llm.llm_engine.has_unfinished_requests()
+
+    def _params(self, max_new_tokens, temperature, top_p, stop_token_ids, seed):
+        from vllm import SamplingParams
+
+        stop = list(self.stop_token_ids if stop_token_ids is None else stop_token_ids)
+        return SamplingParams(max_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed,
+                              logprobs=0,  # 0 extra candidates: just the sampled token's own log-prob
+                              stop_token_ids=stop, ignore_eos=True,  # stop at `stop` only, as HFEngine does
+                              detokenize=False)
+
+    @staticmethod
+    def _sample(c) -> Sample:  # c.logprobs[i]: {token id: Logprob}
+        return Sample(list(c.token_ids), [d[t].logprob for t, d in zip(c.token_ids, c.logprobs)],
+                      "stop" if c.finish_reason == "stop" else "length")
 
     def update_weights(self, named_tensors) -> None:
         """Load (name, tensor) pairs with HF names into vLLM's model. `reload_weights` runs the
@@ -268,7 +299,94 @@ class VLLMEngine:
 
 
 # --------------------------------------------------------------------------------------------------
-# 4. Factory
+# 4. The batcher: many conversations, one engine
+
+class Batcher:
+    """The engine's side of a rollout in which every conversation plays on its own thread.
+
+    An episode hands in its next prompt (`ask`) and waits; the thread that owns the engine runs
+    `serve`, which sends whatever is pending to the engine the moment the engine is free, and hands
+    each episode its sample. So a short turn never waits for a long one, and an episode whose
+    customer is slow holds nobody up. vLLM takes new requests between two decode steps (continuous
+    batching: `submit` + `step`); an engine without them (HFEngine) generates one batch at a time,
+    taking everything that arrived while it was busy.
+
+    `rounds=True` is lock-step instead: the engine waits until every episode still playing is
+    waiting on it, then generates for all of them, in episode order. The batches are then the same
+    on every run, so a seed's run is bit-for-bit repeatable with an engine whose numerics depend on
+    its batch (HFEngine's do, at ~1e-7); the per-episode seeds alone make it repeatable up to that.
+    """
+
+    def __init__(self, engine):
+        self.engine, self.cv = engine, threading.Condition()
+        self.pending: dict[int, tuple] = {}  # episode key -> (prompt, max_new_tokens, seed)
+        self.answers: dict[int, Sample] = {}
+        self.playing, self.failed = 0, None  # episodes not yet ended; the error that stopped serving
+        self.busy_s = 0.0  # seconds the engine spent generating (bench/bench_rollout_latency.py)
+
+    def ask(self, key: int, prompt: list[int], max_new_tokens: int, seed: int | None) -> Sample:
+        """An episode's thread: the sample for `prompt`, when the engine has made it."""
+        with self.cv:
+            self.pending[key] = (prompt, max_new_tokens, seed)
+            self.cv.notify_all()
+            self.cv.wait_for(lambda: key in self.answers or self.failed is not None)
+            if key not in self.answers:
+                raise RuntimeError(f"the rollout engine stopped: {self.failed!r}")
+            return self.answers.pop(key)
+
+    def leave(self) -> None:
+        """An episode's thread: it has ended (the engine no longer waits for it in rounds)."""
+        with self.cv:
+            self.playing -= 1
+            self.cv.notify_all()
+
+    def serve(self, playing: int, rounds: bool, sampling: dict, progress=None) -> None:
+        """The engine's thread, until `playing` episodes have all ended. `sampling`: temperature,
+        top_p, stop_token_ids, the same for every request. `progress(ended)` whenever one ends."""
+        self.playing, self.failed, self.answers, flowing = playing, None, {}, hasattr(self.engine, "submit")
+        ended = -1
+        try:
+            while True:
+                with self.cv:  # wait until there is work (or nothing is left to play)
+                    ready = lambda: self.playing == 0 or (len(self.pending) == self.playing if rounds  # noqa: E731
+                                                         else bool(self.pending))
+                    if not (flowing and self.engine.busy()):
+                        self.cv.wait_for(ready, timeout=1.0)
+                    if ended != playing - self.playing and progress is not None:
+                        ended = playing - self.playing
+                        progress(ended)
+                    if self.playing == 0:
+                        return
+                    batch = sorted(self.pending.items()) if ready() else []
+                    self.pending = {} if batch else self.pending
+                t0 = time.perf_counter()
+                if flowing:  # vLLM: new requests join the running batch; finished ones leave it
+                    for key, (prompt, n, seed) in batch:
+                        self.engine.submit(key, prompt, n, seed=seed, **sampling)
+                    done = self.engine.step() if self.engine.busy() else []
+                elif batch:  # one batch; the longest budget for all, each sample cut to its own
+                    samples = self.engine.generate([p for _, (p, _, _) in batch],
+                                                   max_new_tokens=max(n for _, (_, n, _) in batch),
+                                                   seed=None if batch[0][1][2] is None else
+                                                   [s for _, (_, _, s) in batch], **sampling)
+                    done = [(key, Sample(s.token_ids[:n], s.logprobs[:n], s.finish_reason))
+                            for (key, (_, n, _)), s in zip(batch, samples)]
+                else:
+                    continue
+                self.busy_s += time.perf_counter() - t0
+                with self.cv:
+                    self.answers.update(done)
+                    self.cv.notify_all()
+        except BaseException as e:  # the engine failed, or Ctrl-C: every waiting episode is told
+            with self.cv:
+                self.failed = e
+                self.pending = {}
+                self.cv.notify_all()
+            raise
+
+
+# --------------------------------------------------------------------------------------------------
+# 5. Factory
 
 
 def make_engine(kind: str, model=None, tokenizer=None, model_path: str | Path | None = None, **kwargs):

@@ -3,14 +3,18 @@
 MUA-RL's rollout (Zhao et al. 2025, arXiv:2508.18669, section 3): each episode is a live
 conversation. The agent writes a turn; a tool call in it runs on the episode's own database and the
 result comes back; a turn without one is a message to the customer, who answers (or ends it).
-Training (muarl.py) and evaluation (eval.py) both run conversations through `rollout()` alone, and
-all episodes advance together, by rounds:
+Training (muarl.py) and evaluation (eval.py) both run conversations through `rollout()` alone.
 
-    round:  1. every episode waiting on the agent    -> ONE agent.act call (one batched generate)
-            2. its tool calls                         -> run on each episode's own env
-            3. every episode waiting on the customer  -> user.replies(...), concurrently
-            4. caps: turns, messages, errors, context -> stop reasons
-    then:   score(episodes, worlds)                   -> reward 1 iff the final database is right
+Every episode plays on its own thread, as one story (`play`), and never waits on another:
+
+    agent turn -> a tool call runs on the episode's env  -> agent turn -> ...
+               -> or a message: the customer answers     -> agent turn -> ...   until an ending
+    then:   score(episodes, worlds)                       -> reward 1 iff the final database is right
+
+The calling thread owns the engine (engine.Batcher): an agent turn goes to it the moment its
+episode's tool result or customer reply is in, batched with whatever else is pending, so a slow
+customer or a long turn delays only its own episode. `RolloutConfig.rounds` makes the engine wait
+for every episode instead (lock-step rounds: the same batches on every run, so bit-for-bit repeatable).
 `PolicyAgent`, the model being trained, owns each episode's token stream (chat.py builds the
 pieces), exactly what the policy saw and sampled, never re-rendered: prompt (mask 0) | agent turn as
 sampled, with its end-of-turn token (mask 1) | tool result or customer message + generation prompt
@@ -18,8 +22,9 @@ sampled, with its end-of-turn token (mask 1) | tool result or customer message +
 each piece's author. Message-level agents (plumbing/agents.py) play the same loop without tokens.
 
 Seeds: episode j of a task's k-th draw in a call samples with episode_seed(cfg.seed, task id, k, j),
-its turns with episode_seed(that, turn): not on its batch-mates, so evaluation and training give
-identical episodes on one seed.
+its turns with episode_seed(that, turn), its customer's replies with episode_seed(that, "user",
+turn): not on its batch-mates nor on the order replies come back in, so evaluation and training,
+and two runs, give the same episodes on one seed (up to the engine's numerics in a batch).
 
 Stop reasons: user_stop (###STOP### or ###OUT-OF-SCOPE###), transfer (transfer_to_human_agents,
 or ###TRANSFER###), max_turns (the agent's tool executions + customer replies reached the paper's
@@ -39,6 +44,7 @@ Departures from the paper:
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -48,6 +54,8 @@ from typing import Protocol
 import chat
 from domains.base import Env, Task, World
 from domains.dual_control import Phone, customer_only, too_many_errors
+from engine import Batcher
+from plumbing import chat_client
 from plumbing.chat_client import concurrently
 from plumbing.sampling import episode_seed
 from tools import TRANSFER_TOOL, ParsedTurn, clean
@@ -82,6 +90,7 @@ class Episode:
     timings: dict = field(default_factory=lambda: {"generate": 0.0, "tools": 0.0, "user": 0.0})
     seed: int | None = None  # this episode's sampling seed (None: unseeded)
     context_tokens: int = 0  # message-level agents: the endpoint's own count of the conversation
+    key: int = 0  # the episode's place in its rollout
 
     @property
     def aborted(self) -> bool:
@@ -129,13 +138,14 @@ class RolloutConfig:
     seed: int | None = None  # the rollout's seed: every episode's own derives from it
     max_messages: int = 0  # tau2's cap on a conversation's messages (its max_steps, 200); 0: none
     max_errors: int = 0  # tau2's cap on failed tool calls, both sides (10); 0: dual control's own
+    lockstep: bool = False  # the engine waits for every episode (engine.Batcher): repeatable batches
 
     @classmethod
     def of(cls, cfg, greedy: bool = False, seed: int | None = None) -> "RolloutConfig":
         """A run's flags (config.Config) as the rollout takes them; `greedy` for evaluation."""
         return cls(cfg.max_turns, cfg.max_context, cfg.max_new_tokens,
                    0.0 if greedy else cfg.temperature, cfg.top_p, seed=seed,
-                   tools_in_prompt=cfg.tools_in_prompt, malformed=cfg.malformed)
+                   tools_in_prompt=cfg.tools_in_prompt, malformed=cfg.malformed, lockstep=cfg.lockstep)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -143,51 +153,53 @@ class RolloutConfig:
 
 
 class Agent(Protocol):
-    """The agent side of the loop: rollout() calls begin() once per episode, act() once per round
-    with every episode waiting on the agent, observe() with what came back (tool results, or the
-    customer's reply). act() returns, per episode in order, a tools.ParsedTurn (text, calls, parse
-    errors) or, if the agent itself failed, an Exception."""
+    """The agent side of the loop: rollout() calls begin() once per episode, then, on the episode's
+    own thread, act() for each of its turns and observe() with what came back (tool results, or the
+    customer's reply). act() returns a tools.ParsedTurn (text, calls, parse errors) or, if the agent
+    itself failed, an Exception. An agent with an engine also has serve(): rollout() runs it on the
+    calling thread while the episodes play (PolicyAgent's batches their turns)."""
 
     def begin(self, ep: Episode, rules: str, schemas: list[dict], first: str) -> None: ...
 
-    def act(self, episodes: list[Episode], cfg: RolloutConfig) -> list[ParsedTurn | Exception]: ...
+    def act(self, ep: Episode, cfg: RolloutConfig) -> ParsedTurn | Exception: ...
 
     def observe(self, ep: Episode, messages: list[dict]) -> None: ...
 
 
 class PolicyAgent:
-    """The model being trained, through a token engine (engine.py): one batched generate a round.
-    It owns each episode's token stream: training updates exactly the tokens that were sampled."""
+    """The model being trained, through a token engine (engine.py) that a Batcher shares among the
+    episodes. It owns each episode's token stream: training updates exactly the tokens that were
+    sampled."""
 
     def __init__(self, engine, tokenizer):
         self.engine, self.tok, self.eot = engine, tokenizer, chat.end_of_turn_id(tokenizer)
+        self.batcher = Batcher(engine)
 
     def begin(self, ep, rules, schemas, first):  # system + tools + the first message (mask 0)
         ep.append(chat.prompt_ids(self.tok, rules, schemas, first), 0, who="prompt")
 
-    def act(self, episodes, cfg):
-        budget = [min(cfg.max_new_tokens, cfg.max_context - len(e.ids)) for e in episodes]
-        seeds = None if episodes[0].seed is None else [episode_seed(e.seed, e.agent_turns) for e in episodes]
-        samples = self.engine.generate([e.ids for e in episodes], max_new_tokens=max(budget),
-                                       seed=seeds, temperature=cfg.temperature, top_p=cfg.top_p,
-                                       stop_token_ids=[self.eot])
-        turns = []
-        for e, s, b in zip(episodes, samples, budget):
-            ids, lps = list(s.token_ids)[:b], list(s.logprobs)[:b]  # one call, many budgets
-            closed = bool(ids) and ids[-1] == self.eot
-            text = self.tok.decode(ids[:-1] if closed else ids, skip_special_tokens=False)
-            shut = [] if closed else [self.eot]  # cut off: the turn is closed, unsampled (mask 0)
-            e.append(ids + shut, [1] * len(ids) + [0] * len(shut), lps + [0.0] * len(shut), who="agent")
-            turns.append(e.env.world.parse_turn(e.env, text))  # <tool_call> JSON, or a bench's own
-        return turns
+    def act(self, ep, cfg):
+        budget = min(cfg.max_new_tokens, cfg.max_context - len(ep.ids))
+        seed = None if ep.seed is None else episode_seed(ep.seed, ep.agent_turns)
+        s = self.batcher.ask(ep.key, ep.ids, budget, seed)  # waits for the engine's next batch
+        ids, lps = list(s.token_ids)[:budget], list(s.logprobs)[:budget]
+        closed = bool(ids) and ids[-1] == self.eot
+        text = self.tok.decode(ids[:-1] if closed else ids, skip_special_tokens=False)
+        shut = [] if closed else [self.eot]  # cut off: the turn is closed, unsampled (mask 0)
+        ep.append(ids + shut, [1] * len(ids) + [0] * len(shut), lps + [0.0] * len(shut), who="agent")
+        return ep.env.world.parse_turn(ep.env, text)  # <tool_call> JSON, or a benchmark's own
 
     def observe(self, ep, messages):
         # tool results / a customer message + the next generation prompt, by the template (mask 0)
         ep.append(chat.delta_ids(self.tok, messages), 0, who=messages[-1]["role"])
 
+    def serve(self, playing, cfg, progress=None):
+        self.batcher.serve(playing, cfg.lockstep, dict(temperature=cfg.temperature, top_p=cfg.top_p,
+                                                     stop_token_ids=[self.eot]), progress)
+
 
 # --------------------------------------------------------------------------------------------------
-# The rollout: one round's pieces, the loop, then the score
+# The rollout: one episode's story, every episode on its thread, then the score
 
 
 def _apply_turn(ep: Episode, turn: ParsedTurn, cfg: RolloutConfig) -> list[dict]:
@@ -259,13 +271,68 @@ def _first_message(user, task, tools: bool = False):
         return UserError(f"{type(err).__name__}: {err}")
 
 
+def play(ep: Episode, agent: Agent, user: User, cfg: RolloutConfig, customers: threading.Semaphore) -> None:
+    """One conversation, from the customer's opening to its ending, on the episode's own thread."""
+    while ep.state != DONE:
+        # the agent's turn: its engine batches it with whatever other episodes have pending
+        t0 = time.perf_counter()
+        turn = agent.act(ep, cfg)
+        ep.timings["generate"] += time.perf_counter() - t0
+        if isinstance(turn, Exception):  # the endpoint failed, or said the context is full
+            ep.stop("context_full" if getattr(turn, "context_full", False) else "agent_error",
+                    f"{type(turn).__name__}: {turn}")
+            break
+        # a tool call runs on the episode's own database, and its result goes back to the agent
+        if results := _apply_turn(ep, turn, cfg):
+            agent.observe(ep, results)
+        _check_caps(ep, cfg)
+        if ep.state != USER:
+            continue
+        # a message to the customer, who answers at its own pace: nobody else waits for it. In dual
+        # control a phone runs the customer's own calls on the env (as "user"); they are no turns of
+        # the agent's, capped by tau2's message cap or else the turn cap
+        t0, cap = time.perf_counter(), "max_messages" if cfg.max_messages else "max_turns"
+        phone = Phone(ep.env, ep.messages, cfg.max_messages - messages(ep) if cfg.max_messages else cfg.max_turns,
+                      cap) if ep.env.world.user_tools else None
+        # the request carries the episode's seed: a sampled customer replies the same on a rerun
+        with customers:  # at most user.workers requests in flight
+            reply = _customer_reply(user, ep.task, ep.customer_history(), phone,
+                                    None if ep.seed is None else episode_seed(ep.seed, "user", ep.turns))
+        ep.timings["user"] += time.perf_counter() - t0
+        if isinstance(reply, UserError):
+            ep.stop("user_error", str(reply))
+        elif phone is not None and (phone.stop or reply is None):  # a cap on its own calls ends it
+            ep.stop(phone.stop or cap)
+        else:
+            ep.turns += 1
+            reply = clean(reply) if isinstance(reply, str) else str(reply)  # the customer's text is data
+            ep.messages.append({"role": "user", "content": reply})
+            if marker := is_terminal(reply):
+                ep.stop(ENDS[marker])
+            elif why := ep.env.world.ends(ep):
+                ep.stop(why)
+            else:
+                ep.state = AGENT
+                agent.observe(ep, [{"role": "user", "content": reply}])
+                _check_caps(ep, cfg)
+
+
+def _customer_reply(user: User, task: Task, history: list[dict], phone, seed):
+    """user.reply, never raising: a failure is a UserError (its episode aborts, the others go on)."""
+    try:
+        return user.reply(task, history, phone, seed)
+    except Exception as e:  # noqa: BLE001 - one customer's failure must not take down the rollout
+        return e if isinstance(e, UserError) else UserError(f"{type(e).__name__}: {e}")
+
+
 def rollout(tasks: list[Task], group_size: int, worlds: dict[str, World], agent: Agent, user: User,
             cfg: RolloutConfig, progress=None, seeds: list[int] | None = None) -> list[Episode]:
     """Play len(tasks) x group_size episodes, G consecutive per task; they come back unscored,
     databases open: call score() next. `seeds`: one per episode, in order, for those from cfg.seed
-    (a logged .seed replays its episode). `progress(done, total)` after every round."""
+    (a logged .seed replays its episode). `progress(done, total)` as episodes end."""
     if seeds is not None and len(seeds) != len(tasks) * group_size:
         raise ValueError(f"rollout: {len(seeds)} seeds for {len(tasks) * group_size} episodes")
+    chat_client.STOP.clear()  # (a Ctrl-C of an earlier rollout set it)
     # the customer's opening: once per task, shared by the task's G episodes (LLMUser caches it)
     firsts = concurrently(lambda t: _first_message(user, t, bool(worlds[t.domain].user_tools)), tasks, 16)
 
@@ -277,7 +344,7 @@ def rollout(tasks: list[Task], group_size: int, worlds: dict[str, World], agent:
         for j in range(group_size):
             seed = seeds[len(episodes)] if seeds is not None else None if cfg.seed is None else \
                 episode_seed(cfg.seed, task.id, k, j)
-            ep = Episode(task=task, group=gi, env=world.new_env(task), seed=seed)
+            ep = Episode(task=task, group=gi, env=world.new_env(task), seed=seed, key=len(episodes))
             ep.messages.append({"role": "system", "content": world.rules})
             if isinstance(first, UserError):
                 ep.stop("user_error", str(first))
@@ -288,59 +355,46 @@ def rollout(tasks: list[Task], group_size: int, worlds: dict[str, World], agent:
                 _check_caps(ep, cfg)
             episodes.append(ep)
 
-    while any(e.state != DONE for e in episodes):
-        # 1. every episode waiting on the agent: one call; 2. its tool calls, on its own database
-        live = [e for e in episodes if e.state == AGENT]
-        if live:
-            t0 = time.perf_counter()
-            turns = agent.act(live, cfg)
-            dt = (time.perf_counter() - t0) / len(live)
-            for e, turn in zip(live, turns):
-                e.timings["generate"] += dt
-                if isinstance(turn, Exception):  # the endpoint failed, or said the context is full
-                    e.stop("context_full" if getattr(turn, "context_full", False) else
-                           "agent_error", f"{type(turn).__name__}: {turn}")
-                    continue
-                if new := _apply_turn(e, turn, cfg):
-                    agent.observe(e, new)
-                _check_caps(e, cfg)
-        # 3. every episode waiting on the customer: concurrent replies
-        waiting = [e for e in episodes if e.state == USER]
-        if waiting:
-            t0 = time.perf_counter()
-            # dual control: a phone per episode runs the customer's own calls on its env (as
-            # "user"); they are no turns of the agent's: capped by tau2's message cap, or the turns
-            cap = "max_messages" if cfg.max_messages else "max_turns"
-            phones = [Phone(e.env, e.messages, cfg.max_messages - messages(e) if cfg.max_messages
-                            else cfg.max_turns, cap) if e.env.world.user_tools else None
-                      for e in waiting]
-            # each request carries its own seed, the episode's: a sampled customer replies the
-            # same on a rerun
-            replies = user.replies([(e.task, e.customer_history(), p, None if e.seed is None else
-                                     episode_seed(e.seed, "user", e.turns))
-                                    for e, p in zip(waiting, phones)])
-            dt = (time.perf_counter() - t0) / len(waiting)
-            for e, p, r in zip(waiting, phones, replies):
-                e.timings["user"] += dt
-                if isinstance(r, UserError):
-                    e.stop("user_error", str(r))
-                    continue
-                if p is not None and (p.stop or r is None):  # a cap on its own calls ends it
-                    e.stop(p.stop or cap)
-                    continue
-                e.turns += 1
-                r = clean(r) if isinstance(r, str) else str(r)  # the customer's text is data
-                e.messages.append({"role": "user", "content": r})
-                if marker := is_terminal(r):
-                    e.stop(ENDS[marker])
-                elif why := e.env.world.ends(e):
-                    e.stop(why)
-                else:
-                    e.state = AGENT
-                    agent.observe(e, [{"role": "user", "content": r}])
-                    _check_caps(e, cfg)
-        if progress is not None:
-            progress(sum(e.state == DONE for e in episodes), len(episodes))
+    # every episode still playing on its own thread; this one serves the agent's engine meanwhile
+    live = [e for e in episodes if e.state != DONE]
+    customers, crashed, left = threading.Semaphore(max(1, getattr(user, "workers", 1))), [], [len(live)]
+    serve, ended = getattr(agent, "serve", None), threading.Condition()
+
+    def story(ep):
+        try:
+            play(ep, agent, user, cfg, customers)
+        except BaseException as e:  # noqa: BLE001 - a bug, or the engine stopped: raised below
+            crashed.append(e)
+        finally:
+            if serve is not None:
+                agent.batcher.leave()
+            with ended:
+                left[0] -= 1
+                ended.notify_all()
+
+    threads = [threading.Thread(target=story, args=(e,), daemon=True, name=f"episode-{e.key}") for e in live]
+    tick = None if progress is None else lambda n: progress(len(episodes) - left[0], len(episodes))
+    try:
+        for t in threads:
+            t.start()
+        if serve is not None:
+            serve(len(live), cfg, tick)
+        with ended:  # (an agent without an engine: nothing to serve, only to wait for)
+            while left[0]:
+                ended.wait(timeout=1.0)
+                tick and tick(0)
+    except BaseException:  # Ctrl-C, or the engine failed: every request in flight gives up at once
+        chat_client.STOP.set()
+        deadline = time.monotonic() + 5.0
+        for t in threads:
+            t.join(timeout=max(0.0, deadline - time.monotonic()))
+        raise
+    for t in threads:
+        t.join()
+    if crashed:
+        raise crashed[0]
+    if progress is not None:
+        progress(len(episodes), len(episodes))
     return episodes
 
 

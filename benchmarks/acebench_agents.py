@@ -110,10 +110,9 @@ class AceAgent:
     def begin(self, ep, rules, schemas, first):
         pass  # ACEBench rebuilds the whole prompt every turn: nothing to keep
 
-    def act(self, episodes, cfg):
-        prompts = [e.env.world.agent_messages(e.task, e.messages[1:], self.lang) for e in episodes]
-        texts = self.complete(episodes, prompts)
-        return [t if isinstance(t, Exception) else e.env.world.parse_turn(e.env, t) for e, t in zip(episodes, texts)]
+    def act(self, ep, cfg):
+        [text] = self.complete([ep], [ep.env.world.agent_messages(ep.task, ep.messages[1:], self.lang)])
+        return text if isinstance(text, Exception) else ep.env.world.parse_turn(ep.env, text)
 
     def observe(self, ep, messages):
         pass

@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import inspect
 import json
+import threading
 
 import chat
-from plumbing.chat_client import concurrently
 from plumbing.sampling import Sample
 from tools import ParsedTurn, as_text, check_call, clean
 from domains.dual_control import customer_only, gold_requestors
@@ -40,12 +40,13 @@ class MessageAgent:
     other failure aborts it (agent_error, kept in its transcript)."""
 
     def __init__(self, make_act, workers: int = 8):
-        self.make_act, self.workers, self.acts = make_act, workers, {}
+        self.make_act, self.acts = make_act, {}
+        self.slots = threading.Semaphore(workers)  # requests to the endpoint at once
 
     def begin(self, ep, rules, schemas, first):
         self.acts[id(ep)] = self.make_act(ep.task)
 
-    def _one(self, ep, cfg) -> ParsedTurn | Exception:
+    def act(self, ep, cfg) -> ParsedTurn | Exception:
         act, budget = self.acts[id(ep)], max(1, min(cfg.max_new_tokens, cfg.max_context - ep.context_tokens))
         # the agent's view: never the customer's own tool calls and results (dual-control worlds);
         # the tools the episode shows now (BFCL reveals some later): an endpoint's tool calling
@@ -53,7 +54,8 @@ class MessageAgent:
         msgs, tools = [m for m in ep.messages if not customer_only(m)], ep.env.tool_schemas(ep.messages)
         try:  # an act(messages, tools) without a max_tokens parameter (the oracle's) is called without it
             takes = "max_tokens" in inspect.signature(act).parameters
-            msg = act(msgs, tools, **({"max_tokens": budget} if takes else {}))
+            with self.slots:
+                msg = act(msgs, tools, **({"max_tokens": budget} if takes else {}))
         except Exception as e:  # noqa: BLE001 - an endpoint failure aborts this episode, not the evaluation
             e.context_full = "maximum context length" in str(e)  # the phrase of vLLM's and OpenAI's HTTP 400
             return e
@@ -64,9 +66,6 @@ class MessageAgent:
                    for c in msg.get("tool_calls") or []]
         return ParsedTurn(content=clean(msg.get("content") or ""), calls=[c for c in checked if isinstance(c, dict)],
                           errors=[c for c in checked if isinstance(c, str)])
-
-    def act(self, episodes, cfg):
-        return concurrently(lambda ep: self._one(ep, cfg), episodes, self.workers)
 
     def observe(self, ep, messages):
         pass  # no token stream: the episode's messages are the whole record

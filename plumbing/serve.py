@@ -321,6 +321,7 @@ class ServedUser(User):
         for own in ("model", "base_url", "api_key"):  # its own server: its own name, address and key
             self.llm_settings.pop(own, None)
         self.down_s = self.llm_settings.get("down_s", float("inf"))
+        self.workers = self.llm_settings.get("max_workers", 16)  # requests in flight (rollout.py)
         self.label = f"the served customer model at T={self.llm_settings.get('temperature', 0):g}"
         # the server's context: the run's, at most what the model was built for (vLLM refuses more)
         own = self.folder / "config.json"
@@ -379,6 +380,9 @@ class ServedUser(User):
 
     def first_message(self, task, tools: bool = False) -> str:
         return self._live().first_message(task, tools)
+
+    def reply(self, task, history, phone=None, seed=None):
+        return self._live().reply(task, history, phone, seed)
 
     def replies(self, requests: list[tuple]) -> list:
         return self._live().replies(requests)

@@ -317,17 +317,19 @@ def test_tiny_local_model_plays_five_tasks_and_the_token_path_can_score(world, t
             assert said == e.task.spec["turns"]
 
     class GoldEngine:  # writes the oracle's next message as the tokens a model would sample (Qwen3 <tool_call>)
+        live = {}  # an episode's token stream -> the episode, as its turn is asked for
+
         def generate(self, prompts, max_new_tokens, **kw):
             out = []
-            for p, ep in zip(prompts, self.live):
+            for ep in (self.live[tuple(p)] for p in prompts):
                 ids = chat.assistant_ids(tok, {"role": "assistant"} | bfcl.oracle(ep.task)(ep.messages, None))
                 out.append(Sample(token_ids=ids, logprobs=[0.0] * len(ids), finish_reason="stop"))
             return out
 
     class Agent(PolicyAgent):
-        def act(self, episodes, cfg):
-            self.engine.live = episodes
-            return super().act(episodes, cfg)
+        def act(self, ep, cfg):
+            self.engine.live[tuple(ep.ids)] = ep
+            return super().act(ep, cfg)
 
     m, eps = _play(world, tasks, Agent(GoldEngine(), tok), _bench_cfg(max_new_tokens=512, max_context=10 ** 6))
     assert m["pass^1"] == 1.0, [e.info for e in eps]

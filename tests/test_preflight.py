@@ -225,8 +225,8 @@ class DownUser(user_sim.User):
     def first_message(self, task):
         raise UserError("user simulator 'gpt-4o' at http://127.0.0.1:1/v1 failed after 5 attempts; last error: 503")
 
-    def replies(self, requests):
-        return [UserError("down")] * len(requests)
+    def reply(self, task, history, phone=None, seed=None):
+        return UserError("down")
 
 
 def down(monkeypatch) -> None:

@@ -174,8 +174,8 @@ def test_context_cap_and_truncated_turn(world, tiny):
 
 
 class FailingUser(ScriptedUser):
-    def replies(self, requests):
-        return [UserError("endpoint down") for _ in requests]
+    def reply(self, task, history, phone=None, seed=None):
+        return UserError("endpoint down")
 
 
 def test_user_failure_aborts_not_scores(world, tiny):

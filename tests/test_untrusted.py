@@ -368,9 +368,8 @@ class MarkupCustomer:
     def first_message(self, task, tools=False):
         return self.text
 
-    def replies(self, requests):
-        return [self.text if sum(m["role"] == "user" for m in history) < 2 else "Thanks. ###STOP###"
-                for task, history, *_ in requests]
+    def reply(self, task, history, phone=None, seed=None):
+        return self.text if sum(m["role"] == "user" for m in history) < 2 else "Thanks. ###STOP###"
 
 
 class TextEngine:

@@ -114,3 +114,41 @@ def test_a_vllm_run_that_succeeded_exits_without_a_traceback(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     assert "Traceback" not in r.stderr and "Invalid process group" not in r.stderr, r.stderr[-3000:]
     assert (tmp_path / "run" / "final" / "muarl.json").is_file() and (tmp_path / "run" / "results.md").is_file()
+
+
+@pytest.mark.vllm
+def test_vllm_continuous_batching_takes_a_late_request_into_the_running_batch(vllm_pair, tiny):
+    """engine.Batcher over VLLMEngine.submit/step: a request that arrives while others decode joins them at the next
+    step, and each request samples what it samples alone (its own seed), cut at its own budget."""
+    import threading
+    import time
+
+    from engine import Batcher
+
+    vl = vllm_pair[0]
+    prompts, joined = make_prompts(tiny[2]), []
+    budgets, starts = [300, 40, 20, 60], [0.0, 0.0, 0.3, 0.6]
+    submit = vl.submit
+
+    def spy(key, *a, **k):
+        joined.append(vl.busy())  # was a batch running when this request came?
+        submit(key, *a, **k)
+
+    vl.submit, b, got = spy, Batcher(vl), {}
+    try:
+        def episode(k):
+            time.sleep(starts[k])
+            got[k] = b.ask(k, prompts[k], budgets[k], 100 + k)
+            b.leave()
+
+        threads = [threading.Thread(target=episode, args=(k,)) for k in range(4)]
+        for t in threads:
+            t.start()
+        b.serve(4, False, dict(temperature=1.0, top_p=1.0, stop_token_ids=[]))
+    finally:
+        vl.submit = submit
+    assert joined.count(True) >= 1, joined  # at least one joined a running batch
+    for k in range(4):
+        alone = vl.generate([prompts[k]], budgets[k], temperature=1.0, stop_token_ids=[], seed=[100 + k])[0]
+        assert got[k].token_ids == alone.token_ids and len(got[k].token_ids) == budgets[k]
+        assert got[k].logprobs == pytest.approx(alone.logprobs, abs=1e-4)
