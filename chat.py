@@ -78,9 +78,8 @@ def encode(tokenizer, text: str) -> list[int]:
 
 @functools.lru_cache(maxsize=8)
 def _specials(tokenizer) -> tuple[tuple[str, ...], re.Pattern]:
-    # The strings the tokenizer turns into special ids wherever they appear (Qwen3: <|im_start|>,
-    # <|im_end|>, <|endoftext|>, ...), and a pattern that finds them, longest first as the tokenizer
-    # matches them.
+    # The strings the tokenizer turns into special ids wherever they appear (Qwen3: <|im_start|>, <|im_end|>,
+    # <|endoftext|>, ...), and a pattern that finds them, longest first as the tokenizer matches them.
     strings = tuple(sorted({t.content for t in tokenizer.added_tokens_decoder.values() if t.special},
                            key=len, reverse=True))
     return strings, re.compile("|".join(map(re.escape, strings)) or "(?!)")  # (?!) matches nothing
@@ -180,8 +179,7 @@ def prompt_ids(tokenizer, system: str, tools: list[dict], first_user: str) -> li
 
 @functools.lru_cache(maxsize=8)
 def _stub_renders(tokenizer) -> dict[str, str]:
-    # The template's renders of the fixed stub, computed once per tokenizer: every turn of every
-    # episode needs them.
+    # The template's renders of the fixed stub, computed once per tokenizer: every turn of every episode needs them.
     eot = tokenizer.convert_ids_to_tokens(end_of_turn_id(tokenizer))
     # user + assistant; user alone
     base, user_only = render(tokenizer, STUB), render(tokenizer, STUB[:1])
@@ -192,9 +190,8 @@ def _stub_renders(tokenizer) -> dict[str, str]:
 
 
 def _after_turn_suffix(tokenizer) -> str:
-    # What the template writes after an assistant's end-of-turn token (Qwen: "\n"). The agent stops
-    # sampling at the end-of-turn token, so this suffix belongs to the next delta, not to the
-    # agent's turn.
+    # What the template writes after an assistant's end-of-turn token (Qwen: "\n"). The agent stops sampling
+    # at the end-of-turn token, so this suffix belongs to the next delta, not to the agent's turn.
     return _stub_renders(tokenizer)["suffix"]
 
 
@@ -209,9 +206,8 @@ def delta_ids(tokenizer, new_messages: list[dict]) -> list[int]:
     turn before it was drawn."""
     stub = _stub_renders(tokenizer)
     n = stub["turns"]
-    # tool results and customer messages are untrusted: set aside those with special-token strings
-    # (their placeholders also keep a forged end-of-turn out of the split below, though only the
-    # stub's come before)
+    # tool results and customer messages are untrusted: set aside those with special-token strings (their placeholders
+    # also keep a forged end-of-turn out of the split below, though only the stub's come before)
     msgs, held = _set_aside(tokenizer, new_messages)
     parts = render(tokenizer, STUB + msgs, add_generation_prompt=True).split(stub["eot"], n)
     if n == 0 or len(parts) <= n:
@@ -233,8 +229,7 @@ def assistant_ids(tokenizer, message: dict) -> list[int]:
     stub = _stub_renders(tokenizer)
     gen_prompt = stub["gen_prompt"]
     body = render(tokenizer, STUB[:1] + [message])[len(stub["user_only"]) :]
-    # strip the role header (and the empty think block that non-thinking mode puts in the generation
-    # prompt)
+    # Strip the role header, and the empty think block that non-thinking mode puts in the generation prompt.
     for prefix in (gen_prompt, gen_prompt.split("<think>")[0]):
         if prefix and body.startswith(prefix):
             body = body[len(prefix) :]
@@ -256,8 +251,7 @@ def conversation_ids(tokenizer, system: str, tools: list[dict], messages: list[d
         if m["role"] != "assistant":
             pending.append(m)  # tool results and user messages wait for the next agent turn
             continue
-        # the delta for what arrived since the last agent turn (mask 0), then the agent turn itself
-        # (mask 1)
+        # The delta for what arrived since the last agent turn (mask 0), then the agent turn itself (mask 1).
         for part, bit in ((delta_ids(tokenizer, pending) if pending else [], 0), (assistant_ids(tokenizer, m), 1)):
             ids += part
             mask += [bit] * len(part)

@@ -61,8 +61,7 @@ def parse_docstring(doc: str | None) -> tuple[str, dict[str, str]]:
 
 
 def _with_doc(schema: dict, doc: str | None) -> dict:
-    # the argument's docstring line becomes its "description", after the type: the key order tau2's
-    # schemas have
+    # The argument's docstring line becomes its "description", after the type: the key order tau2's schemas have.
     return schema if doc is None else schema | {"description": doc}
 
 
@@ -104,8 +103,7 @@ def function_schema(fn: Callable, skip_first: bool = True) -> dict:
 
 
 # --------------------------------------------------------------------------------------------------
-# 2. Generic tools (the first argument is the database, unused here, so they sit beside domain
-#    tools)
+# 2. Generic tools (the first argument is the database, unused here, so they sit beside domain tools)
 
 
 def think(db: Any, thought: str) -> str:
@@ -145,10 +143,9 @@ _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, as
         ast.FloorDiv: operator.floordiv, ast.Pow: operator.pow, ast.UAdd: operator.pos, ast.USub: operator.neg}
 
 
-# what eval() would compute from the whitelisted characters, with a bound on int sizes
 def _arith(node):
-    # a number, or `...` (Ellipsis), which float() then refuses as eval's would
-    if isinstance(node, ast.Constant):
+    """What eval() would compute from the whitelisted characters, with a bound on int sizes."""
+    if isinstance(node, ast.Constant):  # a number, or `...` (Ellipsis), which float() then refuses as eval's would
         return node.value
     if isinstance(node, ast.UnaryOp):
         return _OPS[type(node.op)](_arith(node.operand))
@@ -203,8 +200,7 @@ def clean(text):
     return text.encode("utf-8", "backslashreplace").decode("utf-8") if isinstance(text, str) else text
 
 
-# Special-token look-alikes: <|...|> (ChatML, Qwen, Llama 3, Phi), <｜...｜> (DeepSeek), <s> </s>
-# [INST] (Llama 2)
+# Special-token look-alikes: <|...|> (ChatML, Qwen, Llama 3, Phi), <｜...｜> (DeepSeek), <s> </s> [INST] (Llama 2)
 _MARKERS = re.compile(r"<(?=[|｜]|/?s>)|\[(?=/?INST\])")
 
 
@@ -236,11 +232,12 @@ def check_call(obj, known: set[str] | None) -> dict | str:
     return {"name": obj["name"], "arguments": args}
 
 
-# the call, or what is wrong with it
 def _parse_one(body: str, known: set[str] | None) -> dict | str:
+    """The call, or what is wrong with it."""
+    # json.loads raises ValueError on bad JSON and on an int of more than 4,300 digits, RecursionError on nesting
+    # past the stack: each is the turn's parse error, never an exception that escapes the rollout.
     try:
         obj = json.loads(body)
-    # bad JSON; also an int of > 4,300 digits, or nesting past the stack
     except (ValueError, RecursionError) as e:
         return f"the tool call is not valid JSON ({getattr(e, 'msg', type(e).__name__)} at {getattr(e, 'pos', 0)})"
     return check_call(obj, known)
@@ -253,6 +250,8 @@ def parse_tool_calls(text: str, known_tools: set[str] | None = None) -> ParsedTu
     object, an unknown tool (if `known_tools` is given) or no closing tag (a turn cut off mid-call)
     gives an error, not a call."""
     calls, errors, content, pos = [], [], [], 0
+    # Block after block; when no call is left (the loop's else), the rest is text. A cut-off call breaks out
+    # of the loop instead, and its text is dropped.
     while (i := text.find(CALL_OPEN, pos)) >= 0:
         content.append(text[pos:i])
         if (j := text.find(CALL_CLOSE, i)) < 0:
@@ -261,7 +260,6 @@ def parse_tool_calls(text: str, known_tools: set[str] | None = None) -> ParsedTu
         call = _parse_one(text[i + len(CALL_OPEN) : j].strip(), known_tools)
         (calls if isinstance(call, dict) else errors).append(call)
         pos = j + len(CALL_CLOSE)
-    # no more calls: the rest is text (a cut-off call broke out above, and its text is dropped)
     else:
         content.append(text[pos:])
     return ParsedTurn("".join(content).strip(), calls, errors)

@@ -224,7 +224,7 @@ def main() -> int:
             if not_one:
                 print(f"WARNING {domain}: {not_one} scores of gold replays were not 1.0")
 
-    # the table
+    # The table: one row per domain and path (the ratios follow, last).
     print(f"\nload average at end: {load_avg()}")
     print(f"\n{'domain':8s} {'path':46s} {'median ms':>10s} {'p90 ms':>10s} {'n':>6s}")
     for domain, res in results.items():
@@ -232,7 +232,7 @@ def main() -> int:
             xs = res[key]
             print(f"{domain:8s} {label:46s} {ms(statistics.median(xs)):10.3f} {ms(p90(xs)):10.3f} {len(xs):6d}")
 
-    # the ratios, last
+    # The ratios, last, against the goals the docstring states.
     med = {d: {k: statistics.median(v) for k, v in res.items()} for d, res in results.items()}
     print("\nratios (medians, against the goals):")
     for d, m in med.items():

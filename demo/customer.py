@@ -63,15 +63,13 @@ from user_sim import STOP, LLMUser, User
 
 from demo import SHIPPED  # noqa: E402  (the committed customer model: --user_serve demo)
 
-# The agent texts the noisy agent may say instead of the right one (plus nonsense): what a young
-# policy says.
+# The agent texts the noisy agent may say instead of the right one (plus nonsense): what a young policy says.
 _AGENT_LINES = [store.ASK_ID, store.shop.ASK_REASON, store.shop.ASK_REFUND, store.REFUSE_AGAIN, "How can I help you?",
                 "Done: order {oid} is cancelled.", "Done: order {oid} is returned.", "Sorry, order {oid} is pending, "
                 "so it cannot be returned.", "Sorry, order {oid} is delivered, so it cannot be cancelled."]
 
 # --------------------------------------------------------------------------------------------------
-# The data: sampled store customers against a noisy agent, rendered as the server renders each
-# request
+# The data: sampled store customers against a noisy agent, rendered as the server renders each request
 
 
 def _right_line(spec: dict, history: list[dict]) -> str | None:
@@ -138,8 +136,7 @@ def customer_conversations(tasks, per_task: int = 3, noise: float = 0.2, seed: i
                         _garbled(spec, rng)
                 history.append({"role": "assistant", "content": line})
                 history.append({"role": "user", "content": store.customer_turn(spec, history, rng)})
-            # the request LLMUser would send before the customer's last turn, plus that turn as the
-            # answer
+            # the request LLMUser would send before the customer's last turn, plus that turn as the answer
             msgs = simulator_messages(task.instructions, history[:-1]) + [{"role": "assistant",
                                                                            "content": history[-1]["content"]}]
             out.append({"messages": msgs, "task_id": task.id})
@@ -208,9 +205,8 @@ def train_customer(conversations: list[dict], out_dir: str | Path, seed: int = 0
     common = dict(batch_size=batch_size, seed=seed, warmup=20, micro_batch_tokens=256, log=log)
     if copy_steps:  # 1. copy drills: induction heads first (lr 1e-3: at 3e-3 this vocabulary's drills stalled at 1.2)
         words = sorted({w for t in texts[:400] for w in re.findall(r"[a-z]+", t)})
-        # until they take (another round while one ends above 0.3: a build whose drills stalled at
-        # 0.40 named the options wrong in 15 % of the gate's conversations; the shipped model was
-        # built with 0.3)
+        # until they take (another round while one ends above 0.3: a build whose drills stalled at 0.40 named the
+        # options wrong in 15 % of the gate's conversations; the shipped model was built with 0.3)
         losses["copy"] = [copy_warmup(model, tok, copy_steps, copy_lr, words, seed=seed, converged=0.3,
                                       micro_batch_tokens=256)]
     if short_epochs:  # 2. the conversations with the rules cut away
@@ -262,8 +258,7 @@ def fidelity(user, tasks, noise: float = 0.0, seed: int = 0) -> dict:
             else:
                 h.append({"role": "assistant", "content": line})
                 asked.append((t, h))
-        # each request carries its own seed (as in a rollout): the same gate gives the same
-        # conversations
+        # each request carries its own seed (as in a rollout): the same gate gives the same conversations
         seeds = [episode_seed(seed, "gate", t.id, len(h)) for t, h in asked]  # (not hash(): salted per process)
         for (t, h), r in zip(asked, user.replies([(t, h, None, sd) for (t, h), sd in zip(asked, seeds)])):
             h.append({"role": "user", "content": r if isinstance(r, str) else f"(customer failed: {r})"})
@@ -289,8 +284,7 @@ def gate(user, tasks, seed: int = 0) -> dict:
 
 
 # --------------------------------------------------------------------------------------------------
-# A run's customer: the shipped (or a given) model folder, served and kept alive (muarl.py / eval.py
-# --user_serve)
+# A run's customer: the shipped (or a given) model folder, served and kept alive (muarl.py / eval.py --user_serve)
 
 
 class ServedCustomer(ServedUser):
@@ -354,13 +348,11 @@ class GateError(ValueError):
 
 
 # --------------------------------------------------------------------------------------------------
-# Building the shipped customer: python -m demo.customer build [--out DIR] [--seed S] [--threads N]
-# [--phrasing b]
+# Building the shipped customer: python -m demo.customer build [--out DIR] [--seed S] [--threads N] [--phrasing b]
 
-# The store worlds whose training tasks make the data (none is a demo run's world), every
-# combination of behaviours in them: the agent is held out from some (store.HELD_OUT), the customer
-# must play them all. (Trained without them, the model named its options in the wrong order on the
-# held-out returns with a change of mind: 88 % at the gate.)
+# The store worlds whose training tasks make the data (none is a demo run's world), every combination of behaviours in
+# them: the agent is held out from some (store.HELD_OUT), the customer must play them all. (Trained without them, the
+# model named its options in the wrong order on the held-out returns with a change of mind: 88 % at the gate.)
 DATA_WORLDS = (101, 102, 103)
 GATE_WORLD = 999  # held-out tasks of this world measure the model (fidelity.json)
 DATA_KW = dict(n_train=300, n_test=10, n_orders=400, n_test_orders=100, train_combos="any")  # how each is drawn

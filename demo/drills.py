@@ -43,11 +43,10 @@ def copy_examples(tokenizer, n: int, seed: int = 0, words: list[str] | None = No
 
 def copy_warmup(model, tokenizer, steps: int, lr: float, words: list[str], seed: int = 0, log=None,
                 converged: float = 0.15, **common) -> float:
-    """Copy drills until they take: `steps` steps of copy_examples, another round while the last
-    ended above loss 0.15, 3 rounds at most (they take at 0.03-0.07, stall at ~0.6 on some CPUs;
-    seed 2's 0.22 left an agent that never learnt the rule lookup, seed 0's 0.16 after two rounds
-    one that read no option). Each round a logged stage, a stall named. Returns
-    the mean of the last 20 losses."""
+    """Copy drills until they take: `steps` steps of copy_examples, another round while the last ended above loss
+    0.15, 3 rounds at most. Drills that take end at 0.03-0.07; some CPUs stall near 0.6, and an agent cold-started
+    on drills that ended above 0.15 learns neither the rule lookup nor the option read. Each round is a logged
+    stage, a stall is named. Returns the mean of the last 20 losses."""
     for attempt in range(3):
         drills = copy_examples(tokenizer, 16 * steps, seed=seed + attempt, words=words)
         losses = sft.train(model, drills, epochs=1, batch_size=16, lr=lr, warmup=20, desc="copy drills", seed=seed,
@@ -106,23 +105,20 @@ def holds_refusal(model, tokenizer, cases, system: str, tools: list[dict] = ()) 
 
 
 def until_lookup(run, model, examples, epochs: float, takes: float = 0.95, hold: float = 0.1, **train) -> list:
-    """The cold start's SFT (sft.train's arguments) and three probes of it on training
-    conversations: the rule lookup (lookup_right on store.lookup_cases: the thought's status,
-    request, answer, the act) right on `takes` of them, the option read (reads_option on
-    store.option_cases) of cancellations and returns on half (the annotator writes the other option
-    for half who want it), the refusal held (holds_refusal on store.hold_cases) at `hold`, half the
-    annotator's 0.2 (at top-p 0.9 GRPO rarely draws a rarer one: seeds 17, 32 held 0.025). A draw
-    that did not take trains again (--lookup_draws times at most: the preset's 1 bounds the cold
-    start at 8 epochs; seed 0's README command 1 then took 15:21-15:56 with the install, 21:51 with
-    four SFTs), one of two ways:
+    """The cold start's SFT (sft.train's arguments) and three probes of it on training conversations:
+    - the rule lookup (lookup_right on store.lookup_cases: the thought's status, request, answer, the act) right on
+      `takes` of them;
+    - the option read (reads_option on store.option_cases) of cancellations and returns on half of them, since the
+      annotator writes the other option for half of the customers who want it;
+    - the refusal held (holds_refusal on store.hold_cases) at `hold`, half the annotator's 0.2: at top-p 0.9 GRPO
+      rarely draws a continuation much rarer than that, so it never gets to reinforce it.
+    A draw that did not take trains again (--lookup_draws times at most; the preset's 1 bounds the cold start at 8
+    epochs), one of two ways:
       longer  a step of the lookup failed, and this draw was not trained on yet: its weights train 3/4 of its epochs
-              more. The lookup is slow to learn, not wrongly learnt: seed 0 read the status at 53-56
-              % after 4 epochs in three orders and took it after 3 more, as seed 13's act did (its
-              returns' option read stayed 0.0 % throughout: GRPO learnt that);
+              more. The lookup is slow to learn, not wrongly learnt: a few epochs more take it.
       again   else: SFT again from the drills' weights, the examples in another order (a new seed); after a failed
-              hold with the annotator's held refusals three times (a redraw alone left seed 32 at
-              0.025-0.046). An option read that failed is drawn again: more epochs do not mend it
-              (seed 9: 7 epochs read returns 0.16).
+              hold, with the annotator's held refusals three times, since a redraw alone seldom lifts it. An option
+              read that failed is drawn again: more epochs do not mend it.
     Keeps the first that passed, else the one failing fewest, named; returns its losses."""
     start = {k: v.detach().clone() for k, v in model.state_dict().items()}  # the drills' weights
     losses = sft.train(model, examples, epochs=epochs, **train)

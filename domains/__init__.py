@@ -1,52 +1,62 @@
-"""Domains: the company databases, tools, tasks and rewards the agent is trained and evaluated on.
+"""Domains: the company databases, tools, tasks and rewards the agent is trained on, and the one registry of worlds.
 
     from domains import DOMAINS, load_world
     world = load_world("retail")            # or "airline", "telecom", "synthetic" (a small seeded retail world),
-                                            # "shop" (the demo's)
+                                            # "shop", "store" (the small worlds of the tests and the CPU demo)
     env = world.new_env()                   # a private database for one rollout (~0.1 ms)
     env.call("get_order_details", {"order_id": "#W2378156"})   # -> the JSON string tau2 would return
     reward, info = world.score(task, env, messages)
 
-DOMAINS is the one table of domains: config validation, world building, the scripted customer and the task
-generator all read it, and no other file names a domain. To add one: write domains/<name>.py with a
-`build_world(**kwargs) -> World`, and add its row here (tests/test_design.py registers a toy one).
-See base.py for how worlds are stored and scored, tau2_data.py for where tau2's data is found.
+This folder holds the worlds an agent trains on: tau2's retail, airline and telecom (with the customer's phone:
+phone.py, phone_tasks.py, telecom_user.py, dual_control.py), the cold start's generated shop (synthetic.py), and
+the small shop and store the tests and the CPU demo play (shop.py, store.py). The evaluation-only benchmarks
+(BFCL-v3, ACEBench) are worlds too, but live in benchmarks/; their rows are here all the same.
+
+DOMAINS is the one table of worlds: config validation, world building, the scripted customer and the task
+generator all read it, and no other file names a domain. BENCHES is the table of benchmarks `eval.py --bench`
+runs. To add a world: write domains/<name>.py with a `build_world(**kwargs) -> World`, and add its row here
+(tests/test_design.py registers a toy one). See base.py for how worlds are stored and scored, tau2_data.py for
+where tau2's data is found.
 """
 
 from __future__ import annotations
 
 import random
 
-from domains import acebench, acebench_agents, airline, bfcl, retail, shop, store, synthetic, telecom, telecom_user
-from domains.base import Bench, Domain, Env, Task, World
+from benchmarks import acebench, acebench_agents, bfcl
+from benchmarks.bench import Bench
+from domains import airline, retail, shop, store, synthetic, telecom, telecom_user
+from domains.base import Domain, Env, Task, World
 
 
 def _shop_settings(c, lazy: float = 0.6) -> dict:
-    n_test_orders = max(200, c.synthetic_test)  # one held-out order per test task, 400 more for training tasks
+    """The shop's (and the store's) build arguments from the run's settings: one held-out order per test task and
+    400 more for the training tasks; the annotator's lazy rate is the world's own unless the run sets one (-1)."""
+    n_test_orders = max(200, c.synthetic_test)
+    lazy_rate = lazy if getattr(c, "lazy_rate", -1) == -1 else c.lazy_rate
     return dict(seed=c.synthetic_seed, n_train=c.synthetic_train, n_test=c.synthetic_test, n_orders=n_test_orders + 400,
-                n_test_orders=n_test_orders, lazy_rate=lazy if getattr(c, "lazy_rate", -1) == -1 else c.lazy_rate)  # -1: the world's
-
+                n_test_orders=n_test_orders, lazy_rate=lazy_rate)
 
 
 DOMAINS: dict[str, Domain] = {
     "retail": Domain(retail.build_world, lambda c: {"data_dir": c.data_dir or None}, generator=True),
     "airline": Domain(airline.build_world, lambda c: {"data_dir": c.data_dir or None}),
-    "telecom": Domain(telecom.build_world, lambda c: {"data_dir": c.data_dir or None},  # dual control (phone.py)
-                      script=telecom_user),  # the scripted customer acts on its phone when asked
+    # dual control (phone.py): the scripted customer acts on its phone when the agent asks it to
+    "telecom": Domain(telecom.build_world, lambda c: {"data_dir": c.data_dir or None}, script=telecom_user),
     "synthetic": Domain(synthetic.build_world, lambda c: dict(
         seed=c.synthetic_seed, n_train=c.synthetic_train, n_test=c.synthetic_test, n_users=c.synthetic_users,
         n_test_users=c.synthetic_test_users), script=synthetic, generator=True),
     "shop": Domain(shop.build_world, _shop_settings, script=shop),
-    "acebench_agent": Domain(acebench_agents.build_world, script=acebench),  # ACEBench Agent (its data: see there)
-    bfcl.NAME: Domain(bfcl.build_world, script=bfcl),  # BFCL-v3 multi-turn (the bfcl-eval wheel); its customer: a script
-    # the shop with a customer worth simulating (the CPU demo's world; its annotator writes the default for 55 % of
-    # those who name the other option: at 50 % a close imitation tipped either way, 4 of 26 cold starts above 65 %).
-    # 8 in 10 of its allowed requests want the option other than the default (a customer any rule serves less often;
-    # at 5 in 10 the data imitated scored 58-67 %, 2 of 11 cold starts above 65 %)
+    "acebench_agent": Domain(acebench_agents.build_world, script=acebench),  # ACEBench Agent (benchmarks/)
+    bfcl.NAME: Domain(bfcl.build_world, script=bfcl),  # BFCL-v3 multi-turn; its customer is a script (benchmarks/)
+    # The shop with a customer worth simulating, the CPU demo's world. Its annotator writes the default for 55 % of
+    # the customers who name the other option, so an imitation of its data leans one way instead of tipping either
+    # way; 8 in 10 of its allowed requests want the option other than the default, so no rule blind to what the
+    # customer says serves most of them. (docs/log.md, 2026-11-28 and 2026-12-01, measures both choices.)
     "store": Domain(store.build_world, lambda c: _shop_settings(c, lazy=0.55) | {"other_share": 0.8}, script=store),
 }
 
-# Benchmarks `eval.py --bench NAME` runs: a domain above, the conversation rules it fixes, and its own figures.
+# The benchmarks `eval.py --bench NAME` runs (benchmarks/bench.py): a world above, the rules it fixes, its figures.
 BENCHES: dict[str, Bench] = {bfcl.NAME: bfcl.BENCH, "acebench_agent": acebench_agents.BENCH}
 
 _WORLDS: dict[tuple, World] = {}
@@ -107,4 +117,5 @@ def script_for(task: Task):
     return DOMAINS[name].script
 
 
-__all__ = ["DOMAINS", "BENCHES", "Bench", "Domain", "load_world", "load_worlds", "task_sets", "script_for", "World", "Env", "Task"]
+__all__ = ["DOMAINS", "BENCHES", "Bench", "Domain", "load_world", "load_worlds", "task_sets", "script_for",
+           "World", "Env", "Task"]

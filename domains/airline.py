@@ -10,7 +10,7 @@ cancels flight reservations for a simulated customer, under a written policy, th
     other  calculate  transfer_to_human_agents   (tau2's generic tools)  and  think  (ours, changes nothing)
 
 The reward compares the final database with the gold one (domains/base.py), so every tool must change the
-database exactly as tau2's code does and answer with exactly tau2's text: tests/test_parity_airline.py replays
+database exactly as tau2's code does and answer with exactly tau2's text: tests/test_airline_parity.py replays
 2,111 calls recorded from tau2 itself and compares every output byte and every changed record.
 
 The database (collections of JSON documents, see base.py):
@@ -65,7 +65,7 @@ AIRPORTS = [
 ]  # fmt: skip
 
 # ---------------------------------------------------------------------------------------------------------------
-# Normalising db.json into tau2's model_dump() shape (checked by the base hash in tests/test_parity_airline.py)
+# Normalising db.json into tau2's model_dump() shape (checked by the base hash in tests/test_airline_parity.py)
 
 FLIGHT_FIELDS = [
     "flight_number", "origin", "destination", "scheduled_departure_time_est", "scheduled_arrival_time_est", "dates",

@@ -35,7 +35,7 @@ two envs (the reward) only needs the rows either of them wrote.
 Departures from tau2-bench
 --------------------------
 1. Storage is SQLite documents instead of pydantic models in memory; outputs and the exported DB are
-   identical (tests/test_parity_retail.py and test_parity_airline.py check every recorded call against tau2's own outputs).
+   identical (tests/test_retail_parity.py and test_airline_parity.py check every recorded call against tau2's own outputs).
 2. A tool that raises after writing keeps its write, as in tau2 (no rollback): tools read, check, then write,
    in tau2's order, so the database ends up exactly where tau2's would.
 """
@@ -207,19 +207,6 @@ class Domain:
     # scripted_reply(task, history, phone) (user_sim.Phone; domains/telecom_user.py)
     script: Any = None
     generator: bool = False  # --tasks synthetic can generate tasks over this world (domains/synthetic.py)
-
-
-@dataclass(frozen=True)
-class Bench:
-    """One row of domains.BENCHES: a benchmark `eval.py --bench NAME` runs on a domain of DOMAINS, with the
-    conversation rules it fixes and the figures it reports (e.g. BFCL's accuracy per category)."""
-
-    domain: str  # the DOMAINS row whose world and tasks it runs
-    summary: Callable[[list], tuple[dict, str]]  # scored episodes -> (its figures, the text eval.py prints)
-    select: Callable[[list, str], list] = lambda tasks, category: tasks  # --category: which tasks
-    oracle: Callable | None = None  # task -> act(messages, tools): the gold replay (agents.MessageAgent)
-    rollout: dict = field(default_factory=dict)  # RolloutConfig fields the benchmark fixes (e.g. all_calls)
-    agent: Callable | None = None  # its own agent protocol (ACEBench): (kind, **settings) -> a rollout Agent
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ Three collections, keyed as in db.json:
     orders    order_id   -> {order_id, user_id, address, items, status, fulfillments, payment_history, + 7 fields
                              that exist only after a cancel / exchange / return and are null before}
 
-Parity. tests/test_parity_retail.py replays 414 sequences recorded from tau2's own tools (2,494 calls) and checks
+Parity. tests/test_retail_parity.py replays 414 sequences recorded from tau2's own tools (2,494 calls) and checks
 every output byte, every error flag and the final database. Tools therefore follow tau2's order of checks (the
 first failing check decides the message), do their arithmetic in the same order with the same rounding, and keep
 tau2's known quirks; each quirk is marked `QUIRK` where it happens.

@@ -474,17 +474,15 @@ def lookup_cases(tasks, n: int = 64) -> dict[str, list[tuple]]:
     not say what to do. Four steps, each a list of (the expert conversation before the step, the expert's step, the
     same step done wrong the way a cold start was seen to do it, and for the act, the third act too):
       "status"   the thought with the other status copied in, its flow and the request answered by it ("It is
-                 delivered: cancel no, return yes. ..." after a lookup that said pending): seed 2 on the first machine
-                 did that under a drills variant later reverted;
-      "answer"   the thought after the lookup with the other last word ("The customer wants to return: yes."): seed
-                 0 on the first machine wrote the status's flow for either request (README, "The CPU demo");
+                 delivered: cancel no, return yes. ..." after a lookup that said pending);
+      "answer"   the thought after the lookup with the other last word ("The customer wants to return: yes."): the
+                 status's flow written for either request;
       "request"  the thought with the other request, answered for it ("The customer wants to cancel: yes." when the
-                 customer wants to return a pending order): seed 7 on a second machine copied the status's flow in as
-                 the request in 178 of 180 such held-out conversations (31.0 % held-out);
+                 customer wants to return a pending order): the status's flow copied in as the request;
       "act"      after the thought's reply, the act its answer asks for (the request's question, or the refusal) against
-                 each other act (the refusal, either question): seed 4 there wrote the thought right and asked the
-                 status's question in 114 of 154 conversations where the answer was no (36.2 %); seed 13 asked the
-                 request's own question after its "no" (35.8 %)."""
+                 each other act (the refusal, either question): the thought right, then the status's question, or the
+                 request's own question after a "no".
+    docs/log.md keeps the cold starts that made each mistake, and how often."""
     out = {"status": [], "answer": [], "request": [], "act": []}
     ask = {"cancel": shop.ASK_REASON, "return": shop.ASK_REFUND}
     for t in tasks:
@@ -515,9 +513,8 @@ def option_cases(tasks, n: int = 32) -> dict[str, list[tuple]]:
     the conversation up to the write call twice, the customer's answer naming the shop's default option and naming
     the other, and the write call with each option: (said default, said other, write default, write other). The
     annotator writes the default for about half of the customers who want the other (its laziness), so a cold start that
-    imitates it writes the other option sometimes, and only when it was said. Seed 9 (Intel) wrote it as often after
-    either answer for returns: GRPO then never learnt to read the refund's destination (0 -> 2 of 50 held-out
-    returns to a gift card), as seed 4 did not, and seed 9 gained +0.5 points."""
+    imitates it writes the other option sometimes, and only when it was said. A cold start that writes it as often
+    after either answer gives GRPO nothing to reinforce: it never learns to read that option."""
     out = {"cancel": [], "return": []}
     for t in tasks:
         s = t.spec or {}
@@ -543,8 +540,8 @@ def hold_cases(tasks, n: int = 32) -> dict[str, list[tuple]]:
     training tasks that insist and the first `n` that ask for a human: (the expert conversation up to the customer's
     reply to the refusal, the refusal repeated, the transfer). The annotator transfers 8 insisting customers in 10,
     so a cold start that imitates it holds p(refuse again | insists) near 0.2; GRPO must raise that to 1 from the
-    refusals it samples. Cold starts of seeds 17 and 32 held 0.025 (at top-p 0.9 a continuation under ~0.1 is rarely
-    drawn) and never learnt it, as 29-31 and 33 (0.08-0.18) did."""
+    refusals it samples. A cold start that holds it far below 0.1 is rarely drawn holding at top-p 0.9, and then
+    never learns it."""
     out = {"insist": [], "human": []}
     for t in tasks:
         s = t.spec or {}

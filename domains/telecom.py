@@ -22,7 +22,7 @@ The clock is fixed at 2025-02-25 (12:08:00), as tau2's `get_today`.
 
 Outputs are tau2's byte for byte: a model is json.dumps(model_dump()) (numbers stay numbers), but a plain dict a
 tool returns has its numbers and booleans turned into str() first (tau2's `to_json_str`): refuel_data answers
-`"charge": "4.0"`. tests/test_parity_telecom.py replays 414 sequences (5,224 calls of both sides) recorded from
+`"charge": "4.0"`. tests/test_telecom_parity.py replays 414 sequences (5,224 calls of both sides) recorded from
 tau2 and checks every output, error flag, changed record, both databases' hashes, assertions and evaluation.
 
 Departures from tau2-bench: (1) records are keyed by id, so a bill created with an id that already exists (only the

@@ -101,9 +101,8 @@ def damage(path: Path) -> str | None:
         return "manifest.json is missing or unreadable"
     if json.loads(_manifest(body))["check"] != check:
         return "manifest.json fails its own checksum (damaged on disk)"
-    # names are joined to the run folder (logs are cut back on resume): only the names
-    # save_checkpoint writes. (An older muarl's state.pt is refused too: a pickle, and loading one
-    # can run code.)
+    # names are joined to the run folder (logs are cut back on resume): only the names save_checkpoint writes. (An older
+    # muarl's state.pt is refused too: a pickle, and loading one can run code.)
     if bad := [n for n in files if n not in CHECKPOINT_FILES] + [n for n in logs if not _log_name(n)]:
         return f"manifest.json names {bad[0]!r}, no file of a run (refused: a pickle, or a path out of the run folder)"
     for name, versions in files.items():
@@ -293,11 +292,9 @@ def save_checkpoint(out: Path, step: int, policy, opt, sampler: TaskSampler, ext
 def save_pretrained(policy, tokenizer, path: Path, world_size: int, rank: int) -> None:
     """The whole model in Hugging Face format (for vLLM, eval.py, load_policy); `path` is complete
     or absent."""
-    # every rank calls save_pretrained (under FSDP the gathers are collectives); rank 0 keeps the
-    # whole, on its CPU
+    # every rank calls save_pretrained (under FSDP the gathers are collectives); rank 0 keeps the whole, on its CPU
     state = full_state_dict(policy, world_size, keep=rank == 0)
-    # a gathered dict holds tied weights twice (lm_head.weight beside the embedding): drop the copy,
-    # as HF does
+    # a gathered dict holds tied weights twice (lm_head.weight beside the embedding): drop the copy, as HF does
     if getattr(policy.config, "tie_word_embeddings", False):
         for tied in getattr(policy, "_tied_weights_keys", None) or {}:
             state.pop(tied, None)
@@ -355,8 +352,7 @@ def load_checkpoint(out: Path, policy, opt, sampler: TaskSampler, world_size: in
 
 
 # --------------------------------------------------------------------------------------------------
-# Demo: python checkpoint.py — a run saved at step 2 and resumed draws the same tasks and holds the
-# same weights
+# Demo: python checkpoint.py — a run saved at step 2 and resumed draws the same tasks and holds the same weights
 
 if __name__ == "__main__":
     import tempfile

@@ -70,8 +70,7 @@ def draw(run_dir: str | Path) -> Path | None:
         ys = [r[key] for r in steps if isinstance(r.get(key), (int, float))]
         ax.plot(xs, ys, lw=1.2)
         if key == "reward":  # held-out pass^1 at each evaluation, at the step it measured
-            # each eval record carries the GRPO step of the model it measured; older logs: read it
-            # from the name
+            # each eval record carries the GRPO step of the model it measured; older logs: read it from the name
             pts = [(e["step"] if "step" in e else _eval_step(e), e["pass^1"]) for e in evals if "pass^1" in e]
             ax.scatter([p[0] for p in pts], [p[1] for p in pts], s=14, color="black", zorder=3)
         ax.set_title(title, fontsize=9)

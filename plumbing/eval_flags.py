@@ -20,8 +20,7 @@ from config import Config
 from plumbing.flags import ConfigError, add_flags, one_line_errors
 from plumbing.validate import field_problems, first_problem, model_problem
 
-# The flags eval.py shares with muarl.py, declared once (config.Config); evaluation's own defaults
-# beside them
+# The flags eval.py shares with muarl.py, declared once (config.Config); evaluation's own defaults beside them
 SHARED = ("model", "engine", "domains", "data_dir", "synthetic_seed", "eval_tasks", "eval_trials", "seed",
           "max_turns", "max_new_tokens", "max_context", "tools_in_prompt", "temperature", "top_p",
           "user", "user_model", "user_base_url", "user_api_key", "user_serve", "user_prompt", "user_temperature",
@@ -161,8 +160,7 @@ def make_agent(a, worlds, bench):
     from rollout import PolicyAgent
 
     if a.agent == "local":
-        # vLLM reads the weights itself: only the tokenizer here (a transformers copy of 32B: 131 GB
-        # of RAM)
+        # vLLM reads the weights itself: only the tokenizer here (a transformers copy of 32B: 131 GB of RAM)
         folder = model_folder(a.model)
         model, tok = load_policy(folder) if a.engine == "hf" else (None, load_tokenizer(folder))
         agent = PolicyAgent(make_engine(a.engine, model=model, tokenizer=tok, model_path=folder,

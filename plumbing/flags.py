@@ -24,8 +24,7 @@ class ConfigError(ValueError):
     """A configuration that cannot work: reported as one line at start, before anything expensive."""
 
 
-# What --resume may change without --allow_change; the rest shapes the training and must match the
-# saved run.
+# What --resume may change without --allow_change; the rest shapes the training and must match the saved run.
 RESUMABLE = {"steps", "resume", "eval", "eval_tasks", "eval_every", "save_every", "threads", "train_threads",
              "logger", "config", "allow_change", "preflight", "user_base_url", "user_api_key", "user_down_s",
              "allow_insecure_http", "plan_override", "user_host"}
@@ -58,8 +57,7 @@ def add_flags(p: argparse.ArgumentParser, cls, names=None, defaults: dict | None
     for f in dataclasses.fields(cls):
         if names is not None and f.name not in names:
             continue
-        # a bool flag alone means true (`--resume`); `--resume false` / `--resume true` say it
-        # explicitly
+        # a bool flag alone means true (`--resume`); `--resume false` / `--resume true` say it explicitly
         kind = dict(type=_bool, nargs="?", const=True, metavar="BOOL") if type(f.default) is bool else \
             dict(type=type(f.default), metavar=type(f.default).__name__.upper())
         where = sections.get(f.metadata.get("group"), p)

@@ -215,8 +215,7 @@ def shard(model, activation_checkpointing: bool, bf16: bool, offload: bool = Fal
     layers = model.get_decoder().layers
     if activation_checkpointing:  # sets each layer's flag *and* its checkpoint function (the flag alone crashes)
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    # Sum gradients over ranks, not average (see the top), by a plain SUM: gloo lacks premul_sum,
-    # FSDP's op for factors
+    # Sum gradients over ranks, not average (see the top), by a plain SUM: gloo lacks premul_sum, FSDP's op for factors
     for m in [*layers, model]:  # every layer, then the root: it takes the parameters no layer holds
         fully_shard(m, mp_policy=mp, offload_policy=CPUOffloadPolicy(pin_memory=torch.cuda.is_available()) if offload
                     else OffloadPolicy())
@@ -397,8 +396,7 @@ def all_gather_episodes(records: list[dict], world_size: int) -> list[dict]:
 
 
 # --------------------------------------------------------------------------------------------------
-# Demo: torchrun --nproc_per_node 2 fsdp.py — two gloo processes on a CPU shard a tiny model and
-# gather it back
+# Demo: torchrun --nproc_per_node 2 fsdp.py — two gloo processes on a CPU shard a tiny model and gather it back
 
 if __name__ == "__main__":
     from transformers import Qwen3Config, Qwen3ForCausalLM

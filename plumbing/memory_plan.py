@@ -233,9 +233,8 @@ def plan(c: dict, gpus: int, tokens: int, checkpointing: bool, reference: bool, 
         # reply in the server's KV cache (the replies alone are the floor checked below)
         p["customer_engine"].update(in_flight=customer_concurrency * W, replies=customer_concurrency * W
                                     * customer_reply)
-    # host memory: vLLM's weights while it sleeps (level 1) through the update, and what --offload
-    # keeps there (on the GPU it is then only the gathered copies, and their gradients until reduced
-    # and copied out)
+    # host memory: vLLM's weights while it sleeps (level 1) through the update, and what --offload keeps there (on the
+    # GPU it is then only the gathered copies, and their gradients until reduced and copied out)
     offloaded = ("masters", "grads", "adamw", "reference") if offload else ()
     p["host"] = p["vllm_weights"] + sum(p[k] for k in offloaded)
     p.update(dict.fromkeys(offloaded, 0))

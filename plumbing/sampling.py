@@ -57,8 +57,7 @@ def sampler_logprobs(logits: torch.Tensor, temperature: float, top_p: float) -> 
     trainer's log-probs of a token compare like with like."""
     logp = (logits.float() / (temperature or 1.0)).log_softmax(-1)  # (..., V)
     if top_p < 1.0 and temperature > 0:
-        # Nucleus: keep the smallest set of most likely tokens whose mass reaches top_p,
-        # renormalise.
+        # Nucleus: keep the smallest set of most likely tokens whose mass reaches top_p, renormalise.
         sorted_logp, order = logp.sort(-1, descending=True)  # (..., V) each
         mass_before = sorted_logp.exp().cumsum(-1) - sorted_logp.exp()  # (..., V) mass of strictly better tokens
         drop_sorted = mass_before >= top_p  # (..., V); the top token always has mass_before 0, so it stays

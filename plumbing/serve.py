@@ -190,8 +190,7 @@ class ModelServer:
         return f"http://{self.host}:{self.port}/v1"
 
     def _checks(self) -> None:
-        # Everything that can be known before a process starts, each as one line that says what to
-        # do.
+        # Everything that can be known before a process starts, each as one line that says what to do.
         if self.command is None:
             need_vllm()
         if self.command is None and not (self.model_dir / "config.json").is_file():
@@ -210,9 +209,9 @@ class ModelServer:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "a")
         print(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} starting: {' '.join(cmd)}", file=log, flush=True)
-        # Its own session (process group): stopping it stops vLLM's worker processes too. In-process
-        # engine core:
-        # one process fewer to start and stop on a small machine.
+        # Its own session (process group): stopping it stops vLLM's worker processes too. The engine core
+        # runs in the server's own process (VLLM_ENABLE_V1_MULTIPROCESSING 0): one process fewer to start and
+        # stop on a small machine.
         env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE":
                os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"), "VLLM_API_KEY": self.api_key}
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
@@ -434,8 +433,7 @@ def _on_gpu() -> bool:
 
 
 # --------------------------------------------------------------------------------------------------
-# Demo: serve a freshly built tiny model and ask it one question through the openai client (needs
-# vllm-cpu)
+# Demo: serve a freshly built tiny model and ask it one question through the openai client (needs vllm-cpu)
 
 if __name__ == "__main__":
     import tempfile

@@ -58,8 +58,7 @@ TOOLS_OUTRO = ("\n</tools>\n\nFor each function call, return a json object with 
                '<tool_call></tool_call> XML tags:\n<tool_call>\n{"name": <function-name>, "arguments": '
                '<args-json-object>}\n</tool_call>')
 
-# Whitespace control: every tag is `{%-` so only the '...' literals produce output; newlines are
-# explicit.
+# Whitespace control: every tag is `{%-` so only the '...' literals produce output; newlines are explicit.
 CHAT_TEMPLATE = (
     "{%- set no_think = enable_thinking is defined and enable_thinking is false -%}"
     # -- the system turn: the policy text, then (if any) the tools block

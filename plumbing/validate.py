@@ -15,8 +15,7 @@ import os
 
 from plumbing.flags import ConfigError
 
-# Ranges of single fields (a field absent from the object checked is skipped: eval.py shares only
-# some)
+# Ranges of single fields (a field absent from the object checked is skipped: eval.py shares only some)
 NONNEG = ("steps", "grad_clip", "temperature", "clip_high", "kl_coef", "weight_decay", "eval_tasks", "eval_every",
           "save_every", "micro_batch_tokens", "user_down_s", "sft_epochs", "threads", "train_threads",
           "turn_bonus", "user_temperature", "user_retries", "user_backoff", "synthetic_train", "synthetic_test",

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 import domains
-from domains import acebench, acebench_agents
+from benchmarks import acebench, acebench_agents
 
 REPO = Path(__file__).resolve().parents[1]
 HAVE = (acebench.DEFAULT_DIR / "data" / "data_agent_multi_turn.json").is_file() or bool(os.environ.get("ACEBENCH_DIR"))

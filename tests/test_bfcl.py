@@ -1,4 +1,4 @@
-"""BFCL-v3 multi-turn (domains/bfcl.py): BFCL's own data, backends and checker, played through rollout.rollout().
+"""BFCL-v3 multi-turn (benchmarks/bfcl.py): BFCL's own data, backends and checker, played through rollout.rollout().
 
 The oracle (gold calls replayed turn by turn) must pass BFCL's checker on every category; a run that misses a call
 must not; a local model (token path) and an OpenAI-compatible endpoint (tools API) each play tasks end to end; a
@@ -20,7 +20,8 @@ HAVE_BFCL = importlib.util.find_spec("bfcl_eval") is not None
 needs_bfcl = pytest.mark.skipif(not HAVE_BFCL, reason="bfcl-eval wheel not installed: "
                                 "pip install --no-deps bfcl-eval==2026.3.23")
 
-from domains import BENCHES, bfcl  # noqa: E402  (importing never needs the wheel; building the world does)
+from benchmarks import bfcl  # noqa: E402
+from domains import BENCHES  # noqa: E402  (importing never needs the wheel; building the world does)
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-sys.path.insert(0, str(REPO / "bench"))
+sys.path.insert(0, str(REPO / "bench"))  # bench/repro.py, imported as a module
 import repro  # noqa: E402
 from config import Config  # noqa: E402
 from demo.train import main as demo_main  # noqa: E402
@@ -57,41 +57,6 @@ def test_repro_ignores_clocks_places_and_endpoint_health_but_not_numbers(tmp_pat
     a = _run(tmp_path / "a", 0.5, 0, 11)
     assert repro.compare(a, _run(tmp_path / "b", 0.5, 2, 12)) is None  # another process, clone, load: the same run
     assert "record 1 (grpo) differs in ['reward']" in repro.compare(a, _run(tmp_path / "c", 0.625, 0, 11))
-
-
-def test_the_seeds_table_counts_gain_band_and_the_last_evaluations_mistakes(tmp_path, monkeypatch):
-    import seeds  # bench/seeds.py (bench/ is on the path: above)
-
-    monkeypatch.setattr(seeds, "blind_rule", lambda run: 50.0)  # (the rules' own play: tests/test_store.py)
-
-    def run(name, seed, p1s, last_mistakes):
-        d = tmp_path / name
-        d.mkdir()
-        (d / "config.json").write_text(json.dumps({"seed": seed}))
-        names = ["untrained", "cold start", "GRPO step 10", "GRPO (30 steps)"][: len(p1s)]
-        recs = [{"phase": "eval", "name": n, "pass^1": p, "customer_fidelity": 0.9 + 0.01 * i}
-                for i, (n, p) in enumerate(zip(names, p1s))]
-        (d / "log.jsonl").write_text("\n".join(json.dumps(r) for r in recs) + "\n")
-        eps = [{"phase": "eval", "name": names[-2], "info": {"customer_mistakes": ["no_human"]}}]  # not the last
-        eps += [{"phase": "eval", "name": names[-1], "info": {"customer_mistakes": m}} for m in last_mistakes]
-        (d / "episodes-rank0.jsonl").write_text("\n".join(json.dumps(e) for e in eps) + "\n")
-        return d
-
-    runs = [run("a", 7, [0.0, 0.40, 0.50, 0.60], [["extra_human"], [], ["extra_human", "no_insist"]]),
-            run("b", 8, [0.0, 0.70, 0.90, 0.95], [[]]),  # a cold start above the band: no
-            run("c", 9, [0.0, 0.40, 0.50], [[]])]  # stopped before its last evaluation
-    rows = {r["seed"]: r for r in map(seeds.row, runs)}
-    assert rows[7]["learned"] and rows[7]["gain"] == pytest.approx(20.0)
-    assert rows[7]["mistakes"] == "extra_human 2, no_insist 1 (of 3)" and rows[7]["fidelity_min"] == pytest.approx(91.0)
-    assert not rows[8]["learned"] and rows[8]["finished"] and rows[8]["mistakes"] == "none (of 1)"
-    assert not rows[9]["finished"]
-    sft = tmp_path / "d"  # a run still in its cold start: a log, no evaluation, no conversations yet
-    sft.mkdir()
-    (sft / "config.json").write_text(json.dumps({"seed": 10}))
-    (sft / "log.jsonl").write_text(json.dumps({"phase": "sft", "loss": 1.0}) + "\n")
-    text = seeds.table(runs + [sft])
-    assert "| 9 |" in text and "unfinished" in text and "2 finished run(s)" in text and "1 of 2 gained" in text
-    assert "| 10 | - | - |" in text and text.count("unfinished") == 2
 
 
 def test_the_per_behaviour_table_reads_who_asked_the_status_flows_question(tmp_path):

@@ -5,10 +5,12 @@
   checkpoint  the cold start is checkpoint step 0, written before vLLM starts: a run whose vLLM refused to start
               resumes after the cold start (--resume), not before it
   vLLM's say  its refusal is shown whole (its type, its message, what caused it) with what to do next, exit 3
+  context     the run's rollout engine asks vLLM for --max_context, not the model's 40,960 positions
 
 On a CPU: the CPU demo's tiny model, and an engine that stands in for vLLM.
 """
 
+import json
 import shutil
 import sys
 import types
@@ -129,3 +131,23 @@ def test_a_cold_start_survives_vllm_refusing_to_start(monkeypatch, tmp_path, tin
     # the first push as the loop's: asleep, the weights woken, then pushed (the KV cache wakes after them)
     assert StandIn.calls[:3] == ["sleep", "wake_up", "update_weights"]
     assert "cold start" in (out / "results.md").read_text()  # its evaluation, run by the resumed run
+
+
+def test_the_rollout_engine_asks_vllm_for_the_runs_context(monkeypatch, tmp_path):
+    seen = {}
+
+    class FakeLLM:  # records what vLLM would be started with (no vLLM runs)
+        def __init__(self, **kw):
+            seen.update(kw)
+
+        def get_tokenizer(self):
+            return None
+
+    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(LLM=FakeLLM))
+    monkeypatch.setattr(engine, "default_stop_ids", lambda tok: [0])
+    (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 128, "num_attention_heads": 2,
+                                                      "max_position_embeddings": 40960}))
+    (tmp_path / "tokenizer_config.json").write_text("{}")
+    cfg = Config(max_context=12288, dtype="bfloat16")
+    eng, shares = engine.rollout_engine("vllm", None, None, str(tmp_path), cfg, "cpu", sharded=False)
+    assert not shares and seen["max_model_len"] == 12288  # the run's context, not the model's 40,960

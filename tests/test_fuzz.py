@@ -32,7 +32,7 @@ from user_sim import STOP, TRANSFER, UserError
 
 
 def _missing(need: str | None) -> str | None:  # why a world cannot be built here, or None
-    from domains import acebench
+    from benchmarks import acebench
 
     if need == "tau2":
         return None if HAVE_TAU2 else "tau2 data not found (../shared is absent)"

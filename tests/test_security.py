@@ -6,7 +6,7 @@
   OpenAI's own endpoint); plain http off this machine is refused unless --allow_insecure_http.
 - A run that stops on bad input (a flag, missing data, an unreachable endpoint) sets nothing aside and writes
   nothing into its output folder.
-(Checkpoints from elsewhere: tests/test_checkpoint_trust.py; a start that fails after setting the earlier run
+(Checkpoints from elsewhere: tests/test_checkpoint.py; a start that fails after setting the earlier run
 aside: tests/test_first_start.py; the served customer's key: tests/test_serve.py; the checkout left unchanged by
 the whole suite: conftest.py's session fixture.)"""
 

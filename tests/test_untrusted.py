@@ -463,7 +463,7 @@ def test_an_endpoint_agent_receives_customer_and_tool_markers_as_text(tok):
 
 
 def test_acebench_local_agent_encodes_markers_as_text(tok):
-    from domains.acebench_agents import engine_complete
+    from benchmarks.acebench_agents import engine_complete
     from plumbing.sampling import Sample
 
     class Recorder:  # an engine that records the prompts it was given

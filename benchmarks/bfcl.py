@@ -53,7 +53,7 @@ Departures from BFCL's own harness (the score itself is BFCL's checker, unchange
    them). The refusal is the call's observation ("Error during execution: ..."), and the checker never re-runs it.
 
 Where the data comes from, and how BFCL's function docs become tool schemas and its gold call strings become tool
-calls: domains/bfcl_data.py.
+calls: benchmarks/bfcl_data.py.
 """
 
 from __future__ import annotations
@@ -62,9 +62,10 @@ import copy
 import json
 import uuid
 
-from domains.base import TOOL_CHARS, Bench, Call, Env, Task, World, _size
+from benchmarks.bench import Bench
+from domains.base import TOOL_CHARS, Call, Env, Task, World, _size
 from tools import CALC_BITS  # the largest int result a call may ask for (bits), as tools.calculate
-from domains.bfcl_data import (CATEGORIES, NAME, _jsonl, _methods, backend_config, load_classes, load_tasks,
+from benchmarks.bfcl_data import (CATEGORIES, NAME, _jsonl, _methods, backend_config, load_classes, load_tasks,
                                openai_schema, wheel_root)
 
 STOP = "###STOP###"  # user_sim.STOP (user_sim imports domains, so this file cannot import it)

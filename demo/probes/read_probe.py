@@ -18,8 +18,8 @@ Sampling at top-p 0.9 (the demo's) never draws a continuation whose first token 
 a probability that falls near there during GRPO does not come back. Seed 17 (Intel, measured 2026-11-28):
 one GRPO step took p(other | said other) for refunds from 0.245 to 0.089.
 
-    python bench/read_probe.py runs/seed17                        # the run's cold start, and its evaluations
-    python bench/read_probe.py runs/seed17 --model runs/seed17/final runs/seed17/checkpoints/step-000010/model.pt
+    python demo/probes/read_probe.py runs/seed17                        # the run's cold start, and its evaluations
+    python demo/probes/read_probe.py runs/seed17 --model runs/seed17/final runs/seed17/checkpoints/step-000010/model.pt
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import math
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import torch  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402

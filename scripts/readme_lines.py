@@ -1,9 +1,9 @@
 """The README's reading order states each file's length: this rewrites those counts from the files.
 
-    python bench/readme_lines.py          # README.md's "Reading order" table, counts made true
+    python scripts/readme_lines.py          # README.md's "Reading order" table, counts made true
 
-tests/test_design.py fails when a count is wrong; this is how a change that moves a file's length keeps the
-README true (run it, read the diff, commit it).
+No test checks those counts (a line count is not behaviour); after a change that moves a file's length, run this,
+read the diff and commit it, so the README's pitch stays true.
 """
 
 import re

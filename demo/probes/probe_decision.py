@@ -15,8 +15,8 @@ of the four lines it could say next, renormalised over them; p(refuse) is the fi
 An agent that reads the request puts p(refuse) near 1 exactly where the status forbids the request; one that decides
 by the status alone gives the same p(refuse) for both requests on an order (the README's "status flow").
 
-    python bench/probe_decision.py runs/muarl                    # the cold start (runs/muarl/cold-start)
-    python bench/probe_decision.py runs/muarl --model final --eval "GRPO (40 steps)"
+    python demo/probes/probe_decision.py runs/muarl                    # the cold start (runs/muarl/cold-start)
+    python demo/probes/probe_decision.py runs/muarl --model final --eval "GRPO (40 steps)"
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from chat import assistant_ids, encode, render  # noqa: E402
 from domains import shop, store  # noqa: E402

@@ -10,7 +10,7 @@ BFCL's populate_test_cases_with_predefined_functions builds them. Two conversion
                     sends (its convert_to_tool, copied: model_handler/utils.py imports tenacity)
     _gold_call      a gold call string, e.g. "sort('final_report.pdf')" -> {"name": "sort", "arguments":
                     {"file_name": "final_report.pdf"}}: positional arguments named from the method's signature, so an
-                    agent can replay it as a tool call (domains/bfcl.py's oracle)
+                    agent can replay it as a tool call (benchmarks/bfcl.py's oracle)
 
 Which data: the pinned wheel's files are BFCL v4's revision of the v3 multi-turn set, not the v3-era files byte for
 byte. Measured against bfcl-eval 2025.6.8 (files still named BFCL_v3_): per category of 200, 71-73 questions,
@@ -161,7 +161,7 @@ def _methods(obj) -> list[tuple[str, object]]:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Demo: python -m domains.bfcl_data
+# Demo: python -m benchmarks.bfcl_data
 
 if __name__ == "__main__":
     task = next(t for t in load_tasks(wheel_root(), load_classes(), ("miss_func",)) if t.id == "multi_turn_miss_func_0")

@@ -21,7 +21,7 @@ def test_the_record_beside_the_model_says_what_was_measured():
 
 
 def test_the_held_out_customer_is_another_model_on_the_other_phrasings():
-    # the comparison of customers: the column no agent trained against (bench/compare_customers.py's --held_out)
+    # the comparison of customers: the column no agent trained against (demo/probes/compare_customers.py's --held_out)
     b = customer.SHIPPED.parent / "customer_model_b"
     record = json.loads((b / "fidelity.json").read_text())
     assert record["phrasing"] == "b" and "--phrasing b" in record["command"] and record["tasks"] == 200

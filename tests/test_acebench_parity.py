@@ -17,8 +17,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from domains import acebench, acebench_agents
-from domains.acebench_apps import APPS
+from benchmarks import acebench, acebench_agents
+from benchmarks.acebench_apps import APPS
 
 PARITY = Path(os.environ.get("ACEBENCH_PARITY") or acebench.DEFAULT_DIR / "parity.jsonl")
 HAVE = PARITY.is_file() and (acebench.DEFAULT_DIR / "data" / "data_agent_multi_turn.json").is_file()

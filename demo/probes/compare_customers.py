@@ -16,7 +16,7 @@ second table gives the share of each cell's conversations that ended in the agen
           --user $u --user_serve "" --threads 2 --out_dir runs/cmp/$u-$s               # ~4 min
       done
     done
-    python bench/compare_customers.py runs/cmp/*-*                                      # ~20 s per cell
+    python demo/probes/compare_customers.py runs/cmp/*-*                                      # ~20 s per cell
 
 The held-out customer is committed in demo/customer_model_b/ (gate 100 / 98.0 %, its fidelity.json), built by
 `python -m demo.customer build --phrasing b --seed 1 --out DIR` (12 min here); `--held_out DIR` takes another.
@@ -35,7 +35,7 @@ import statistics
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 ROWS = {"scripted": "the script", "sampled": "the sampled script", "llm": "the LLM customer"}
 COLUMNS = ("the script", "its training customer", "a held-out customer")

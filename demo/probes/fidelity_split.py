@@ -13,7 +13,7 @@ policy lines, policy words in random order, a fumbled refusal, a piece of a tool
 mostly refusal words run into a tool call, which neither holds. Seed 5 at 55 % (2026-11-29):
 91.5 % at step 10 overall, 33 of its 34 unfaithful conversations had other text.
 
-    python bench/fidelity_split.py runs/seed5 [runs/seed17 ...]
+    python demo/probes/fidelity_split.py runs/seed5 [runs/seed17 ...]
 
 Reads RUN/episodes-rank0.jsonl (the evaluations' episodes, with the mistakes the run logged); no model, no server.
 """
@@ -27,7 +27,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from domains import shop, store  # noqa: E402
 

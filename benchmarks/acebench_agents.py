@@ -26,8 +26,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import chat
 from tools import as_text
-from domains.acebench import EXECUTE, FINISH, AceWorld, build_world as _build, routes_to_execution
-from domains.base import Bench
+from benchmarks.acebench import EXECUTE, FINISH, AceWorld, build_world as _build, routes_to_execution
+from benchmarks.bench import Bench
 
 _MEETING = "Hey Frank, don't forget about our meeting on 2024-06-11 at 4 PM in Conference Room 1."
 _PIZZA = "[add_food_delivery_order(username='Eve', merchant_name=\"Domino's\", items=[{'product': 'Super Supreme " \

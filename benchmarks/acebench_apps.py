@@ -15,7 +15,7 @@ error texts print them), and the quirks `../shared/acebench/AGENT.md` lists, e.g
 
 Only public methods are tools (the executor dispatches every public method, listed in the task or not), so the
 helpers here are `_private`. What the tools print to ACEBench's console (the agent never sees it) goes to
-`self._console`, which the executor collects. tests/test_parity_acebench.py checks all of it against the fixtures.
+`self._console`, which the executor collects. tests/test_acebench_parity.py checks all of it against the fixtures.
 """
 
 from __future__ import annotations

@@ -7,8 +7,8 @@ gate on one world only. This plays the run's gate exactly, seed by seed, against
 margin over the threshold is read over many worlds, and a candidate customer can be compared with the shipped one
 before any run is spent on it.
 
-    python bench/gate_worlds.py demo/customer_model --seeds 0-29
-    python bench/gate_worlds.py /tmp/customer --seeds 0,1,5,17,27
+    python demo/probes/gate_worlds.py demo/customer_model --seeds 0-29
+    python demo/probes/gate_worlds.py /tmp/customer --seeds 0,1,5,17,27
 
 One row per seed (each gate agent's fidelity and mistakes, the gate figure: the lower), then the seeds below the
 threshold, printed last. About 30 s a seed on 2 cores (one server for all of them).
@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from demo.train import parse  # noqa: E402
 from domains import load_worlds, task_sets  # noqa: E402

@@ -2,7 +2,7 @@
 and held-out tasks), read from each run's log.jsonl; then the mean and spread of the gain.
 
     for s in 0 1 2 3 4 5; do python -m demo --seed $s --out_dir runs/seed$s; done
-    python bench/seeds.py runs/seed*          # the table the README's "every seed" rows come from
+    python demo/probes/seeds.py runs/seed*          # the table the README's "every seed" rows come from
 
 A seed "learns" when its held-out pass^1 after GRPO is >= 15 points above its cold start, with the cold
 start inside the preset's band (25-65 %). Every evaluation is listed, so a peak that did not last shows; beside
@@ -19,7 +19,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: demo.baselines
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: demo.baselines
 
 
 def row(run: Path) -> dict:
@@ -70,5 +70,5 @@ def table(runs: list[Path]) -> str:
 
 if __name__ == "__main__":
     if len(sys.argv) < 2:
-        raise SystemExit("usage: python bench/seeds.py RUN_DIR [RUN_DIR ...]")
+        raise SystemExit("usage: python demo/probes/seeds.py RUN_DIR [RUN_DIR ...]")
     print(table([Path(a) for a in sys.argv[1:]]))

@@ -41,7 +41,7 @@ import re
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from domains.acebench_apps import APPS, SCORED
+from benchmarks.acebench_apps import APPS, SCORED
 from domains.base import Call, Task, World
 from tools import CALC_BITS, ParsedTurn
 

@@ -270,7 +270,7 @@ def test_real_vllm_customer_two_grpo_steps_and_a_kill(tmp_path):
     world = load_world("store", seed=0, n_train=20, n_test=4, n_orders=600, n_test_orders=200)
     model_dir = customer.train_customer(customer.customer_conversations(world.tasks("train")[:8], per_task=1),
                                         tmp_path / "customer", copy_steps=0, short_epochs=0, epochs=0.5)  # (a bad
-    # customer: RUN's --user_gate 0 lets it through; the shipped one's gate is tests/test_customer_model.py's)
+    # customer: RUN's --user_gate 0 lets it through; the shipped one's gate is tests/test_demo_customer.py's)
     out = tmp_path / "run"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     args = [a for a in RUN if a not in ("--user_timeout", "5")] + ["--user_timeout", "20", "--user_retries", "1",
