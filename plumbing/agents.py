@@ -60,8 +60,7 @@ class MessageAgent:
             e.context_full = "maximum context length" in str(e)  # the phrase of vLLM's and OpenAI's HTTP 400
             return e
         ep.context_tokens = msg.get("context") or ep.context_tokens
-        # the endpoint's native calls pass the same check as the <tool_call> text of a local model
-        # (tools.check_call)
+        # The endpoint's native calls pass the same check (tools.check_call) as a local model's text.
         checked = [check_call(c.get("function") if isinstance(c, dict) else None, set(ep.env.world.tools))
                    for c in msg.get("tool_calls") or []]
         return ParsedTurn(content=clean(msg.get("content") or ""), calls=[c for c in checked if isinstance(c, dict)],

@@ -113,8 +113,8 @@ class HFEngine:
         if any(len(p) == 0 for p in prompts):
             raise ValueError("HFEngine.generate: every prompt needs at least one token")
         stop = set(self.stop_token_ids if stop_token_ids is None else stop_token_ids)
-        # One generator per prompt (sampling.prompt_seeds): draws independent of batch and cache, as
-        # in ReferenceEngine
+        # One generator per prompt (sampling.prompt_seeds), as in ReferenceEngine: a prompt's draws do
+        # not depend on its batch or on what the store held.
         gens = [torch.Generator().manual_seed(s) for s in prompt_seeds(seed, len(prompts))]
         version = weights_version(self.model)
         if version != self._version:  # new weights: what the store holds was computed with the old ones
@@ -228,8 +228,8 @@ class HFEngine:
         call)."""
         cols = mask[j].nonzero()[:, 0]  # (n,) the columns row j attends to, in order
         assert len(cols) == len(tokens), "every real column is one token of the row's sequence"
-        # They form a few contiguous spans (cached | rest | sampled): copy span by span, ~5x faster
-        # than indexing
+        # They form a few contiguous spans (cached | rest | sampled): copying span by span is ~5x
+        # faster than indexing.
         cut = (torch.nonzero(cols[1:] - cols[:-1] != 1)[:, 0] + 1).tolist()  # where a new span starts
         spans = [(int(cols[a]), int(cols[b - 1]) + 1) for a, b in zip([0] + cut, cut + [len(cols)])]
         kv = [layer.copy_row(j, spans) for layer in cache.layers]  # per layer: keys, values (H, n, D) each
@@ -292,10 +292,9 @@ class HFEngine:
             if len(done) == len(rows) or step == max_new_tokens - 1:
                 break  # all finished; or the budget is used and finish_reason stays "length" for rows still going
             if done:
-                # Finished rows leave now: the last rows still sampling move into their slots
-                # (BufferLayer.move_rows:
-                # one row's copy each, not the whole cache) and every tensor with a batch dimension
-                # follows.
+                # Finished rows leave now: the last rows still sampling move into their slots (one row's
+                # copy each with BufferLayer.move_rows, not the whole cache), and every tensor with a
+                # batch dimension follows.
                 b, finished = len(rows) - len(done), set(done)
                 holes = [j for j in done if j < b]  # finished rows among the first b
                 movers = [j for j in range(b, len(rows)) if j not in finished]  # rows still sampling beyond them
@@ -351,8 +350,7 @@ if __name__ == "__main__":
     turn = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"  # a user turn in Qwen's chat markup
     prompts = [tok.encode(turn.format(text)) for text in ("Cancel order #W1234567, please.", "Hello")]
     first = hf.generate(prompts, max_new_tokens=12, temperature=1.0, seed=0)
-    # A second turn, as rollout.py makes it: prompt + what was sampled + a delta; only the delta
-    # runs.
+    # A second turn, as rollout.py makes it: prompt + what was sampled + a delta. Only the delta runs.
     delta = tok.encode("<|im_end|>\n<|im_start|>user\nYes, go ahead.<|im_end|>\n<|im_start|>assistant\n")
     hf.stats.clear()  # count turn 2 only
     hf.generate([p + s.token_ids + delta for p, s in zip(prompts, first)], max_new_tokens=12, seed=1)
