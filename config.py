@@ -119,6 +119,8 @@ class Config:
         "held-out tasks per evaluation (each world's test split; 0: all)")
     eval_trials: int = flag(1, RUN, "conversations per held-out task: pass^1..k (the agent greedy)")
     eval_every: int = flag(0, RUN, "also evaluate every N steps (0: before and after only)")
+    start_name: str = flag("", RUN,
+        "what the results call the model RL starts from ('': cold start after this run's, else start)")
     save_every: int = flag(10, RUN, "checkpoint every N steps")
     resume: bool = flag(False, RUN, "continue from the newest checkpoint in out_dir")
     allow_change: str = flag("", RUN,
@@ -170,6 +172,9 @@ class Config:
     preflight: bool = flag(True, CUSTOMER, "check the customer's endpoint once before any work")
     allow_insecure_http: bool = flag(False, CUSTOMER,
         "allow plain http to an endpoint off this machine")
+    user_gate: float = flag(0.0, CUSTOMER,
+        "the lowest customer fidelity accepted (worlds that can check it): below it at the evaluation RL "
+        "starts from, the run stops before any GRPO step (exit 3); later, it is named (0: no gate)")
     drop_customer_faults: bool = flag(False, CUSTOMER,
         "leave out of the update the groups whose customer provably broke its instructions (worlds "
         "that can check it)")

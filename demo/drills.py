@@ -105,7 +105,8 @@ def holds_refusal(model, tokenizer, cases, system: str, tools: list[dict] = ()) 
                for before, again, transfer in cases) / max(1, len(cases))
 
 
-def until_lookup(run, model, examples, epochs: float, takes: float = 0.95, hold: float = 0.1, **train) -> list:
+def until_lookup(model, tok, examples, epochs: float, worlds: dict, tasks: list, tools_in_prompt: bool, draws: int,
+                 log=None, takes: float = 0.95, hold: float = 0.1, **train) -> list:
     """The cold start's SFT (sft.train's arguments) and three probes of it on training
     conversations: the rule lookup (lookup_right on store.lookup_cases: the thought's status,
     request, answer, the act) right on `takes` of them, the option read (reads_option on
@@ -125,29 +126,29 @@ def until_lookup(run, model, examples, epochs: float, takes: float = 0.95, hold:
               (seed 9: 7 epochs read returns 0.16).
     Keeps the first that passed, else the one failing fewest, named; returns its losses."""
     start = {k: v.detach().clone() for k, v in model.state_dict().items()}  # the drills' weights
-    losses = sft.train(model, examples, epochs=epochs, **train)
-    if "store" not in run.worlds or not all((probes := store.lookup_cases(run.train_tasks)).values()):
+    losses = sft.train(model, examples, epochs=epochs, log=log, **train)
+    if "store" not in worlds or not all((probes := store.lookup_cases(tasks)).values()):
         return losses  # another domain: no such thought to probe
-    cfg, world, options = run.cfg, run.worlds["store"], store.option_cases(run.train_tasks)
-    insist = store.hold_cases(run.train_tasks)["insist"]  # (and the conversations where the annotator held one)
-    held = [e for e in examples if store.REFUSE_AGAIN in run.tok.decode(e[0])] if insist else []
-    tools, extra = world.tool_schemas() if cfg.tools_in_prompt else [], 0.75 * epochs  # extra: a longer draw's
+    world, options = worlds["store"], store.option_cases(tasks)
+    insist = store.hold_cases(tasks)["insist"]  # (and the conversations where the annotator held one)
+    held = [e for e in examples if store.REFUSE_AGAIN in tok.decode(e[0])] if insist else []
+    tools, extra = world.tool_schemas() if tools_in_prompt else [], 0.75 * epochs  # extra: a longer draw's
     tries, trained, longer = [], epochs, False  # trained: this draw's epochs so far; longer: it was trained on
-    for k in range(cfg.lookup_draws + 1):
+    for k in range(draws + 1):
         if k:  # the draw before failed (see the docstring): longer, or again from the drills' weights
             if not longer:
                 model.load_state_dict(start)
             more = examples + held * 2 * any("holds insist" in t[2] for t in tries)  # a hold failed: 3 times
-            losses = sft.train(model, more, epochs=extra if longer else epochs,
+            losses = sft.train(model, more, epochs=extra if longer else epochs, log=log,
                                **{**train, "seed": train.get("seed", 0) + 1000 * k})
             trained = trained + extra if longer else epochs
-        shares = {kind: lookup_right(model, run.tok, cases, world.rules, tools) for kind, cases in probes.items()}
-        reads = {f"reads {r}": reads_option(model, run.tok, c, world.rules, tools) for r, c in options.items() if c}
-        reads |= {"holds insist": holds_refusal(model, run.tok, insist, world.rules, tools)} if insist else {}
+        shares = {kind: lookup_right(model, tok, cases, world.rules, tools) for kind, cases in probes.items()}
+        reads = {f"reads {r}": reads_option(model, tok, c, world.rules, tools) for r, c in options.items() if c}
+        reads |= {"holds insist": holds_refusal(model, tok, insist, world.rules, tools)} if insist else {}
         failed = [n for n, v in shares.items() if v < takes] + [n for n, v in reads.items() if v < (
             hold if n == "holds insist" else 0.5)]
-        if run.log:
-            run.log({"phase": "stage", "stage": "lookup", "draw": k, "right": min(shares.values()), "epochs": trained,
+        if log:
+            log({"phase": "stage", "stage": "lookup", "draw": k, "right": min(shares.values()), "epochs": trained,
                      "longer": longer, **shares, **reads, "ok": not failed})
         tries.append(((len(failed), -min(shares.values()), -reads.get("holds insist", 1)), k, failed, losses,
                       {n: v.detach().clone() for n, v in model.state_dict().items()} if failed else None))
@@ -155,7 +156,7 @@ def until_lookup(run, model, examples, epochs: float, takes: float = 0.95, hold:
             break
         longer = not longer and bool(set(failed) & set(probes))  # (a draw trained on once: the next is drawn again)
         read = ", ".join(f"{n} {100 * v:.1f} %" for n, v in {**shares, **reads}.items())
-        then = (f": trains {extra:g} epochs more" if longer else ": drawn again") * (k < cfg.lookup_draws)
+        then = (f": trains {extra:g} epochs more" if longer else ": drawn again") * (k < draws)
         print(f"[stage] cold start draw {k}: {read} (takes at: lookup {100 * takes:.0f} %, options 50 %, hold "
               f"{100 * hold:g} %): {', '.join(failed)} did not take" + then, flush=True)
     _, k, failed, losses, weights = min(tries, key=lambda t: t[0])  # the first of the best

@@ -106,6 +106,7 @@ def field_problems(cfg, names) -> list[tuple[bool, str]]:
             *[(0 < v[k] < 1, f"--{k} must be in (0, 1), got {v[k]}") for k in v if k in ("engine_memory",
                                                                                          "user_memory")],
             *[(0 <= v[k] < 1, f"--clip_low must be in [0, 1), got {v[k]}") for k in v if k == "clip_low"],
+            *[(0 <= v[k] <= 1, f"--user_gate must be in [0, 1], got {v[k]}") for k in v if k == "user_gate"],
             *[(v[k] == 0 or v[k] >= 1, f"--tis_cap must be 0 (off) or at least 1 (a cap below 1 shrinks every "
                f"weight), got {v[k]}") for k in v if k == "tis_cap"]]
 
