@@ -71,6 +71,7 @@ from plumbing.serve import customer_for
 from plumbing.checkpoint import TaskSampler, rng_state, set_rng_state
 from plumbing.validate import row_note, validate
 from rollout import PolicyAgent, RolloutConfig, TrajectoryLog, rollout, score
+from user_sim import make_user
 
 
 # --------------------------------------------------------------------------------------------------
@@ -199,7 +200,7 @@ def train(cfg: Config) -> dict:
         raise ConfigError(f"no training tasks in {cfg.domains}")
     held_out = eval_tasks[: cfg.eval_tasks or None]
     # The customer checks what it can before anything is written (an endpoint, a model folder).
-    user = customer_for(cfg, out, rank, world_size)
+    user = customer_for(cfg, make_user, out, rank, world_size)
     user.check(train_tasks + held_out, worlds)
 
     with startup.kept_as_found(out, found is None, rank, world_size, on_failure=user.close):

@@ -103,10 +103,12 @@ def serve_customer(cfg, worlds, tasks: list, folder: Path, log):
     None when the run's customer is another one (--user)."""
     from demo.customer import ServedCustomer
     from plumbing.serve import customer_settings
+    from user_sim import make_user
 
     if not cfg.user_serve:
         return None
-    served = ServedCustomer(cfg.user_serve, folder, gate=cfg.user_gate, **customer_settings(cfg))
+    served = ServedCustomer(cfg.user_serve, folder, gate=cfg.user_gate, make_llm=lambda **kw: make_user("llm", **kw),
+                            **customer_settings(cfg))
     served.check(tasks, worlds)
     served.start(tasks, log)  # serves it, checks its endpoint, plays the gate
     return served

@@ -136,13 +136,13 @@ def start_customer(a, tasks, worlds, bench):
     """The customer, checked and started (an endpoint's preflight; a served model served now)."""
     from plumbing.preflight import PreflightError
     from plumbing.serve import customer_for
-    from user_sim import USERS, FixedUser, ScriptedUser
+    from user_sim import USERS, FixedUser, ScriptedUser, make_user
 
     if USERS.get(a.user) is None:
         raise ConfigError(f"--user must be one of {', '.join(USERS)}, got {a.user!r}")
     # the oracle talks to a fixed line, or to its benchmark's own scripted customer (BFCL's turns)
     user = (ScriptedUser() if bench and bench.oracle else FixedUser()) if a.agent == "oracle" else \
-        customer_for(a, os.path.dirname(a.out) or ".")
+        customer_for(a, make_user, os.path.dirname(a.out) or ".")
     try:
         user.check(tasks, worlds)
         user.start(tasks)

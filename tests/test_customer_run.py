@@ -126,7 +126,7 @@ def test_the_cores_served_customer_is_a_model_folder():
     # the core has no shipped customer: --user_serve names a folder; `demo` is not one
     cfg = parse_config(["--user_serve", str(SHIPPED)], Config, groups=GROUPS)
     validate(cfg)
-    user = serve.customer_for(cfg, "unused")
+    user = serve.customer_for(cfg, make_user, "unused")
     assert type(user) is serve.ServedUser and user.folder == SHIPPED and user.rank == 0
     with pytest.raises(ConfigError, match="--user_serve demo: no model folder there") as e:
         validate(parse_config(["--user_serve", "demo"], Config, groups=GROUPS))

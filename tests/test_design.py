@@ -40,7 +40,7 @@ from plumbing.serve import customer_for
 from plumbing.tiny_model import build_tiny
 from plumbing.validate import validate
 from rollout import PolicyAgent, RolloutConfig, rollout, score
-from user_sim import STOP, USERS, FixedUser, ScriptedUser, User, UserKind
+from user_sim import STOP, USERS, FixedUser, ScriptedUser, User, UserKind, make_user
 
 REPO = Path(__file__).resolve().parents[1]
 CARD = ("muarl", "rollout", "grpo", "user_sim", "tools", "eval")  # the product card's files
@@ -400,7 +400,7 @@ def test_a_customer_is_one_class_and_one_row(tmp_path, monkeypatch, capsys, tiny
     monkeypatch.setitem(USERS, "parrot", UserKind(lambda **kw: Parrot()))  # the one row
     cfg = demo_train.parse(["--domains", "shop", "--user", "parrot"])
     validate(cfg, model_given=False)  # the validation reads the table
-    assert isinstance(customer_for(cfg), Parrot)
+    assert isinstance(customer_for(cfg, make_user), Parrot)
     m = evaluation.main(["--agent", "oracle", "--domains", "shop", "--eval_tasks", "3", "--eval_trials", "1",
                          "--out", str(tmp_path / "t.jsonl")])  # (the oracle meets its own fixed line)
     assert m["episodes"] == 3

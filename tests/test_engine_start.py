@@ -35,7 +35,7 @@ ENOUGH_KV = ("To serve at least one request with the models's max seq len (32768
              "which is larger than the available KV cache memory (2.00 GiB).")
 
 
-def test_the_cold_starts_gradients_are_freed_before_the_engine_starts(tmp_path):
+def test_the_cold_starts_gradients_are_freed_before_the_engine_starts(tmp_path, monkeypatch):
     from plumbing.tiny_model import build_tiny
     from domains import load_world
 
@@ -46,10 +46,9 @@ def test_the_cold_starts_gradients_are_freed_before_the_engine_starts(tmp_path):
         sum(p.float().sum() for p in policy.parameters()).backward()
         assert all(p.grad is not None for p in policy.parameters())
 
-    run = SimpleNamespace(cfg=Config(sft_data="tasks"), policy=model, tok=tok, worlds={world.name: world},
-                          train_tasks=world.tasks("train")[:4], out=tmp_path / "run", world_size=1, rank=0,
-                          log=None)
-    sft.cold_start(run, fit)
+    monkeypatch.setattr(sft, "train", fit)
+    examples = sft.render_examples(tok, sft.conversations("tasks", world.tasks("train")[:4]), {world.name: world})
+    sft.cold_start(model, tok, examples, tmp_path / "run" / "cold-start", epochs=1.0)
     assert all(p.grad is None for p in model.parameters())  # 4 bytes a parameter, back before vLLM starts
     assert (tmp_path / "run" / "cold-start" / "config.json").is_file()
 

@@ -67,7 +67,7 @@ def test_an_episode_longer_than_the_row_trains_in_a_row_of_its_own_and_is_counte
     eps = _episodes([40, 12, 90])  # rows of 48 tokens: the 90-token episode cannot share one, nor be cut
     cfg = Config(micro_batch_tokens=48, logprob_chunk=16, kl_coef=0.0, dtype="float32")
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    st = muarl.update(model, None, eps, [0.5, -0.5, 1.0], opt, **muarl.update_settings(cfg))
+    st = muarl.update(model, None, eps, [0.5, -0.5, 1.0], opt, cfg)
     assert st["long_rows"] == 1 and not st["skipped"]
     assert st["trained_tokens"] == sum(sum(e.mask) for e in eps)  # every trained token, the long one's too
 
@@ -98,7 +98,7 @@ import types
 eps = [types.SimpleNamespace(ids=list(range(3, 30)), mask=[0] * 5 + [1] * 22, logprobs=[0.0] * 27)]
 opt = torch.optim.AdamW(policy.parameters(), lr=1e-3)
 run = Config(micro_batch_tokens=64, logprob_chunk=16, kl_coef=0.1, dtype="float32")
-st = muarl.update(policy, reference, eps, [1.0], opt, **muarl.update_settings(run), world_size=1)
+st = muarl.update(policy, reference, eps, [1.0], opt, run, world_size=1)
 # after the update, every parameter of the reference is a shard again (a DTensor), its root's too
 gathered = [n for n, p in reference.named_parameters() if not isinstance(p, DTensor)]
 assert st["kl"] >= 0 and not gathered, gathered

@@ -85,7 +85,7 @@ def tiny_init(tmp_path_factory):
     out = tmp_path_factory.mktemp("tiny")
     cfg = demo_train.parse(TINY + ["--out_dir", str(out)])
     path = demo_train.build_model(cfg, load_worlds(cfg), out)
-    assert path == out / "tiny-init" and (path / "config.json").is_file()
+    assert path == out / "demo" / "tiny-init" and (path / "config.json").is_file()
     return path
 
 
@@ -638,7 +638,7 @@ def _update_once(model, eps, adv, micro_batch_tokens, opt="sgd", reference=None,
     cfg = Config(micro_batch_tokens=micro_batch_tokens, logprob_chunk=32, kl_coef=kl_coef,
                  grad_clip=1e9 if opt == "sgd" else 1.0, tis_cap=tis_cap, **more)
     o = torch.optim.SGD(model.parameters(), lr=1.0) if opt == "sgd" else torch.optim.AdamW(model.parameters(), lr=1e-4)
-    return muarl.update(model, reference, eps, adv, o, **muarl.update_settings(cfg), world_size=world_size)
+    return muarl.update(model, reference, eps, adv, o, cfg, world_size=world_size)
 
 
 def test_step_gradient_independent_of_micro_batch_size():
