@@ -12,8 +12,8 @@ pre-trained model nor a hosted customer, so the demo prepares both, then calls t
                      the cold start's held-out pass^1 is checked against --stage_band at the end
 
 What the demo prepares lives in out/demo/: its settings (config.json, which --resume reads), the
-log of the drills, the cold start and the customer's gate (log.jsonl), the tiny model before and
-after its cold start, and the customer server's log. Its knobs (DemoConfig, the `demo` group of
+log of the drills, the cold start and the customer's gate (log.jsonl), the tiny model after its
+cold start, and the customer server's log; the tiny model as built is out/tiny-init. Its knobs (DemoConfig, the `demo` group of
 --help) are the demo's own; TINY (demo/__init__.py) is its preset, applied to every flag the command
 line leaves out.
 """
@@ -115,13 +115,13 @@ def serve_customer(cfg, worlds, tasks: list, folder: Path, log):
 
 
 def build_model(cfg, worlds, out):
-    """out/demo/tiny-init: a tiny model and tokenizer from the training tasks' text (built once per run
+    """out/tiny-init: a tiny model and tokenizer from the training tasks' text (built once per run
     folder); or --model's folder (a run's cold-start/, to train it again against another customer)."""
     from plumbing.tiny_model import build_tiny
 
     if cfg.model != "tiny":
         return cfg.model
-    path = out / "demo" / "tiny-init"
+    path = out / "tiny-init"
     if not (path / "config.json").exists():
         texts = [text for w in worlds.values()
                  for text in [w.rules] + [json.dumps(t.expert) for t in w.tasks("train")[:400] if t.expert]]

@@ -9,6 +9,7 @@
 On a CPU: the CPU demo's tiny model, and an engine that stands in for vLLM.
 """
 
+import dataclasses
 import shutil
 import sys
 import types
@@ -89,10 +90,10 @@ class StandIn(HFEngine):
 
 def test_a_cold_start_survives_vllm_refusing_to_start(monkeypatch, tmp_path, tiny_init, capsys):
     out = tmp_path / "run"
-    shutil.copytree(tiny_init, out / "tiny-init")
     args = [*TINY, "--sft_epochs", "0.02",  # (after TINY's 0: the last wins)
             "--sft_batch", "4", "--engine", "vllm", "--steps", "1",
             "--out_dir", str(out)]
+    cfg = dataclasses.replace(demo_train.parse(args), model=str(tiny_init))  # muarl's own cold start, on a folder
 
     def refused(kind, model=None, tokenizer=None, model_path=None, **kw):
         if kind == "vllm":
@@ -101,7 +102,7 @@ def test_a_cold_start_survives_vllm_refusing_to_start(monkeypatch, tmp_path, tin
 
     monkeypatch.setattr(engine, "make_engine", refused)
     with pytest.raises(RunStopped, match="vLLM did not start"):
-        demo_train.main(args)
+        muarl.train(cfg)
     assert (out / "checkpoints" / "step-000000" / "model.pt").is_file()  # the cold start, saved before vLLM
     after_cold_start = torch.load(out / "checkpoints" / "step-000000" / "model.pt", weights_only=True)
 
@@ -122,7 +123,7 @@ def test_a_cold_start_survives_vllm_refusing_to_start(monkeypatch, tmp_path, tin
         return real_update(policy, *a, **k)
 
     monkeypatch.setattr(muarl, "update", update)
-    demo_train.main(args + ["--resume"])
+    muarl.train(dataclasses.replace(cfg, resume=True))
     assert not cold_starts  # resumed after it: the cold start ran once
     assert all(torch.equal(seen["w"][n], t) for n, t in after_cold_start.items())  # RL starts from its weights
     # the first push as the loop's: asleep, the weights woken, then pushed (the KV cache wakes after them)

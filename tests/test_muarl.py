@@ -85,7 +85,7 @@ def tiny_init(tmp_path_factory):
     out = tmp_path_factory.mktemp("tiny")
     cfg = demo_train.parse(TINY + ["--out_dir", str(out)])
     path = demo_train.build_model(cfg, load_worlds(cfg), out)
-    assert path == out / "demo" / "tiny-init" and (path / "config.json").is_file()
+    assert path == out / "tiny-init" and (path / "config.json").is_file()
     return path
 
 
