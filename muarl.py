@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import sys
 
-from config import GROUPS, Config
+from config import GROUPS, Config, validate
 from plumbing.flags import ConfigError, parse_config, run_cli
 from plumbing.validate import early
 
@@ -62,14 +62,15 @@ from grpo import (ADVANTAGES, REWARDS, grpo_loss, pack_sequences, tis_weights, t
 from plumbing import startup, view
 from plumbing.flags import public
 from plumbing.fsdp import (all_gather_episodes, all_sum, bf16_compute, compute_device, dist_setup,
-                           dist_teardown, even_rows, full_tensors, is_sharded, place, reduce_stats, reshard)
+                           dist_teardown, even_rows, full_tensors, is_sharded, place, reduce_stats, reshard,
+                           sharded_call)
 from plumbing.models import build_or_load_model, load_policy, reference_for
-from plumbing.preflight import RunStopped, prompt_warning
+from plumbing.preflight import RunStopped
 from plumbing.runlog import RunLog, step_stats, write_sample
 from plumbing.sampling import episode_seed
 from plumbing.serve import customer_for
 from plumbing.checkpoint import TaskSampler, rng_state, set_rng_state
-from plumbing.validate import row_note, validate
+from plumbing.validate import row_note
 from rollout import PolicyAgent, RolloutConfig, TrajectoryLog, rollout, score
 from user_sim import make_user
 
@@ -113,9 +114,11 @@ def update(policy, reference, episodes, advantages, opt, cfg: Config, world_size
     clip, sampler = (cfg.clip_low, cfg.clip_high), (cfg.temperature, cfg.top_p)
     rows = pack_sequences([e.ids for e in episodes], [e.mask for e in episodes], row_tokens,
                           adv=advantages, sample_logp=[e.logprobs for e in episodes])
-    rows = even_rows(rows, world_size)  # FSDP: as many rows on every rank (one process: unchanged)
-    # under FSDP the forward runs as a registered method of the sharded model, so its root gathers
-    logprobs = token_logprobs if not is_sharded(policy) else lambda m, *a, **k: m.token_logprobs(*a, **k)
+    # Under FSDP every rank runs as many rows (empty ones, mask 0, where it has fewer), and the forward
+    # runs as a registered method of the sharded model, so that its root gathers.
+    empty = pack_sequences([[0, 0]], [[0, 0]], 2, adv=[0.0], sample_logp=[[0.0, 0.0]])[0]
+    rows = even_rows(rows, world_size, empty)
+    logprobs = sharded_call(token_logprobs) if is_sharded(policy) else token_logprobs
     dev, use_ref = compute_device(policy), reference is not None and kl_coef > 0
 
     def forward(row):
@@ -209,7 +212,7 @@ def train(cfg: Config) -> dict:
         startup.record_start(out, cfg, provenance(worlds), log, rank)
         # The policy and its tokenizer: fp32 weights (AdamW's masters); under torchrun, this rank's shards.
         policy, tok, model_path = build_or_load_model(cfg, device, cfg.dtype, rank, world_size, sharded)
-        if rank == 0 and (warn := prompt_warning(tok, worlds, cfg.max_context, cfg.max_new_tokens,
+        if rank == 0 and (warn := chat.prompt_warning(tok, worlds, cfg.max_context, cfg.max_new_tokens,
                                                  cfg.tools_in_prompt)):
             print(warn, flush=True)
         if not sharded and cfg.activation_checkpointing:  # (load_sharded set it under torchrun)

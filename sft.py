@@ -33,7 +33,7 @@ import torch
 from tqdm import tqdm
 
 import chat
-from plumbing.fsdp import all_sum, bf16_compute, compute_device, even_rows, is_sharded
+from plumbing.fsdp import all_sum, bf16_compute, compute_device, even_rows, is_sharded, sharded_call
 from grpo import pack_sequences, token_logprobs
 
 # --------------------------------------------------------------------------------------------------
@@ -118,7 +118,7 @@ def train(model, examples: list[tuple[list[int], list[int]]], epochs: float = 2.
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=weight_decay)
     # under FSDP the log-probs run as the sharded model's registered method (fsdp.shard), so its
     # hooks fire
-    logprobs = model.token_logprobs if is_sharded(model) else functools.partial(token_logprobs, model)
+    logprobs = functools.partial(sharded_call(token_logprobs) if is_sharded(model) else token_logprobs, model)
     dev = compute_device(model)  # rows are packed on the CPU
     model.train()
     order, losses = [], []  # order: example indices still to draw in this pass
@@ -133,7 +133,8 @@ def train(model, examples: list[tuple[list[int], list[int]]], epochs: float = 2.
         n_tok = sum(sum(examples[i][1]) for i in idx)
         mine = idx[rank::world_size]
         rows = pack_sequences([examples[i][0] for i in mine], [examples[i][1] for i in mine], micro_batch_tokens)
-        rows = even_rows(rows, world_size)  # FSDP: as many rows on every rank
+        empty = pack_sequences([[0, 0]], [[0, 0]], 2)[0]  # FSDP: as many rows on every rank, empty ones mask 0
+        rows = even_rows(rows, world_size, empty)
         step_lr = lr_at(step, total, lr, warmup)
         for g in opt.param_groups:
             g["lr"] = step_lr

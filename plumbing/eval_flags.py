@@ -157,7 +157,8 @@ def make_agent(a, worlds, bench):
     from engine import make_engine
     from plumbing.agents import MessageAgent, OracleAgent, openai_act
     from plumbing.models import load_policy, load_tokenizer, model_folder
-    from plumbing.preflight import PreflightError, check_endpoint, endpoint, prompt_warning
+    from chat import prompt_warning
+    from plumbing.preflight import PreflightError, check_endpoint, endpoint
     from rollout import PolicyAgent
 
     if a.agent == "local":

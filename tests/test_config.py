@@ -25,7 +25,7 @@ from demo.train import parse as demo_parse
 from plumbing.eval_flags import SHARED
 from plumbing.eval_flags import parse_args as eval_parse
 from plumbing.flags import ConfigError, parse_config, save_config
-from plumbing.validate import validate
+from config import validate
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -38,7 +38,7 @@ from demo.train import parse
 from plumbing import serve
 from plumbing.flags import ConfigError, parse_config
 from plumbing.preflight import RunStopped
-from plumbing.validate import validate
+from config import validate
 
 REPO = Path(__file__).resolve().parent.parent
 

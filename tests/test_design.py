@@ -38,7 +38,7 @@ from plumbing.flags import ConfigError
 from plumbing.hf_engine import HFEngine
 from plumbing.serve import customer_for
 from plumbing.tiny_model import build_tiny
-from plumbing.validate import validate
+from config import validate
 from rollout import PolicyAgent, RolloutConfig, rollout, score
 from user_sim import STOP, USERS, FixedUser, ScriptedUser, User, UserKind, make_user
 

@@ -26,7 +26,7 @@ import muarl
 from config import Config
 from plumbing import fsdp, memory_plan as memplan
 from plumbing.flags import ConfigError, parse_config
-from plumbing.validate import validate
+from config import validate
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))

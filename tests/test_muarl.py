@@ -43,7 +43,7 @@ from plumbing import fsdp
 from plumbing.checkpoint import TaskSampler, load_checkpoint, save_checkpoint
 from plumbing.flags import ConfigError, parse_config
 from plumbing.runlog import step_stats
-from plumbing.validate import validate
+from config import validate
 
 REPO = Path(__file__).resolve().parent.parent
 PY = sys.executable
