@@ -213,7 +213,7 @@ def train(cfg: Config) -> dict:
         # The policy and its tokenizer: fp32 weights (AdamW's masters); under torchrun, this rank's shards.
         policy, tok, model_path = build_or_load_model(cfg, device, cfg.dtype, rank, world_size, sharded)
         if rank == 0 and (warn := chat.prompt_warning(tok, worlds, cfg.max_context, cfg.max_new_tokens,
-                                                 cfg.tools_in_prompt)):
+                                                      cfg.tools_in_prompt)):
             print(warn, flush=True)
         if not sharded and cfg.activation_checkpointing:  # (load_sharded set it under torchrun)
             policy.gradient_checkpointing_enable()
@@ -241,7 +241,8 @@ def train(cfg: Config) -> dict:
     # generators and the results come back from the checkpoint.
     opt = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     sampler = TaskSampler(train_tasks, cfg.seed)
-    start, evals.results, updates = startup.restore(found, out, policy, opt, sampler, world_size, log)
+    start, restored, updates = startup.restore(found, out, policy, opt, sampler, world_size, log)
+    evals.results.update(restored)
 
     def save(step: int) -> None:  # a checkpoint of the run as it stands (a collective under FSDP)
         startup.save(out, step, policy, opt, sampler, evals.results, updates, log, world_size, rank)
