@@ -44,10 +44,9 @@ def copy_examples(tokenizer, n: int, seed: int = 0, words: list[str] | None = No
 def copy_warmup(model, tokenizer, steps: int, lr: float, words: list[str], seed: int = 0, log=None,
                 converged: float = 0.15, **common) -> float:
     """Copy drills until they take: `steps` steps of copy_examples, another round while the last
-    ended above loss 0.15, 3 rounds at most (they take at 0.03-0.07, stall at ~0.6 on some CPUs;
-    seed 2's 0.22 left an agent that never learnt the rule lookup, seed 0's 0.16 after two rounds
-    one that read no option). Each round a logged stage, a stall named. Returns
-    the mean of the last 20 losses."""
+    ended above loss `converged`, 3 rounds at most. A model that copies badly learns neither the
+    rule lookup nor to read the customer's option later, so a stall is named. Each round is a
+    logged stage. Returns the mean of the last 20 losses."""
     for attempt in range(3):
         drills = copy_examples(tokenizer, 16 * steps, seed=seed + attempt, words=words)
         losses = sft.train(model, drills, epochs=1, batch_size=16, lr=lr, warmup=20, desc="copy drills", seed=seed,
@@ -107,24 +106,20 @@ def holds_refusal(model, tokenizer, cases, system: str, tools: list[dict] = ()) 
 
 def until_lookup(model, tok, examples, epochs: float, worlds: dict, tasks: list, tools_in_prompt: bool, draws: int,
                  log=None, takes: float = 0.95, hold: float = 0.1, **train) -> list:
-    """The cold start's SFT (sft.train's arguments) and three probes of it on training
-    conversations: the rule lookup (lookup_right on store.lookup_cases: the thought's status,
-    request, answer, the act) right on `takes` of them, the option read (reads_option on
-    store.option_cases) of cancellations and returns on half (the annotator writes the other option
-    for half who want it), the refusal held (holds_refusal on store.hold_cases) at `hold`, half the
-    annotator's 0.2 (at top-p 0.9 GRPO rarely draws a rarer one: seeds 17, 32 held 0.025). A draw
-    that did not take trains again (--lookup_draws times at most: the preset's 1 bounds the cold
-    start at 8 epochs; seed 0's README command 1 then took 15:21-15:56 with the install, 21:51 with
-    four SFTs), one of two ways:
-      longer  a step of the lookup failed, and this draw was not trained on yet: its weights train 3/4 of its epochs
-              more. The lookup is slow to learn, not wrongly learnt: seed 0 read the status at 53-56
-              % after 4 epochs in three orders and took it after 3 more, as seed 13's act did (its
-              returns' option read stayed 0.0 % throughout: GRPO learnt that);
-      again   else: SFT again from the drills' weights, the examples in another order (a new seed); after a failed
-              hold with the annotator's held refusals three times (a redraw alone left seed 32 at
-              0.025-0.046). An option read that failed is drawn again: more epochs do not mend it
-              (seed 9: 7 epochs read returns 0.16).
-    Keeps the first that passed, else the one failing fewest, named; returns its losses."""
+    """The cold start's SFT (sft.train's arguments) and three probes of it on the training
+    conversations of `tasks`: the rule lookup (lookup_right on store.lookup_cases: the thought's
+    status, request, answer, the act) right on `takes` of them; the option read (reads_option on
+    store.option_cases) of cancellations and returns on half, since the annotator writes the other
+    option for half of the customers who want it; the refusal held (holds_refusal on
+    store.hold_cases) at `hold`, half the annotator's 0.2, because at top-p 0.9 GRPO rarely draws a
+    rarer action. A draw that did not take trains again, `draws` times at most, one of two ways:
+      longer  a step of the lookup failed and this draw was not trained on yet: its weights train
+              3/4 of its epochs more (the lookup is slow to learn, not wrongly learnt);
+      again   else: SFT again from the drills' weights, the examples in another order (a new seed),
+              with the annotator's held refusals three times after a failed hold. An option read
+              that failed is drawn again: more epochs do not mend it.
+    Keeps the first draw that passed, else the one failing fewest, named; returns its losses.
+    `log` receives the SFT steps and one record per probe."""
     start = {k: v.detach().clone() for k, v in model.state_dict().items()}  # the drills' weights
     losses = sft.train(model, examples, epochs=epochs, log=log, **train)
     if "store" not in worlds or not all((probes := store.lookup_cases(tasks)).values()):
