@@ -1,22 +1,23 @@
-"""MUA-RL training: a cold start on expert conversations, then GRPO on conversations with a customer.
+"""MUA-RL training: a cold start on expert conversations, then GRPO on conversations with a
+customer.
 
     python muarl.py --model Qwen/Qwen3-8B --user_model gpt-4o-2024-11-20      # the paper's recipe
     torchrun --nproc_per_node 8 muarl.py --model Qwen/Qwen3-8B --user_serve /models/Qwen3-32B
     python -m demo                                   # the CPU demo: a tiny model learns on a laptop
 
-`train()` builds the run where you read it, as named locals in this order: the worlds and their tasks,
-the customer, the policy and its tokenizer, the cold start, the frozen reference, AdamW, the rollout
-engine. Then the loop (MUA-RL, Zhao et al. 2025, arXiv:2508.18669, Algorithm 1), one optimizer step
+`train()` builds the run where you read it, as named locals in this order: the worlds and their
+tasks, the customer, the policy and its tokenizer, the cold start, the frozen reference, AdamW, the
+rollout engine. Then the loop (MUA-RL, Zhao et al. 2025, arXiv:2508.18669, Algorithm 1), one optimizer step
 per iteration:
 
-    1 roll out B tasks x G conversations   5 optimizer step (AdamW, grad clip; skipped if non-finite)
+    1 roll out B tasks x G conversations   5 optimizer step (AdamW, grad clip; none if non-finite)
     2 score: the final database            6 sync the new weights into the rollout engine
     3 rewards -> group advantages          7 log (JSONL + progress bar)
     4 loss and backward, packed rows       8 evaluate and checkpoint, every so often
 
-What a reader may skip (resume, checkpoints, leaving a failed start as it was found, provenance, the
-run's record) is behind the calls of plumbing/startup.py. Symbols: B = tasks per step, G = group size
-(rollouts per task), T = tokens, N_tok = trained tokens in a step.
+What a reader may skip (resume, checkpoints, leaving a failed start as it was found, provenance,
+the run's record) is behind the calls of plumbing/startup.py. Symbols: B = tasks per step, G =
+group size (rollouts per task), T = tokens, N_tok = trained tokens in a step.
 
 Departures from the paper (see also the README):
 1. One update per batch by default, as the authors ran it: old_logp = logp.detach() (ratio == 1,
@@ -181,7 +182,8 @@ def update(policy, reference, episodes, advantages, opt, cfg: Config, world_size
 
 
 def train(cfg: Config) -> dict:
-    """The run `cfg` asks for: its parts built in order, one GRPO step an iteration; the results table."""
+    """The run `cfg` asks for: its parts built in order, then one GRPO step an iteration; returns
+    the results table."""
     rank, world_size = dist_setup(cfg.offload)
     validate(cfg, world_size)
     # The dtype and the devices are settled here (--plan N prints the memory plan and stops).
@@ -207,31 +209,40 @@ def train(cfg: Config) -> dict:
     user.check(train_tasks + held_out, worlds)
 
     with startup.kept_as_found(out, found is None, rank, world_size, on_failure=user.close):
-        log = RunLog(out / "log.jsonl", rank, cfg.logger, public(cfg))  # one global step; no secrets
+        log = RunLog(out / "log.jsonl", rank, cfg.logger, public(cfg))  # (no secret is logged)
         user.start(train_tasks + held_out, log)  # a served customer model is served now
         startup.record_start(out, cfg, provenance(worlds), log, rank)
-        # The policy and its tokenizer: fp32 weights (AdamW's masters); under torchrun, this rank's shards.
-        policy, tok, model_path = build_or_load_model(cfg, device, cfg.dtype, rank, world_size, sharded)
+        # The policy and its tokenizer: fp32 weights (AdamW's masters); under torchrun, this rank's
+        # shards of them.
+        policy, tok, model_path = build_or_load_model(cfg, device, cfg.dtype, rank, world_size,
+                                                      sharded)
         if rank == 0 and (warn := chat.prompt_warning(tok, worlds, cfg.max_context, cfg.max_new_tokens,
                                                       cfg.tools_in_prompt)):
             print(warn, flush=True)
         if not sharded and cfg.activation_checkpointing:  # (load_sharded set it under torchrun)
             policy.gradient_checkpointing_enable()
-        evals = HeldOut(held_out if cfg.eval else [], worlds, user, RolloutConfig.of(cfg, greedy=True, seed=cfg.seed),
-                        cfg.eval_trials, out, TrajectoryLog(out / f"episodes-rank{rank}.jsonl"), log, cfg.user_gate)
+        # The evaluations share the held-out tasks, a greedy agent, one seed and the run's log.
+        episodes_log = TrajectoryLog(out / f"episodes-rank{rank}.jsonl")
+        evals = HeldOut(held_out if cfg.eval else [], worlds, user,
+                        RolloutConfig.of(cfg, greedy=True, seed=cfg.seed), cfg.eval_trials, out,
+                        episodes_log, log, cfg.user_gate)
         # The model as it comes, before the cold start changes it (FSDP2 on GPUs keeps no whole copy to
         # play it with; on a CPU a whole copy is read from disk).
-        if found is None and rank == 0 and evals.tasks and cfg.sft_epochs and not (sharded and on_gpu):
+        if found is None and rank == 0 and evals.tasks and cfg.sft_epochs \
+                and not (sharded and on_gpu):
             untrained = load_policy(model_path)[0] if sharded else policy
-            evals.run("untrained", PolicyAgent(make_engine("hf", model=untrained, tokenizer=tok), tok), trials=1)
+            untrained_agent = PolicyAgent(make_engine("hf", model=untrained, tokenizer=tok), tok)
+            evals.run("untrained", untrained_agent, trials=1)
 
     # The cold start: SFT on expert conversations, on exactly the tokens RL trains (sft.py). The policy
     # alone computes now, so it may take the customer's threads.
     if found is None and cfg.sft_epochs > 0:
         torch.set_num_threads(cfg.train_threads or cfg.threads)
-        convs = sft.conversations(cfg.sft_data, train_tasks, seed=cfg.seed, tools=cfg.tools_in_prompt)
-        sft.cold_start(policy, tok, sft.render_examples(tok, convs, worlds), out / "cold-start", log=log,
-                       epochs=cfg.sft_epochs, batch_size=cfg.sft_batch, lr=cfg.sft_lr, seed=cfg.seed,
+        convs = sft.conversations(cfg.sft_data, train_tasks, seed=cfg.seed,
+                                  tools=cfg.tools_in_prompt)
+        examples = sft.render_examples(tok, convs, worlds)
+        sft.cold_start(policy, tok, examples, out / "cold-start", log=log, epochs=cfg.sft_epochs,
+                       batch_size=cfg.sft_batch, lr=cfg.sft_lr, seed=cfg.seed,
                        micro_batch_tokens=cfg.micro_batch_tokens, chunk_size=cfg.logprob_chunk,
                        bf16=cfg.dtype == "bfloat16", world_size=world_size, rank=rank)
         torch.set_num_threads(cfg.threads)
@@ -252,7 +263,8 @@ def train(cfg: Config) -> dict:
     # The rollout engine: the policy itself (transformers, one process), or vLLM synced after each
     # update. vLLM seeds the global generators as it starts, so they are put back.
     rng = rng_state()
-    engine, shares_weights = rollout_engine(engine_kind, policy, tok, model_path, cfg, device, sharded)
+    engine, shares_weights = rollout_engine(engine_kind, policy, tok, model_path, cfg, device,
+                                            sharded)
     set_rng_state(rng)
     if not shares_weights:  # the first push, as step 6 does it (the KV cache asleep meanwhile)
         engine.sleep()
@@ -270,16 +282,18 @@ def train(cfg: Config) -> dict:
         # 1. Roll out B tasks x G conversations: every rank draws the same B and plays its share.
         tasks = sampler.next(cfg.tasks_per_step)[rank * per_rank : (rank + 1) * per_rank]
         policy.eval()
-        live = tqdm(desc=f"step {step} rollout", unit="episode", leave=False, mininterval=10, disable=quiet)
+        live = tqdm(desc=f"step {step} rollout", unit="episode", leave=False, mininterval=10,
+                    disable=quiet)
         episodes = rollout(tasks, cfg.group_size, worlds, agent, user,
                            RolloutConfig.of(cfg, seed=episode_seed(cfg.seed, "grpo", step, rank)),
                            progress=lambda done, total: live.update(done - live.n))
         live.close()
-        engine.sleep()  # vLLM on a GPU frees its memory for the update; the transformers engine drops its cache
+        # vLLM on a GPU frees its memory for the update; the transformers engine drops its cache.
+        engine.sleep()
         # 2. Score: the reward is 1 if and only if the final database is the gold one.
         score(episodes, worlds, check_outputs=cfg.train_check_outputs)
         t1 = time.perf_counter()
-        evals.episodes.write(episodes, step=step)
+        episodes_log.write(episodes, step=step)
         # 3. Advantages, group by group. A group with an aborted episode is dropped, and its task is
         # drawn again once: every rank puts back the same tasks, in the same order.
         kept, adv = advantages(episodes, cfg.group_size, cfg.advantage, cfg.reward, cfg.turn_bonus,
