@@ -1,4 +1,4 @@
-"""The CPU demo's kit, beside the core: what lets a laptop stand in for a GPU cluster and GPT-4o.
+"""The CPU demo, a user of muarl: what lets a laptop stand in for a GPU cluster and GPT-4o.
 
     python -m demo [flags]      the demo (__main__.py): what a laptop lacks prepared, then muarl.train
     __init__.py      TINY, the demo's preset, applied to every flag the command line leaves out
