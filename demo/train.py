@@ -184,26 +184,48 @@ def run(cfg: DemoConfig) -> dict:
     import numpy as np
     import torch
 
+    import shutil
+
     import muarl
     from domains import load_worlds, task_sets
+    from plumbing import startup
     from plumbing.flags import save_config
     from plumbing.runlog import RunLog
 
+    out = Path(cfg.out_dir)
+    folder = out / "demo"
+    # A --resume needs a usable checkpoint: without one it stops here, before any work.
+    found = startup.resume_point(cfg.resume, out, 0, 1)
     random.seed(cfg.seed)  # as muarl.train seeds them: the worlds drawn are the run's
     np.random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     worlds = load_worlds(cfg)
     train_tasks, eval_tasks = task_sets(cfg, worlds)
-    folder = Path(cfg.out_dir) / "demo"
-    folder.mkdir(parents=True, exist_ok=True)
-    save_config(folder, cfg)  # the demo's settings: --resume reads them here
-    log = RunLog(folder / "log.jsonl")
-    served = serve_customer(cfg, worlds, train_tasks + eval_tasks[: cfg.eval_tasks or None], folder, log)
+    # A fresh run keeps an earlier run's preparation beside it, never appends to its log; a
+    # preparation that fails leaves nothing of its own behind.
+    if found is None and (folder / "log.jsonl").exists():
+        k = 1 + sum(1 for _ in out.glob("demo.previous-*"))
+        folder.rename(out / f"demo.previous-{k}")
+    made = [p for p in (out, folder, out / "tiny-init") if not p.exists()]
+    served = None
     try:
+        folder.mkdir(parents=True, exist_ok=True)
+        save_config(folder, cfg)  # the demo's settings: --resume reads them here
+        log = RunLog(folder / "log.jsonl")
+        served = serve_customer(cfg, worlds, train_tasks + eval_tasks[: cfg.eval_tasks or None], folder, log)
         start = folder / "cold-start"
-        if not (cfg.resume and (start / "config.json").is_file()):
+        if found is None:  # (a resumed run's weights come from its checkpoint)
             start = cold_start(cfg, worlds, train_tasks, folder, log) if cfg.sft_epochs > 0 else \
-                build_model(cfg, worlds, Path(cfg.out_dir))
+                build_model(cfg, worlds, out)
+        elif not (start / "config.json").is_file():
+            start = build_model(cfg, worlds, out)
+    except BaseException:
+        if served is not None:
+            served.close()
+        for p in reversed(made):
+            shutil.rmtree(p, ignore_errors=True)
+        raise
+    try:
         endpoint = {} if served is None else dict(
             user="llm", user_serve="", user_base_url=served.base_url, user_api_key=served.server.api_key,
             user_model=served.server.name, user_thinking=bool(served.llm_settings.get("thinking")))
