@@ -164,8 +164,9 @@ def cold_start(cfg, worlds, train_tasks: list, folder: Path, log) -> Path:
     return folder / "cold-start"
 
 
-def check_stage(cfg, results: dict) -> None:
-    """The cold start's held-out pass^1 against --stage_band: a start outside it is named."""
+def check_stage(cfg, results: dict, log) -> None:
+    """The cold start's held-out pass^1 against --stage_band: a start outside it is named (and
+    logged in the demo's log)."""
     m = results.get("cold start")
     if m is None or not band(cfg.stage_band):
         return
@@ -173,6 +174,7 @@ def check_stage(cfg, results: dict) -> None:
     if not lo <= m["pass^1"] <= hi:
         print(f"[stage] the cold start's held-out pass^1 {100 * m['pass^1']:.1f} % was outside --stage_band "
               f"{cfg.stage_band}")
+        log({"phase": "stage", "stage": "cold_start", "pass^1": m["pass^1"], "ok": False})
 
 
 def run(cfg: DemoConfig) -> dict:
@@ -235,7 +237,7 @@ def run(cfg: DemoConfig) -> dict:
     finally:
         if served is not None:
             served.close()
-    check_stage(cfg, results)
+    check_stage(cfg, results, log)
     return results
 
 
