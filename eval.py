@@ -134,6 +134,20 @@ def evaluate(tasks, worlds, agent, user, cfg: RolloutConfig, trials: int = 1, ba
     return summarize(episodes, trials), episodes
 
 
+def customer_gate(name: str, m: dict, gate: float, log, first: bool) -> None:
+    """An evaluation's customer fidelity held against --user_gate: below it at the evaluation RL
+    starts from (`first`), RunStopped before any GRPO step; at a later one, named (the policy
+    drifted into conversations the customer plays badly)."""
+    if m.get("customer_fidelity", 1) >= gate:
+        return
+    line = (f"in {name}'s conversations the customer kept to its instructions in "
+            f"{100 * m['customer_fidelity']:.1f} % of them, below --user_gate {gate:g}")
+    log({"phase": "stage", "stage": "customer_fidelity", "name": name, "ok": False})
+    if first:
+        raise RunStopped(f"customer gate: {line}: no GRPO step is trained against this customer")
+    print(f"[customer] warning: {line}", flush=True)
+
+
 @dataclass
 class HeldOut:
     """A training run's evaluations: its held-out tasks played by the greedy agent (rank 0), each
@@ -164,13 +178,7 @@ class HeldOut:
         fid = f"; customer fidelity {100 * m['customer_fidelity']:.1f}%" if "customer_fidelity" in m else ""
         print(f"[eval] {name}: pass^1 {100 * m['pass^1']:.1f}%{extra} over {len(self.tasks)} held-out tasks "
               f"x {k}{fid}", flush=True)
-        if m.get("customer_fidelity", 1) < self.gate:
-            line = (f"in {name}'s conversations the customer kept to its instructions in "
-                    f"{100 * m['customer_fidelity']:.1f} % of them, below --user_gate {self.gate:g}")
-            self.log({"phase": "stage", "stage": "customer_fidelity", "name": name, "ok": False})
-            if first:
-                raise RunStopped(f"customer gate: {line}: no GRPO step is trained against this customer")
-            print(f"[customer] warning: {line}", flush=True)
+        customer_gate(name, m, self.gate, self.log, first)
         self.user.after(name, m, self.log)  # (a customer down too long stops the run here)
         view.write(self.out)  # out/view.html: every conversation so far, in one offline page
         return m

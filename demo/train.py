@@ -187,6 +187,7 @@ def run(cfg: DemoConfig) -> dict:
     import torch
 
     import shutil
+    import time
 
     import muarl
     from domains import load_worlds, task_sets
@@ -209,6 +210,7 @@ def run(cfg: DemoConfig) -> dict:
         k = 1 + sum(1 for _ in out.glob("demo.previous-*"))
         folder.rename(out / f"demo.previous-{k}")
     made = [p for p in (out, folder, out / "tiny-init") if not p.exists()]
+    before = {p.name for p in out.iterdir()} if out.is_dir() else set()
     served = None
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -221,22 +223,28 @@ def run(cfg: DemoConfig) -> dict:
                 build_model(cfg, worlds, out)
         elif not (start / "config.json").is_file():
             start = build_model(cfg, worlds, out)
-    except BaseException:
-        if served is not None:
-            served.close()
-        for p in reversed(made):
-            shutil.rmtree(p, ignore_errors=True)
-        raise
-    try:
         endpoint = {} if served is None else dict(
             user="llm", user_serve="", user_base_url=served.base_url, user_api_key=served.server.api_key,
             user_model=served.server.name, user_thinking=bool(served.llm_settings.get("thinking")))
         results = muarl.train(dataclasses.replace(
             cfg, model=str(start), sft_epochs=0.0, start_name="cold start" if cfg.sft_epochs > 0 else "",
             **endpoint))
-    finally:
+    except BaseException:
         if served is not None:
             served.close()
+        # A start that failed (muarl.train left the folder as it found it) leaves nothing of the
+        # demo's either; a run that failed later keeps what it prepared, for --resume.
+        now = {p.name for p in out.iterdir()} if out.is_dir() else set()
+        if found is None and now - before <= {folder.name, "tiny-init"}:
+            for p in reversed(made):
+                for _ in range(3):  # (a server that is stopping may still write its log)
+                    shutil.rmtree(p, ignore_errors=True)
+                    if not p.exists():
+                        break
+                    time.sleep(0.5)
+        raise
+    if served is not None:
+        served.close()
     check_stage(cfg, results, log)
     return results
 
