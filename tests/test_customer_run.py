@@ -288,7 +288,11 @@ def test_real_vllm_customer_two_grpo_steps_and_a_kill(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     args = [a for a in RUN if a not in ("--user_timeout", "5")] + ["--user_timeout", "20", "--user_retries", "1",
                                                                   "--user_backoff", "0.5", "--user_max_tokens", "16"]
-    proc = subprocess.Popen([sys.executable, "-m", "demo", *args, "--user_serve", str(model_dir), "--out_dir", str(out),
+    # muarl.train serving the customer itself (--user_serve), on the demo's tiny model folder: the run restarts it
+    core = ("import dataclasses, sys; from pathlib import Path; import muarl; from demo.train import build_model, parse; "
+            "from domains import load_worlds; cfg = parse(sys.argv[1:]); muarl.run_cli(lambda: muarl.train("
+            "dataclasses.replace(cfg, model=str(build_model(cfg, load_worlds(cfg), Path(cfg.out_dir))))), 'muarl')")
+    proc = subprocess.Popen([sys.executable, "-c", core, *args, "--user_serve", str(model_dir), "--out_dir", str(out),
                              "--steps", "3"], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
     try:  # once step 0 is logged, kill the server by its PID (as an OOM killer would)
