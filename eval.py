@@ -54,7 +54,7 @@ from domains.tau2_data import provenance  # noqa: E402
 from plumbing import view  # noqa: E402
 from plumbing.preflight import RunStopped  # noqa: E402
 from plumbing.runlog import customer_fidelity  # noqa: E402
-from rollout import Episode, PolicyAgent, RolloutConfig, TrajectoryLog, rollout, score  # noqa: E402
+from rollout import Episode, RolloutConfig, TrajectoryLog, rollout, score  # noqa: E402
 from tools import TRANSFER_TOOL  # noqa: E402
 
 # --------------------------------------------------------------------------------------------------

@@ -57,9 +57,8 @@ import sft
 from domains import store
 from plumbing.sampling import episode_seed
 from user_sim import simulator_messages
-from plumbing.preflight import RunStopped
 from plumbing.serve import ServedUser, ServeError, need_vllm
-from user_sim import STOP, LLMUser, User
+from user_sim import STOP
 
 from demo import SHIPPED  # noqa: E402  (the committed customer model: --user_serve demo)
 
