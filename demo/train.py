@@ -193,12 +193,14 @@ def run(cfg: DemoConfig) -> dict:
     from domains import load_worlds, task_sets
     from plumbing import startup
     from plumbing.flags import save_config
+    from plumbing.fsdp import decide_on_rank0, dist_setup
     from plumbing.runlog import RunLog
 
     out = Path(cfg.out_dir)
     folder = out / "demo"
+    rank, world_size = dist_setup(cfg.offload)  # (under torchrun: rank 0 prepares, every rank trains)
     # A --resume needs a usable checkpoint: without one it stops here, before any work.
-    found = startup.resume_point(cfg.resume, out, 0, 1)
+    found = startup.resume_point(cfg.resume, out, rank, world_size)
     random.seed(cfg.seed)  # as muarl.train seeds them: the worlds drawn are the run's
     np.random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
@@ -206,26 +208,30 @@ def run(cfg: DemoConfig) -> dict:
     train_tasks, eval_tasks = task_sets(cfg, worlds)
     # A fresh run keeps an earlier run's preparation beside it, never appends to its log; a
     # preparation that fails leaves nothing of its own behind.
-    if found is None and (folder / "log.jsonl").exists():
+    if found is None and rank == 0 and (folder / "log.jsonl").exists():
         k = 1 + sum(1 for _ in out.glob("demo.previous-*"))
         folder.rename(out / f"demo.previous-{k}")
     made = [p for p in (out, folder, out / "tiny-init") if not p.exists()]
     before = {p.name for p in out.iterdir()} if out.is_dir() else set()
-    served = None
+    served, log = None, None
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-        save_config(folder, cfg)  # the demo's settings: --resume reads them here
-        log = RunLog(folder / "log.jsonl")
-        served = serve_customer(cfg, worlds, train_tasks + eval_tasks[: cfg.eval_tasks or None], folder, log)
-        start = folder / "cold-start"
-        if found is None:  # (a resumed run's weights come from its checkpoint)
-            start = cold_start(cfg, worlds, train_tasks, folder, log) if cfg.sft_epochs > 0 else \
-                build_model(cfg, worlds, out)
-        elif not (start / "config.json").is_file():
-            start = build_model(cfg, worlds, out)
-        endpoint = {} if served is None else dict(
-            user="llm", user_serve="", user_base_url=served.base_url, user_api_key=served.server.api_key,
-            user_model=served.server.name, user_thinking=bool(served.llm_settings.get("thinking")))
+        def prepare():  # rank 0 alone; under torchrun every rank then reads what it made
+            nonlocal served, log
+            folder.mkdir(parents=True, exist_ok=True)
+            save_config(folder, cfg)  # the demo's settings: --resume reads them here
+            log = RunLog(folder / "log.jsonl")
+            served = serve_customer(cfg, worlds, train_tasks + eval_tasks[: cfg.eval_tasks or None], folder, log)
+            start = folder / "cold-start"
+            if found is None:  # (a resumed run's weights come from its checkpoint)
+                start = cold_start(cfg, worlds, train_tasks, folder, log) if cfg.sft_epochs > 0 else \
+                    build_model(cfg, worlds, out)
+            elif not (start / "config.json").is_file():
+                start = build_model(cfg, worlds, out)
+            return start, {} if served is None else dict(
+                user="llm", user_serve="", user_base_url=served.base_url, user_api_key=served.server.api_key,
+                user_model=served.server.name, user_thinking=bool(served.llm_settings.get("thinking")))
+
+        start, endpoint = decide_on_rank0(prepare, world_size)
         results = muarl.train(dataclasses.replace(
             cfg, model=str(start), sft_epochs=0.0, start_name="cold start" if cfg.sft_epochs > 0 else "",
             **endpoint))
@@ -235,7 +241,7 @@ def run(cfg: DemoConfig) -> dict:
         # A start that failed (muarl.train left the folder as it found it) leaves nothing of the
         # demo's either; a run that failed later keeps what it prepared, for --resume.
         now = {p.name for p in out.iterdir()} if out.is_dir() else set()
-        if found is None and now - before <= {folder.name, "tiny-init"}:
+        if found is None and rank == 0 and now - before <= {folder.name, "tiny-init"}:
             for p in reversed(made):
                 for _ in range(3):  # (a server that is stopping may still write its log)
                     shutil.rmtree(p, ignore_errors=True)
@@ -245,7 +251,8 @@ def run(cfg: DemoConfig) -> dict:
         raise
     if served is not None:
         served.close()
-    check_stage(cfg, results, log)
+    if rank == 0:
+        check_stage(cfg, results, log)
     return results
 
 

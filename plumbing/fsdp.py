@@ -33,6 +33,8 @@ def dist_setup(offload: bool = False) -> tuple[int, int]:
     group (NCCL on GPUs, gloo on a CPU) and picks this rank's GPU."""
     if "WORLD_SIZE" not in os.environ:  # torchrun sets it (even to 1: one rank still trains with FSDP2)
         return 0, 1
+    if dist.is_initialized():  # (the CPU demo joins before muarl.train does)
+        return dist.get_rank(), dist.get_world_size()
     # Rank 0 evaluates alone (muarl.run_eval) while the other ranks wait in their next collective; a
     # held-out evaluation with an LLM user can outlast the default timeout (10 min for NCCL), so
     # allow hours. --offload on GPUs: CUDA tensors travel by NCCL, CPU ones by gloo (the shards live

@@ -387,7 +387,7 @@ def test_smoke_cli(tmp_path):
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-000001", "step-000002"]
     for ck in (out / "checkpoints").iterdir():
         assert {p.name for p in ck.iterdir()} == {"model.pt", "optim.pt", "state.json", "manifest.json"}
-    for d in ("tiny-init", "cold-start", "final"):
+    for d in ("tiny-init", "demo/cold-start", "final"):
         assert (out / d / "model.safetensors").is_file() and (out / d / "tokenizer.json").is_file()
     # the results table, printed and written
     table = (out / "results.md").read_text()
@@ -822,14 +822,14 @@ def test_torchrun_cli_two_ranks(tmp_path, offload):
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
     train = {}
     for d in (one, two):
-        recs = [json.loads(line) for line in (d / "log.jsonl").read_text().splitlines()]
+        recs = [json.loads(line) for line in (d / "demo" / "log.jsonl").read_text().splitlines()]
         train[d] = [(x["loss"], x["grad_norm"]) for x in recs if x["phase"] in ("copy_warmup", "sft")]
     assert len(train[two]) == len(train[one]) > 3  # 3 copy drills, then the cold start
     for (l1, g1), (l2, g2) in zip(train[one], train[two]):
         assert l2 == pytest.approx(l1, rel=1e-5) and g2 == pytest.approx(g1, rel=1e-4)
     from safetensors.torch import load_file
 
-    a, b = (load_file(d / "cold-start" / "model.safetensors") for d in (one, two))
+    a, b = (load_file(d / "demo" / "cold-start" / "model.safetensors") for d in (one, two))
     assert a.keys() == b.keys()  # tied weights are written once, as one process writes them
     assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-4
     assert (two / "final" / "model.safetensors").is_file() and (two / "episodes-rank1.jsonl").is_file()
