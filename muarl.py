@@ -271,9 +271,9 @@ def train(cfg: Config) -> dict:
         engine.wake_up()
         engine.update_weights(full_tensors(policy, dtype=getattr(torch, cfg.dtype)))
     agent = PolicyAgent(engine, tok)
-    first = cfg.start_name or ("cold start" if cfg.sft_epochs > 0 else "start")
-    if start == 0 and rank == 0 and evals.tasks and first not in evals.results:
-        evals.run(first, agent, first=True)  # (a run resumed at step 0 evaluates its start then)
+    start_name = cfg.start_name or ("cold start" if cfg.sft_epochs > 0 else "start")
+    if start == 0 and rank == 0 and evals.tasks and start_name not in evals.results:
+        evals.run(start_name, agent, first=True)  # (a run resumed at step 0 evaluates its start then)
 
     per_rank, quiet = cfg.tasks_per_step // world_size, rank != 0  # (one progress bar, rank 0's)
     bar = tqdm(range(start, cfg.steps), desc="GRPO", initial=start, total=cfg.steps, disable=quiet)
