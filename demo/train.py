@@ -193,12 +193,16 @@ def run(cfg: DemoConfig) -> dict:
     from domains import load_worlds, task_sets
     from plumbing import startup
     from plumbing.flags import save_config
+    from config import validate
     from plumbing.fsdp import decide_on_rank0, dist_setup
+    from plumbing.serve import customer_for
+    from user_sim import make_user
     from plumbing.runlog import RunLog
 
     out = Path(cfg.out_dir)
     folder = out / "demo"
     rank, world_size = dist_setup(cfg.offload)  # (under torchrun: rank 0 prepares, every rank trains)
+    validate(cfg, world_size, model_given=False)  # a setting that cannot work is refused before any work
     # A --resume needs a usable checkpoint: without one it stops here, before any work.
     found = startup.resume_point(cfg.resume, out, rank, world_size)
     random.seed(cfg.seed)  # as muarl.train seeds them: the worlds drawn are the run's
@@ -206,6 +210,9 @@ def run(cfg: DemoConfig) -> dict:
     torch.manual_seed(cfg.seed)
     worlds = load_worlds(cfg)
     train_tasks, eval_tasks = task_sets(cfg, worlds)
+    if not cfg.user_serve:  # another customer is checked now, as muarl.train will, before any work
+        customer_for(cfg, make_user, out, rank, world_size).check(
+            train_tasks + eval_tasks[: cfg.eval_tasks or None], worlds)
     # A fresh run keeps an earlier run's preparation beside it, never appends to its log; a
     # preparation that fails leaves nothing of its own behind.
     if found is None and rank == 0 and (folder / "log.jsonl").exists():
