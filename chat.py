@@ -269,6 +269,16 @@ def show_mask(tokenizer, ids: list[int], mask: list[int]) -> str:
     return "".join(out)
 
 
+def prompt_warning(tok, worlds: dict, max_context: int, max_new_tokens: int, tools_in_prompt: bool) -> str | None:
+    """A warning when the longest system prompt (rules + tool schemas) plus a turn fills over half
+    the context (the tiny tokenizer makes retail's schemas ~7,700 tokens; an episode that starts
+    context-full trains nothing)."""
+    n = max(len(prompt_ids(tok, w.rules, w.tool_schemas() if tools_in_prompt else [], "")) for w in worlds.values())
+    return None if n + max_new_tokens <= max_context // 2 else (
+        f"warning: the prompt alone is {n} tokens of the {max_context}-token context (+ {max_new_tokens} per "
+        f"turn): episodes will end context_full; raise --max_context or turn --tools_in_prompt off")
+
+
 if __name__ == "__main__":
     import tempfile
 

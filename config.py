@@ -25,8 +25,12 @@ Departures from the paper:
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import sys
 from dataclasses import dataclass, field
+
+from plumbing.validate import field_problems, first_problem, model_problem
 
 PAPER, RUN, CUSTOMER, ENGINE = "paper", "run", "customer", "engine"
 GROUPS = {PAPER: "MUA-RL's recipe (the paper's values are the defaults)",
@@ -119,6 +123,8 @@ class Config:
         "held-out tasks per evaluation (each world's test split; 0: all)")
     eval_trials: int = flag(1, RUN, "conversations per held-out task: pass^1..k (the agent greedy)")
     eval_every: int = flag(0, RUN, "also evaluate every N steps (0: before and after only)")
+    start_name: str = flag("", RUN,
+        "what the results call the model RL starts from ('': cold start after this run's, else start)")
     save_every: int = flag(10, RUN, "checkpoint every N steps")
     resume: bool = flag(False, RUN, "continue from the newest checkpoint in out_dir")
     allow_change: str = flag("", RUN,
@@ -170,6 +176,9 @@ class Config:
     preflight: bool = flag(True, CUSTOMER, "check the customer's endpoint once before any work")
     allow_insecure_http: bool = flag(False, CUSTOMER,
         "allow plain http to an endpoint off this machine")
+    user_gate: float = flag(0.0, CUSTOMER,
+        "the lowest customer fidelity accepted (worlds that can check it): below it at the evaluation RL "
+        "starts from, the run stops before any GRPO step (exit 3); later, it is named (0: no gate)")
     drop_customer_faults: bool = flag(False, CUSTOMER,
         "leave out of the update the groups whose customer provably broke its instructions (worlds "
         "that can check it)")
@@ -204,6 +213,61 @@ class Config:
 SECRETS = ("user_api_key",)  # never written to a file or a log, never printed
 
 
+# --------------------------------------------------------------------------------------------------
+# The rules a setting must keep, checked before any work
+
+
+def validate(cfg, world_size: int = 1, model_given: bool = True) -> None:
+    """Raise ConfigError on the first setting that cannot work: the single fields' rules
+    (plumbing/validate.py), the tables' rows, the rules between fields. `model_given`: --model names
+    the policy (False: a caller builds it first, as the CPU demo does). No domain is named here: the
+    domain checks read the DOMAINS table."""
+    from domains import DOMAINS
+    from grpo import ADVANTAGES, REWARDS
+    from user_sim import USERS
+
+    domains, kind = cfg.domains.split(","), USERS.get(cfg.user)
+    scripted = [d for d in DOMAINS if DOMAINS[d].script is not None]
+    generators = [d for d in DOMAINS if DOMAINS[d].generator]
+    tables = {"advantage": ADVANTAGES, "reward": REWARDS, "user": USERS}
+    first_problem([
+        (cfg.group_size >= 2, f"--group_size must be >= 2 (GRPO compares rollouts within a group), got "
+                              f"{cfg.group_size}"),
+        (cfg.tasks_per_step >= 1 and cfg.tasks_per_step % world_size == 0,
+         f"--tasks_per_step {cfg.tasks_per_step} must be a positive multiple of the {world_size} ranks"),
+        (all(d in DOMAINS for d in domains), f"--domains: unknown domain(s) {[d for d in domains if d not in DOMAINS]}:"
+                                             f" choose from {', '.join(DOMAINS)}"),
+        *[(getattr(cfg, k) in t, f"--{k} must be one of {', '.join(t)}, got {getattr(cfg, k)!r}")
+          for k, t in tables.items()],
+        *field_problems(cfg, [f.name for f in dataclasses.fields(cfg)]),
+        (cfg.task_source != "generated" or all(d in generators for d in domains),
+         f"--task_source generated: the task generator covers only {', '.join(generators)}"),
+        (not getattr(kind, "scripted", False) or cfg.task_source == "generated" or all(d in scripted for d in domains),
+         f"the scripted customer plays only generated tasks ({', '.join(scripted)}); use --user llm for the others"),
+        (getattr(kind, "endpoint", True) or not any(getattr(cfg, x) for x in ("user_model", "user_base_url",
+                                                                            "user_api_key", "user_serve")),
+         f"--user_model / --user_base_url / --user_api_key / --user_serve are for --user llm (got --user {cfg.user})"),
+        (not (cfg.user_serve and cfg.user_base_url), f"--user_serve starts its own customer endpoint: drop "
+                                                     f"--user_base_url {cfg.user_base_url} (or --user_serve)"),
+        *[(False, m) for m in [model_problem(cfg.model) if model_given else None] if m],
+        (not cfg.offload or "WORLD_SIZE" in os.environ or cfg.plan > 0, "--offload shards with FSDP2: use torchrun"),
+        *across_nodes(cfg, world_size),
+    ])
+
+
+def across_nodes(cfg, world_size: int) -> list[tuple[bool, str]]:
+    """--user_serve under torchrun on several nodes (LOCAL_WORLD_SIZE < WORLD_SIZE): the other nodes
+    reach rank 0's server over the network, on plain http (its key readable on the way), so only
+    with --allow_insecure_http, and never on a loopback --user_host."""
+    nodes = int(os.environ.get("LOCAL_WORLD_SIZE", world_size)) < world_size
+    if not (cfg.user_serve and nodes):
+        return []
+    host = getattr(cfg, "user_host", "")
+    return [(not host.startswith(("127.", "localhost")), f"--user_host {host} cannot be reached from the other "
+             "nodes: drop it (this node's address is used) or serve the customer yourself and pass --user_base_url"),
+            (bool(cfg.allow_insecure_http), "--user_serve across nodes: the other nodes would reach rank 0's server "
+             "over plain http: pass --allow_insecure_http (a private network), or serve the customer yourself and "
+             "pass --user_base_url https://HOST/v1")]
 if __name__ == "__main__":  # python config.py [flags]: the resolved settings, group by group
     from plumbing.flags import ConfigError, parse_config, public
 

@@ -43,13 +43,18 @@ if __name__ == "__main__":
 import math  # noqa: E402
 import time  # noqa: E402
 from collections import Counter  # noqa: E402
+from dataclasses import dataclass, field  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Callable  # noqa: E402
 
 from tqdm import tqdm  # noqa: E402
 
 from domains import BENCHES, load_worlds  # noqa: E402
 from domains.tau2_data import provenance  # noqa: E402
 from plumbing import view  # noqa: E402
-from rollout import Episode, PolicyAgent, RolloutConfig, TrajectoryLog, rollout, score  # noqa: E402
+from plumbing.preflight import RunStopped  # noqa: E402
+from plumbing.runlog import customer_fidelity  # noqa: E402
+from rollout import Episode, RolloutConfig, TrajectoryLog, rollout, score  # noqa: E402
 from tools import TRANSFER_TOOL  # noqa: E402
 
 # --------------------------------------------------------------------------------------------------
@@ -87,15 +92,6 @@ def summarize(episodes: list[Episode], trials: int) -> dict:
             "stop_reasons": dict(Counter(e.stop_reason for e in episodes)), "tool_mix": dict(calls.most_common()),
             "completion": {d: sum(v) / len(v) for d, v in shares.items()},
             **customer_fidelity([e.info.get("customer_mistakes") for e in scored], [e.reward for e in scored])}
-
-
-def customer_fidelity(mistakes: list, rewards: list[float]) -> dict:
-    """Share of checkable episodes whose customer kept to its instructions, and share of all scored
-    episodes that failed with a customer mistake in them (the reward then says nothing sure about
-    the agent). {} if none."""
-    checked = [(m, r) for m, r in zip(mistakes, rewards) if m is not None]
-    return {"customer_fidelity": sum(not m for m, _ in checked) / len(checked),
-            "customer_faults": sum(bool(m) and r < 1 for m, r in checked) / len(checked)} if checked else {}
 
 
 def format_table(rows: list[tuple[str, dict]], trials: int = 1) -> str:
@@ -138,27 +134,54 @@ def evaluate(tasks, worlds, agent, user, cfg: RolloutConfig, trials: int = 1, ba
     return summarize(episodes, trials), episodes
 
 
-def run_eval(run, name: str, step: int = 0, model=None, trials: int | None = None) -> None:
-    """pass^1..k (k = --eval_trials, the agent greedy) on the held-out tasks (rank 0) of the model
-    after GRPO step `step` (or of `model`: the untrained one, from disk), logged with the global
-    step."""
-    from engine import make_engine
+def customer_gate(name: str, m: dict, gate: float, log, first: bool) -> None:
+    """An evaluation's customer fidelity held against --user_gate: below it at the evaluation RL
+    starts from (`first`), RunStopped before any GRPO step; at a later one, named (the policy
+    drifted into conversations the customer plays badly)."""
+    if m.get("customer_fidelity", 1) >= gate:
+        return
+    line = (f"in {name}'s conversations the customer kept to its instructions in "
+            f"{100 * m['customer_fidelity']:.1f} % of them, below --user_gate {gate:g}")
+    log({"phase": "stage", "stage": "customer_fidelity", "name": name, "ok": False})
+    if first:
+        raise RunStopped(f"customer gate: {line}: no GRPO step is trained against this customer")
+    print(f"[customer] warning: {line}", flush=True)
 
-    engine = make_engine("hf", model=model, tokenizer=run.tok) if model is not None else \
-        run.engine or make_engine("hf", model=run.policy, tokenizer=run.tok)  # before the engine: the policy
-    k = trials or run.cfg.eval_trials
-    m, eps = evaluate(run.eval_tasks, run.worlds, PolicyAgent(engine, run.tok), run.user,
-                      RolloutConfig.of(run.cfg, greedy=True, seed=run.cfg.seed), trials=k, progress=False)
-    run.episodes_log.write(eps, phase="eval", name=name)
-    run.results[name] = m
-    run.log({"phase": "eval", "name": name, "step": step, **m, "user": run.user.take_stats()})
-    extra = f", pass^{k} {100 * m[f'pass^{k}']:.1f}%" if k > 1 else ""
-    fid = f"; customer fidelity {100 * m['customer_fidelity']:.1f}%" if "customer_fidelity" in m else ""
-    print(f"[eval] {name}: pass^1 {100 * m['pass^1']:.1f}%{extra} over {len(run.eval_tasks)} held-out tasks "
-          f"x {k}{fid}", flush=True)
-    # (a served customer: a dead server restarted; the demo's gate held)
-    run.user.after(name, m, run.log)
-    view.write(run.out)  # runs/<name>/view.html: every conversation so far, in one offline page
+
+@dataclass
+class HeldOut:
+    """A training run's evaluations: its held-out tasks played by the greedy agent (rank 0), each
+    evaluation's pass^1..k kept in `results` under its name, logged, and its conversations written to
+    `episodes` and the run's page. `gate`: the lowest customer fidelity accepted (0: none); below it at
+    the evaluation RL starts from the run stops before any GRPO step, at a later one it is named."""
+
+    tasks: list  # the held-out tasks ([]: no evaluation)
+    worlds: dict
+    user: object  # the run's customer (user_sim.User)
+    rollout: RolloutConfig  # the run's limits, the agent greedy, one seed
+    trials: int  # k of pass^k: each task played this many times
+    out: Path  # the run's folder: view.html is written there
+    episodes: TrajectoryLog  # the run's transcripts
+    log: Callable  # the run's log (plumbing.runlog.RunLog)
+    gate: float = 0.0
+    results: dict = field(default_factory=dict)  # name -> metrics, in the order measured
+
+    def run(self, name: str, agent, step: int = 0, trials: int | None = None, first: bool = False) -> dict:
+        """pass^1..k of `agent` (a PolicyAgent over the run's engine, or over the untrained model) after
+        GRPO step `step`, logged with the global step. `first`: the evaluation RL starts from."""
+        k = trials or self.trials
+        m, eps = evaluate(self.tasks, self.worlds, agent, self.user, self.rollout, trials=k, progress=False)
+        self.episodes.write(eps, phase="eval", name=name)
+        self.results[name] = m
+        self.log({"phase": "eval", "name": name, "step": step, **m, "user": self.user.take_stats()})
+        extra = f", pass^{k} {100 * m[f'pass^{k}']:.1f}%" if k > 1 else ""
+        fid = f"; customer fidelity {100 * m['customer_fidelity']:.1f}%" if "customer_fidelity" in m else ""
+        print(f"[eval] {name}: pass^1 {100 * m['pass^1']:.1f}%{extra} over {len(self.tasks)} held-out tasks "
+              f"x {k}{fid}", flush=True)
+        customer_gate(name, m, self.gate, self.log, first)
+        self.user.after(name, m, self.log)  # (a customer down too long stops the run here)
+        view.write(self.out)  # out/view.html: every conversation so far, in one offline page
+        return m
 
 
 def main(argv=None, a=None) -> dict:

@@ -1,21 +1,23 @@
-"""MUA-RL training: a cold start on expert conversations, then GRPO on conversations with a customer.
+"""MUA-RL training: a cold start on expert conversations, then GRPO on conversations with a
+customer.
 
     python muarl.py --model Qwen/Qwen3-8B --user_model gpt-4o-2024-11-20      # the paper's recipe
     torchrun --nproc_per_node 8 muarl.py --model Qwen/Qwen3-8B --user_serve /models/Qwen3-32B
     python -m demo                                   # the CPU demo: a tiny model learns on a laptop
 
-The loop (MUA-RL, Zhao et al. 2025, arXiv:2508.18669, Algorithm 1) is `train()`, one optimizer
-step per iteration:
+`train()` builds the run where you read it, as named locals in this order: the worlds and their
+tasks, the customer, the policy and its tokenizer, the cold start, the frozen reference, AdamW, the
+rollout engine. Then the loop (MUA-RL, Zhao et al. 2025, arXiv:2508.18669, Algorithm 1), one optimizer step
+per iteration:
 
-    1 roll out B tasks x G conversations   5 optimizer step (AdamW, grad clip; skipped if non-finite)
+    1 roll out B tasks x G conversations   5 optimizer step (AdamW, grad clip; none if non-finite)
     2 score: the final database            6 sync the new weights into the rollout engine
     3 rewards -> group advantages          7 log (JSONL + progress bar)
     4 loss and backward, packed rows       8 evaluate and checkpoint, every so often
 
-Everything before the loop (worlds, tasks, customer, models, the cold start, the engine) is
-`build_run()`. A variant plugs its own pieces in through a `Kit` (the CPU demo builds its tiny
-model and drills it). Symbols: B = tasks per step, G = group size (rollouts per task),
-T = tokens, N_tok = trained tokens in a step.
+What a reader may skip (resume, checkpoints, leaving a failed start as it was found, provenance,
+the run's record) is behind the calls of plumbing/startup.py. Symbols: B = tasks per step, G =
+group size (rollouts per task), T = tokens, N_tok = trained tokens in a step.
 
 Departures from the paper (see also the README):
 1. One update per batch by default, as the authors ran it: old_logp = logp.detach() (ratio == 1,
@@ -28,11 +30,11 @@ from __future__ import annotations
 
 import sys
 
-from config import GROUPS, Config
+from config import GROUPS, Config, validate
 from plumbing.flags import ConfigError, parse_config, run_cli
 from plumbing.validate import early
 
-# the command line first: --help and a bad flag answer before torch loads
+# The command line is read first, so --help and a bad flag answer before torch loads.
 if __name__ == "__main__":
     try:
         CLI = parse_config(None, Config, groups=GROUPS, prog="muarl.py")
@@ -44,50 +46,34 @@ if __name__ == "__main__":
 import math
 import random
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
-from typing import Callable
 
 import numpy as np
 import torch
 from tqdm import tqdm
 
+import chat
 import sft
 from domains import load_worlds, task_sets
 from domains.tau2_data import provenance
-from engine import check_vllm_model, rollout_engine
-from eval import run_eval
+from engine import check_vllm_model, make_engine, rollout_engine
+from eval import HeldOut, format_table
 from grpo import (ADVANTAGES, REWARDS, grpo_loss, pack_sequences, tis_weights, token_advantages,
                   token_logprobs)
-from plumbing import checkpoint as ckpt, view
-from plumbing.fsdp import (all_gather_episodes, all_sum, barrier, bf16_compute, compute_device,
-                           decide_on_rank0, dist_setup, dist_teardown, even_rows, full_tensors, is_sharded,
-                           place, reduce_stats, reshard)
-from plumbing.models import reference_for
+from plumbing import startup, view
+from plumbing.flags import public
+from plumbing.fsdp import (all_gather_episodes, all_sum, bf16_compute, compute_device, dist_setup,
+                           dist_teardown, even_rows, full_tensors, is_sharded, place, reduce_stats, reshard,
+                           sharded_call)
+from plumbing.models import build_or_load_model, load_policy, reference_for
 from plumbing.preflight import RunStopped
-from plumbing.runlog import step_stats, write_record, write_sample
+from plumbing.runlog import RunLog, step_stats, write_sample
 from plumbing.sampling import episode_seed
 from plumbing.serve import customer_for
-from plumbing.startup import prepare
-from plumbing.validate import row_note, validate
+from plumbing.checkpoint import TaskSampler, rng_state, set_rng_state
+from plumbing.validate import row_note
 from rollout import PolicyAgent, RolloutConfig, TrajectoryLog, rollout, score
-
-
-@dataclass
-class Kit:
-    """What a variant of the run plugs in; None is the core's own. The CPU demo's (demo/train.py)
-    builds a tiny model, drills it before the cold start, probes the cold start, serves and gates its
-    customer model."""
-
-    # (cfg, worlds, out) -> model folder; else --model is the policy
-    build_model: Callable | None = None
-    # (cfg, out, rank, world_size) -> User; else plumbing.serve.customer_for
-    customer: Callable | None = None
-    # (run, model, examples, **sft.train's arguments); else sft.train
-    cold_start: Callable | None = None
-    eval_untrained: bool = True  # evaluate the model as loaded, before the cold start
-    started: Callable | None = None  # (run) -> None, once the evaluation RL starts from is done
+from user_sim import make_user
 
 
 # --------------------------------------------------------------------------------------------------
@@ -112,11 +98,9 @@ def advantages(episodes, G: int, estimator: str = "grpo", reward: str = "outcome
     return keep, adv
 
 
-def update(policy, reference, episodes, advantages, opt, *, row_tokens: int, chunk: int, bf16: bool,
-           kl_coef: float, clip: tuple[float, float], sampler: tuple[float, float], grad_clip: float,
-           tis_cap: float = 0.0, mini_batches: int = 1, world_size: int = 1, keep=()) -> dict:
-    """GRPO on this rank's episodes: pack, log-probs, loss, backward, step; `mini_batches` optimizer
-    steps (1: the paper's one update per batch).
+def update(policy, reference, episodes, advantages, opt, cfg: Config, world_size: int = 1, keep=()) -> dict:
+    """GRPO on this rank's episodes: pack, log-probs, loss, backward, step; --mini_batches optimizer
+    steps (1: the paper's one update per batch). From `cfg` it reads the numbers below.
 
     An optimizer step's loss is the token mean over every trained token of its rows on every rank;
     each packed row (of at most `row_tokens`; a longer episode gets a row of its own, counted as
@@ -126,11 +110,16 @@ def update(policy, reference, episodes, advantages, opt, *, row_tokens: int, chu
     the engine's (`logp_gap`) and weigh each token by min(pi_trainer / pi_engine, tis_cap)
     (grpo.tis_weights; 0: off). `keep`: episodes whose trainer log-probs come back under "seen"
     (the run's page, plumbing/view.py)."""
+    row_tokens, chunk, kl_coef, tis_cap = cfg.micro_batch_tokens, cfg.logprob_chunk, cfg.kl_coef, cfg.tis_cap
+    bf16, mini_batches = cfg.dtype == "bfloat16", cfg.mini_batches
+    clip, sampler = (cfg.clip_low, cfg.clip_high), (cfg.temperature, cfg.top_p)
     rows = pack_sequences([e.ids for e in episodes], [e.mask for e in episodes], row_tokens,
                           adv=advantages, sample_logp=[e.logprobs for e in episodes])
-    rows = even_rows(rows, world_size)  # FSDP: as many rows on every rank (one process: unchanged)
-    # under FSDP the forward runs as a registered method of the sharded model, so its root gathers
-    logprobs = token_logprobs if not is_sharded(policy) else lambda m, *a, **k: m.token_logprobs(*a, **k)
+    # Under FSDP every rank runs as many rows (empty ones, mask 0, where it has fewer), and the forward
+    # runs as a registered method of the sharded model, so that its root gathers.
+    empty = pack_sequences([[0, 0]], [[0, 0]], 2, adv=[0.0], sample_logp=[[0.0, 0.0]])[0]
+    rows = even_rows(rows, world_size, empty)
+    logprobs = sharded_call(token_logprobs) if is_sharded(policy) else token_logprobs
     dev, use_ref = compute_device(policy), reference is not None and kl_coef > 0
 
     def forward(row):
@@ -175,7 +164,7 @@ def update(policy, reference, episodes, advantages, opt, *, row_tokens: int, chu
             for e in set(keep) & set(row["seq_id"][0].tolist()):
                 seen.setdefault(e, old_seen[0][row["seq_id"][0] == e].tolist())
             losses.append(loss.item())
-        norms.append(float(torch.nn.utils.clip_grad_norm_(policy.parameters(), grad_clip)))
+        norms.append(float(torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.grad_clip)))
         # a non-finite loss or gradient skips the step: the weights stay as they were
         if math.isfinite(all_sum(sum(losses), world_size)) and math.isfinite(norms[-1]):
             opt.step()
@@ -188,211 +177,198 @@ def update(policy, reference, episodes, advantages, opt, *, row_tokens: int, chu
             "long_rows": long_rows, **({"seen": seen} if keep else {})}
 
 
-def update_settings(cfg: Config) -> dict:
-    """The run's flags as update() takes them."""
-    return dict(row_tokens=cfg.micro_batch_tokens, chunk=cfg.logprob_chunk, kl_coef=cfg.kl_coef,
-                bf16=cfg.dtype == "bfloat16", clip=(cfg.clip_low, cfg.clip_high),
-                sampler=(cfg.temperature, cfg.top_p), grad_clip=cfg.grad_clip, tis_cap=cfg.tis_cap,
-                mini_batches=cfg.mini_batches)
-
-
 # --------------------------------------------------------------------------------------------------
-# Setup: everything before the loop
+# The run: built in view, then the loop
 
 
-def build_run(cfg: Config, kit: Kit) -> SimpleNamespace:
-    """Worlds, tasks, customer (all that can fail on bad input fails first), then the policy, the
-    cold start, the frozen reference and the rollout engine: the run's state, as one namespace. A
-    start that fails before the cold start leaves the output folder as it found it
-    (plumbing/checkpoint.undo_start)."""
+def train(cfg: Config) -> dict:
+    """The run `cfg` asks for: its parts built in order, then one GRPO step an iteration; returns
+    the results table."""
     rank, world_size = dist_setup(cfg.offload)
-    validate(cfg, world_size, model_given=kit.build_model is None)
-    # dtype, devices; --plan N prints
-    cfg, device, engine, on_gpu, sharded = place(cfg, rank, world_size)
-    if rank == 0 and (note := row_note(cfg)):  # rows shorter than a conversation: said once
+    validate(cfg, world_size)
+    # The dtype and the devices are settled here (--plan N prints the memory plan and stops).
+    cfg, device, engine_kind, on_gpu, sharded = place(cfg, rank, world_size)
+    if rank == 0 and (note := row_note(cfg)):  # (rows shorter than a conversation are said once)
         print(note, flush=True)
-    # a model vLLM cannot run: said now, not after SFT
-    if engine == "vllm" and kit.build_model is None:
+    if engine_kind == "vllm":  # a model vLLM cannot run is refused now, not after the cold start
         check_vllm_model(cfg.model, on_cpu=not on_gpu)
     out = Path(cfg.out_dir)
-    # --resume: the newest intact checkpoint as rank 0 finds it (every rank resumes the same step);
-    # rank 0 names and mends a latest.json that disagrees
-    found = decide_on_rank0(lambda: ckpt.resume_point(out, rank) if cfg.resume else None, world_size)
+    found = startup.resume_point(cfg.resume, out, rank, world_size)  # None: a fresh run
     random.seed(cfg.seed + rank)
     np.random.seed(cfg.seed + rank)
-    # the same on every rank: a built model is initialised identically everywhere
-    torch.manual_seed(cfg.seed)
+    torch.manual_seed(cfg.seed)  # the same on every rank, so every rank initialises alike
+
+    # The worlds and their tasks: the training tasks, and the held-out ones evaluations play.
     worlds = load_worlds(cfg)
     train_tasks, eval_tasks = task_sets(cfg, worlds)
     if not train_tasks:
         raise ConfigError(f"no training tasks in {cfg.domains}")
     held_out = eval_tasks[: cfg.eval_tasks or None]
-    # every input is checked before anything is written: the customer checks what it can now
-    user = (kit.customer or customer_for)(cfg, out, rank, world_size)
+    # The customer checks what it can before anything is written (an endpoint, a model folder).
+    user = customer_for(cfg, make_user, out, rank, world_size)
     user.check(train_tasks + held_out, worlds)
-    # Only then is an earlier run set aside (previous-<k>/: never appended to nor overwritten)
-    before = {p.name for p in out.iterdir()} if out.is_dir() else None
-    out.mkdir(parents=True, exist_ok=True)
-    aside = ckpt.set_aside(out) if found is None and rank == 0 else None
-    if aside:
-        print(f"muarl: the earlier run in {out} is kept in {aside}", flush=True)
-    barrier(world_size)
-    run = SimpleNamespace(cfg=cfg, rank=rank, world_size=world_size, out=out, worlds=worlds,
-                          user=user, train_tasks=train_tasks, held_out=held_out, engine=None,
-                          eval_tasks=held_out if cfg.eval else [], results={}, fresh=found is None,
-                          sampler=ckpt.TaskSampler(train_tasks, cfg.seed),
-                          episodes_log=TrajectoryLog(out / f"episodes-rank{rank}.jsonl"))
-    try:  # until the cold start, a failure leaves nothing behind
-        prepare(run, kit, found, device, sharded and on_gpu, build=kit.build_model and (
-            lambda: kit.build_model(cfg, worlds, out)), sharded=sharded)
-    except BaseException:
-        if run.fresh and rank == 0:
-            user.close()
-            ckpt.undo_start(out, before, aside)
-        raise
-    if run.fresh and cfg.sft_epochs > 0:
-        # the policy alone computes: no customer now
+
+    with startup.kept_as_found(out, found is None, rank, world_size, on_failure=user.close):
+        log = RunLog(out / "log.jsonl", rank, cfg.logger, public(cfg))  # (no secret is logged)
+        user.start(train_tasks + held_out, log)  # a served customer model is served now
+        startup.record_start(out, cfg, provenance(worlds), log, rank)
+        # The policy and its tokenizer: fp32 weights (AdamW's masters); under torchrun, this rank's
+        # shards of them.
+        policy, tok, model_path = build_or_load_model(cfg, device, cfg.dtype, rank, world_size,
+                                                      sharded)
+        if rank == 0 and (warn := chat.prompt_warning(tok, worlds, cfg.max_context, cfg.max_new_tokens,
+                                                      cfg.tools_in_prompt)):
+            print(warn, flush=True)
+        if not sharded and cfg.activation_checkpointing:  # (load_sharded set it under torchrun)
+            policy.gradient_checkpointing_enable()
+        # The evaluations share the held-out tasks, a greedy agent, one seed and the run's log.
+        episodes_log = TrajectoryLog(out / f"episodes-rank{rank}.jsonl")
+        evals = HeldOut(held_out if cfg.eval else [], worlds, user,
+                        RolloutConfig.of(cfg, greedy=True, seed=cfg.seed), cfg.eval_trials, out,
+                        episodes_log, log, cfg.user_gate)
+        # The model as it comes, before the cold start changes it (FSDP2 on GPUs keeps no whole copy to
+        # play it with; on a CPU a whole copy is read from disk).
+        if found is None and rank == 0 and evals.tasks and cfg.sft_epochs \
+                and not (sharded and on_gpu):
+            untrained = load_policy(model_path)[0] if sharded else policy
+            untrained_agent = PolicyAgent(make_engine("hf", model=untrained, tokenizer=tok), tok)
+            evals.run("untrained", untrained_agent, trials=1)
+
+    # The cold start: SFT on expert conversations, on exactly the tokens RL trains (sft.py). The policy
+    # alone computes now, so it may take the customer's threads.
+    if found is None and cfg.sft_epochs > 0:
         torch.set_num_threads(cfg.train_threads or cfg.threads)
-        sft.cold_start(run, kit.cold_start and (lambda *a, **k: kit.cold_start(run, *a, **k)))
+        convs = sft.conversations(cfg.sft_data, train_tasks, seed=cfg.seed,
+                                  tools=cfg.tools_in_prompt)
+        examples = sft.render_examples(tok, convs, worlds)
+        sft.cold_start(policy, tok, examples, out / "cold-start", log=log, epochs=cfg.sft_epochs,
+                       batch_size=cfg.sft_batch, lr=cfg.sft_lr, seed=cfg.seed,
+                       micro_batch_tokens=cfg.micro_batch_tokens, chunk_size=cfg.logprob_chunk,
+                       bf16=cfg.dtype == "bfloat16", world_size=world_size, rank=rank)
         torch.set_num_threads(cfg.threads)
-        # saved before vLLM starts: a --resume after it refused starts after the cold start
-        save(run, 0)
-    # frozen: the policy RL starts from
-    run.reference = reference_for(cfg, out, run.model_path, device, sharded)
-    # vLLM seeds the global generators as it starts: a resumed run's are put back
-    rng = ckpt.rng_state()
-    run.engine, run.shares_weights = rollout_engine(engine, run.policy, run.tok, run.model_path, cfg,
-                                                    device, sharded)
-    ckpt.set_rng_state(rng)
-    # the first push as the loop's (step 6): KV cache asleep while the weights arrive one tensor at a
-    # time (fsdp.full_tensors), cast to the engine's dtype
-    if not run.shares_weights:
-        run.engine.sleep()
-        run.engine.wake_up()
-        run.engine.update_weights(full_tensors(run.policy, dtype=getattr(torch, cfg.dtype)))
-    run.agent = PolicyAgent(run.engine, run.tok)
-    # (a run resumed at step 0, after the cold start, evaluates it then)
-    if run.start == 0 and rank == 0 and run.eval_tasks and ("cold start" if cfg.sft_epochs > 0 else "start") \
-            not in run.results:
-        run_eval(run, "cold start" if cfg.sft_epochs > 0 else "start")
-        if kit.started:
-            kit.started(run)
-    return run
+    # The frozen reference: the policy as RL starts, read from disk (None when --kl_coef is 0).
+    reference = reference_for(cfg, out, model_path, device, sharded)
+    # AdamW keeps fp32 moments. On --resume the weights, the moments, the task order, the random
+    # generators and the results come back from the checkpoint.
+    opt = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    sampler = TaskSampler(train_tasks, cfg.seed)
+    start, restored, updates = startup.restore(found, out, policy, opt, sampler, world_size, log)
+    evals.results.update(restored)
 
+    def save(step: int) -> None:  # a checkpoint of the run as it stands (a collective under FSDP)
+        startup.save(out, step, policy, opt, sampler, evals.results, updates, log, world_size, rank)
 
-# --------------------------------------------------------------------------------------------------
-# The loop
+    if found is None and cfg.sft_epochs > 0:
+        save(0)  # before vLLM starts: a --resume after it refused starts after the cold start
+    # The rollout engine: the policy itself (transformers, one process), or vLLM synced after each
+    # update. vLLM seeds the global generators as it starts, so they are put back.
+    rng = rng_state()
+    engine, shares_weights = rollout_engine(engine_kind, policy, tok, model_path, cfg, device,
+                                            sharded)
+    set_rng_state(rng)
+    if not shares_weights:  # the first push, as step 6 does it (the KV cache asleep meanwhile)
+        engine.sleep()
+        engine.wake_up()
+        engine.update_weights(full_tensors(policy, dtype=getattr(torch, cfg.dtype)))
+    agent = PolicyAgent(engine, tok)
+    start_name = cfg.start_name or ("cold start" if cfg.sft_epochs > 0 else "start")
+    if start == 0 and rank == 0 and evals.tasks and start_name not in evals.results:
+        evals.run(start_name, agent, first=True)  # (a run resumed at step 0 evaluates its start then)
 
-
-def train(cfg: Config, kit: Kit | None = None) -> dict:
-    """The run `cfg` asks for: build_run(), one GRPO step an iteration, finish(): the results table."""
-    run = build_run(cfg, kit or Kit())
-    cfg, per_rank = run.cfg, run.cfg.tasks_per_step // run.world_size  # (cfg as built: dtype, rows)
-    quiet = run.rank != 0  # (one progress bar, rank 0's)
-    bar = tqdm(range(run.start, cfg.steps), desc="GRPO", initial=run.start, total=cfg.steps, disable=quiet)
+    per_rank, quiet = cfg.tasks_per_step // world_size, rank != 0  # (one progress bar, rank 0's)
+    bar = tqdm(range(start, cfg.steps), desc="GRPO", initial=start, total=cfg.steps, disable=quiet)
     for step in bar:
         t0 = time.perf_counter()
-        # 1. roll out: B tasks x G conversations each (every rank draws the same B, plays its share)
-        tasks = run.sampler.next(cfg.tasks_per_step)[run.rank * per_rank : (run.rank + 1) * per_rank]
-        run.policy.eval()
-        live = tqdm(desc=f"step {step} rollout", unit="episode", leave=False, mininterval=10, disable=quiet)
-        episodes = rollout(tasks, cfg.group_size, run.worlds, run.agent, run.user,
-                           RolloutConfig.of(cfg, seed=episode_seed(cfg.seed, "grpo", step, run.rank)),
+        # 1. Roll out B tasks x G conversations: every rank draws the same B and plays its share.
+        tasks = sampler.next(cfg.tasks_per_step)[rank * per_rank : (rank + 1) * per_rank]
+        policy.eval()
+        live = tqdm(desc=f"step {step} rollout", unit="episode", leave=False, mininterval=10,
+                    disable=quiet)
+        episodes = rollout(tasks, cfg.group_size, worlds, agent, user,
+                           RolloutConfig.of(cfg, seed=episode_seed(cfg.seed, "grpo", step, rank)),
                            progress=lambda done, total: live.update(done - live.n))
         live.close()
-        # vLLM on a GPU frees its memory for the update; HFEngine drops its cache
-        run.engine.sleep()
-        # 2. score: reward 1 iff the final database is the gold one
-        score(episodes, run.worlds, check_outputs=cfg.train_check_outputs)
+        # vLLM on a GPU frees its memory for the update; the transformers engine drops its cache.
+        engine.sleep()
+        # 2. Score: the reward is 1 if and only if the final database is the gold one.
+        score(episodes, worlds, check_outputs=cfg.train_check_outputs)
         t1 = time.perf_counter()
-        run.episodes_log.write(episodes, step=step)
-        # 3. advantages per group (one with an aborted episode is dropped, its task drawn again)
+        episodes_log.write(episodes, step=step)
+        # 3. Advantages, group by group. A group with an aborted episode is dropped, and its task is
+        # drawn again once: every rank puts back the same tasks, in the same order.
         kept, adv = advantages(episodes, cfg.group_size, cfg.advantage, cfg.reward, cfg.turn_bonus,
                                cfg.drop_customer_faults)
-        # an aborted group's task, once, is drawn again: every rank puts back the same, in order
         lost = [{"id": t} for t in {e.group: e.task.id for e in episodes if e.aborted}.values()]
-        run.sampler.put_back([r["id"] for r in all_gather_episodes(lost, run.world_size)])
-        # 4 + 5. loss, backward, optimizer step (one branch on every rank: the update is collective)
-        run.policy.train()
-        keep = view.pick(kept, adv, cfg.group_size) if run.rank == 0 else []  # the page's groups
-        if all_sum(float(sum(sum(e.mask) for e in kept)), run.world_size) > 0:
+        sampler.put_back([r["id"] for r in all_gather_episodes(lost, world_size)])
+        # 4 + 5. Loss, backward and the optimizer step. Every rank takes the same branch, because the
+        # update is collective.
+        policy.train()
+        keep = view.pick(kept, adv, cfg.group_size) if rank == 0 else []  # the groups the run's page shows
+        if all_sum(float(sum(sum(e.mask) for e in kept)), world_size) > 0:
             torch.set_num_threads(cfg.train_threads or cfg.threads)  # (the customer is idle now)
-            upd = update(run.policy, run.reference, kept, adv, run.opt, **update_settings(cfg),
-                         world_size=run.world_size, keep=keep)
+            upd = update(policy, reference, kept, adv, opt, cfg, world_size=world_size, keep=keep)
             torch.set_num_threads(cfg.threads)
-        # a forward and backward over 0 trained tokens would cost a full update and change nothing
-        else:
+        else:  # a forward and backward over no trained token would cost a full update and change nothing
             upd = {"skipped": True, "reason": "no trained tokens (the prompt alone fills the context?)"
-                   if all_sum(len(kept), run.world_size) else "every group had an aborted episode"}
+                   if all_sum(len(kept), world_size) else "every group had an aborted episode"}
             print(f"[step {step}] warning: update skipped: {upd['reason']}", flush=True)
-        run.updates += not upd["skipped"]
+        updates += not upd["skipped"]
         t2 = time.perf_counter()
-        # 6. sync (none if shared): wake the engine first (asleep, vLLM gave back its weights)
-        run.engine.wake_up()
-        if not run.shares_weights:
-            run.engine.update_weights(full_tensors(run.policy, dtype=getattr(torch, cfg.dtype)))
+        # 6. Sync the new weights into the engine, woken first (asleep, vLLM gave its weights back).
+        engine.wake_up()
+        if not shares_weights:
+            engine.update_weights(full_tensors(policy, dtype=getattr(torch, cfg.dtype)))
         t3 = time.perf_counter()
-        # 7. log: the step's numbers, and every 10 steps one whole episode with its mask
-        if run.rank == 0:  # and 1-2 groups token by token, as the loss saw them (view.html)
-            view.record(run.out, step, kept, adv, keep, upd.pop("seen", {}), run.tok, cfg.group_size, cfg.tis_cap)
-        st = step_stats(episodes, len(kept) // cfg.group_size, cfg.group_size, run.world_size)
-        run.log({"phase": "grpo", "step": step, **st, **upd, "rollout_s": t1 - t0, "update_s": t2 - t1,
-                 "sync_s": t3 - t2, "tokens_per_s": st["tokens"] / max(1e-9, t3 - t0),
-                 "user": run.user.take_stats()})  # the customer endpoint's health (rank 0's)
-        if run.rank == 0 and step % 10 == 0 and episodes:
-            write_sample(run.out, step, episodes[0], run.tok)
+        # 7. Log the step's numbers; every 10 steps one whole episode with its mask, and at every step
+        # one or two groups token by token, as the loss saw them (view.html).
+        if rank == 0:
+            view.record(out, step, kept, adv, keep, upd.pop("seen", {}), tok, cfg.group_size, cfg.tis_cap)
+        st = step_stats(episodes, len(kept) // cfg.group_size, cfg.group_size, world_size)
+        log({"phase": "grpo", "step": step, **st, **upd, "rollout_s": t1 - t0, "update_s": t2 - t1,
+             "sync_s": t3 - t2, "tokens_per_s": st["tokens"] / max(1e-9, t3 - t0),
+             "user": user.take_stats()})  # the customer endpoint's health (rank 0's)
+        if rank == 0 and step % 10 == 0 and episodes:
+            write_sample(out, step, episodes[0], chat.show_mask(tok, episodes[0].ids, episodes[0].mask))
         bar.set_postfix(reward=f"{st['reward']:.3f}", kl=f"{upd.get('kl', 0):.4f}", turns=f"{st['turns']:.1f}")
-        # 8. evaluate and checkpoint. A customer that stays down stops the run: the checkpoint keeps
-        # what this step trained; a step that trained nothing is played again on --resume.
+        # 8. Evaluate and checkpoint. A customer that stays down stops the run: the checkpoint keeps
+        # what this step trained, and a step that trained nothing is played again on --resume.
         done = step + 1
         try:
             why = next((e.info.get("user_error", "") for e in episodes if e.aborted), "")
-            run.user.after(f"step {step}", {"all_aborted": st["kept_groups"] == 0 < st["aborted"],
-                                            "last_error": why}, run.log)
-            if run.rank == 0 and run.eval_tasks and cfg.eval_every and done % cfg.eval_every == 0 \
-                    and done < cfg.steps:
-                run_eval(run, f"GRPO step {done}", done)
+            user.after(f"step {step}", {"all_aborted": st["kept_groups"] == 0 < st["aborted"], "last_error": why},
+                       log)
+            if rank == 0 and evals.tasks and cfg.eval_every and done % cfg.eval_every == 0 and done < cfg.steps:
+                evals.run(f"GRPO step {done}", agent, done)
         except RunStopped:
-            save(run, step + (not upd["skipped"]))
+            save(step + (not upd["skipped"]))
             raise
         if cfg.save_every and (done % cfg.save_every == 0 or done == cfg.steps):
-            save(run, done)
-    return finish(run)
+            save(done)
 
-
-def save(run, step: int) -> None:
-    """A checkpoint: weights, AdamW, the task order, the results, updates made, the global step."""
-    state = {"results": run.results, "updates": run.updates, "global_step": run.log.global_step}
-    ckpt.save_checkpoint(run.out, step, run.policy, run.opt, run.sampler, state, run.world_size, run.rank)
-
-
-def finish(run) -> dict:
-    """The final evaluation, checkpoint and model; the results table."""
-    cfg, n = run.cfg, run.updates
-    # the label says how many steps updated the model (0: its customer failed throughout)
-    label = f"GRPO ({cfg.steps} steps)" if n == cfg.steps else \
-        f"GRPO ({n} of {cfg.steps} steps updated)" if n else f"not trained (0 of {cfg.steps} GRPO steps updated)"
-    if run.eval_tasks and cfg.steps > run.start:
-        if run.rank == 0:
-            run_eval(run, label, cfg.steps)
-        save(run, cfg.steps)  # every rank: under FSDP, gathering the full weights is a collective
-    ckpt.save_pretrained(run.policy, run.tok, run.out / "final", run.world_size, run.rank)
-    run.user.close()  # a served customer's server (also stopped at exit, on an error or Ctrl-C)
-    if run.rank == 0:  # the run's record: final/muarl.json, results.md, curves.png, view.html
-        write_record(run.out, label, cfg.steps, n, provenance(run.worlds), run.results, cfg.eval_trials,
-                     run.user.label)
-    dist_teardown(run.world_size, run.engine)  # the engine first: vLLM leaves no traceback at exit
-    if cfg.steps > 0 and n == 0:
+    # The end: the final evaluation (its label says how many steps updated the model), the final
+    # checkpoint and model, the run's record.
+    label = f"GRPO ({cfg.steps} steps)" if updates == cfg.steps else f"GRPO ({updates} of {cfg.steps} steps " \
+        "updated)" if updates else f"not trained (0 of {cfg.steps} GRPO steps updated)"
+    if evals.tasks and cfg.steps > start:
+        if rank == 0:
+            evals.run(label, agent, cfg.steps)
+        save(cfg.steps)  # every rank: under FSDP, gathering the full weights is a collective
+    table = format_table(list(evals.results.items()), cfg.eval_trials) if evals.results else ""
+    startup.finish(out, label, cfg.steps, updates, policy, tok, provenance(worlds), table, cfg.eval_trials,
+                   user.label, world_size, rank)
+    user.close()  # a served customer's server (also stopped at exit, on an error or Ctrl-C)
+    dist_teardown(world_size, engine)  # the engine first: vLLM leaves no traceback at exit
+    if cfg.steps > 0 and updates == 0:
         raise RunStopped(f"no GRPO step updated the model ({cfg.steps} steps, see log.jsonl): final/ "
                          "holds it as it was before RL, labelled so in results.md and final/muarl.json")
-    return run.results
+    return evals.results
 
 
-def main(argv: list[str] | None = None, kit: Kit | None = None) -> dict:
+def main(argv: list[str] | None = None) -> dict:
     """`python muarl.py ARGS` as a function: parse, check, train."""
     cfg = parse_config(argv, Config, groups=GROUPS, prog="muarl.py")
     early(cfg)
-    return train(cfg, kit)
+    return train(cfg)
 
 
 if __name__ == "__main__":

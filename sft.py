@@ -33,7 +33,7 @@ import torch
 from tqdm import tqdm
 
 import chat
-from plumbing.fsdp import all_sum, bf16_compute, compute_device, even_rows, is_sharded
+from plumbing.fsdp import all_sum, bf16_compute, compute_device, even_rows, is_sharded, sharded_call
 from grpo import pack_sequences, token_logprobs
 
 # --------------------------------------------------------------------------------------------------
@@ -72,18 +72,24 @@ def expert_conversations(tasks) -> list[dict]:
     return [{"messages": t.expert, "domain": t.domain} for t in tasks if t.expert]
 
 
-def conversations(source: str, tasks, seed: int = 0, n: int = 2000) -> list[dict]:
+def conversations(source: str, tasks, seed: int = 0, n: int = 2000, tools: bool = True) -> list[dict]:
     """The cold start's conversations (--sft_data): "generated", `n` expert conversations generated
     in another shop on retail's tools (domains/synthetic.py: its own customers, products and
     orders), each carrying that shop's policy and tool schemas; "tasks" (or ""), the training tasks'
-    own; else a JSONL file."""
+    own; else a JSONL file. `tools` false: no tool schemas in the prompt (--tools_in_prompt false)."""
+    from plumbing.flags import ConfigError
+
     if source == "generated":
         from domains import cold_start_world
 
         world = cold_start_world(seed, n)
         rules, schemas = world.rules, world.tool_schemas()
-        return [{**c, "system": rules, "tools": schemas} for c in expert_conversations(world.tasks("train"))]
-    return expert_conversations(tasks) if source in ("", "tasks") else load_jsonl(source)
+        convs = [{**c, "system": rules, "tools": schemas} for c in expert_conversations(world.tasks("train"))]
+    else:
+        convs = expert_conversations(tasks) if source in ("", "tasks") else load_jsonl(source)
+    if not convs:
+        raise ConfigError(f"--sft_data {source}: no conversations for the cold start")
+    return convs if tools else [dict(c, tools=[]) for c in convs]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -112,7 +118,7 @@ def train(model, examples: list[tuple[list[int], list[int]]], epochs: float = 2.
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=weight_decay)
     # under FSDP the log-probs run as the sharded model's registered method (fsdp.shard), so its
     # hooks fire
-    logprobs = model.token_logprobs if is_sharded(model) else functools.partial(token_logprobs, model)
+    logprobs = functools.partial(sharded_call(token_logprobs) if is_sharded(model) else token_logprobs, model)
     dev = compute_device(model)  # rows are packed on the CPU
     model.train()
     order, losses = [], []  # order: example indices still to draw in this pass
@@ -127,7 +133,8 @@ def train(model, examples: list[tuple[list[int], list[int]]], epochs: float = 2.
         n_tok = sum(sum(examples[i][1]) for i in idx)
         mine = idx[rank::world_size]
         rows = pack_sequences([examples[i][0] for i in mine], [examples[i][1] for i in mine], micro_batch_tokens)
-        rows = even_rows(rows, world_size)  # FSDP: as many rows on every rank
+        empty = pack_sequences([[0, 0]], [[0, 0]], 2)[0]  # FSDP: as many rows on every rank, empty ones mask 0
+        rows = even_rows(rows, world_size, empty)
         step_lr = lr_at(step, total, lr, warmup)
         for g in opt.param_groups:
             g["lr"] = step_lr
@@ -154,26 +161,17 @@ def train(model, examples: list[tuple[list[int], list[int]]], epochs: float = 2.
     model.eval()
     return losses
 
-def cold_start(run, fit=None) -> None:
-    """A run's cold start (muarl.py, step 0): its --sft_data conversations rendered as RL renders
-    them, trained by `fit` (train's arguments: a Kit's own, else train itself), saved to
-    out/cold-start (a collective)."""
+def cold_start(model, tokenizer, examples: list[tuple[list[int], list[int]]], path: Path, **train_kw) -> list[float]:
+    """A run's cold start (muarl.py): train() on the rendered examples, then the model saved to `path`
+    (out/cold-start: the KL reference and a --resume read it; a collective under FSDP)."""
     from plumbing.checkpoint import save_pretrained
-    from plumbing.flags import ConfigError
 
-    cfg = run.cfg
-    common = {"world_size": run.world_size, "rank": run.rank, "seed": cfg.seed, "bf16": cfg.dtype == "bfloat16",
-              "micro_batch_tokens": cfg.micro_batch_tokens, "chunk_size": cfg.logprob_chunk}
-    convs = conversations(cfg.sft_data, run.train_tasks, seed=cfg.seed)
-    if not convs:
-        raise ConfigError(f"--sft_data {cfg.sft_data}: no conversations for the cold start")
-    convs = [dict(c, tools=[]) for c in convs] if not cfg.tools_in_prompt else convs
-    (fit or train)(run.policy, render_examples(run.tok, convs, run.worlds), epochs=cfg.sft_epochs,
-                   batch_size=cfg.sft_batch, lr=cfg.sft_lr, log=run.log, **common)
-    # The last step's fp32 gradients (4 bytes a parameter) freed now, not at RL's first update: the
-    # engine, the reference and the first rollout would otherwise start beside them.
-    run.policy.zero_grad(set_to_none=True)
-    save_pretrained(run.policy, run.tok, run.out / "cold-start", run.world_size, run.rank)
+    losses = train(model, examples, **train_kw)
+    # The last step's fp32 gradients (4 bytes a parameter) are freed now, not at RL's first update:
+    # the engine, the reference and the first rollout would otherwise start beside them.
+    model.zero_grad(set_to_none=True)
+    save_pretrained(model, tokenizer, path, train_kw.get("world_size", 1), train_kw.get("rank", 0))
+    return losses
 
 
 if __name__ == "__main__":

@@ -72,7 +72,7 @@ def one_step(cfg, worlds, tasks, policy, tok, user, step: int) -> dict:
     kept, adv = muarl.advantages(eps, cfg.group_size, cfg.advantage, cfg.reward, cfg.turn_bonus)
     policy.train()
     if kept:
-        muarl.update(policy, None, kept, adv, opt, **muarl.update_settings(cfg))
+        muarl.update(policy, None, kept, adv, opt, cfg)
     t2 = time.perf_counter()
     split = {k: sum(e.timings[k] for e in eps) for k in ("generate", "user", "tools")}
     return {"step_s": t2 - t0, "rollout_s": t1 - t0, "update_s": t2 - t1, **split,

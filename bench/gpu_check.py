@@ -213,7 +213,7 @@ def one_pass(c: dict, folder: Path, out: Path, a, offload: bool, rows: list) -> 
     tokens = sum(len(e.ids) for e in eps)
     for k in range(3):
         with Phase() as ph:
-            st = muarl.update(policy, reference, eps, adv, opt, **muarl.update_settings(cfg), world_size=1)
+            st = muarl.update(policy, reference, eps, adv, opt, cfg, world_size=1)
         good = not st["skipped"] and st["long_rows"] == 1 and st["kl"] == st["kl"]
         row(f"GRPO update {k + 1} (rows {a.row} + {a.longest})", "update", ph,
             f"loss {st['loss']:+.4f}, kl {st['kl']:.2e}, {tokens / ph.s:.0f} tokens/s", good)

@@ -48,9 +48,9 @@ def build(cfg: dict, dev: torch.device, dtype: torch.dtype, seed: int = 0):
 
 
 def settings(tokens: int, world_size: int = 1) -> dict:
-    """update()'s keywords: bf16 compute (over whatever the weights are), no KL, the paper's grad clip."""
+    """update()'s config and ranks: bf16 compute (over whatever the weights are), no KL, the paper's grad clip."""
     c = muarl.Config(micro_batch_tokens=tokens, logprob_chunk=1024, kl_coef=0.0, grad_clip=1.0, dtype="bfloat16")
-    return dict(muarl.update_settings(c), world_size=world_size)
+    return dict(cfg=c, world_size=world_size)
 
 
 def second_update(model, eps, adv, dev: torch.device, **kw) -> dict:

@@ -14,7 +14,7 @@ if __name__ == "__main__":
     except ConfigError as e:
         print(f"demo: config error: {e}", file=sys.stderr)
         sys.exit(2)
-    import muarl
-    from demo.train import kit
+    from demo.train import run
+    from plumbing.flags import run_cli
 
-    muarl.run_cli(lambda: muarl.train(CLI, kit(CLI)), "demo")
+    run_cli(lambda: run(CLI), "demo")

@@ -57,9 +57,8 @@ import sft
 from domains import store
 from plumbing.sampling import episode_seed
 from user_sim import simulator_messages
-from plumbing.preflight import RunStopped
 from plumbing.serve import ServedUser, ServeError, need_vllm
-from user_sim import STOP, LLMUser, User
+from user_sim import STOP
 
 from demo import SHIPPED  # noqa: E402  (the committed customer model: --user_serve demo)
 
@@ -289,9 +288,9 @@ def gate(user, tasks, seed: int = 0) -> dict:
 
 class ServedCustomer(ServedUser):
     """The shipped customer model (or another folder) served for a demo run, and gated: start()
-    serves it, then plays the gate (nothing is trained against a customer below `gate`); after()
-    holds the gate at every evaluation. The server itself, its restarts and its stop are
-    plumbing.serve.ServedUser's. Failures: ServeError / GateError."""
+    serves it, then plays the gate (nothing is trained against a customer below `gate`); the run's
+    evaluations hold the same --user_gate afterwards (eval.HeldOut). The server itself and its stop
+    are plumbing.serve.ServedUser's. Failures: ServeError / GateError."""
 
     def __init__(self, folder, out, gate: float = 0.0, max_model_len: int = 2048, **llm):
         super().__init__(SHIPPED if folder == "demo" else folder, out, max_model_len=max_model_len, **llm)
@@ -307,21 +306,6 @@ class ServedCustomer(ServedUser):
     def served(self, tasks: list, log=None) -> None:
         if self.threshold > 0:
             self.gate([t for t in tasks if t.split == "test"], self.threshold, self.llm.seed or 0, log)
-
-    def after(self, where: str, report: dict, log=None) -> None:
-        """After a step or an evaluation: a dead server restarted (RunStopped when it will not come
-        back), the gate held on an evaluation's conversations, then the downtime clock (User.after).
-        Below it at the evaluation RL starts from ("cold start" / "start"): RunStopped before any
-        GRPO step; at a later one: named (the policy drifted)."""
-        self.revive(where, log)
-        if report.get("customer_fidelity", 1) < self.threshold:
-            line = (f"in {where}'s conversations the customer kept to its instructions in "
-                    f"{100 * report['customer_fidelity']:.1f} % of them, below --user_gate {self.threshold:g}")
-            log and log({"phase": "stage", "stage": "customer_fidelity", "name": where, "ok": False})
-            if where in ("cold start", "start"):
-                raise RunStopped(f"customer gate: {line}: no GRPO step is trained against this customer")
-            print(f"[customer] warning: {line}", flush=True)
-        User.after(self, where, report, log)
 
     def gate(self, tasks, threshold: float, seed: int, log) -> dict:
         """gate() on all the run's held-out tasks with a store spec (on 100, a 97.5 % customer reads

@@ -43,10 +43,10 @@ def copy_examples(tokenizer, n: int, seed: int = 0, words: list[str] | None = No
 
 def copy_warmup(model, tokenizer, steps: int, lr: float, words: list[str], seed: int = 0, log=None,
                 converged: float = 0.15, **common) -> float:
-    """Copy drills until they take: `steps` steps of copy_examples, another round while the last ended above loss
-    0.15, 3 rounds at most. Drills that take end at 0.03-0.07; some CPUs stall near 0.6, and an agent cold-started
-    on drills that ended above 0.15 learns neither the rule lookup nor the option read. Each round is a logged
-    stage, a stall is named. Returns the mean of the last 20 losses."""
+    """Copy drills until they take: `steps` steps of copy_examples, another round while the last
+    ended above loss `converged`, 3 rounds at most. A model that copies badly learns neither the
+    rule lookup nor to read the customer's option later, so a stall is named. Each round is a
+    logged stage. Returns the mean of the last 20 losses."""
     for attempt in range(3):
         drills = copy_examples(tokenizer, 16 * steps, seed=seed + attempt, words=words)
         losses = sft.train(model, drills, epochs=1, batch_size=16, lr=lr, warmup=20, desc="copy drills", seed=seed,
@@ -104,46 +104,46 @@ def holds_refusal(model, tokenizer, cases, system: str, tools: list[dict] = ()) 
                for before, again, transfer in cases) / max(1, len(cases))
 
 
-def until_lookup(run, model, examples, epochs: float, takes: float = 0.95, hold: float = 0.1, **train) -> list:
-    """The cold start's SFT (sft.train's arguments) and three probes of it on training conversations:
-    - the rule lookup (lookup_right on store.lookup_cases: the thought's status, request, answer, the act) right on
-      `takes` of them;
-    - the option read (reads_option on store.option_cases) of cancellations and returns on half of them, since the
-      annotator writes the other option for half of the customers who want it;
-    - the refusal held (holds_refusal on store.hold_cases) at `hold`, half the annotator's 0.2: at top-p 0.9 GRPO
-      rarely draws a continuation much rarer than that, so it never gets to reinforce it.
-    A draw that did not take trains again (--lookup_draws times at most; the preset's 1 bounds the cold start at 8
-    epochs), one of two ways:
-      longer  a step of the lookup failed, and this draw was not trained on yet: its weights train 3/4 of its epochs
-              more. The lookup is slow to learn, not wrongly learnt: a few epochs more take it.
-      again   else: SFT again from the drills' weights, the examples in another order (a new seed); after a failed
-              hold, with the annotator's held refusals three times, since a redraw alone seldom lifts it. An option
-              read that failed is drawn again: more epochs do not mend it.
-    Keeps the first that passed, else the one failing fewest, named; returns its losses."""
+def until_lookup(model, tok, examples, epochs: float, worlds: dict, tasks: list, tools_in_prompt: bool, draws: int,
+                 log=None, takes: float = 0.95, hold: float = 0.1, **train) -> list:
+    """The cold start's SFT (sft.train's arguments) and three probes of it on the training
+    conversations of `tasks`: the rule lookup (lookup_right on store.lookup_cases: the thought's
+    status, request, answer, the act) right on `takes` of them; the option read (reads_option on
+    store.option_cases) of cancellations and returns on half, since the annotator writes the other
+    option for half of the customers who want it; the refusal held (holds_refusal on
+    store.hold_cases) at `hold`, half the annotator's 0.2, because at top-p 0.9 GRPO rarely draws a
+    rarer action. A draw that did not take trains again, `draws` times at most, one of two ways:
+      longer  a step of the lookup failed and this draw was not trained on yet: its weights train
+              3/4 of its epochs more (the lookup is slow to learn, not wrongly learnt);
+      again   else: SFT again from the drills' weights, the examples in another order (a new seed),
+              with the annotator's held refusals three times after a failed hold. An option read
+              that failed is drawn again: more epochs do not mend it.
+    Keeps the first draw that passed, else the one failing fewest, named; returns its losses.
+    `log` receives the SFT steps and one record per probe."""
     start = {k: v.detach().clone() for k, v in model.state_dict().items()}  # the drills' weights
-    losses = sft.train(model, examples, epochs=epochs, **train)
-    if "store" not in run.worlds or not all((probes := store.lookup_cases(run.train_tasks)).values()):
+    losses = sft.train(model, examples, epochs=epochs, log=log, **train)
+    if "store" not in worlds or not all((probes := store.lookup_cases(tasks)).values()):
         return losses  # another domain: no such thought to probe
-    cfg, world, options = run.cfg, run.worlds["store"], store.option_cases(run.train_tasks)
-    insist = store.hold_cases(run.train_tasks)["insist"]  # (and the conversations where the annotator held one)
-    held = [e for e in examples if store.REFUSE_AGAIN in run.tok.decode(e[0])] if insist else []
-    tools, extra = world.tool_schemas() if cfg.tools_in_prompt else [], 0.75 * epochs  # extra: a longer draw's
+    world, options = worlds["store"], store.option_cases(tasks)
+    insist = store.hold_cases(tasks)["insist"]  # (and the conversations where the annotator held one)
+    held = [e for e in examples if store.REFUSE_AGAIN in tok.decode(e[0])] if insist else []
+    tools, extra = world.tool_schemas() if tools_in_prompt else [], 0.75 * epochs  # extra: a longer draw's
     tries, trained, longer = [], epochs, False  # trained: this draw's epochs so far; longer: it was trained on
-    for k in range(cfg.lookup_draws + 1):
+    for k in range(draws + 1):
         if k:  # the draw before failed (see the docstring): longer, or again from the drills' weights
             if not longer:
                 model.load_state_dict(start)
             more = examples + held * 2 * any("holds insist" in t[2] for t in tries)  # a hold failed: 3 times
-            losses = sft.train(model, more, epochs=extra if longer else epochs,
+            losses = sft.train(model, more, epochs=extra if longer else epochs, log=log,
                                **{**train, "seed": train.get("seed", 0) + 1000 * k})
             trained = trained + extra if longer else epochs
-        shares = {kind: lookup_right(model, run.tok, cases, world.rules, tools) for kind, cases in probes.items()}
-        reads = {f"reads {r}": reads_option(model, run.tok, c, world.rules, tools) for r, c in options.items() if c}
-        reads |= {"holds insist": holds_refusal(model, run.tok, insist, world.rules, tools)} if insist else {}
+        shares = {kind: lookup_right(model, tok, cases, world.rules, tools) for kind, cases in probes.items()}
+        reads = {f"reads {r}": reads_option(model, tok, c, world.rules, tools) for r, c in options.items() if c}
+        reads |= {"holds insist": holds_refusal(model, tok, insist, world.rules, tools)} if insist else {}
         failed = [n for n, v in shares.items() if v < takes] + [n for n, v in reads.items() if v < (
             hold if n == "holds insist" else 0.5)]
-        if run.log:
-            run.log({"phase": "stage", "stage": "lookup", "draw": k, "right": min(shares.values()), "epochs": trained,
+        if log:
+            log({"phase": "stage", "stage": "lookup", "draw": k, "right": min(shares.values()), "epochs": trained,
                      "longer": longer, **shares, **reads, "ok": not failed})
         tries.append(((len(failed), -min(shares.values()), -reads.get("holds insist", 1)), k, failed, losses,
                       {n: v.detach().clone() for n, v in model.state_dict().items()} if failed else None))
@@ -151,7 +151,7 @@ def until_lookup(run, model, examples, epochs: float, takes: float = 0.95, hold:
             break
         longer = not longer and bool(set(failed) & set(probes))  # (a draw trained on once: the next is drawn again)
         read = ", ".join(f"{n} {100 * v:.1f} %" for n, v in {**shares, **reads}.items())
-        then = (f": trains {extra:g} epochs more" if longer else ": drawn again") * (k < cfg.lookup_draws)
+        then = (f": trains {extra:g} epochs more" if longer else ": drawn again") * (k < draws)
         print(f"[stage] cold start draw {k}: {read} (takes at: lookup {100 * takes:.0f} %, options 50 %, hold "
               f"{100 * hold:g} %): {', '.join(failed)} did not take" + then, flush=True)
     _, k, failed, losses, weights = min(tries, key=lambda t: t[0])  # the first of the best

@@ -3,7 +3,7 @@
     flags.py        the command line -> a settings dataclass: grouped flags, --config, --resume, one-line errors
     validate.py     a configuration that cannot work, refused before any work
     eval_flags.py   eval.py's command line, its customer and its agent
-    startup.py      a run's start: the log, the customer started, the policy loaded, the optimizer
+    startup.py      what muarl.train calls by name: resume, a failed start left as found, checkpoints, the record
     checkpoint.py   atomic checkpoints with checksummed manifests, resume, the task order
     runlog.py       log.jsonl with one global step and strict JSON, each step's statistics
     preflight.py    which key may go to which endpoint; every endpoint checked once before any work
@@ -20,5 +20,6 @@
     curves.py       a run's training dynamics drawn from its log.jsonl
     view.py         a run's page (view.html): every conversation, the trained tokens lit, each reward explained
 
-Nothing here is needed to read how MUA-RL works: the top-level files are.
+Nothing here is needed to read how MUA-RL works: the top-level files are. Nothing here imports them
+(tests/test_layout.py; agents.py, tiny_model.py and eval_flags.py are still to move out).
 """

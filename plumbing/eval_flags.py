@@ -135,13 +135,13 @@ def start_customer(a, tasks, worlds, bench):
     """The customer, checked and started (an endpoint's preflight; a served model served now)."""
     from plumbing.preflight import PreflightError
     from plumbing.serve import customer_for
-    from user_sim import USERS, FixedUser, ScriptedUser
+    from user_sim import USERS, FixedUser, ScriptedUser, make_user
 
     if USERS.get(a.user) is None:
         raise ConfigError(f"--user must be one of {', '.join(USERS)}, got {a.user!r}")
     # the oracle talks to a fixed line, or to its benchmark's own scripted customer (BFCL's turns)
     user = (ScriptedUser() if bench and bench.oracle else FixedUser()) if a.agent == "oracle" else \
-        customer_for(a, os.path.dirname(a.out) or ".")
+        customer_for(a, make_user, os.path.dirname(a.out) or ".")
     try:
         user.check(tasks, worlds)
         user.start(tasks)
@@ -156,7 +156,8 @@ def make_agent(a, worlds, bench):
     from engine import make_engine
     from plumbing.agents import MessageAgent, OracleAgent, openai_act
     from plumbing.models import load_policy, load_tokenizer, model_folder
-    from plumbing.preflight import PreflightError, check_endpoint, endpoint, prompt_warning
+    from chat import prompt_warning
+    from plumbing.preflight import PreflightError, check_endpoint, endpoint
     from rollout import PolicyAgent
 
     if a.agent == "local":

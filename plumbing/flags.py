@@ -100,9 +100,9 @@ def parse_config(argv, cls, preset: dict | None = None, **kw):
 
 
 def parse_flags(argv, cls, preset: dict | None = None, groups=None, prog: str | None = None,
-                description: str = "MUA-RL: GRPO with a simulated customer in the loop"):
+                description: str = "MUA-RL: GRPO with a simulated customer in the loop", saved_as: str = "config.json"):
     """(settings, the names given on the command line or in --config, resumed from a saved run or
-    not)."""
+    not). `saved_as`: where in out_dir --resume finds the saved settings (the CPU demo keeps its own)."""
     p = one_line_errors(argparse.ArgumentParser(prog=prog, description=description, allow_abbrev=False))
     add_flags(p, cls, defaults=None, groups=groups, shown=preset)
     # Flags default to None, so "not given" can be told from "given the default value": the preset
@@ -111,7 +111,7 @@ def parse_flags(argv, cls, preset: dict | None = None, groups=None, prog: str | 
              if v is not None}
     given = {**read_settings(given["config"], cls), **given} if given.get("config") else given
     base = dataclasses.replace(cls(), **(preset or {}))
-    saved_file = Path(given.get("out_dir", base.out_dir)) / "config.json"
+    saved_file = Path(given.get("out_dir", base.out_dir)) / saved_as
     if given.get("resume") and saved_file.is_file():  # --resume: the saved run's settings, not the defaults
         saved = json.loads(saved_file.read_text())
         free = RESUMABLE | set(given.get("allow_change", "").split(","))

@@ -26,7 +26,6 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from grpo import pack_sequences, token_logprobs
 
 
 def dist_setup(offload: bool = False) -> tuple[int, int]:
@@ -34,6 +33,8 @@ def dist_setup(offload: bool = False) -> tuple[int, int]:
     group (NCCL on GPUs, gloo on a CPU) and picks this rank's GPU."""
     if "WORLD_SIZE" not in os.environ:  # torchrun sets it (even to 1: one rank still trains with FSDP2)
         return 0, 1
+    if dist.is_initialized():  # (the CPU demo joins before muarl.train does)
+        return dist.get_rank(), dist.get_world_size()
     # Rank 0 evaluates alone (muarl.run_eval) while the other ranks wait in their next collective; a
     # held-out evaluation with an LLM user can outlast the default timeout (10 min for NCCL), so
     # allow hours. --offload on GPUs: CUDA tensors travel by NCCL, CPU ones by gloo (the shards live
@@ -207,8 +208,7 @@ def shard(model, activation_checkpointing: bool, bf16: bool, offload: bool = Fal
     `offload` the shards, their gradients and so AdamW's state live in host memory: a layer is
     copied to the GPU as it is gathered, its gradient shard copied back, and AdamW steps on the CPU
     (slower; what lets 8B train on one GPU, models.plan)."""
-    from torch.distributed.fsdp import (CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard,
-                                        register_fsdp_forward_method)
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
     mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16
           else MixedPrecisionPolicy())  # the default: no casts, all fp32
@@ -221,22 +221,32 @@ def shard(model, activation_checkpointing: bool, bf16: bool, offload: bool = Fal
                     else OffloadPolicy())
         m.set_gradient_divide_factor(1.0)
         m.set_force_sum_reduction_for_comms(True)
-    # token_logprobs runs the decoder body and lm_head, never model.forward, so the root's hooks
-    # (gather embeddings, norm, lm_head before; reduce their gradients after) would not fire:
-    # registered as a forward method, they do.
-    model.token_logprobs = types.MethodType(token_logprobs, model)
-    register_fsdp_forward_method(model, "token_logprobs")
     return model
 
 
-def even_rows(rows: list[dict], world_size: int) -> list[dict]:
+def sharded_call(fn):
+    """`fn(model, ...)` for a sharded model: run as the model's registered forward method (registered
+    on first use). grpo.token_logprobs runs the decoder body and lm_head, never model.forward, so the
+    root's hooks (gather embeddings, norm and lm_head before; reduce their gradients after) would not
+    fire; registered as a forward method, they do."""
+    from torch.distributed.fsdp import register_fsdp_forward_method
+
+    def call(model, *args, **kwargs):
+        if not hasattr(model, fn.__name__):
+            setattr(model, fn.__name__, types.MethodType(fn, model))
+            register_fsdp_forward_method(model, fn.__name__)
+        return getattr(model, fn.__name__)(*args, **kwargs)
+
+    return call
+
+
+def even_rows(rows: list[dict], world_size: int, empty: dict) -> list[dict]:
     """`rows` padded to the most any rank has. Under FSDP every forward and backward gathers /
     reduce-scatters the weights with the other ranks, so every rank must run as many rows: one with
     fewer (or none: all its groups aborted) runs empty ones, two tokens with mask 0 (the fewest
-    token_logprobs scores): loss and gradient 0."""
+    token_logprobs scores) with mask 0, `empty` (grpo.pack_sequences'): loss and gradient 0."""
     if world_size == 1:
         return rows
-    empty = pack_sequences([[0, 0]], [[0, 0]], 2, adv=[0.0], sample_logp=[[0.0, 0.0]])[0]  # mask 0: no loss
     n_rows = int(all_reduce([len(rows)], world_size, "max")[0])
     return rows + [empty] * (n_rows - len(rows))
 

@@ -169,19 +169,6 @@ def check_endpoint(role: str, model: str, messages: list[dict], max_tokens: int,
     return {"model": model, "base_url": url, "context": context, "prompt_tokens": prompt, **thinking_seen(resp, extra)}
 
 
-def prompt_warning(tok, worlds: dict, max_context: int, max_new_tokens: int, tools_in_prompt: bool) -> str | None:
-    """A warning when the longest system prompt (rules + tool schemas) plus a turn fills over half
-    the context (the tiny tokenizer makes retail's schemas ~7,700 tokens; an episode that starts
-    context-full trains nothing)."""
-    import chat
-
-    n = max(len(chat.prompt_ids(tok, w.rules, w.tool_schemas() if tools_in_prompt else [], ""))
-            for w in worlds.values())
-    return None if n + max_new_tokens <= max_context // 2 else (
-        f"warning: the prompt alone is {n} tokens of the {max_context}-token context (+ {max_new_tokens} per "
-        f"turn): episodes will end context_full; raise --max_context or turn --tools_in_prompt off")
-
-
 # --------------------------------------------------------------------------------------------------
 # Demo: python preflight.py [BASE_URL MODEL] - by default, an endpoint that is not there
 

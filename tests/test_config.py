@@ -25,7 +25,7 @@ from demo.train import parse as demo_parse
 from plumbing.eval_flags import SHARED
 from plumbing.eval_flags import parse_args as eval_parse
 from plumbing.flags import ConfigError, parse_config, save_config
-from plumbing.validate import validate
+from config import validate
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -53,13 +53,12 @@ BAD = {
     "max_turns": ["0"], "max_new_tokens": ["0"], "logprob_chunk": ["0"], "micro_batch_tokens": ["-1"],
     "dtype": ["fp8"], "engine": ["tpu"], "advantage": ["ppo"], "malformed": ["ignore"], "user": ["human"],
     "task_source": ["all"], "group_size": ["1"], "user_prompt": ["tau3"], "engine_memory": ["1", "0", "nan"],
-    "user_memory": ["1", "0", "nan"],
+    "user_memory": ["1", "0", "nan"], "user_gate": ["1.5", "nan"],
 }
 CASES = [(flag, value) for flag, values in BAD.items() for value in values]
 # the demo's own knobs: DemoConfig's, not the core's
 DEMO_BAD = {"copy_lr": ["nan", "-1"], "lazy_rate": ["1.5", "nan"], "tiny_hidden": ["0"], "tiny_layers": ["0"],
-            "tiny_vocab": ["0"], "tiny_intermediate": ["0"], "copy_warmup": ["-1"], "lookup_draws": ["-1"],
-            "user_gate": ["1.5", "nan"]}
+            "tiny_vocab": ["0"], "tiny_intermediate": ["0"], "copy_warmup": ["-1"], "lookup_draws": ["-1"]}
 DEMO_CASES = [(flag, value) for flag, values in DEMO_BAD.items() for value in values]
 
 

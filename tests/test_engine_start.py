@@ -10,6 +10,7 @@
 On a CPU: the CPU demo's tiny model, and an engine that stands in for vLLM.
 """
 
+import dataclasses
 import json
 import shutil
 import sys
@@ -37,7 +38,7 @@ ENOUGH_KV = ("To serve at least one request with the models's max seq len (32768
              "which is larger than the available KV cache memory (2.00 GiB).")
 
 
-def test_the_cold_starts_gradients_are_freed_before_the_engine_starts(tmp_path):
+def test_the_cold_starts_gradients_are_freed_before_the_engine_starts(tmp_path, monkeypatch):
     from plumbing.tiny_model import build_tiny
     from domains import load_world
 
@@ -48,10 +49,9 @@ def test_the_cold_starts_gradients_are_freed_before_the_engine_starts(tmp_path):
         sum(p.float().sum() for p in policy.parameters()).backward()
         assert all(p.grad is not None for p in policy.parameters())
 
-    run = SimpleNamespace(cfg=Config(sft_data="tasks"), policy=model, tok=tok, worlds={world.name: world},
-                          train_tasks=world.tasks("train")[:4], out=tmp_path / "run", world_size=1, rank=0,
-                          log=None)
-    sft.cold_start(run, fit)
+    monkeypatch.setattr(sft, "train", fit)
+    examples = sft.render_examples(tok, sft.conversations("tasks", world.tasks("train")[:4]), {world.name: world})
+    sft.cold_start(model, tok, examples, tmp_path / "run" / "cold-start", epochs=1.0)
     assert all(p.grad is None for p in model.parameters())  # 4 bytes a parameter, back before vLLM starts
     assert (tmp_path / "run" / "cold-start" / "config.json").is_file()
 
@@ -92,10 +92,10 @@ class StandIn(HFEngine):
 
 def test_a_cold_start_survives_vllm_refusing_to_start(monkeypatch, tmp_path, tiny_init, capsys):
     out = tmp_path / "run"
-    shutil.copytree(tiny_init, out / "tiny-init")
     args = [*TINY, "--sft_epochs", "0.02",  # (after TINY's 0: the last wins)
             "--sft_batch", "4", "--engine", "vllm", "--steps", "1",
             "--out_dir", str(out)]
+    cfg = dataclasses.replace(demo_train.parse(args), model=str(tiny_init))  # muarl's own cold start, on a folder
 
     def refused(kind, model=None, tokenizer=None, model_path=None, **kw):
         if kind == "vllm":
@@ -104,7 +104,7 @@ def test_a_cold_start_survives_vllm_refusing_to_start(monkeypatch, tmp_path, tin
 
     monkeypatch.setattr(engine, "make_engine", refused)
     with pytest.raises(RunStopped, match="vLLM did not start"):
-        demo_train.main(args)
+        muarl.train(cfg)
     assert (out / "checkpoints" / "step-000000" / "model.pt").is_file()  # the cold start, saved before vLLM
     after_cold_start = torch.load(out / "checkpoints" / "step-000000" / "model.pt", weights_only=True)
 
@@ -125,7 +125,7 @@ def test_a_cold_start_survives_vllm_refusing_to_start(monkeypatch, tmp_path, tin
         return real_update(policy, *a, **k)
 
     monkeypatch.setattr(muarl, "update", update)
-    demo_train.main(args + ["--resume"])
+    muarl.train(dataclasses.replace(cfg, resume=True))
     assert not cold_starts  # resumed after it: the cold start ran once
     assert all(torch.equal(seen["w"][n], t) for n, t in after_cold_start.items())  # RL starts from its weights
     # the first push as the loop's: asleep, the weights woken, then pushed (the KV cache wakes after them)

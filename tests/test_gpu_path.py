@@ -30,7 +30,7 @@ import muarl
 from config import Config
 from plumbing import fsdp, memory_plan as memplan
 from plumbing.flags import ConfigError, parse_config
-from plumbing.validate import validate
+from config import validate
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
@@ -69,7 +69,7 @@ def _moves(model, dtype: str, eps, adv, steps: int = 3, world_size: int = 1) -> 
     cfg = Config(micro_batch_tokens=96, logprob_chunk=32, kl_coef=0.0, dtype=dtype)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-6, weight_decay=0.01)
     for _ in range(steps):
-        muarl.update(model, None, eps, adv, opt, **muarl.update_settings(cfg), world_size=world_size)
+        muarl.update(model, None, eps, adv, opt, cfg, world_size=world_size)
     model.moments_dtypes = {s["exp_avg"].dtype for s in opt.state.values()}  # AdamW's moments
     after = torch.cat([v.detach().float().flatten() for v in fsdp.full_state_dict(model, world_size).values()])
     return after - before
@@ -138,12 +138,12 @@ def measured_update(model, eps, adv, tokens: int, world_size: int = 1) -> dict:
 
     cfg = Config(micro_batch_tokens=tokens, logprob_chunk=64, kl_coef=0.0, dtype="float32", grad_clip=1e9)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
-    muarl.update(model, None, eps, adv, opt, **muarl.update_settings(cfg), world_size=world_size)
+    muarl.update(model, None, eps, adv, opt, cfg, world_size=world_size)
     local = [getattr(p, "_local_tensor", p) for p in model.parameters()]
     resident = sum(t.numel() * t.element_size() for t in local)
     resident += sum(getattr(t, "_local_tensor", t).nbytes for s in opt.state.values() for t in s.values())
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        muarl.update(model, None, eps, adv, opt, **muarl.update_settings(cfg), world_size=world_size)
+        muarl.update(model, None, eps, adv, opt, cfg, world_size=world_size)
     now = peak = 0
     for _, nbytes in sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events()
                             if e.name() == "[memory]"):
@@ -189,7 +189,7 @@ SHARDED_WORKER = textwrap.dedent("""
     mine = slice(2 * rank, 2 * rank + 2)
     cfg = Config(micro_batch_tokens=4096, logprob_chunk=64, kl_coef=0.0, grad_clip=1e9)
     muarl.update(model, None, eps[mine], adv[mine], torch.optim.SGD(model.parameters(), lr=1.0),
-                 **muarl.update_settings(cfg), world_size=world_size)
+                 cfg, world_size=world_size)
     weights = fsdp.full_state_dict(model, world_size, keep=rank == 0)
     if rank == 0:
         torch.save(weights, os.path.join({out!r}, "step.pt"))
@@ -244,7 +244,7 @@ def test_a_100m_model_loads_sharded_over_4_ranks_and_steps_like_one_process(tmp_
     # one GRPO step (SGD, lr 1: the weights move by the gradient) equals the one-process step
     eps, adv = synthetic_episodes(n=8, vocab=1000)
     cfg = Config(micro_batch_tokens=4096, logprob_chunk=64, kl_coef=0.0, grad_clip=1e9)
-    muarl.update(model, None, eps, adv, torch.optim.SGD(model.parameters(), lr=1.0), **muarl.update_settings(cfg),
+    muarl.update(model, None, eps, adv, torch.optim.SGD(model.parameters(), lr=1.0), cfg,
                  world_size=1)
     sharded = torch.load(tmp_path / "step.pt", weights_only=True)
     diff = max((sharded[k] - v).abs().max().item() for k, v in model.state_dict().items())
@@ -438,7 +438,7 @@ def test_an_episode_longer_than_the_row_trains_in_a_row_of_its_own_and_is_counte
     eps = _episodes([40, 12, 90])  # rows of 48 tokens: the 90-token episode cannot share one, nor be cut
     cfg = Config(micro_batch_tokens=48, logprob_chunk=16, kl_coef=0.0, dtype="float32")
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    st = muarl.update(model, None, eps, [0.5, -0.5, 1.0], opt, **muarl.update_settings(cfg))
+    st = muarl.update(model, None, eps, [0.5, -0.5, 1.0], opt, cfg)
     assert st["long_rows"] == 1 and not st["skipped"]
     assert st["trained_tokens"] == sum(sum(e.mask) for e in eps)  # every trained token, the long one's too
 
@@ -463,7 +463,7 @@ import types
 eps = [types.SimpleNamespace(ids=list(range(3, 30)), mask=[0] * 5 + [1] * 22, logprobs=[0.0] * 27)]
 opt = torch.optim.AdamW(policy.parameters(), lr=1e-3)
 run = Config(micro_batch_tokens=64, logprob_chunk=16, kl_coef=0.1, dtype="float32")
-st = muarl.update(policy, reference, eps, [1.0], opt, **muarl.update_settings(run), world_size=1)
+st = muarl.update(policy, reference, eps, [1.0], opt, run, world_size=1)
 # after the update, every parameter of the reference is a shard again (a DTensor), its root's too
 gathered = [n for n, p in reference.named_parameters() if not isinstance(p, DTensor)]
 assert st["kl"] >= 0 and not gathered, gathered

@@ -75,7 +75,7 @@ def test_the_plan_reads_the_cards_own_memory(cuda, capsys):
 
 def test_the_run_stops_before_loading_anything_exit_2_one_line(cuda, tmp_path, monkeypatch, capsys):
     loaded = []
-    monkeypatch.setattr(muarl, "prepare", lambda *a, **k: loaded.append("prepare"))
+    monkeypatch.setattr(muarl, "build_or_load_model", lambda *a, **k: loaded.append("policy"))
     out = tmp_path / "run"
     cfg = run_cfg(out_dir=str(out))
     with pytest.raises(SystemExit) as e:

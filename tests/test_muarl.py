@@ -43,7 +43,7 @@ from plumbing import fsdp
 from plumbing.checkpoint import TaskSampler, load_checkpoint, save_checkpoint
 from plumbing.flags import ConfigError, parse_config
 from plumbing.runlog import step_stats
-from plumbing.validate import validate
+from config import validate
 
 REPO = Path(__file__).resolve().parent.parent
 PY = sys.executable
@@ -352,18 +352,24 @@ def test_smoke_cli(tmp_path):
     assert "Traceback" not in r.stderr
     print(f"smoke run: {seconds:.1f} s")
     # log: SFT steps, evaluations, and one grpo record per step with every documented key; strictly valid JSON
-    recs = [json.loads(line, parse_constant=lambda c: pytest.fail(f"not JSON: {c}"))
-            for line in (out / "log.jsonl").read_text().splitlines()]
-    # one global step across the phases (drills, cold start, GRPO); each evaluation keyed by what it measured
-    train = [r_["global_step"] for r_ in recs if r_["phase"] not in ("eval", "stage")]  # (a stage: a note, no step)
-    assert train == list(range(1, len(train) + 1))
+    def read(path):
+        return [json.loads(line, parse_constant=lambda c: pytest.fail(f"not JSON: {c}"))
+                for line in path.read_text().splitlines()]
+
+    # The demo's preparation (drills, cold start) is logged in out/demo/, the run muarl.train makes in out/: each
+    # has one global step across its phases, and each evaluation is keyed by what it measured.
+    prep, recs = read(out / "demo" / "log.jsonl"), read(out / "log.jsonl")
+    for log in (prep, recs):
+        train = [r_["global_step"] for r_ in log if r_["phase"] not in ("eval", "stage")]  # (a stage: no step)
+        assert train == list(range(1, len(train) + 1))
     evals = [(r_["name"], r_["step"], r_["global_step"]) for r_ in recs if r_["phase"] == "eval"]
     # (no "untrained" evaluation: a tiny model built from random weights, before its drills, plays nothing)
-    assert evals == [("cold start", 0, len(train) - 2), ("GRPO (2 steps)", 2, len(train))]
-    assert {r_["phase"] for r_ in recs} == {"copy_warmup", "sft", "eval", "grpo", "stage"}
+    assert evals == [("cold start", 0, 0), ("GRPO (2 steps)", 2, 2)]
+    assert {r_["phase"] for r_ in prep} == {"copy_warmup", "sft", "stage"}
+    assert {r_["phase"] for r_ in recs} == {"eval", "grpo"}
     # 3 drill steps cannot converge: three rounds, each named as a stage that did not work
-    assert sum(r_["phase"] == "copy_warmup" for r_ in recs) == 9
-    assert [(r_["stage"], r_["ok"]) for r_ in recs if r_["phase"] == "stage"] == [("copy_drills", False)] * 3 + [
+    assert sum(r_["phase"] == "copy_warmup" for r_ in prep) == 9
+    assert [(r_["stage"], r_["ok"]) for r_ in prep if r_["phase"] == "stage"] == [("copy_drills", False)] * 3 + [
         ("cold_start", False)]  # (0.02 epochs: a start outside the preset's band, said so)
     assert r.stdout.count("[stage] copy drills did not converge") == 3
     assert "round 2 of 3" in r.stdout and "round 3 of 3" in r.stdout and "the cold start will copy badly" in r.stdout
@@ -381,7 +387,7 @@ def test_smoke_cli(tmp_path):
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-000001", "step-000002"]
     for ck in (out / "checkpoints").iterdir():
         assert {p.name for p in ck.iterdir()} == {"model.pt", "optim.pt", "state.json", "manifest.json"}
-    for d in ("tiny-init", "cold-start", "final"):
+    for d in ("tiny-init", "demo/cold-start", "final"):
         assert (out / d / "model.safetensors").is_file() and (out / d / "tokenizer.json").is_file()
     # the results table, printed and written
     table = (out / "results.md").read_text()
@@ -638,7 +644,7 @@ def _update_once(model, eps, adv, micro_batch_tokens, opt="sgd", reference=None,
     cfg = Config(micro_batch_tokens=micro_batch_tokens, logprob_chunk=32, kl_coef=kl_coef,
                  grad_clip=1e9 if opt == "sgd" else 1.0, tis_cap=tis_cap, **more)
     o = torch.optim.SGD(model.parameters(), lr=1.0) if opt == "sgd" else torch.optim.AdamW(model.parameters(), lr=1e-4)
-    return muarl.update(model, reference, eps, adv, o, **muarl.update_settings(cfg), world_size=world_size)
+    return muarl.update(model, reference, eps, adv, o, cfg, world_size=world_size)
 
 
 def test_step_gradient_independent_of_micro_batch_size():
@@ -816,14 +822,14 @@ def test_torchrun_cli_two_ranks(tmp_path, offload):
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
     train = {}
     for d in (one, two):
-        recs = [json.loads(line) for line in (d / "log.jsonl").read_text().splitlines()]
+        recs = [json.loads(line) for line in (d / "demo" / "log.jsonl").read_text().splitlines()]
         train[d] = [(x["loss"], x["grad_norm"]) for x in recs if x["phase"] in ("copy_warmup", "sft")]
     assert len(train[two]) == len(train[one]) > 3  # 3 copy drills, then the cold start
     for (l1, g1), (l2, g2) in zip(train[one], train[two]):
         assert l2 == pytest.approx(l1, rel=1e-5) and g2 == pytest.approx(g1, rel=1e-4)
     from safetensors.torch import load_file
 
-    a, b = (load_file(d / "cold-start" / "model.safetensors") for d in (one, two))
+    a, b = (load_file(d / "demo" / "cold-start" / "model.safetensors") for d in (one, two))
     assert a.keys() == b.keys()  # tied weights are written once, as one process writes them
     assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-4
     assert (two / "final" / "model.safetensors").is_file() and (two / "episodes-rank1.jsonl").is_file()

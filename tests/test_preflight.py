@@ -231,7 +231,8 @@ class DownUser(user_sim.User):
 
 def down(monkeypatch) -> None:
     """The run's customer (the demo kit's) is a DownUser, with the run's --user_down_s."""
-    monkeypatch.setattr(demo_train, "customer", lambda cfg, out, rank=0, world_size=1: DownUser(cfg.user_down_s))
+    monkeypatch.setattr(muarl, "customer_for", lambda cfg, make_user, out, rank=0, world_size=1:
+                        DownUser(cfg.user_down_s))
 
 
 def test_a_customer_down_past_its_budget_stops_the_run_with_a_checkpoint(tmp_path, monkeypatch):

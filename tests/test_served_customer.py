@@ -17,6 +17,7 @@ in place of vLLM, through the real ModelServer: process group, health check, res
 """
 
 import importlib.util
+import dataclasses
 import json
 import os
 import re
@@ -31,6 +32,7 @@ import pytest
 import torch
 
 import muarl
+from user_sim import make_user
 from config import GROUPS, Config
 from demo import SHIPPED, customer
 from demo.train import main as demo_main
@@ -38,7 +40,7 @@ from demo.train import parse
 from plumbing import serve
 from plumbing.flags import ConfigError, parse_config
 from plumbing.preflight import RunStopped
-from plumbing.validate import validate
+from config import validate
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -126,7 +128,7 @@ def test_the_cores_served_customer_is_a_model_folder():
     # the core has no shipped customer: --user_serve names a folder; `demo` is not one
     cfg = parse_config(["--user_serve", str(SHIPPED)], Config, groups=GROUPS)
     validate(cfg)
-    user = serve.customer_for(cfg, "unused")
+    user = serve.customer_for(cfg, make_user, "unused")
     assert type(user) is serve.ServedUser and user.folder == SHIPPED and user.rank == 0
     with pytest.raises(ConfigError, match="--user_serve demo: no model folder there") as e:
         validate(parse_config(["--user_serve", "demo"], Config, groups=GROUPS))
@@ -215,23 +217,34 @@ def _kill_during(step: int, out: Path, monkeypatch) -> None:
 def test_the_cold_starts_evaluation_is_the_gates_last_check(capsys):
     # the gate's agents (the script's lines, a noisy agent) are not the policy RL starts from; its evaluation is: a
     # customer below the gate on those conversations stops the run before GRPO; later, a drifted policy's is named
+    from eval import customer_gate
+
     records = []
-    u = customer.ServedCustomer("demo", "unused", gate=0.95)
-    u.after("untrained", {"customer_fidelity": 0.5}, records.append)  # a random model's gibberish: named only
-    u.after("GRPO step 10", {"customer_fidelity": 0.9}, records.append)
+    customer_gate("untrained", {"customer_fidelity": 0.5}, 0.95, records.append, first=False)  # named only
+    customer_gate("GRPO step 10", {"customer_fidelity": 0.9}, 0.95, records.append, first=False)
     assert capsys.readouterr().out.count("[customer] warning: in ") == 2
-    u.after("cold start", {"customer_fidelity": 0.96}, records.append)
+    customer_gate("cold start", {"customer_fidelity": 0.96}, 0.95, records.append, first=True)
     for where in ("cold start", "start"):
         with pytest.raises(RunStopped, match=f"customer gate: in {where}'s conversations the customer kept to its "
                                              "instructions in 86.5 % of them, below --user_gate 0.95: no GRPO step"):
-            u.after(where, {"customer_fidelity": 0.865}, records.append)
+            customer_gate(where, {"customer_fidelity": 0.865}, 0.95, records.append, first=True)
     assert [r["name"] for r in records] == ["untrained", "GRPO step 10", "cold start", "start"]
+
+
+def _core_run(argv):
+    """muarl.train itself serving --user_serve (plumbing.serve.ServedUser, which restarts a dead server), on the
+    demo's tiny model built as a model folder: the demo serves its own customer outside the run."""
+    from demo.train import build_model
+    from domains import load_worlds
+
+    cfg = parse(argv)
+    return muarl.train(dataclasses.replace(cfg, model=str(build_model(cfg, load_worlds(cfg), Path(cfg.out_dir)))))
 
 
 def test_a_killed_customer_server_is_restarted_and_nothing_is_lost(tmp_path, standin, monkeypatch):
     out = tmp_path / "run"
     _kill_during(1, out, monkeypatch)
-    demo_main(RUN + ["--user_serve", str(standin), "--out_dir", str(out), "--steps", "3"])
+    _core_run(RUN + ["--user_serve", str(standin), "--out_dir", str(out), "--steps", "3"])
     grpo = records(out, "grpo")
     assert [r["step"] for r in grpo] == [0, 1, 2]  # each step once
     assert grpo[1]["aborted"] == 4 and grpo[1]["kept_groups"] == 0 and grpo[1]["skipped"]  # not scored 0: dropped
@@ -251,7 +264,7 @@ def test_a_server_that_will_not_come_back_stops_the_run_with_a_checkpoint(tmp_pa
     monkeypatch.setattr(serve.ModelServer, "restart", refuse)
     with pytest.raises(RunStopped, match=r"the customer server died \(step 1\) and was not restarted: port 1 .*"
                                          r"customer-server.log.*--resume"):
-        demo_main(RUN + ["--user_serve", str(standin), "--out_dir", str(out), "--steps", "4"])
+        _core_run(RUN + ["--user_serve", str(standin), "--out_dir", str(out), "--steps", "4"])
     # step 0 kept; step 1 trained nothing (its customer was down): a resumed run plays it again
     assert json.loads((out / "latest.json").read_text())["path"] == "step-000001"
     assert [r["step"] for r in records(out, "grpo")] == [0, 1]
@@ -275,7 +288,11 @@ def test_real_vllm_customer_two_grpo_steps_and_a_kill(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     args = [a for a in RUN if a not in ("--user_timeout", "5")] + ["--user_timeout", "20", "--user_retries", "1",
                                                                   "--user_backoff", "0.5", "--user_max_tokens", "16"]
-    proc = subprocess.Popen([sys.executable, "-m", "demo", *args, "--user_serve", str(model_dir), "--out_dir", str(out),
+    # muarl.train serving the customer itself (--user_serve), on the demo's tiny model folder: the run restarts it
+    core = ("import dataclasses, sys; from pathlib import Path; import muarl; from demo.train import build_model, parse; "
+            "from domains import load_worlds; cfg = parse(sys.argv[1:]); muarl.run_cli(lambda: muarl.train("
+            "dataclasses.replace(cfg, model=str(build_model(cfg, load_worlds(cfg), Path(cfg.out_dir))))), 'muarl')")
+    proc = subprocess.Popen([sys.executable, "-c", core, *args, "--user_serve", str(model_dir), "--out_dir", str(out),
                              "--steps", "3"], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
     try:  # once step 0 is logged, kill the server by its PID (as an OOM killer would)

@@ -26,7 +26,7 @@ import pytest
 from config import Config
 from plumbing.flags import ConfigError
 from plumbing.serve import serve_host, server_command
-from plumbing.validate import validate
+from config import validate
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "MUARL_CPU_RANKS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",

@@ -92,6 +92,14 @@ def test_copy_drills_train_exactly_the_repeat():
         assert first.endswith(" ||") and second.strip() == first[: -len(" ||")].strip()
 
 
+def lookup(run, model, examples, epochs, **train):
+    """drills.until_lookup with a fake run's world, tasks, settings and log."""
+    from demo import drills
+
+    return drills.until_lookup(model, run.tok, examples, epochs, run.worlds, run.train_tasks, run.cfg.tools_in_prompt,
+                               run.cfg.lookup_draws, run.log, **train)
+
+
 def _store_run(tmp_path, lookup_draws=3):
     from types import SimpleNamespace
 
@@ -149,7 +157,7 @@ def test_the_cold_start_trains_again_when_a_probe_did_not_take(monkeypatch, caps
     monkeypatch.setattr(drills, "reads_option", lambda m, tok, part, *a: parts.append(part) or next(answers))
     monkeypatch.setattr(drills, "holds_refusal", lambda *a: 0.2)  # the annotator's own hold: takes
     monkeypatch.setattr(drills.sft, "train", train)
-    assert drills.until_lookup(run, model, ["examples"], epochs=4, lr=1e-3, seed=5) == [float(kept + 1)]
+    assert lookup(run, model, ["examples"], epochs=4, lr=1e-3, seed=5) == [float(kept + 1)]
     assert calls == [(4, 5, True)] + [(3 if h == L else 4, 5 + 1000 * k, h == A) for k, h in enumerate(how, 1)]
     assert torch.allclose(model.weight, before["weight"] + weight)  # the kept draw's weights
     stages = [r for r in run.records if r.get("stage") == "lookup"]
@@ -190,7 +198,7 @@ def test_a_cold_start_that_never_holds_a_refusal_is_drawn_again(monkeypatch, cap
     monkeypatch.setattr(drills, "reads_option", lambda *a: 1.0)
     monkeypatch.setattr(drills, "holds_refusal", lambda m, tok, cases, *a: cases and next(answers))
     monkeypatch.setattr(drills.sft, "train", train)
-    assert drills.until_lookup(run, model, examples, epochs=4) == [float(kept + 1)] and calls == [4] * len(holds)
+    assert lookup(run, model, examples, epochs=4) == [float(kept + 1)] and calls == [4] * len(holds)
     assert model.weight.item() == kept + 1
     stages = [r for r in run.records if r.get("stage") == "lookup"]
     assert [(r["holds insist"], r["ok"]) for r in stages] == [(h, h >= 0.1) for h in holds]
@@ -210,7 +218,7 @@ def test_a_hold_and_a_lookup_step_that_fail_together_train_longer_with_the_held_
     monkeypatch.setattr(drills, "reads_option", lambda *a: 1.0)
     monkeypatch.setattr(drills, "holds_refusal", lambda m, tok, cases, *a: next(holds))
     monkeypatch.setattr(drills.sft, "train", lambda m, ex, **kw: calls.append((len(ex), kw["epochs"])) or [0.5])
-    assert drills.until_lookup(run, model, examples, epochs=4) == [0.5]
+    assert lookup(run, model, examples, epochs=4) == [0.5]
     assert calls == [(2, 4), (4, 3)]  # the longer draw: the examples and the held refusal twice more
     assert [(r["epochs"], r["longer"], r["ok"]) for r in run.records if r.get("stage") == "lookup"] == \
         [(4, False, False), (7, True, True)]
@@ -246,7 +254,7 @@ def test_no_more_draws_with_lookup_draws_0(monkeypatch, capsys, tmp_path):
     monkeypatch.setattr(drills, "reads_option", lambda *a: 1.0)
     monkeypatch.setattr(drills, "holds_refusal", lambda *a: 0.2)
     monkeypatch.setattr(drills.sft, "train", lambda m, ex, **kw: calls.append(kw["epochs"]) or [0.5])
-    assert drills.until_lookup(run, torch.nn.Linear(1, 1), [], epochs=2) == [0.5] and calls == [2]
+    assert lookup(run, torch.nn.Linear(1, 1), [], epochs=2) == [0.5] and calls == [2]
     assert "did not take after 1 draw: kept draw 0" in capsys.readouterr().out
 
 
@@ -256,7 +264,7 @@ def test_no_store_no_lookup_stage(tmp_path, monkeypatch):
     run, calls = _store_run(tmp_path), []
     run.worlds = {}
     monkeypatch.setattr(drills.sft, "train", lambda m, ex, **kw: calls.append(kw["epochs"]) or [0.5])
-    assert drills.until_lookup(run, torch.nn.Linear(1, 1), [], epochs=2) == [0.5] and calls == [2] and not run.records
+    assert lookup(run, torch.nn.Linear(1, 1), [], epochs=2) == [0.5] and calls == [2] and not run.records
 
 
 def test_the_lookup_probe_scores_the_answer_the_model_prefers(tmp_path):
@@ -331,7 +339,7 @@ def test_a_request_without_plain_answers_is_not_probed(monkeypatch, tmp_path):
     monkeypatch.setattr(drills, "reads_option", lambda m, tok, part, *a: calls.append(part) or 1.0)
     monkeypatch.setattr(drills, "holds_refusal", lambda *a: 0.2)
     monkeypatch.setattr(drills.sft, "train", lambda m, ex, **kw: [0.5])
-    assert drills.until_lookup(run, torch.nn.Linear(1, 1), [], epochs=2) == [0.5] and calls == [["case"]]
+    assert lookup(run, torch.nn.Linear(1, 1), [], epochs=2) == [0.5] and calls == [["case"]]
     stage = [r for r in run.records if r.get("stage") == "lookup"]
     assert len(stage) == 1 and stage[0]["ok"] and "reads cancel" in stage[0] and "reads return" not in stage[0]
 
@@ -349,5 +357,5 @@ def test_the_demo_trains_its_cold_start_again_once_at_most(monkeypatch, capsys, 
     monkeypatch.setattr(drills, "reads_option", lambda *a: 1.0)
     monkeypatch.setattr(drills, "holds_refusal", lambda *a: 0.2)
     monkeypatch.setattr(drills.sft, "train", lambda m, ex, **kw: calls.append(kw["epochs"]) or [0.5])
-    drills.until_lookup(run, torch.nn.Linear(1, 1), [], epochs=cfg.sft_epochs)
+    lookup(run, torch.nn.Linear(1, 1), [], epochs=cfg.sft_epochs)
     assert calls == [4, 3] and "did not take after 2 draws: kept draw 0" in capsys.readouterr().out

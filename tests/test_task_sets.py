@@ -6,7 +6,7 @@ from config import Config
 from conftest import needs_tau2
 from domains import load_worlds, synthetic, task_sets
 from plumbing.flags import ConfigError, parse_config
-from plumbing.validate import validate
+from config import validate
 
 
 def parse(argv):
