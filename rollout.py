@@ -388,6 +388,8 @@ def rollout(tasks: list[Task], group_size: int, worlds: dict[str, World], agent:
         deadline = time.monotonic() + 5.0
         for t in threads:
             t.join(timeout=max(0.0, deadline - time.monotonic()))
+        if not any(t.is_alive() for t in threads):  # all gave up: later requests may be asked again
+            chat_client.STOP.clear()
         raise
     for t in threads:
         while t.is_alive():  # (a timeout: a Ctrl-C meanwhile is raised at once)
