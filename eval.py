@@ -32,7 +32,7 @@ from plumbing.flags import ConfigError
 
 # the command line first: --help and a bad flag answer before torch loads
 if __name__ == "__main__":
-    from plumbing.eval_flags import parse_args
+    from evaluation.flags import parse_args
 
     try:
         CLI = parse_args()
@@ -187,7 +187,7 @@ class HeldOut:
 def main(argv=None, a=None) -> dict:
     """`python eval.py ARGS` as a function (or its parsed arguments `a`): the worlds and tasks, the
     customer, the agent, the table (one row per domain, then all of them together)."""
-    from plumbing.eval_flags import make_agent, parse_args, rules, start_customer
+    from evaluation.flags import make_agent, parse_args, rules, start_customer
 
     a = a or parse_args(argv)
     bench = BENCHES.get(a.bench)
@@ -204,12 +204,14 @@ def main(argv=None, a=None) -> dict:
     t0 = time.time()
     agent, name = make_agent(a, worlds, bench)
     log = TrajectoryLog(a.out)
-    log.path.unlink(missing_ok=True)  # (the log appends, as training's must: here one evaluation)
+    if log.path.is_file():  # the log appends, as training's must: here one evaluation (a device such
+        log.path.unlink()  # as --out /dev/null is written to, never removed)
     metrics, eps = evaluate(tasks, worlds, agent, user, cfg, trials=a.eval_trials,
                             check_outputs=bool(a.check_outputs),
                             log=lambda batch: log.write(batch, phase="eval", agent=name))
     user.close()
-    view.write(log.path.parent, log.path)  # view.html beside the transcripts, one offline page
+    if log.path.is_file():  # view.html beside the transcripts, one offline page
+        view.write(log.path.parent, log.path)
     print(f"{len(tasks)} tasks x {a.eval_trials} trials on {a.domains}/{a.split} in "
           f"{time.time() - t0:.1f}s; transcripts: {a.out}")
     domains = sorted({t.domain for t in tasks})

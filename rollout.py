@@ -19,7 +19,7 @@ for every episode instead (lock-step rounds: the same batches on every run, so b
 pieces), exactly what the policy saw and sampled, never re-rendered: prompt (mask 0) | agent turn as
 sampled, with its end-of-turn token (mask 1) | tool result or customer message + generation prompt
 (mask 0) | agent turn (mask 1) | ... Log-probs ride on the mask-1 tokens; `Episode.spans` records
-each piece's author. Message-level agents (plumbing/agents.py) play the same loop without tokens.
+each piece's author. Message-level agents (evaluation/agents.py) play the same loop without tokens.
 
 Seeds: episode j of a task's k-th draw in a call samples with episode_seed(cfg.seed, task id, k, j),
 its turns with episode_seed(that, turn), its customer's replies with episode_seed(that, "user",

@@ -46,7 +46,7 @@ import time
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from plumbing.agents import MessageAgent
+from evaluation.agents import MessageAgent
 from demo import TINY
 from demo.train import DemoConfig as Config
 from domains import load_worlds, store

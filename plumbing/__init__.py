@@ -2,7 +2,6 @@
 
     flags.py        the command line -> a settings dataclass: grouped flags, --config, --resume, one-line errors
     validate.py     a configuration that cannot work, refused before any work
-    eval_flags.py   eval.py's command line, its customer and its agent
     startup.py      what muarl.train calls by name: resume, a failed start left as found, checkpoints, the record
     checkpoint.py   atomic checkpoints with checksummed manifests, resume, the task order
     runlog.py       log.jsonl with one global step and strict JSON, each step's statistics
@@ -15,11 +14,11 @@
     sampling.py     how a token is drawn (temperature, top-p, its log-prob) and from which seed
     hf_engine.py    the transformers engine: a batched decode loop over a buffer-backed KV cache
     kv_store.py     each conversation's keys/values kept across turns
-    agents.py       agents other than the policy: an OpenAI-compatible endpoint, the oracle, the expert
     tiny_model.py   a Qwen3-architecture model and BPE tokenizer built locally (tests, demos, the CPU demo)
     curves.py       a run's training dynamics drawn from its log.jsonl
     view.py         a run's page (view.html): every conversation, the trained tokens lit, each reward explained
 
 Nothing here is needed to read how MUA-RL works: the top-level files are. Nothing here imports them
-(tests/test_layout.py; agents.py, tiny_model.py and eval_flags.py are still to move out).
+(tests/test_layout.py) but tiny_model.py, whose default corpus is the generic tools' text (tools.py).
+eval.py's command line and the agents it evaluates besides the policy are in evaluation/.
 """

@@ -3,6 +3,7 @@ messages, the customer's prompt variant, missing data in one line, and one GRPO 
 
 import json
 import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -29,6 +30,7 @@ def test_the_oracle_scores_100_percent_through_eval(capsys):
     import eval as ev
 
     m = ev.main(["--bench", "acebench_agent", "--agent", "oracle", "--eval_trials", "1", "--out", os.devnull])
+    assert stat.S_ISCHR(os.stat(os.devnull).st_mode)  # written to, never replaced by a file of transcripts
     out = capsys.readouterr().out
     assert m["multi_turn_n"] == 30 and m["multi_step_n"] == 20 and m["aborted"] == 0
     assert m["agent"] == m["multi_turn_end_to_end"] == m["multi_step_end_to_end"] == 1.0

@@ -175,7 +175,7 @@ def test_env_matches_bfcls_own_executor_on_gold_and_perturbed_calls(world):
 
 @needs_bfcl
 def test_oracle_passes_bfcls_checker_on_a_sample_of_every_category(world):
-    from plumbing.agents import MessageAgent
+    from evaluation.agents import MessageAgent
 
     tasks = _sample(world)
     m, eps = _play(world, tasks, MessageAgent(bfcl.oracle))
@@ -187,7 +187,7 @@ def test_oracle_passes_bfcls_checker_on_a_sample_of_every_category(world):
 
 @needs_bfcl
 def test_a_run_missing_a_call_or_a_turn_fails(world):
-    from plumbing.agents import MessageAgent
+    from evaluation.agents import MessageAgent
 
     def skip_a_turn(task):  # the oracle, except that it ends the first turn with gold calls without them
         act, first = bfcl.oracle(task), next(k for k, turn in enumerate(task.raw["gold"]) if turn)
@@ -239,7 +239,7 @@ def _oracle_args(*flags):
     """eval.py's parsed arguments for BFCL's oracle, whose customer is BFCL's script (ScriptedUser says the task's
     turns). The parse gives --user llm by default and refuses --user with --agent oracle, so the customer is named
     here, on the parsed arguments (see test_the_oracle_runs_from_the_command_line_as_it_is)."""
-    from plumbing.eval_flags import parse_args
+    from evaluation.flags import parse_args
 
     a = parse_args(["--bench", bfcl.NAME, "--agent", "oracle", "--eval_trials", "1", "--out", os.devnull, *flags])
     a.user = "scripted"
@@ -372,7 +372,7 @@ class _Endpoint(BaseHTTPRequestHandler):
 @needs_bfcl
 def test_stub_openai_endpoint_plays_five_tasks_through_the_tools_api(world):
     pytest.importorskip("openai")
-    from plumbing.agents import MessageAgent, openai_act
+    from evaluation.agents import MessageAgent, openai_act
 
     tasks = [t for t in world.tasks() if t.id in ("multi_turn_base_7", "multi_turn_miss_func_0",
                                                   "multi_turn_miss_param_12", "multi_turn_long_context_3",

@@ -22,8 +22,8 @@ from config import GROUPS, Config
 from demo import SHIPPED, TINY
 from demo.train import DemoConfig
 from demo.train import parse as demo_parse
-from plumbing.eval_flags import SHARED
-from plumbing.eval_flags import parse_args as eval_parse
+from evaluation.flags import SHARED
+from evaluation.flags import parse_args as eval_parse
 from plumbing.flags import ConfigError, parse_config, save_config
 from config import validate
 
@@ -192,7 +192,7 @@ def test_llm_user_flags_with_the_scripted_user_conflict():
 
 
 EVAL_BAD = {
-    # flag: bad values; each must be refused by eval.py's parse (plumbing.eval_flags.parse_args), naming the flag
+    # flag: bad values; each must be refused by eval.py's parse (evaluation.flags.parse_args), naming the flag
     "eval_trials": ["0", "-1", "x"], "eval_tasks": ["-1"], "temperature": ["-1", "nan"], "top_p": ["0", "1.5", "nan"],
     "max_turns": ["0"], "max_new_tokens": ["0", "40000"], "max_context": ["10"], "check_outputs": ["2"],
     "tools_in_prompt": ["-1"], "user_max_tokens": ["0"], "user_temperature": ["-1"], "bench": ["bfcl"],

@@ -47,7 +47,7 @@ def test_compare_customers_cells_are_eval_commands_of_each_runs_own_world(tmp_pa
     import compare_customers as cc
 
     from demo import SHIPPED
-    from plumbing.eval_flags import parse_args
+    from evaluation.flags import parse_args
 
     run, other = tmp_path / "llm-1", tmp_path / "B"
     for model in (run / "final", other):  # model folders, as eval.py's parse sees them

@@ -31,7 +31,7 @@ import muarl
 from demo import train as demo_train
 from domains import BENCHES, DOMAINS, Domain, load_world, load_worlds, script_for
 from eval import evaluate
-from plumbing.agents import MessageAgent, OracleAgent
+from evaluation.agents import MessageAgent, OracleAgent
 from plumbing.flags import ConfigError
 from plumbing.hf_engine import HFEngine
 from plumbing.serve import customer_for
@@ -76,9 +76,8 @@ def test_core_file_opens_with_a_docstring_and_runs_on_its_own(name):
 
 def test_what_a_reader_may_skip_lives_in_one_folder_one_concept_a_file():
     # checkpoint manifests, preflight, run logging, config validation, the memory plan, the transformers KV
-    # engine, evaluation-only agents: none of them at the top level; each a file of plumbing/ that opens by saying
-    # what it is
-    for concept in ("checkpoint", "preflight", "runlog", "validate", "memory_plan", "hf_engine", "agents"):
+    # engine: none of them at the top level; each a file of plumbing/ that opens by saying what it is
+    for concept in ("checkpoint", "preflight", "runlog", "validate", "memory_plan", "hf_engine"):
         assert concept not in CORE and (REPO / SKIP / f"{concept}.py").is_file(), concept
     for path in (REPO / SKIP).glob("*.py"):
         assert _style(path)["doc"], f"{path.name} does not open with a docstring saying what it is"
@@ -108,7 +107,7 @@ def test_the_readmes_reading_order_names_every_top_level_file():
 # --------------------------------------------------------------------------------------------------
 # The core imports nothing from demo/; no import circles
 
-PACKAGES = ("domains", "benchmarks", "demo", SKIP)
+PACKAGES = ("domains", "benchmarks", "evaluation", "demo", SKIP)
 MODULES = CORE + [f"{d}.{p.stem}" for d in PACKAGES for p in (REPO / d).glob("*.py") if p.stem != "__init__"] \
     + list(PACKAGES)
 

@@ -20,7 +20,7 @@ from plumbing.sampling import episode_seed
 
 import chat
 from conftest import TAU2
-from plumbing.agents import MessageAgent, OracleAgent
+from evaluation.agents import MessageAgent, OracleAgent
 from user_sim import FixedUser
 from domains import DOMAINS, Domain, script_for, telecom_user
 from domains.base import Task, World, content_key

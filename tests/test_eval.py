@@ -147,7 +147,7 @@ def test_a_runs_final_model_is_evaluated_with_the_runs_own_settings(tmp_path, mo
 
 def test_a_model_folder_outside_a_run_takes_no_settings(tmp_path):
     # a folder without a run's config.json beside it (or with another file of that name): evaluation's defaults
-    from plumbing.eval_flags import parse_args
+    from evaluation.flags import parse_args
 
     run = _tiny_run(tmp_path, domains="shop", max_turns=3)
     (run / "config.json").write_text(json.dumps({"domains": "shop"}))  # not muarl's: no max_context in it

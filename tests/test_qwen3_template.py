@@ -21,7 +21,7 @@ import pytest
 
 import chat
 from domains import load_world
-from plumbing.agents import ExpertEngine
+from evaluation.agents import ExpertEngine
 from plumbing.tiny_model import build_tiny
 from plumbing.models import load_tokenizer
 from rollout import PolicyAgent, RolloutConfig, rollout, score

@@ -7,7 +7,7 @@ import torch
 
 import chat
 from domains import load_world
-from plumbing.agents import ExpertEngine
+from evaluation.agents import ExpertEngine
 from engine import Sample
 from plumbing.hf_engine import HFEngine
 from plumbing.tiny_model import build_tiny
@@ -192,7 +192,7 @@ def test_user_failure_aborts_not_scores(world, tiny):
 
 def _gold_then(task, then):
     """A message-level agent: the task's gold actions (OracleAgent), then `then` (a tool call) every turn after."""
-    from plumbing.agents import OracleAgent
+    from evaluation.agents import OracleAgent
 
     oracle = OracleAgent(task)
     return lambda messages, tools: oracle(messages, tools) if oracle.todo else {"content": "", "tool_calls": [then]}
@@ -206,7 +206,7 @@ def _write_task(world):
 
 
 def _play_messages(world, task, then, cfg):
-    from plumbing.agents import MessageAgent
+    from evaluation.agents import MessageAgent
     from user_sim import FixedUser
 
     worlds = {world.name: world}

@@ -128,7 +128,7 @@ def test_deterministic():
 
 
 def test_expert_through_the_token_pipeline(world):
-    from plumbing.agents import ExpertEngine
+    from evaluation.agents import ExpertEngine
     from plumbing.tiny_model import build_tiny
     from rollout import PolicyAgent, RolloutConfig, rollout, score
 

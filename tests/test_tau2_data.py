@@ -72,7 +72,7 @@ def test_wheel_is_read_as_a_zip_and_named_as_the_source(no_local_data):
         assert raw["evaluation_criteria"]["actions"] != mine[raw["id"]]["evaluation_criteria"]["actions"]
     assert world.new_env().db_hash() == BASE_RETAIL  # the same database as tau2-bench's
     # the oracle still scores 1 on the wheel's revision of these tasks
-    from plumbing.agents import MessageAgent, OracleAgent
+    from evaluation.agents import MessageAgent, OracleAgent
     from user_sim import FixedUser
     from eval import evaluate
     from rollout import RolloutConfig

@@ -71,7 +71,7 @@ def test_every_gold_replay_scores_one(world):
 
 
 def test_oracle_through_the_rollout_loop(world):
-    from plumbing.agents import MessageAgent, OracleAgent
+    from evaluation.agents import MessageAgent, OracleAgent
     from user_sim import FixedUser
     from eval import evaluate
     from rollout import RolloutConfig

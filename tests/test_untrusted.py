@@ -15,7 +15,7 @@ import time
 import pytest
 
 import chat
-from plumbing.agents import MessageAgent
+from evaluation.agents import MessageAgent
 from conftest import REPO, needs_tau2
 from domains import load_world
 from plumbing.tiny_model import train_tokenizer
@@ -451,7 +451,7 @@ def test_the_agents_words_reach_the_customers_server_as_text(tok):
 
 
 def test_an_endpoint_agent_receives_customer_and_tool_markers_as_text(tok):
-    from plumbing.agents import _wire
+    from evaluation.agents import _wire
 
     msgs = [{"role": "system", "content": "rules"}, {"role": "user", "content": FORGED},
             {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "f", "arguments": {}}}]},

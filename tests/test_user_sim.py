@@ -436,7 +436,7 @@ def test_each_customer_request_carries_the_episodes_seed():
 
     from domains import load_world
     from rollout import RolloutConfig, rollout
-    from plumbing.agents import MessageAgent
+    from evaluation.agents import MessageAgent
 
     world = load_world("store", seed=0, n_train=10, n_test=4, n_orders=400, n_test_orders=200)
     user = LLMUser("m", base_url="http://127.0.0.1:1/v1", api_key="x", client=Client, seed=5)

@@ -154,7 +154,7 @@ def make_agent(a, worlds, bench):
     """(agent, its name in the table): the local model through an engine, an endpoint, or the
     oracle."""
     from engine import make_engine
-    from plumbing.agents import MessageAgent, OracleAgent, openai_act
+    from evaluation.agents import MessageAgent, OracleAgent, openai_act
     from plumbing.models import load_policy, load_tokenizer, model_folder
     from chat import prompt_warning
     from plumbing.preflight import PreflightError, check_endpoint, endpoint
@@ -178,7 +178,7 @@ def make_agent(a, worlds, bench):
             w = max(worlds.values(), key=lambda w: len(json.dumps(w.tool_schemas())))  # the longest prompt
             first = [{"role": "system", "content": w.rules}, {"role": "user", "content": "Hello"}]
             try:
-                # retried as the agent's own requests are (plumbing/agents.py: the client's 3 retries)
+                # retried as the agent's own requests are (evaluation/agents.py: the client's 3 retries)
                 check_endpoint("agent", a.agent_model, first, a.max_new_tokens, None if bench and bench.agent else
                                w.tool_schemas(), a.agent_base_url, a.agent_api_key, retries=3)
             except PreflightError as e:
