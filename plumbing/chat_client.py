@@ -150,8 +150,9 @@ def concurrently(fn, items: list, workers: int) -> list:
     pool = ThreadPoolExecutor(max_workers=max(1, min(workers, len(items))))
     try:
         return [patient(f) for f in [pool.submit(fn, x) for x in items]]
-    except BaseException:
-        STOP.set()
+    except BaseException as e:
+        if not isinstance(e, Exception):  # Ctrl-C: the requests in flight give up too (a call's own
+            STOP.set()  # error leaves them to finish, and later requests to be asked)
         pool.shutdown(wait=False, cancel_futures=True)
         raise
     finally:
@@ -165,7 +166,8 @@ def patient(future):
         try:
             return future.result(timeout=0.2)
         except TimeoutError:
-            continue
+            if future.done():  # (the call's own TimeoutError, not the wait's)
+                raise
 
 
 class ChatClient:
