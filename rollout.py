@@ -156,8 +156,9 @@ class Agent(Protocol):
     """The agent side of the loop: rollout() calls begin() once per episode, then, on the episode's
     own thread, act() for each of its turns and observe() with what came back (tool results, or the
     customer's reply). act() returns a tools.ParsedTurn (text, calls, parse errors) or, if the agent
-    itself failed, an Exception. An agent with an engine also has serve(): rollout() runs it on the
-    calling thread while the episodes play (PolicyAgent's batches their turns)."""
+    itself failed, an Exception. An agent with an engine also has serve(), which rollout() runs on
+    the calling thread while the episodes play (PolicyAgent's batches their turns), and leave(ep),
+    called as each episode ends."""
 
     def begin(self, ep: Episode, rules: str, schemas: list[dict], first: str) -> None: ...
 
@@ -192,6 +193,9 @@ class PolicyAgent:
     def observe(self, ep, messages):
         # tool results / a customer message + the next generation prompt, by the template (mask 0)
         ep.append(chat.delta_ids(self.tok, messages), 0, who=messages[-1]["role"])
+
+    def leave(self, ep):  # the episode has ended: the engine waits for it no more
+        self.batcher.leave()
 
     def serve(self, playing, cfg, progress=None):
         self.batcher.serve(playing, cfg.lockstep, dict(temperature=cfg.temperature, top_p=cfg.top_p,
@@ -367,7 +371,7 @@ def rollout(tasks: list[Task], group_size: int, worlds: dict[str, World], agent:
             crashed.append(e)
         finally:
             if serve is not None:
-                agent.batcher.leave()
+                agent.leave(ep)
             with ended:
                 left[0] -= 1
                 ended.notify_all()
