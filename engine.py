@@ -309,7 +309,7 @@ class Batcher:
     batching: `submit` + `step`); an engine without them (HFEngine) generates one batch at a time,
     taking everything that arrived while it was busy.
 
-    `rounds=True` is lock-step instead: the engine waits until every episode still playing is
+    `lockstep=True` instead: the engine waits until every episode still playing is
     waiting on it, then generates for all of them, in episode order. The batches are then the same
     on every run, so a seed's run is bit-for-bit repeatable with an engine whose numerics depend on
     its batch (HFEngine's do, at ~1e-7); the per-episode seeds alone make it repeatable up to that.
@@ -333,26 +333,28 @@ class Batcher:
             return self.answers.pop(key)
 
     def leave(self) -> None:
-        """An episode's thread: it has ended (the engine no longer waits for it in rounds)."""
+        """An episode's thread: it has ended (in lock-step the engine no longer waits for it)."""
         with self.cv:
             self.playing -= 1
             self.cv.notify_all()
 
-    def serve(self, playing: int, rounds: bool, sampling: dict, progress=None) -> None:
+    def serve(self, playing: int, lockstep: bool, sampling: dict, progress=None) -> None:
         """The engine's thread, until `playing` episodes have all ended. `sampling`: temperature,
-        top_p, stop_token_ids, the same for every request. `progress(ended)` whenever one ends."""
+        top_p, stop_token_ids, the same for every request. `progress()` whenever episodes end."""
         self.playing, self.failed, self.answers, flowing = playing, None, {}, hasattr(self.engine, "submit")
-        ended = -1
+        last = playing
+
+        def ready():  # work to do, or nothing left to play
+            return self.playing == 0 or (len(self.pending) == self.playing if lockstep else bool(self.pending))
+
         try:
             while True:
-                with self.cv:  # wait until there is work (or nothing is left to play)
-                    ready = lambda: self.playing == 0 or (len(self.pending) == self.playing if rounds  # noqa: E731
-                                                         else bool(self.pending))
+                with self.cv:
                     if not (flowing and self.engine.busy()):
                         self.cv.wait_for(ready, timeout=1.0)
-                    if ended != playing - self.playing and progress is not None:
-                        ended = playing - self.playing
-                        progress(ended)
+                    if last != self.playing and progress is not None:
+                        last = self.playing
+                        progress()
                     if self.playing == 0:
                         return
                     batch = sorted(self.pending.items()) if ready() else []

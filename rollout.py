@@ -183,7 +183,7 @@ class PolicyAgent:
         budget = min(cfg.max_new_tokens, cfg.max_context - len(ep.ids))
         seed = None if ep.seed is None else episode_seed(ep.seed, ep.agent_turns)
         s = self.batcher.ask(ep.key, ep.ids, budget, seed)  # waits for the engine's next batch
-        ids, lps = list(s.token_ids)[:budget], list(s.logprobs)[:budget]
+        ids, lps = list(s.token_ids), list(s.logprobs)  # (at most `budget`: the Batcher cuts them)
         closed = bool(ids) and ids[-1] == self.eot
         text = self.tok.decode(ids[:-1] if closed else ids, skip_special_tokens=False)
         shut = [] if closed else [self.eot]  # cut off: the turn is closed, unsampled (mask 0)
@@ -377,7 +377,7 @@ def rollout(tasks: list[Task], group_size: int, worlds: dict[str, World], agent:
                 ended.notify_all()
 
     threads = [threading.Thread(target=story, args=(e,), daemon=True, name=f"episode-{e.key}") for e in live]
-    tick = None if progress is None else lambda n: progress(len(episodes) - left[0], len(episodes))
+    tick = None if progress is None else lambda: progress(len(episodes) - left[0], len(episodes))
     try:
         for t in threads:
             t.start()
@@ -386,7 +386,7 @@ def rollout(tasks: list[Task], group_size: int, worlds: dict[str, World], agent:
         with ended:  # (an agent without an engine: nothing to serve, only to wait for)
             while left[0]:
                 ended.wait(timeout=1.0)
-                tick and tick(0)
+                tick and tick()
     except BaseException:  # Ctrl-C, or the engine failed: every request in flight gives up at once
         chat_client.STOP.set()
         deadline = time.monotonic() + 5.0

