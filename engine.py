@@ -333,16 +333,24 @@ class Batcher:
             return self.answers.pop(key)
 
     def leave(self) -> None:
-        """An episode's thread: it has ended (in lock-step the engine no longer waits for it)."""
+        """An episode's thread: it has ended (in lock-step the engine no longer waits for it). The
+        last one to leave closes the rollout: an engine failure it saw is not the next rollout's."""
         with self.cv:
             self.playing -= 1
+            if self.playing == 0:
+                self.failed, self.answers, self.pending = None, {}, {}
             self.cv.notify_all()
 
     def serve(self, playing: int, lockstep: bool, sampling: dict, progress=None) -> None:
         """The engine's thread, until `playing` episodes have all ended. `sampling`: temperature,
-        top_p, stop_token_ids, the same for every request. `progress()` whenever episodes end."""
-        self.playing, self.failed, self.answers, flowing = playing, None, {}, hasattr(self.engine, "submit")
-        last = playing
+        top_p, stop_token_ids, the same for every request. `progress()` whenever episodes end.
+
+        The episodes' threads start before this call, so an episode may already have asked, or even
+        left (its count went below 0): the `playing` are added to what is there, never set."""
+        flowing = hasattr(self.engine, "submit")
+        with self.cv:
+            self.playing += playing
+            last = self.playing
 
         def ready():  # work to do, or nothing left to play
             return self.playing == 0 or (len(self.pending) == self.playing if lockstep else bool(self.pending))

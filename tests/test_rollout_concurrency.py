@@ -213,6 +213,50 @@ def test_the_batcher_serves_whatever_is_pending_and_in_lockstep_waits_for_everyo
             assert engine.batches[-1] == [20] and sorted(sum(engine.batches, [])) == [0, 10, 20]
 
 
+def test_a_batcher_whose_engine_failed_serves_the_next_rollout_and_counts_an_episode_that_left_early():
+    class Flaky:  # fails its first batch, then echoes
+        calls = 0
+
+        def generate(self, prompts, max_new_tokens, seed=None, **kw):
+            Flaky.calls += 1
+            if Flaky.calls == 1:
+                raise RuntimeError("engine down")
+            return [Sample([p[-1] + 1] * max_new_tokens, [0.0] * max_new_tokens, "length") for p in prompts]
+
+    b, got, errors = Batcher(Flaky()), {}, []
+
+    def episode(key, asks=True):
+        try:
+            if asks:
+                got[key] = b.ask(key, [key], 1, None).token_ids
+        except RuntimeError as e:
+            errors.append(str(e))
+        finally:
+            b.leave()
+
+    def rollout(keys, early=()):
+        threads = [threading.Thread(target=episode, args=(k, k not in early), daemon=True) for k in keys]
+        for t in threads:
+            t.start()
+        time.sleep(0.2)  # (an episode that asks nothing has left before the engine is served)
+        def serve():
+            try:
+                b.serve(len(keys), False, {})
+            except RuntimeError as e:  # (the engine's own error, which rollout() raises)
+                errors.append(f"serve: {e}")
+
+        server = threading.Thread(target=serve, daemon=True)
+        server.start()
+        for t in threads + [server]:
+            t.join(timeout=5.0)
+        return not any(t.is_alive() for t in threads + [server])
+
+    assert rollout([0, 1]) and len(errors) == 3 and all("engine down" in e for e in errors)
+    errors.clear()
+    assert rollout([0, 1, 2], early=[2]), "the engine waited for an episode that had already left"
+    assert errors == [] and got == {0: [1], 1: [2]}  # the failure of the rollout before is not this one's
+
+
 @pytest.mark.slow
 @pytest.mark.vllm
 def test_the_latency_benchmark_plays_the_same_episodes_both_ways_and_prints_the_ratio_last():
