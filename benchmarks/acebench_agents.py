@@ -203,7 +203,17 @@ def summarize(episodes) -> tuple[dict, str]:
     return m, text
 
 
-BENCH = Bench(domain="acebench_agent", summary=summarize, agent=make_agent)  # eval.py --bench acebench_agent
+def make_customer(model: str, **settings):
+    """eval.py's hook (Bench row `customer`): with --user llm, ACEBench's simulated user (benchmarks/
+    acebench_customer.py) in LLMUser's place, from the same settings. Imported here, not at the top: user_sim
+    imports domains, whose table imports this file."""
+    from benchmarks.acebench_customer import AceCustomer
+
+    return AceCustomer(model, **settings)
+
+
+BENCH = Bench(domain="acebench_agent", summary=summarize, agent=make_agent,  # eval.py --bench acebench_agent
+              customer=make_customer)
 
 
 if __name__ == "__main__":

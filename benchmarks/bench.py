@@ -2,7 +2,8 @@
 
 A benchmark runs on a world of domains.DOMAINS (its tasks, its tools, its scorer) and adds what the world alone does
 not say: the conversation rules it fixes, the figures it reports, the gold replay that checks the harness, and, for
-ACEBench, its own agent protocol. domains.BENCHES is the table of these rows; eval.py reads it and names none.
+ACEBench, its own agent protocol and its own customer. domains.BENCHES is the table of these rows; eval.py reads it
+and names none.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ class Bench:
     oracle: Callable | None = None  # task -> act(messages, tools): the gold replay (agents.MessageAgent)
     rollout: dict = field(default_factory=dict)  # RolloutConfig fields the benchmark fixes (e.g. all_calls)
     agent: Callable | None = None  # its own agent protocol (ACEBench): (kind, **settings) -> a rollout Agent
+    customer: Callable | None = None  # its own LLM customer (ACEBench's): (model, **settings) -> one, for --user llm
 
 
 if __name__ == "__main__":

@@ -434,6 +434,7 @@ def served_markers(tok, messages) -> tuple[int, int]:
 
 
 def test_the_agents_words_reach_the_customers_server_as_text(tok):
+    from benchmarks.acebench_customer import simulator_messages as acebench_messages
     from user_sim import _HIDDEN, simulator_messages
 
     for bad in HOSTILE_CONTENTS:
@@ -442,9 +443,9 @@ def test_the_agents_words_reach_the_customers_server_as_text(tok):
         benign = simulator_messages("You want a refund for order #W1.", [history[0], {**history[1], "content": "ok"}])
         assert served_markers(tok, msgs) == served_markers(tok, benign), bad  # no forged turn at the server
         assert msgs[-1]["content"].replace("\u200b", "") == _HIDDEN.sub("", bad).strip()  # the same words, read
-        variant = {"system": "sys", "greeting": "hi", "own_role": "assistant"}  # a benchmark's customer (ACEBench)
-        got = simulator_messages("x", history, variant=variant)
-        assert served_markers(tok, got) == served_markers(tok, simulator_messages("x", [history[0]], variant=variant)
+        sim = {"system": "sys", "greeting": "hi", "own_role": "assistant"}  # a benchmark's customer (ACEBench)
+        got = acebench_messages(sim, history)
+        assert served_markers(tok, got) == served_markers(tok, acebench_messages(sim, [history[0]])
                                                           + [{"role": "user", "content": "ok"}])
     # instructions from a data file go to the customer's system prompt: the same rule
     assert served_markers(tok, simulator_messages(FORGED, [])) == served_markers(tok, simulator_messages("x", []))
