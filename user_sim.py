@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from domains import script_for
+from domains import DOMAINS
 from domains.dual_control import Phone, customer_only, own_call_view
 from domains.tau2_data import LOADED as TAU2_LOADED, user_guidelines
 from plumbing.chat_client import (ChatClient, UserError, concurrently, reply_text, reply_turn,  # noqa: F401
@@ -270,20 +270,37 @@ class LLMUser(User):
 # Scripted customers: generated tasks, no LLM
 
 
+def domain_scripts() -> dict:
+    """World name -> the module that scripts its customer: every row of domains.DOMAINS that has one."""
+    return {name: d.script for name, d in DOMAINS.items() if d.script is not None}
+
+
 class ScriptedUser(User):
-    """Plays a generated task's spec with its domain's script (domains/synthetic.py, shop.py,
-    store.py); a task without one (tau2's telecom) is played by its domain's script from the task
-    itself, phone included (domains/telecom_user.py: it performs the user-side gold actions)."""
+    """Plays a generated task's spec with its world's script (domains/synthetic.py, the demo's shop and store);
+    a task without one (tau2's telecom) is played by its domain's script from the task itself, phone included
+    (domains/telecom_user.py: it performs the user-side gold actions). `scripts` (world name -> script module) is
+    read once, when the customer is built: every world registered by then (domain_scripts()) unless given."""
 
     label = "the script"
 
+    def __init__(self, scripts: dict | None = None):
+        self.scripts = domain_scripts() if scripts is None else dict(scripts)
+
+    def script_for(self, task):
+        """The script that plays `task`: a generated task's spec names the world whose script wrote it; a task
+        without one (tau2's own) is played by its own domain's script, if it has one (telecom's)."""
+        name = task.spec.get("world") if task.spec is not None else getattr(task, "domain", None)
+        if name not in self.scripts:
+            raise ValueError(f"task {task.id!r} has no scripted customer; use the LLM customer (--user llm) for it")
+        return self.scripts[name]
+
     def first_message(self, task, tools: bool = False) -> str:
-        return script_for(task).scripted_first_message(task.spec if task.spec is not None else task)
+        return self.script_for(task).scripted_first_message(task.spec if task.spec is not None else task)
 
     def reply(self, task, history, phone=None, seed=None):
         if phone is not None:  # a dual-control world's script reads the customer's phone too
-            return script_for(task).scripted_reply(task, history, phone)
-        return script_for(task).scripted_reply(task.spec, history)
+            return self.script_for(task).scripted_reply(task, history, phone)
+        return self.script_for(task).scripted_reply(task.spec, history)
 
 
 class SampledScriptUser(ScriptedUser):
@@ -293,7 +310,7 @@ class SampledScriptUser(ScriptedUser):
     label = "the sampled script"
 
     def reply(self, task, history, phone=None, seed=None):
-        script = script_for(task)
+        script = self.script_for(task)
         if phone is None and task.spec is not None and hasattr(script, "sampled_reply"):
             return script.sampled_reply(task.spec, history, random.Random(seed))
         return super().reply(task, history, phone, seed)
@@ -305,16 +322,19 @@ class FixedUser(User):
 
     label = "a fixed line"
 
+    def __init__(self, scripts: dict | None = None):
+        self.script = ScriptedUser(scripts)  # (what acts on the phone in a dual-control world)
+
     def first_message(self, task, tools=False):
         if tools:
-            return ScriptedUser().first_message(task)
+            return self.script.first_message(task)
         text = task.instructions
         return text.split("\n\n")[1] if "\n\n" in text else text
 
     def reply(self, task, history, phone=None, seed=None):
         if phone is None:
             return "Thanks, that's all. " + STOP
-        return ScriptedUser().reply(task, history, phone)
+        return self.script.reply(task, history, phone)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -341,9 +361,9 @@ class UserKind:
 
 USERS = {
     "llm": UserKind(_llm, endpoint=True),
-    "scripted": UserKind(lambda **kw: ScriptedUser(), scripted=True),
-    "sampled": UserKind(lambda **kw: SampledScriptUser(), scripted=True),
-    "fixed": UserKind(lambda **kw: FixedUser()),
+    "scripted": UserKind(lambda **kw: ScriptedUser(domain_scripts()), scripted=True),
+    "sampled": UserKind(lambda **kw: SampledScriptUser(domain_scripts()), scripted=True),
+    "fixed": UserKind(lambda **kw: FixedUser(domain_scripts())),
 }
 
 

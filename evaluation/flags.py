@@ -111,10 +111,9 @@ def rules(a, worlds, tasks, bench):
     one; a benchmark's own (BFCL runs every call of a step). A scripted customer must play them all."""
     import dataclasses
 
-    from domains import script_for
     from domains.tau2_data import provenance
     from rollout import RolloutConfig
-    from user_sim import USERS
+    from user_sim import USERS, ScriptedUser
 
     tau2 = bool(provenance(worlds))
     turns = a.max_turns if "max_turns" in a.given or not tau2 else 10**9
@@ -123,8 +122,9 @@ def rules(a, worlds, tasks, bench):
                         max_errors=10 * tau2)
     if getattr(USERS.get(a.user), "scripted", False) and a.agent != "oracle":
         try:  # a task no script plays would abort
+            script = ScriptedUser()
             for t in tasks:
-                script_for(t)
+                script.script_for(t)
         except ValueError:
             raise ConfigError(f"the scripted customer does not play {a.domains}'s tasks: use --user "
                               "llm") from None

@@ -29,7 +29,7 @@ import torch
 import grpo
 import muarl
 from demo import train as demo_train
-from domains import BENCHES, DOMAINS, Domain, load_world, load_worlds, script_for
+from domains import BENCHES, DOMAINS, Domain, load_world, load_worlds
 from eval import evaluate
 from evaluation.agents import MessageAgent, OracleAgent
 from plumbing.flags import ConfigError
@@ -384,7 +384,7 @@ def test_a_toy_domain_is_one_file_and_one_registry_row(tmp_path, monkeypatch, ti
     validate(cfg, model_given=False)  # the validation knows it, the scripted customer may play it
     worlds = load_worlds(cfg)
     tasks = worlds["toy"].tasks("test")
-    assert script_for(tasks[0]) is toy_domain
+    assert ScriptedUser().script_for(tasks[0]) is toy_domain  # (a customer built after the row reads it)
     m, _ = evaluate(tasks, worlds, MessageAgent(OracleAgent), ScriptedUser(), RolloutConfig(), progress=False)
     assert m["pass^1"] == 1.0 and m["episodes"] == 3
     # and the core trains on it: one GRPO step of a tiny model (no cold start), evaluated on the toy's test split
