@@ -80,7 +80,7 @@ def tiny_model_dir(world, args) -> Path:
 
     import sft
     from domains.base import cache_dir, content_key
-    from plumbing.tiny_model import build_tiny
+    from demo.tiny_model import build_tiny
 
     settings = {k: getattr(args, k) for k in ("hidden", "layers", "heads", "kv_heads", "intermediate", "vocab",
                                               "split_digits", "sft_convs", "sft_epochs", "sft_batch", "sft_lr", "seed")}

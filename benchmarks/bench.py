@@ -27,7 +27,7 @@ class Bench:
 
 
 if __name__ == "__main__":
-    # A toy row: a benchmark on the shop world that reports how many of its episodes scored 1.
-    toy = Bench("shop", summary=lambda eps: ({"solved": sum(e.reward == 1 for e in eps)}, "solved: ..."),
+    # A toy row: a benchmark on the synthetic world that reports how many of its episodes scored 1.
+    toy = Bench("synthetic", summary=lambda eps: ({"solved": sum(e.reward == 1 for e in eps)}, "solved: ..."),
                 rollout={"all_calls": True})
     print(toy)

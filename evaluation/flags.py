@@ -78,15 +78,15 @@ def parse_args(argv=None) -> argparse.Namespace:
         if not hasattr(a, f.name):
             setattr(a, f.name, f.default)
     a.synthetic_train, a.user_down_s = 0, float("inf")  # (held-out tasks only; no steps to be down for)
-    from domains import BENCHES, DOMAINS
+    from domains import BENCHES, unknown_domains
 
     if a.bench:
         if a.bench not in BENCHES:
             raise ConfigError(f"--bench must be one of {', '.join(BENCHES)}, got {a.bench!r}")
         a.domains = BENCHES[a.bench].domain
-    unknown = [d for d in a.domains.split(",") if d not in DOMAINS]
+    unknown = unknown_domains(a.domains.split(","))
     first_problem([
-        (not unknown, f"--domains: unknown domain(s) {unknown}: choose from {', '.join(DOMAINS)}"),
+        (not unknown, unknown),
         (a.agent != "local" or a.model, "--agent local needs --model (a model folder or a hub id)"),
         (a.agent == "local" or not a.model, f"--model is for --agent local (got --agent {a.agent})"),
         (a.agent != "openai" or a.agent_model, "--agent openai needs --agent_model"),

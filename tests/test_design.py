@@ -35,7 +35,7 @@ from evaluation.agents import MessageAgent, OracleAgent
 from plumbing.flags import ConfigError
 from plumbing.hf_engine import HFEngine
 from plumbing.serve import customer_for
-from plumbing.tiny_model import build_tiny
+from demo.tiny_model import build_tiny
 from config import validate
 from rollout import PolicyAgent, RolloutConfig, rollout, score
 from user_sim import STOP, USERS, FixedUser, ScriptedUser, User, UserKind, make_user

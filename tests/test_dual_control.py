@@ -26,7 +26,7 @@ from domains import DOMAINS, Domain, telecom_user
 from domains.base import Task, World, content_key
 from domains.dual_control import MAX_ERRORS, Phone, customer_only
 from engine import Sample
-from plumbing.tiny_model import build_tiny
+from demo.tiny_model import build_tiny
 from rollout import PolicyAgent, RolloutConfig, rollout, score
 from user_sim import LLMUser, STOP, ScriptedUser, simulator_messages
 

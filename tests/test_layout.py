@@ -64,7 +64,7 @@ def test_one_grpo_step_runs_in_the_files_the_readme_lists(tmp_path, monkeypatch)
     import muarl
     from demo import train as demo_train
     from domains import load_world
-    from plumbing.tiny_model import build_tiny
+    from demo.tiny_model import build_tiny
 
     model, world = tmp_path / "model", load_world("shop", seed=0, n_train=20, n_test=10)
     build_tiny(model, texts=[world.rules], hidden=64, layers=1, heads=1, kv_heads=1, intermediate=128,

@@ -16,7 +16,7 @@ from engine import Batcher
 from plumbing import chat_client
 from plumbing.hf_engine import HFEngine
 from plumbing.sampling import Sample
-from plumbing.tiny_model import build_tiny
+from demo.tiny_model import build_tiny
 from rollout import PolicyAgent, RolloutConfig, rollout, score
 from user_sim import ScriptedUser, UserError
 

@@ -18,7 +18,7 @@ import chat
 from evaluation.agents import MessageAgent
 from conftest import REPO, needs_tau2
 from domains import load_world
-from plumbing.tiny_model import train_tokenizer
+from demo.tiny_model import train_tokenizer
 from rollout import RolloutConfig, rollout, score
 from tools import calculate, check_call, clean, parse_tool_calls
 from user_sim import ScriptedUser
@@ -212,14 +212,14 @@ QWEN_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^
 
 @pytest.fixture(scope="module", params=["tiny", "qwen3"])
 def tok(request):
-    """The tiny tokenizer with its template (plumbing.tiny_model.build_tiny's), or a Qwen3-style one: the same BPE
+    """The tiny tokenizer with its template (demo.tiny_model.build_tiny's), or a Qwen3-style one: the same BPE
     vocabulary behind Qwen3's normalizer and pre-tokenizer (NFC, its regex split, byte-level without GPT-2's regex)
     and Qwen3's chat template (the fixture of tests/test_qwen3_template.py). Both have Qwen3's special tokens."""
     from pathlib import Path
 
     from tokenizers import Regex, normalizers, pre_tokenizers
 
-    from plumbing.tiny_model import default_corpus
+    from demo.tiny_model import default_corpus
 
     # whitespace runs at the ends of texts, so the vocabulary merges them as Qwen3's does ("\n\n", " \n", ...): the
     # ids then depend on where a tokenizer cuts a text, and the identity test below sees a wrong cut
