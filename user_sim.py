@@ -341,15 +341,17 @@ class FixedUser(User):
 # The table of customers: --user NAME picks a row; validation, eval.py and muarl.py read it
 
 
-def _llm(model: str | None = None, kind: Callable[..., User] = LLMUser, **kw) -> User:
+def _llm(model: str | None = None, mixin: type | None = None, **kw) -> User:
     """An LLM customer at an endpoint: model, base_url, api_key from kw, else $MUARL_USER_MODEL.
-    `kind(model, **kw)` builds it: LLMUser, or a benchmark's own (its Bench row's `customer`)."""
+    `mixin`: a benchmark's own customer (its Bench row's `customer`), a class whose methods come
+    before LLMUser's: it builds its own requests, and calls LLMUser's for the rest."""
     model = model or os.environ.get("MUARL_USER_MODEL")
     if not model:
         raise ValueError("the customer is a language model: give it an endpoint (--user_model NAME, "
                          "and --user_base_url URL/v1 unless it is OpenAI's) or serve a local model "
                          "on this machine (--user_serve FOLDER)")
-    return kind(model, **kw)
+    user = LLMUser if mixin is None else type(mixin.__name__, (mixin, LLMUser), {})
+    return user(model, **kw)
 
 
 @dataclass(frozen=True)

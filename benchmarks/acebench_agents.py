@@ -27,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 import chat
 from tools import as_text
 from benchmarks.acebench import EXECUTE, FINISH, AceWorld, build_world as _build, routes_to_execution
+from benchmarks.acebench_customer import AceCustomer
 from benchmarks.bench import Bench
 
 _MEETING = "Hey Frank, don't forget about our meeting on 2024-06-11 at 4 PM in Conference Room 1."
@@ -203,17 +204,8 @@ def summarize(episodes) -> tuple[dict, str]:
     return m, text
 
 
-def make_customer(model: str, **settings):
-    """eval.py's hook (Bench row `customer`): with --user llm, ACEBench's simulated user (benchmarks/
-    acebench_customer.py) in LLMUser's place, from the same settings. Imported here, not at the top: user_sim
-    imports domains, whose table imports this file."""
-    from benchmarks.acebench_customer import AceCustomer
-
-    return AceCustomer(model, **settings)
-
-
 BENCH = Bench(domain="acebench_agent", summary=summarize, agent=make_agent,  # eval.py --bench acebench_agent
-              customer=make_customer)
+              customer=AceCustomer)
 
 
 if __name__ == "__main__":

@@ -8,8 +8,10 @@ question and is never asked again (every agent message there goes to the executo
 
     python eval.py --bench acebench_agent --agent openai --agent_model gpt-4o --user llm --user_model gpt-4o
 
-plays it: the benchmark's row (acebench_agents.BENCH) names it as its `customer`, and evaluation/flags.py builds it in
-LLMUser's place. tests/test_acebench_parity.py replays ACEBench's recorded requests to it byte for byte.
+plays it: the benchmark's row (acebench_agents.BENCH) names it as its `customer`, and evaluation/flags.py asks for the
+LLM customer with it mixed in (user_sim.make_user("llm", mixin=AceCustomer, ...): a class whose methods come before
+LLMUser's). It is a mixin, not a subclass, because this file cannot import user_sim: user_sim imports domains, whose
+table lists this benchmark. tests/test_acebench_parity.py replays ACEBench's recorded requests to it byte for byte.
 
 Departures from ACEBench: none in what the customer is sent; its replies come through LLMUser's client (retries, a
 deadline), and a request that fails for good aborts the episode rather than the evaluation.
@@ -18,7 +20,6 @@ deadline), and a request that fails for good aborts the episode rather than the 
 from __future__ import annotations
 
 from tools import as_text
-from user_sim import LLMUser
 
 
 def simulator_messages(sim: dict, history: list[dict]) -> list[dict]:
@@ -40,9 +41,9 @@ def _simulator(task) -> dict | None:
     return spec.get("simulator") if isinstance(spec, dict) else None
 
 
-class AceCustomer(LLMUser):
-    """LLMUser with ACEBench's customer: the task's own prompt, sampling and fixed opening. A task that carries no
-    simulator (not ACEBench's) is played as LLMUser plays it."""
+class AceCustomer:
+    """ACEBench's customer, mixed into user_sim.LLMUser: the task's own prompt, sampling and fixed opening; a task
+    that carries no simulator (not ACEBench's) is played as LLMUser plays it (`super()`)."""
 
     def request(self, task, history, tools: bool = False) -> list[dict]:
         sim = _simulator(task)
@@ -64,13 +65,10 @@ class AceCustomer(LLMUser):
 
 
 if __name__ == "__main__":
-    # The messages ACEBench's customer is sent after one agent line, for a task built here (no data needed).
-    from types import SimpleNamespace
-
+    # The messages ACEBench's customer is sent after one agent line (no data needed): its system text, the greeting it
+    # answers, its own line as "system", the agent's as "user" with the "agent:" prefix cut.
     sim = {"system": "You are a user who wants to send a message to Frank.", "greeting":
            "Is there anything you need help with today?", "own_role": "system", "strip": ["user:", "agent:"]}
-    task = SimpleNamespace(id="acebench/demo", spec={"world": "acebench_agent", "simulator": sim})
-    for m in AceCustomer("m", base_url="http://127.0.0.1/v1", client=object()).request(task, [
-            {"role": "user", "content": "I want to message Frank."},
-            {"role": "assistant", "content": "agent:What should it say?"}]):
+    for m in simulator_messages(sim, [{"role": "user", "content": "I want to message Frank."},
+                                      {"role": "assistant", "content": "agent:What should it say?"}]):
         print(f"{m['role']:>7}: {m['content']}")
