@@ -331,6 +331,7 @@ def main() -> int:
     import torch
 
     torch.set_num_threads(args.threads)
+    import demo.worlds  # noqa: F401  (registers the demo's shop: --world shop)
     from domains import load_world
     from rollout import RolloutConfig
     from user_sim import ScriptedUser

@@ -394,6 +394,26 @@ def test_a_toy_domain_is_one_file_and_one_registry_row(tmp_path, monkeypatch, ti
     assert [r["phase"] for r in recs if r["phase"] == "grpo"] == ["grpo"] and "GRPO (1 steps)" in res
 
 
+def test_a_world_is_registered_by_name_and_an_unregistered_one_is_named(monkeypatch):
+    # domains.register is how a program (the demo, a forker's) adds a world; validation names a world it lacks.
+    import domains
+
+    table = dict(domains.DOMAINS)
+    monkeypatch.setattr(domains, "DOMAINS", table)
+    toy = Domain(lambda: None)
+    domains.register("toy", toy)
+    domains.register("toy", toy)  # the same world again (its module imported twice): nothing changes
+    assert table["toy"] is toy
+    for name, other in (("toy", Domain(lambda: None)), ("retail", toy)):
+        with pytest.raises(ValueError, match=f"domain '{name}' is already registered"):
+            domains.register(name, other)
+    said = domains.unknown_domains(["retail", "nowhere"])
+    assert "unknown domain(s) ['nowhere']" in said and "domains.register" in said
+    assert domains.unknown_domains(["retail", "toy"]) is None
+    with pytest.raises(ConfigError, match=r"unknown domain\(s\) \['nowhere'\]"):
+        validate(demo_train.parse(["--domains", "nowhere", "--user", "llm", "--user_model", "m"]), model_given=False)
+
+
 # --------------------------------------------------------------------------------------------------
 # The project speaks of itself only
 
