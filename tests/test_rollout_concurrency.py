@@ -39,6 +39,7 @@ class LateUser(ScriptedUser):
     workers = 16
 
     def __init__(self, delay):
+        super().__init__()  # (the scripts of every world registered now)
         self.delay = delay
 
     def reply(self, task, history, phone=None, seed=None):
