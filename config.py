@@ -222,7 +222,7 @@ def validate(cfg, world_size: int = 1, model_given: bool = True) -> None:
     (plumbing/validate.py), the tables' rows, the rules between fields. `model_given`: --model names
     the policy (False: a caller builds it first, as the CPU demo does). No domain is named here: the
     domain checks read the DOMAINS table."""
-    from domains import DOMAINS
+    from domains import DOMAINS, unknown_domains
     from grpo import ADVANTAGES, REWARDS
     from user_sim import USERS
 
@@ -235,8 +235,7 @@ def validate(cfg, world_size: int = 1, model_given: bool = True) -> None:
                               f"{cfg.group_size}"),
         (cfg.tasks_per_step >= 1 and cfg.tasks_per_step % world_size == 0,
          f"--tasks_per_step {cfg.tasks_per_step} must be a positive multiple of the {world_size} ranks"),
-        (all(d in DOMAINS for d in domains), f"--domains: unknown domain(s) {[d for d in domains if d not in DOMAINS]}:"
-                                             f" choose from {', '.join(DOMAINS)}"),
+        (not unknown_domains(domains), unknown_domains(domains)),
         *[(getattr(cfg, k) in t, f"--{k} must be one of {', '.join(t)}, got {getattr(cfg, k)!r}")
           for k, t in tables.items()],
         *field_problems(cfg, [f.name for f in dataclasses.fields(cfg)]),

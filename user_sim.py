@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from domains import script_for
+from domains import DOMAINS
 from domains.dual_control import Phone, customer_only, own_call_view
 from domains.tau2_data import LOADED as TAU2_LOADED, user_guidelines
 from plumbing.chat_client import (ChatClient, UserError, concurrently, reply_text, reply_turn,  # noqa: F401
@@ -79,21 +79,12 @@ def system_prompt(instructions: str, tools: bool = False, guidelines: str | None
 _HIDDEN = re.compile(r"<(tool_call|tool_response|think)>.*?(</\1>|$)", re.S)
 
 
-def simulator_messages(instructions: str, history: list[dict], variant: dict | None = None,
-                       tools: bool = False, guidelines: str | None = None) -> list[dict]:
+def simulator_messages(instructions: str, history: list[dict], tools: bool = False,
+                       guidelines: str | None = None) -> list[dict]:
     """Agent-side conversation -> the customer's messages: [system, user: GREETING, assistant:
     <customer's first message>, user: <agent's reply>, ...]. `history`: as the agent saw it, text
-    turns plus the customer's own tool calls and results (dual control). `variant`: a benchmark's
-    own customer (task.spec["simulator"], ACEBench's): its system text, greeting, roles, verbatim."""
-    if variant is not None:
-        msgs = [{"role": "system", "content": variant["system"]},
-                {"role": "user", "content": variant["greeting"]}]
-        for m in history:
-            text = m["content"]
-            if m["role"] == "assistant":  # its prefixes cut
-                text = next((text[len(p):] for p in variant.get("strip", []) if text.startswith(p)), text)
-            msgs.append({"role": variant["own_role"] if m["role"] == "user" else "user", "content": text})
-        return [{**m, "content": as_text(m["content"])} for m in msgs]
+    turns plus the customer's own tool calls and results (dual control). (A benchmark with its own
+    customer prompt builds its own messages: benchmarks/acebench_customer.py.)"""
     swap, msgs, pending = {"user": "assistant", "assistant": "user"}, [], []  # pending: call ids
     for m in history:
         role, content = m.get("role"), m.get("content")
@@ -217,7 +208,7 @@ class LLMUser(User):
         guide = user_guidelines(domain, tools) if tau2 else None
         if self.prompt == "tau2" and guide is None:  # (one line at the start: check() asks it first)
             raise ValueError(f"--user_prompt tau2: no tau2 guidelines for a task of {domain!r}")
-        return simulator_messages(task.instructions, history, _variant(task), tools, guide)
+        return simulator_messages(task.instructions, history, tools, guide)
 
     def complete(self, messages: list[dict], tools: list[dict] | None = None,
                  sampling: dict | None = None, verbatim: bool = False, seed: int | None = None):
@@ -225,7 +216,7 @@ class LLMUser(User):
         UserError. `seed`: this request's (from the episode's), else the customer's own: the OpenAI
         API and vLLM's server take one per request, so a rerun of one seed meets the same replies."""
         kwargs = {"model": self.model, "messages": messages, "temperature": self.temperature,
-                  "max_tokens": self.max_tokens, **(sampling or {})}  # (ACEBench's own sampling)
+                  "max_tokens": self.max_tokens, **(sampling or {})}  # (a subclass's own sampling)
         if tools:
             kwargs["tools"] = tools
         if seed is not None or self.seed is not None:  # (an int32: any endpoint takes it)
@@ -239,12 +230,13 @@ class LLMUser(User):
             lock = self._locks.setdefault(task.id, threading.Lock())
         with lock:
             if task.id not in self._first:
-                v = _variant(task)  # a fixed opening (ACEBench's question) needs no model
                 seed = None if self.seed is None else episode_seed(self.seed, "opening", task.id)
-                self._first[task.id] = v["opening"] if v and "opening" in v else self.complete(
-                    self.request(task, [], tools), sampling=(v or {}).get("sampling"),
-                    verbatim=bool(v), seed=seed)
+                self._first[task.id] = self.opening(task, tools, seed)
             return self._first[task.id]
+
+    def opening(self, task, tools: bool, seed: int | None) -> str:
+        """The customer's first message, asked of the model (first_message keeps it for the task's rollouts)."""
+        return self.complete(self.request(task, [], tools), seed=seed)
 
     def reply(self, task, history: list[dict], phone: Phone | None = None,
               seed: int | None = None) -> str | None:
@@ -252,9 +244,7 @@ class LLMUser(User):
         tools: they run, their results go back, and it is asked again until it writes text (None:
         the phone hit a cap)."""
         if phone is None:
-            v = _variant(task)
-            return self.complete(self.request(task, history), sampling=(v or {}).get("sampling"),
-                                 verbatim=bool(v), seed=seed)
+            return self.complete(self.request(task, history), seed=seed)
         for k in itertools.count():  # bounded: each round runs >= 1 call; the phone has a cap
             text, calls = self.complete(self.request(task, history + phone.new, tools=True),
                                         tools=phone.env.world.user_tool_schemas(),
@@ -276,29 +266,41 @@ class LLMUser(User):
             print(f"[preflight] customer {ok['model']} at {ok['base_url']}, {domain}: ok ({ok})", flush=True)
 
 
-def _variant(task) -> dict | None:
-    spec = getattr(task, "spec", None)
-    return spec.get("simulator") if isinstance(spec, dict) else None
-
-
 # --------------------------------------------------------------------------------------------------
 # Scripted customers: generated tasks, no LLM
 
 
+def domain_scripts() -> dict:
+    """World name -> the module that scripts its customer: every row of domains.DOMAINS that has one."""
+    return {name: d.script for name, d in DOMAINS.items() if d.script is not None}
+
+
 class ScriptedUser(User):
-    """Plays a generated task's spec with its domain's script (domains/synthetic.py, shop.py,
-    store.py); a task without one (tau2's telecom) is played by its domain's script from the task
-    itself, phone included (domains/telecom_user.py: it performs the user-side gold actions)."""
+    """Plays a generated task's spec with its world's script (domains/synthetic.py, the demo's shop and store);
+    a task without one (tau2's telecom) is played by its domain's script from the task itself, phone included
+    (domains/telecom_user.py: it performs the user-side gold actions). `scripts` (world name -> script module) is
+    read once, when the customer is built: every world registered by then (domain_scripts()) unless given."""
 
     label = "the script"
 
+    def __init__(self, scripts: dict | None = None):
+        self.scripts = domain_scripts() if scripts is None else dict(scripts)
+
+    def script_for(self, task):
+        """The script that plays `task`: a generated task's spec names the world whose script wrote it; a task
+        without one (tau2's own) is played by its own domain's script, if it has one (telecom's)."""
+        name = task.spec.get("world") if task.spec is not None else getattr(task, "domain", None)
+        if name not in self.scripts:
+            raise ValueError(f"task {task.id!r} has no scripted customer; use the LLM customer (--user llm) for it")
+        return self.scripts[name]
+
     def first_message(self, task, tools: bool = False) -> str:
-        return script_for(task).scripted_first_message(task.spec if task.spec is not None else task)
+        return self.script_for(task).scripted_first_message(task.spec if task.spec is not None else task)
 
     def reply(self, task, history, phone=None, seed=None):
         if phone is not None:  # a dual-control world's script reads the customer's phone too
-            return script_for(task).scripted_reply(task, history, phone)
-        return script_for(task).scripted_reply(task.spec, history)
+            return self.script_for(task).scripted_reply(task, history, phone)
+        return self.script_for(task).scripted_reply(task.spec, history)
 
 
 class SampledScriptUser(ScriptedUser):
@@ -308,7 +310,7 @@ class SampledScriptUser(ScriptedUser):
     label = "the sampled script"
 
     def reply(self, task, history, phone=None, seed=None):
-        script = script_for(task)
+        script = self.script_for(task)
         if phone is None and task.spec is not None and hasattr(script, "sampled_reply"):
             return script.sampled_reply(task.spec, history, random.Random(seed))
         return super().reply(task, history, phone, seed)
@@ -320,30 +322,36 @@ class FixedUser(User):
 
     label = "a fixed line"
 
+    def __init__(self, scripts: dict | None = None):
+        self.script = ScriptedUser(scripts)  # (what acts on the phone in a dual-control world)
+
     def first_message(self, task, tools=False):
         if tools:
-            return ScriptedUser().first_message(task)
+            return self.script.first_message(task)
         text = task.instructions
         return text.split("\n\n")[1] if "\n\n" in text else text
 
     def reply(self, task, history, phone=None, seed=None):
         if phone is None:
             return "Thanks, that's all. " + STOP
-        return ScriptedUser().reply(task, history, phone)
+        return self.script.reply(task, history, phone)
 
 
 # --------------------------------------------------------------------------------------------------
 # The table of customers: --user NAME picks a row; validation, eval.py and muarl.py read it
 
 
-def _llm(model: str | None = None, **kw) -> User:
-    """An LLM customer at an endpoint: model, base_url, api_key from kw, else $MUARL_USER_MODEL."""
+def _llm(model: str | None = None, mixin: type | None = None, **kw) -> User:
+    """An LLM customer at an endpoint: model, base_url, api_key from kw, else $MUARL_USER_MODEL.
+    `mixin`: a benchmark's own customer (its Bench row's `customer`), a class whose methods come
+    before LLMUser's: it builds its own requests, and calls LLMUser's for the rest."""
     model = model or os.environ.get("MUARL_USER_MODEL")
     if not model:
         raise ValueError("the customer is a language model: give it an endpoint (--user_model NAME, "
                          "and --user_base_url URL/v1 unless it is OpenAI's) or serve a local model "
                          "on this machine (--user_serve FOLDER)")
-    return LLMUser(model, **kw)
+    user = LLMUser if mixin is None else type(mixin.__name__, (mixin, LLMUser), {})
+    return user(model, **kw)
 
 
 @dataclass(frozen=True)
@@ -355,9 +363,9 @@ class UserKind:
 
 USERS = {
     "llm": UserKind(_llm, endpoint=True),
-    "scripted": UserKind(lambda **kw: ScriptedUser(), scripted=True),
-    "sampled": UserKind(lambda **kw: SampledScriptUser(), scripted=True),
-    "fixed": UserKind(lambda **kw: FixedUser()),
+    "scripted": UserKind(lambda **kw: ScriptedUser(domain_scripts()), scripted=True),
+    "sampled": UserKind(lambda **kw: SampledScriptUser(domain_scripts()), scripted=True),
+    "fixed": UserKind(lambda **kw: FixedUser(domain_scripts())),
 }
 
 

@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anyw
 
 
 def prompts_for(tok, n: int, round_: int) -> list[list[int]]:
-    from plumbing.tiny_model import default_corpus
+    from demo.tiny_model import default_corpus
     from tools import GENERIC_TOOLS, function_schema
 
     tools = [function_schema(fn) for fn in GENERIC_TOOLS]
@@ -68,7 +68,7 @@ def main() -> None:
 
     from engine import VLLMEngine
     from plumbing.hf_engine import HFEngine
-    from plumbing.tiny_model import build_tiny
+    from demo.tiny_model import build_tiny
     from plumbing.models import n_params
 
     if args.threads:

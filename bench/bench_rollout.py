@@ -80,7 +80,7 @@ def tiny_model_dir(world, args) -> Path:
 
     import sft
     from domains.base import cache_dir, content_key
-    from plumbing.tiny_model import build_tiny
+    from demo.tiny_model import build_tiny
 
     settings = {k: getattr(args, k) for k in ("hidden", "layers", "heads", "kv_heads", "intermediate", "vocab",
                                               "split_digits", "sft_convs", "sft_epochs", "sft_batch", "sft_lr", "seed")}
@@ -331,6 +331,7 @@ def main() -> int:
     import torch
 
     torch.set_num_threads(args.threads)
+    import demo.worlds  # noqa: F401  (registers the demo's shop: --world shop)
     from domains import load_world
     from rollout import RolloutConfig
     from user_sim import ScriptedUser

@@ -47,7 +47,7 @@ import torch  # noqa: E402
 from domains import load_world  # noqa: E402
 from engine import make_engine  # noqa: E402
 from plumbing.sampling import episode_seed  # noqa: E402
-from plumbing.tiny_model import build_tiny  # noqa: E402
+from demo.tiny_model import build_tiny  # noqa: E402
 from rollout import PolicyAgent, RolloutConfig, rollout, score  # noqa: E402
 from tools import ParsedTurn  # noqa: E402
 from user_sim import LLMUser  # noqa: E402

@@ -30,7 +30,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import sft  # noqa: E402
-from plumbing.tiny_model import build_tiny  # noqa: E402
+from demo.tiny_model import build_tiny  # noqa: E402
 from domains import load_world  # noqa: E402
 
 

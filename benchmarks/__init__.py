@@ -9,6 +9,7 @@
     acebench.py         ACEBench Agent as a world: its router, its stop rule, its evaluator
     acebench_apps.py    ACEBench's five apps: a phone (messages, reminders, food delivery) and an airline's bookings
     acebench_agents.py  ACEBench's agent protocol (oracle, endpoint, local model) and its category summary
+    acebench_customer.py  ACEBench's simulated user: the LLM customer told ACEBench's own prompt
 
 Each benchmark is a world behind the interfaces every world has (domains/base.py: tools, parse_turn, ends, score)
 plus a row of domains.BENCHES; their special cases live in these files, not in the training loop.

@@ -15,8 +15,9 @@ How ACEBench's conversation maps onto rollout.rollout() (AGENT.md section 4 tell
 - `ends` is ACEBench's stop rule: after message index 1, "finish conversation" in any message (list membership for
   an execution result) ends the dialogue, and 40 messages end it in any case.
 - `AceAgent` shows the agent exactly the two messages ACEBench sends (system, and a user message holding the task's
-  function list and the transcript), rebuilt from the episode every turn; the customer is user_sim.LLMUser with
-  ACEBench's simulator prompt, carried by the task (`task.spec["simulator"]`).
+  function list and the transcript), rebuilt from the episode every turn; the customer is AceCustomer
+  (acebench_customer.py: user_sim.LLMUser with ACEBench's simulator prompt, carried by the task, `task.spec
+  ["simulator"]`).
 - `score` is ACEBench's evaluator: end-to-end accuracy (the scored attributes of the apps at the end equal the answer,
   with its quirks), and process accuracy (milestones found in order among the executed messages) beside it.
 
@@ -548,7 +549,7 @@ def build_world(data_dir=None) -> AceWorld:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# 5. The scripted customer (a stand-in so --user scripted runs; ACEBench's customer is LLMUser with task.spec)
+# 5. The scripted customer (a stand-in so --user scripted runs; ACEBench's customer is acebench_customer.AceCustomer)
 
 
 def scripted_first_message(spec: dict) -> str:

@@ -2,7 +2,8 @@
 
 A benchmark runs on a world of domains.DOMAINS (its tasks, its tools, its scorer) and adds what the world alone does
 not say: the conversation rules it fixes, the figures it reports, the gold replay that checks the harness, and, for
-ACEBench, its own agent protocol. domains.BENCHES is the table of these rows; eval.py reads it and names none.
+ACEBench, its own agent protocol and its own customer. domains.BENCHES is the table of these rows; eval.py reads it
+and names none.
 """
 
 from __future__ import annotations
@@ -22,10 +23,11 @@ class Bench:
     oracle: Callable | None = None  # task -> act(messages, tools): the gold replay (agents.MessageAgent)
     rollout: dict = field(default_factory=dict)  # RolloutConfig fields the benchmark fixes (e.g. all_calls)
     agent: Callable | None = None  # its own agent protocol (ACEBench): (kind, **settings) -> a rollout Agent
+    customer: type | None = None  # its own LLM customer (ACEBench's), for --user llm: a mixin over user_sim.LLMUser
 
 
 if __name__ == "__main__":
-    # A toy row: a benchmark on the shop world that reports how many of its episodes scored 1.
-    toy = Bench("shop", summary=lambda eps: ({"solved": sum(e.reward == 1 for e in eps)}, "solved: ..."),
+    # A toy row: a benchmark on the synthetic world that reports how many of its episodes scored 1.
+    toy = Bench("synthetic", summary=lambda eps: ({"solved": sum(e.reward == 1 for e in eps)}, "solved: ..."),
                 rollout={"all_calls": True})
     print(toy)

@@ -8,11 +8,17 @@
     customer.py      the store's customer model: its data, its training, its fidelity gate, the shipped model
     customer_model/  that model, trained once and committed (a fixed simulator, as the paper's GPT-4o is)
     baselines.py     rule policies (customer-blind and not) and the per-behaviour table of a run
+    eval.py          `python -m demo.eval`: eval.py with the demo's worlds registered (a demo run's --model)
+    worlds/          the demo's worlds, the shop and the store, registered in domains.DOMAINS on import
+    tiny_model.py    a Qwen3-architecture model and BPE tokenizer built from nothing (--model tiny; the tests')
 
-Nothing in the core needs this folder (a test checks it); it is how the demo runs MUA-RL on a CPU.
+Nothing in the core needs this folder, nor imports it (tests/test_layout.py checks both); it is how the demo runs
+MUA-RL on a CPU. Importing it registers its worlds, so every entry point of the demo knows --domains shop and store.
 """
 
 from pathlib import Path
+
+import demo.worlds  # noqa: F401  (registers "shop" and "store" in domains.DOMAINS)
 
 SHIPPED = Path(__file__).resolve().parent / "customer_model"  # the committed customer model (--user_serve demo)
 

@@ -30,7 +30,7 @@ transcript's tool calls scored again).
     python -m demo.baselines --run runs/muarl          # the run's world (its seed); writes runs/muarl/baselines.md
     python -m demo.baselines --seed 3 --user sampled   # any world, against the script sampling its paraphrases
 
-A rule's moves are the store's own lines (domains/store.py), so the table compares decisions, not
+A rule's moves are the store's own lines (demo/worlds/store.py), so the table compares decisions, not
 wording. The rules play the scripted customer; a run's evaluations played the run's own customer
 (the served customer model in the demo's preset): the table names both."""
 
@@ -49,7 +49,8 @@ from pathlib import Path
 from evaluation.agents import MessageAgent
 from demo import TINY
 from demo.train import DemoConfig as Config
-from domains import load_worlds, store
+from demo.worlds import store
+from domains import load_worlds
 from eval import evaluate
 from rollout import RolloutConfig
 from user_sim import make_user
@@ -408,8 +409,8 @@ def report(world, rules: dict, user: str, seed: int, run: Path | None = None, ru
     if share["messages"]:
         lines += ["", f"The run's customer in its evaluations: {100 * share['verbatim']:.1f} % of its "
                   f"{share['messages']} messages are verbatim lines the store's script says for that task "
-                  f"(domains/store.py, bank a); {100 * share['any_line']:.1f} % are a script line of any bank, with "
-                  "any order id or request."]
+                  f"(demo/worlds/store.py, bank a); {100 * share['any_line']:.1f} % are a script line of any bank, "
+                  "with any order id or request."]
         same, k = world_check(run, world)
         lines.append(f"World check: {same} of {k} evaluation transcripts score their recorded reward again on the "
                      "world rebuilt from config.json" + ("." if same == k else " (NOT the run's world?)."))

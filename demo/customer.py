@@ -7,7 +7,7 @@ attention) fine-tuned on exactly the requests `user_sim.LLMUser` sends (system p
 task's hidden instructions, roles swapped, greeting), served by vLLM's OpenAI-compatible server
 (serve.py), reached through the unchanged LLMUser as a hosted model is.
 
-The data: the store's customer (domains/store.py, `customer_turn` with a random generator: any
+The data: the store's customer (demo/worlds/store.py, `customer_turn` with a random generator: any
 paraphrase, any id position) against a *noisy* agent that mostly follows the policy but asks the
 wrong thing, refuses, or writes nonsense as an untrained or drifted policy does (the agents RL
 brings, not the annotator); rendered as LLMUser renders a request
@@ -54,7 +54,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import sft
-from domains import store
+from demo.worlds import store
 from plumbing.sampling import episode_seed
 from user_sim import simulator_messages
 from plumbing.serve import ServedUser, ServeError, need_vllm
@@ -192,7 +192,7 @@ def train_customer(conversations: list[dict], out_dir: str | Path, seed: int = 0
     module docstring; save it to out_dir with customer.json (written last: its presence means the
     folder is a finished model)."""
     from demo.drills import copy_warmup
-    from plumbing.tiny_model import build_tiny
+    from demo.tiny_model import build_tiny
 
     out_dir, t0, losses = Path(out_dir), time.perf_counter(), {}
     texts = [m["content"] for c in conversations[:2000] for m in c["messages"]]

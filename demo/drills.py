@@ -22,7 +22,7 @@ import torch
 import chat
 import sft
 from plumbing.fsdp import compute_device
-from domains import store
+from demo.worlds import store
 
 
 def copy_examples(tokenizer, n: int, seed: int = 0, words: list[str] | None = None, max_items: int = 8):
@@ -174,7 +174,7 @@ def words_of(tasks) -> list[str]:
 if __name__ == "__main__":
     import tempfile
 
-    from plumbing.tiny_model import build_tiny
+    from demo.tiny_model import build_tiny
 
     model, tok = build_tiny(tempfile.mkdtemp(prefix="muarl-drills-"), hidden=128, layers=2, vocab_size=512,
                             intermediate=512, split_digits=True)

@@ -117,7 +117,7 @@ def serve_customer(cfg, worlds, tasks: list, folder: Path, log):
 def build_model(cfg, worlds, out):
     """out/tiny-init: a tiny model and tokenizer from the training tasks' text (built once per run
     folder); or --model's folder (a run's cold-start/, to train it again against another customer)."""
-    from plumbing.tiny_model import build_tiny
+    from demo.tiny_model import build_tiny
 
     if cfg.model != "tiny":
         return cfg.model

@@ -1,22 +1,26 @@
 """Domains: the company databases, tools, tasks and rewards the agent is trained on, and the one registry of worlds.
 
     from domains import DOMAINS, load_world
-    world = load_world("retail")            # or "airline", "telecom", "synthetic" (a small seeded retail world),
-                                            # "shop", "store" (the small worlds of the tests and the CPU demo)
+    world = load_world("retail")            # or "airline", "telecom", "synthetic" (a small seeded retail world)
     env = world.new_env()                   # a private database for one rollout (~0.1 ms)
     env.call("get_order_details", {"order_id": "#W2378156"})   # -> the JSON string tau2 would return
     reward, info = world.score(task, env, messages)
 
 This folder holds the worlds an agent trains on: tau2's retail, airline and telecom (with the customer's phone:
-phone.py, phone_tasks.py, telecom_user.py, dual_control.py), the cold start's generated shop (synthetic.py), and
-the small shop and store the tests and the CPU demo play (shop.py, store.py). The evaluation-only benchmarks
-(BFCL-v3, ACEBench) are worlds too, but live in benchmarks/; their rows are here all the same.
+phone.py, phone_tasks.py, telecom_user.py, dual_control.py) and the cold start's generated shop (synthetic.py).
+The evaluation-only benchmarks (BFCL-v3, ACEBench) are worlds too, but live in benchmarks/; their rows are here all
+the same. The CPU demo's small shop and store live with the demo (demo/worlds/), which registers them as any user of
+muarl adds a world.
 
 DOMAINS is the one table of worlds: config validation, world building, the scripted customer and the task
 generator all read it, and no other file names a domain. BENCHES is the table of benchmarks `eval.py --bench`
-runs. To add a world: write domains/<name>.py with a `build_world(**kwargs) -> World`, and add its row here
-(tests/test_design.py registers a toy one). See base.py for how worlds are stored and scored, tau2_data.py for
-where tau2's data is found.
+runs. To add a world: write a module with a `build_world(**kwargs) -> World`, then
+
+    import domains
+    domains.register("mine", domains.Domain(mine.build_world, lambda cfg: {"seed": cfg.synthetic_seed}))
+
+before the run reads its settings (demo/worlds/__init__.py registers the demo's two this way; tests/test_design.py
+registers a toy one). See base.py for how worlds are stored and scored, tau2_data.py for where tau2's data is found.
 """
 
 from __future__ import annotations
@@ -25,17 +29,8 @@ import random
 
 from benchmarks import acebench, acebench_agents, bfcl
 from benchmarks.bench import Bench
-from domains import airline, retail, shop, store, synthetic, telecom, telecom_user
+from domains import airline, retail, synthetic, telecom, telecom_user
 from domains.base import Domain, Env, Task, World
-
-
-def _shop_settings(c, lazy: float = 0.6) -> dict:
-    """The shop's (and the store's) build arguments from the run's settings: one held-out order per test task and
-    400 more for the training tasks; the annotator's lazy rate is the world's own unless the run sets one (-1)."""
-    n_test_orders = max(200, c.synthetic_test)
-    lazy_rate = lazy if getattr(c, "lazy_rate", -1) == -1 else c.lazy_rate
-    return dict(seed=c.synthetic_seed, n_train=c.synthetic_train, n_test=c.synthetic_test, n_orders=n_test_orders + 400,
-                n_test_orders=n_test_orders, lazy_rate=lazy_rate)
 
 
 DOMAINS: dict[str, Domain] = {
@@ -46,20 +41,33 @@ DOMAINS: dict[str, Domain] = {
     "synthetic": Domain(synthetic.build_world, lambda c: dict(
         seed=c.synthetic_seed, n_train=c.synthetic_train, n_test=c.synthetic_test, n_users=c.synthetic_users,
         n_test_users=c.synthetic_test_users), script=synthetic, generator=True),
-    "shop": Domain(shop.build_world, _shop_settings, script=shop),
     "acebench_agent": Domain(acebench_agents.build_world, script=acebench),  # ACEBench Agent (benchmarks/)
     bfcl.NAME: Domain(bfcl.build_world, script=bfcl),  # BFCL-v3 multi-turn; its customer is a script (benchmarks/)
-    # The shop with a customer worth simulating, the CPU demo's world. Its annotator writes the default for 55 % of
-    # the customers who name the other option, so an imitation of its data leans one way instead of tipping either
-    # way; 8 in 10 of its allowed requests want the option other than the default, so no rule blind to what the
-    # customer says serves most of them. (docs/log.md, 2026-11-28 and 2026-12-01, measures both choices.)
-    "store": Domain(store.build_world, lambda c: _shop_settings(c, lazy=0.55) | {"other_share": 0.8}, script=store),
 }
 
 # The benchmarks `eval.py --bench NAME` runs (benchmarks/bench.py): a world above, the rules it fixes, its figures.
 BENCHES: dict[str, Bench] = {bfcl.NAME: bfcl.BENCH, "acebench_agent": acebench_agents.BENCH}
 
 _WORLDS: dict[tuple, World] = {}
+
+
+def register(name: str, domain: Domain) -> None:
+    """Add the world `name` to DOMAINS: from then on `--domains NAME` builds it with `domain.build`, from the run's
+    settings through `domain.settings`. A program registers its worlds when it is imported, before it parses a
+    command line (demo/worlds/__init__.py); a name already taken by another world is refused."""
+    if DOMAINS.get(name, domain) != domain:
+        raise ValueError(f"domain {name!r} is already registered (a different world): choose another name")
+    DOMAINS[name] = domain
+
+
+def unknown_domains(names: list[str]) -> str | None:
+    """What --domains must be told when a name in `names` is not in DOMAINS (None when every one is)."""
+    unknown = [d for d in names if d not in DOMAINS]
+    if not unknown:
+        return None
+    return (f"--domains: unknown domain(s) {unknown}: choose from {', '.join(DOMAINS)}. A world registered by a "
+            "program (domains.register) is known only to that program: the demo's shop and store are the demo's "
+            "(python -m demo, python -m demo.eval)")
 
 
 def load_world(name: str, **kwargs) -> World:
@@ -108,14 +116,5 @@ def task_sets(cfg, worlds: dict[str, World]) -> tuple[list[Task], list[Task]]:
     return train, held_out
 
 
-def script_for(task: Task):
-    """The scripted customer that plays a task: a generated task's spec names the domain whose script wrote it; a
-    task without one (tau2's own) is played by its own domain's script, if it has one (telecom's)."""
-    name = task.spec.get("world") if task.spec is not None else getattr(task, "domain", None)
-    if name not in DOMAINS or DOMAINS[name].script is None:
-        raise ValueError(f"task {task.id!r} has no scripted customer; use the LLM customer (--user llm) for it")
-    return DOMAINS[name].script
-
-
-__all__ = ["DOMAINS", "BENCHES", "Bench", "Domain", "load_world", "load_worlds", "task_sets", "script_for",
-           "World", "Env", "Task"]
+__all__ = ["DOMAINS", "BENCHES", "Bench", "Domain", "register", "unknown_domains", "load_world", "load_worlds",
+           "task_sets", "World", "Env", "Task"]

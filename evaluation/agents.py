@@ -152,12 +152,12 @@ class ExpertEngine:
 
 
 if __name__ == "__main__":
-    # The oracle on five generated shop tasks, through the one episode loop: every episode scores 1.
+    # The oracle on five generated retail tasks, through the one episode loop: every episode scores 1.
     from domains import load_world
     from rollout import RolloutConfig, rollout, score
     from user_sim import FixedUser
 
-    world = load_world("shop", seed=0, n_train=0, n_test=5)
-    for e in score(rollout(world.tasks("test"), 1, {"shop": world}, MessageAgent(OracleAgent), FixedUser(),
-                           RolloutConfig()), {"shop": world}, check_outputs=True):
+    world = load_world("synthetic", seed=0, n_train=0, n_test=5)
+    for e in score(rollout(world.tasks("test"), 1, {"synthetic": world}, MessageAgent(OracleAgent), FixedUser(),
+                           RolloutConfig()), {"synthetic": world}, check_outputs=True):
         print(f"{e.task.id}: reward {e.reward}  stop {e.stop_reason}  calls {e.tool_calls}")

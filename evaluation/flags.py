@@ -78,15 +78,15 @@ def parse_args(argv=None) -> argparse.Namespace:
         if not hasattr(a, f.name):
             setattr(a, f.name, f.default)
     a.synthetic_train, a.user_down_s = 0, float("inf")  # (held-out tasks only; no steps to be down for)
-    from domains import BENCHES, DOMAINS
+    from domains import BENCHES, unknown_domains
 
     if a.bench:
         if a.bench not in BENCHES:
             raise ConfigError(f"--bench must be one of {', '.join(BENCHES)}, got {a.bench!r}")
         a.domains = BENCHES[a.bench].domain
-    unknown = [d for d in a.domains.split(",") if d not in DOMAINS]
+    unknown = unknown_domains(a.domains.split(","))
     first_problem([
-        (not unknown, f"--domains: unknown domain(s) {unknown}: choose from {', '.join(DOMAINS)}"),
+        (not unknown, unknown),
         (a.agent != "local" or a.model, "--agent local needs --model (a model folder or a hub id)"),
         (a.agent == "local" or not a.model, f"--model is for --agent local (got --agent {a.agent})"),
         (a.agent != "openai" or a.agent_model, "--agent openai needs --agent_model"),
@@ -111,10 +111,9 @@ def rules(a, worlds, tasks, bench):
     one; a benchmark's own (BFCL runs every call of a step). A scripted customer must play them all."""
     import dataclasses
 
-    from domains import script_for
     from domains.tau2_data import provenance
     from rollout import RolloutConfig
-    from user_sim import USERS
+    from user_sim import USERS, ScriptedUser
 
     tau2 = bool(provenance(worlds))
     turns = a.max_turns if "max_turns" in a.given or not tau2 else 10**9
@@ -123,8 +122,9 @@ def rules(a, worlds, tasks, bench):
                         max_errors=10 * tau2)
     if getattr(USERS.get(a.user), "scripted", False) and a.agent != "oracle":
         try:  # a task no script plays would abort
+            script = ScriptedUser()
             for t in tasks:
-                script_for(t)
+                script.script_for(t)
         except ValueError:
             raise ConfigError(f"the scripted customer does not play {a.domains}'s tasks: use --user "
                               "llm") from None
@@ -139,9 +139,14 @@ def start_customer(a, tasks, worlds, bench):
 
     if USERS.get(a.user) is None:
         raise ConfigError(f"--user must be one of {', '.join(USERS)}, got {a.user!r}")
+
+    def make(kind, **kw):  # a benchmark's own LLM customer (ACEBench's prompt), mixed into LLMUser
+        own = {"mixin": bench.customer} if kind == "llm" and bench is not None and bench.customer else {}
+        return make_user(kind, **kw, **own)
+
     # the oracle talks to a fixed line, or to its benchmark's own scripted customer (BFCL's turns)
     user = (ScriptedUser() if bench and bench.oracle else FixedUser()) if a.agent == "oracle" else \
-        customer_for(a, make_user, os.path.dirname(a.out) or ".")
+        customer_for(a, make, os.path.dirname(a.out) or ".")
     try:
         user.check(tasks, worlds)
         user.start(tasks)

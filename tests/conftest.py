@@ -1,5 +1,7 @@
 """Shared test fixtures: where ../shared/tau2 is, a skip marker for tests that need it, and a guard: the suite leaves
-the checkout as it found it (a test's run must never set a user's own runs/muarl aside, nor write into it)."""
+the checkout as it found it (a test's run must never set a user's own runs/muarl aside, nor write into it). The demo's
+worlds (shop, store: demo/worlds/) are registered here, as the demo registers them, because many tests play them; a
+test that runs a core entry point in a subprocess on them goes through WITH_DEMO_WORLDS."""
 
 import sys
 from pathlib import Path
@@ -8,6 +10,13 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+
+import demo.worlds  # noqa: E402, F401  (registers "shop" and "store" in domains.DOMAINS)
+
+# `python -c WITH_DEMO_WORLDS.format(script) ARGS`: `python SCRIPT ARGS` (muarl.py, eval.py) with the demo's worlds
+# registered first, as a forker's launcher runs a core entry point on the forker's own world.
+WITH_DEMO_WORLDS = ("import runpy, sys; import demo.worlds; sys.argv[0] = {0!r}; "
+                    "runpy.run_path({0!r}, run_name='__main__')")
 
 TAU2 = REPO.parent / "shared" / "tau2"
 HAVE_TAU2 = (TAU2 / "data" / "domains" / "retail" / "db.json").is_file()

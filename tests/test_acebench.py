@@ -96,18 +96,20 @@ def test_the_router_and_hostile_messages_never_crash(world, tmp_path):
 
 
 @needs_data
-def test_the_customer_is_llmuser_with_acebench_s_prompt(world):
-    from user_sim import LLMUser, simulator_messages
+def test_the_customer_is_an_llm_told_acebench_s_prompt(world):
+    from benchmarks.acebench_customer import AceCustomer, simulator_messages
+    from user_sim import make_user
 
     task = world.tasks()[0]
     sim = task.spec["simulator"]
-    msgs = simulator_messages(task.instructions, [{"role": "user", "content": "Hi"},
-                                                  {"role": "assistant", "content": "agent:Which message?"}], sim)
+    msgs = simulator_messages(sim, [{"role": "user", "content": "Hi"},
+                                    {"role": "assistant", "content": "agent:Which message?"}])
     assert msgs == [{"role": "system", "content": sim["system"]},
                     {"role": "user", "content": "Is there anything you need help with today?"},
                     {"role": "system", "content": "Hi"}, {"role": "user", "content": "Which message?"}]
     step = next(t for t in world.tasks() if t.raw["category"] == "multi_step")  # its question, no model call
-    assert LLMUser("m", base_url="http://127.0.0.1/v1", client=object()).first_message(step) == step.instructions
+    user = make_user("llm", model="m", base_url="http://127.0.0.1/v1", client=object(), mixin=AceCustomer)
+    assert user.first_message(step) == step.instructions
 
 
 def test_acebench_summary_is_acebench_arithmetic():

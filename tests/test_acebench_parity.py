@@ -6,7 +6,8 @@ Per fixture, two replays:
    its error text, its return), the observation the agent reads, the end state, the process list, every changed
    app attribute, the console, and ACEBench's verdict (end-to-end, process accuracy, error type and texts);
 2. the whole conversation through rollout(): the fixture's agent messages from a scripted AceAgent (then "finish
-   conversation"), the fixture's user lines from user_sim.LLMUser with ACEBench's prompt over a stub client; then
+   conversation"), the fixture's user lines from AceCustomer (benchmarks/acebench_customer.py: user_sim.LLMUser
+   with ACEBench's prompt) over a stub client; then
    the transcript the agent last saw, the last two requests (agent and simulated user) byte for byte, and the score.
 """
 
@@ -96,7 +97,8 @@ class _StubUser:
 @pytest.mark.parametrize("rec", RECORDS, ids=[r["seq_id"] for r in RECORDS])
 def test_the_conversation_replays_through_rollout(world, rec):
     from rollout import RolloutConfig, rollout, score
-    from user_sim import LLMUser
+    from benchmarks.acebench_customer import AceCustomer
+    from user_sim import make_user
 
     prompts = []
 
@@ -107,7 +109,7 @@ def test_the_conversation_replays_through_rollout(world, rec):
 
     lines = [rec["user_first_message"]] + [s["user_reply"] for s in rec["steps"] if "user_reply" in s]
     stub = _StubUser(lines if rec["category"] == "multi_turn" else [])
-    user = LLMUser("acebench-user", base_url="http://127.0.0.1/v1", client=stub)
+    user = make_user("llm", model="acebench-user", base_url="http://127.0.0.1/v1", client=stub, mixin=AceCustomer)
     task = _task(world, rec)
     ep = rollout([task], 1, {"acebench_agent": world}, acebench_agents.AceAgent(scripted), user,
                  RolloutConfig(max_turns=100))[0]

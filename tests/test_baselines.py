@@ -9,7 +9,8 @@ import pytest
 
 from demo import baselines
 from demo.baselines import BLIND, RULES, rule_act
-from domains import load_world, store
+from demo.worlds import store
+from domains import load_world
 from eval import evaluate
 from rollout import RolloutConfig
 from user_sim import make_user

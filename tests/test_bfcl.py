@@ -300,7 +300,7 @@ def test_missing_wheel_is_one_line_saying_how_to_get_it(tmp_path):
 def test_tiny_local_model_plays_five_tasks_and_the_token_path_can_score(world, tmp_path):
     import chat
     from plumbing.hf_engine import HFEngine
-    from plumbing.tiny_model import build_tiny
+    from demo.tiny_model import build_tiny
     from rollout import PolicyAgent
     from plumbing.sampling import Sample
 

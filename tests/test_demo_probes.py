@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from conftest import REPO
-from domains import shop, store
-from plumbing.tiny_model import build_tiny
+from demo.worlds import shop, store
+from demo.tiny_model import build_tiny
 
 PROBES = REPO / "demo" / "probes"
 sys.path.insert(0, str(PROBES))  # the probes are scripts: each imports as its file's name

@@ -63,7 +63,8 @@ def test_the_per_behaviour_table_reads_who_asked_the_status_flows_question(tmp_p
     import dataclasses
 
     from demo.baselines import run_table
-    from domains import load_worlds, store
+    from demo.worlds import store
+    from domains import load_worlds
 
     world = load_worlds(dataclasses.replace(Config(), domains="store", synthetic_train=20, synthetic_test=60,
                                             synthetic_seed=0))["store"]

@@ -29,13 +29,13 @@ import torch
 import grpo
 import muarl
 from demo import train as demo_train
-from domains import BENCHES, DOMAINS, Domain, load_world, load_worlds, script_for
+from domains import BENCHES, DOMAINS, Domain, load_world, load_worlds
 from eval import evaluate
 from evaluation.agents import MessageAgent, OracleAgent
 from plumbing.flags import ConfigError
 from plumbing.hf_engine import HFEngine
 from plumbing.serve import customer_for
-from plumbing.tiny_model import build_tiny
+from demo.tiny_model import build_tiny
 from config import validate
 from rollout import PolicyAgent, RolloutConfig, rollout, score
 from user_sim import STOP, USERS, FixedUser, ScriptedUser, User, UserKind, make_user
@@ -384,7 +384,7 @@ def test_a_toy_domain_is_one_file_and_one_registry_row(tmp_path, monkeypatch, ti
     validate(cfg, model_given=False)  # the validation knows it, the scripted customer may play it
     worlds = load_worlds(cfg)
     tasks = worlds["toy"].tasks("test")
-    assert script_for(tasks[0]) is toy_domain
+    assert ScriptedUser().script_for(tasks[0]) is toy_domain  # (a customer built after the row reads it)
     m, _ = evaluate(tasks, worlds, MessageAgent(OracleAgent), ScriptedUser(), RolloutConfig(), progress=False)
     assert m["pass^1"] == 1.0 and m["episodes"] == 3
     # and the core trains on it: one GRPO step of a tiny model (no cold start), evaluated on the toy's test split
@@ -392,6 +392,26 @@ def test_a_toy_domain_is_one_file_and_one_registry_row(tmp_path, monkeypatch, ti
     res = muarl.main(_core_run(tiny_folder, out, "--domains", "toy", "--user", "scripted", "--sft_epochs", "0"))
     recs = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
     assert [r["phase"] for r in recs if r["phase"] == "grpo"] == ["grpo"] and "GRPO (1 steps)" in res
+
+
+def test_a_world_is_registered_by_name_and_an_unregistered_one_is_named(monkeypatch):
+    # domains.register is how a program (the demo, a forker's) adds a world; validation names a world it lacks.
+    import domains
+
+    table = dict(domains.DOMAINS)
+    monkeypatch.setattr(domains, "DOMAINS", table)
+    toy = Domain(lambda: None)
+    domains.register("toy", toy)
+    domains.register("toy", toy)  # the same world again (its module imported twice): nothing changes
+    assert table["toy"] is toy
+    for name, other in (("toy", Domain(lambda: None)), ("retail", toy)):
+        with pytest.raises(ValueError, match=f"domain '{name}' is already registered"):
+            domains.register(name, other)
+    said = domains.unknown_domains(["retail", "nowhere"])
+    assert "unknown domain(s) ['nowhere']" in said and "domains.register" in said
+    assert domains.unknown_domains(["retail", "toy"]) is None
+    with pytest.raises(ConfigError, match=r"unknown domain\(s\) \['nowhere'\]"):
+        validate(demo_train.parse(["--domains", "nowhere", "--user", "llm", "--user_model", "m"]), model_given=False)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -22,11 +22,11 @@ import chat
 from conftest import TAU2
 from evaluation.agents import MessageAgent, OracleAgent
 from user_sim import FixedUser
-from domains import DOMAINS, Domain, script_for, telecom_user
+from domains import DOMAINS, Domain, telecom_user
 from domains.base import Task, World, content_key
 from domains.dual_control import MAX_ERRORS, Phone, customer_only
 from engine import Sample
-from plumbing.tiny_model import build_tiny
+from demo.tiny_model import build_tiny
 from rollout import PolicyAgent, RolloutConfig, rollout, score
 from user_sim import LLMUser, STOP, ScriptedUser, simulator_messages
 
@@ -334,7 +334,7 @@ def test_with_a_message_cap_a_dual_control_episode_holds_n_messages(world, tok, 
 def test_scripted_customer_acts_when_asked(world, tok, monkeypatch):
     monkeypatch.setitem(DOMAINS, "lamp", Domain(build=lambda: world, script=telecom_user))
     task = world.tasks()[0]
-    assert script_for(task) is telecom_user
+    assert ScriptedUser().script_for(task) is telecom_user
     # the oracle asks for the customer's gold action; the scripted customer performs it, then stops: reward 1
     ep = score(rollout([task], 1, {"lamp": world}, MessageAgent(OracleAgent), FixedUser(), RolloutConfig()),
                {"lamp": world})[0]

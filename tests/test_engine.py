@@ -13,7 +13,7 @@ import torch
 from engine import Engine, ReferenceEngine, check_vllm_model, make_engine
 from plumbing.hf_engine import HFEngine, common_prefix_len
 from plumbing.kv_store import weights_version
-from plumbing.tiny_model import build_tiny
+from demo.tiny_model import build_tiny
 
 
 @pytest.fixture(scope="module")

@@ -39,7 +39,7 @@ ENOUGH_KV = ("To serve at least one request with the models's max seq len (32768
 
 
 def test_the_cold_starts_gradients_are_freed_before_the_engine_starts(tmp_path, monkeypatch):
-    from plumbing.tiny_model import build_tiny
+    from demo.tiny_model import build_tiny
     from domains import load_world
 
     world = load_world("synthetic", seed=0)

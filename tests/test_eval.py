@@ -48,15 +48,16 @@ def test_local_tiny_model_on_the_shop_prints_a_table(tmp_path):
     # The whole CLI path for a local model: load, engine, scripted user (said: the default is the LLM customer), k
     # trials, table, transcripts.
     from domains import load_world
-    from plumbing.tiny_model import build_tiny
+    from demo.tiny_model import build_tiny
 
     world = load_world("shop", seed=0, n_train=0)
     model_dir = tmp_path / "tiny"
     build_tiny(model_dir, texts=[world.rules] + [json.dumps(t.expert) for t in world.tasks("test")[:20]],
                hidden=64, layers=1, heads=1, kv_heads=1, intermediate=128, vocab_size=400)
-    r = subprocess.run([sys.executable, "eval.py", "--model", str(model_dir), "--domains", "shop", "--eval_tasks", "6",
-                        "--eval_trials", "2", "--user", "scripted", "--max_turns", "6", "--max_new_tokens", "16",
-                        "--max_context", "1024", "--tools_in_prompt", "0", "--out", str(tmp_path / "t.jsonl")],
+    r = subprocess.run([sys.executable, "-m", "demo.eval", "--model", str(model_dir), "--domains", "shop",
+                        "--eval_tasks", "6", "--eval_trials", "2", "--user", "scripted", "--max_turns", "6",
+                        "--max_new_tokens", "16", "--max_context", "1024", "--tools_in_prompt", "0",
+                        "--out", str(tmp_path / "t.jsonl")],
                        cwd=REPO, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert r.returncode == 0, r.stderr[-2000:]
     assert "6 tasks x 2 trials on shop/test" in r.stdout
@@ -69,7 +70,7 @@ def test_sampled_trials_differ_and_replay(tmp_path):
     # --temperature > 0: the k trials of a task are k sampled conversations (pass^k means something), and the
     # same --seed replays them exactly; greedy trials are identical (the scripted user is deterministic)
     from domains import load_world
-    from plumbing.tiny_model import build_tiny
+    from demo.tiny_model import build_tiny
 
     world = load_world("shop", seed=0, n_train=0)
     model_dir = tmp_path / "tiny"
@@ -95,7 +96,7 @@ def test_sampled_trials_differ_and_replay(tmp_path):
 def _tiny_run(tmp_path, **settings):
     """A run folder as muarl.py leaves it: RUN/final (a tiny model) and RUN/config.json (the run's settings)."""
     from domains import load_world
-    from plumbing.tiny_model import build_tiny
+    from demo.tiny_model import build_tiny
 
     world = load_world("shop", seed=0, n_train=0)
     run = tmp_path / "run"
@@ -201,7 +202,7 @@ def test_real_vllm_server_as_the_agent(tmp_path):
     import time
 
     from domains import load_world
-    from plumbing.tiny_model import build_tiny
+    from demo.tiny_model import build_tiny
     from plumbing.preflight import PreflightError, check_endpoint
 
     world = load_world("shop", seed=0, n_train=0)

@@ -32,7 +32,7 @@ def tree(folder) -> dict:
 @pytest.fixture(scope="module")
 def model_folder(tmp_path_factory):
     """A tiny model folder (config, weights, tokenizer with its chat template): what --model FOLDER names."""
-    from plumbing.tiny_model import build_tiny
+    from demo.tiny_model import build_tiny
 
     folder = tmp_path_factory.mktemp("model") / "tiny"
     build_tiny(folder, texts=["hello world, the order #W1234567 is pending"] * 20, hidden=32, layers=1, heads=2,

@@ -25,7 +25,7 @@ import pytest
 import chat
 from conftest import HAVE_TAU2
 from domains import load_world
-from plumbing.tiny_model import train_tokenizer
+from demo.tiny_model import train_tokenizer
 from rollout import PolicyAgent, RolloutConfig, rollout, score
 from plumbing.sampling import Sample
 from user_sim import STOP, TRANSFER, UserError

@@ -1,8 +1,9 @@
-"""What the folders promise a reader: plumbing/ imports nothing from the top level, and one GRPO step runs
-in the files the README's "One GRPO step" table lists, no more and no fewer.
+"""What the folders promise a reader: plumbing/ imports nothing from the top level, the core imports nothing from the
+demo (a user of muarl), and one GRPO step runs in the files the README's "One GRPO step" table lists, no more and no
+fewer.
 
-The first test reads every plumbing/*.py with `ast` (imports at the top, inside functions and in the
-`__main__` demo alike). The second runs one real GRPO step of a tiny run (the shop world, the scripted customer,
+The first two tests read the files with `ast` (imports at the top, inside functions and in the `__main__` demo
+alike). The last runs one real GRPO step of a tiny run (the shop world, the scripted customer,
 a tiny model built here) and records, with a profiler hook on every thread, each project file whose code runs
 from the step's rollout to the end of the loop; setup before it and the run's record after it are not traced.
 """
@@ -20,12 +21,8 @@ sys.path.insert(0, str(REPO))
 TOP = {p.stem for p in REPO.glob("*.py")} | {p.name for p in REPO.iterdir() if (p / "__init__.py").is_file()
                                                and p.name not in ("plumbing", "tests")}
 
-# Files of plumbing/ that import the top level, each with the modules it may import and why. Every other file
-# of plumbing/ imports none.
-EXCEPTIONS = {
-    # The tiny model's default tokenizer corpus includes the generic tools' schemas (tools.py).
-    "tiny_model.py": {"tools"},
-}
+# The core: every file but the demo's and the tests' (bench/ and scripts/ are tools around it, and may use the demo).
+CORE = ["*.py", "plumbing/*.py", "domains/*.py", "benchmarks/*.py", "evaluation/*.py"]
 
 
 def _top_level_imports(path: Path) -> set[str]:
@@ -45,8 +42,18 @@ def _top_level_imports(path: Path) -> set[str]:
 def test_plumbing_imports_nothing_from_the_top_level():
     assert {"muarl", "grpo", "rollout", "domains", "config"} <= TOP  # (the test knows the top level)
     for path in sorted((REPO / "plumbing").glob("*.py")):
-        extra = _top_level_imports(path) - EXCEPTIONS.get(path.name, set())
+        extra = _top_level_imports(path)
         assert not extra, f"plumbing/{path.name} imports {sorted(extra)} from the top level"
+
+
+def test_the_core_imports_nothing_from_the_demo():
+    # The demo is a user of muarl: it registers its worlds (demo/worlds/) and builds its tiny model
+    # (demo/tiny_model.py) itself, and the core runs without the folder.
+    assert "demo" in TOP
+    files = sorted({p for pattern in CORE for p in REPO.glob(pattern)})
+    assert len(files) > 30 and REPO / "muarl.py" in files and REPO / "domains" / "__init__.py" in files
+    for path in files:
+        assert "demo" not in _top_level_imports(path), f"{path.relative_to(REPO)} imports the demo"
 
 
 def test_the_layout_check_sees_an_import_inside_a_function(tmp_path):
@@ -64,7 +71,7 @@ def test_one_grpo_step_runs_in_the_files_the_readme_lists(tmp_path, monkeypatch)
     import muarl
     from demo import train as demo_train
     from domains import load_world
-    from plumbing.tiny_model import build_tiny
+    from demo.tiny_model import build_tiny
 
     model, world = tmp_path / "model", load_world("shop", seed=0, n_train=20, n_test=10)
     build_tiny(model, texts=[world.rules], hidden=64, layers=1, heads=1, kv_heads=1, intermediate=128,

@@ -128,7 +128,7 @@ def test_a_gpu_model_without_cuda_is_refused_in_one_line(monkeypatch):
 
 
 def test_several_ranks_without_cuda_are_refused_unless_asked_for(monkeypatch, tmp_path, capsys):
-    from plumbing.tiny_model import build_tiny
+    from demo.tiny_model import build_tiny
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(torch, "set_num_threads", lambda n: None)

@@ -1,4 +1,4 @@
-"""plumbing/tiny_model.py and plumbing/models.py: the tiny model and tokenizer build, save and load; the chat template
+"""demo/tiny_model.py and plumbing/models.py: the tiny model and tokenizer build, save and load; the chat template
 renders Qwen3's layout."""
 
 import json
@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from plumbing.tiny_model import SPECIAL_TOKENS, TAG_TOKENS, build_tiny
+from demo.tiny_model import SPECIAL_TOKENS, TAG_TOKENS, build_tiny
 from plumbing.models import load_policy, load_reference, load_tokenizer, n_params
 from tools import calculate, function_schema
 

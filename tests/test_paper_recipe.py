@@ -34,7 +34,7 @@ def _records(out: Path) -> list[dict]:
 @needs_tau2
 def test_the_cards_command_runs_the_paper_recipe_end_to_end(tmp_path):
     from domains import load_world
-    from plumbing.tiny_model import build_tiny
+    from demo.tiny_model import build_tiny
     from sft import conversations
 
     retail = load_world("retail")
@@ -94,14 +94,18 @@ def test_a_served_customer_under_torchrun_is_one_server_for_all_ranks(tmp_path):
     # --user_serve under torchrun (2 gloo ranks): rank 0 serves the customer model once and tells rank 1 its
     # address and key (in memory, never on disk); both ranks' conversations reach it; the server stops at the end.
     from domains import load_world
-    from plumbing.tiny_model import build_tiny
+    from demo.tiny_model import build_tiny
 
     model = tmp_path / "model"
     build_tiny(model, texts=[load_world("store", seed=0, n_train=20, n_test=20).rules], hidden=64, layers=1,
                heads=1, kv_heads=1, intermediate=128, vocab_size=512)
     out = tmp_path / "run"
+    launch = tmp_path / "muarl_on_the_store.py"  # muarl.py with the demo's worlds registered (torchrun runs a file)
+    launch.write_text(f"import runpy, sys\nsys.path.insert(0, {str(REPO)!r})\nimport demo.worlds\n"
+                      f"runpy.run_path({str(REPO / 'muarl.py')!r}, run_name='__main__')\n")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(_free_port()),
-           "muarl.py", "--model", str(model), "--domains", "store", "--user_serve", str(REPO / "demo" / "customer_model"),
+           str(launch), "--model", str(model), "--domains", "store",
+           "--user_serve", str(REPO / "demo" / "customer_model"),
            "--sft_data", "tasks", "--sft_epochs", "0.02", "--sft_batch", "4", "--tools_in_prompt", "false",
            "--tasks_per_step", "2", "--group_size", "2", "--max_turns", "4", "--max_new_tokens", "16",
            "--max_context", "1024", "--user_max_tokens", "32", "--user_temperature", "0.7", "--kl_coef", "0",

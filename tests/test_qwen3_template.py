@@ -22,7 +22,7 @@ import pytest
 import chat
 from domains import load_world
 from evaluation.agents import ExpertEngine
-from plumbing.tiny_model import build_tiny
+from demo.tiny_model import build_tiny
 from plumbing.models import load_tokenizer
 from rollout import PolicyAgent, RolloutConfig, rollout, score
 from tools import GENERIC_TOOLS, function_schema

@@ -10,7 +10,7 @@ from domains import load_world
 from evaluation.agents import ExpertEngine
 from engine import Sample
 from plumbing.hf_engine import HFEngine
-from plumbing.tiny_model import build_tiny
+from demo.tiny_model import build_tiny
 from rollout import PolicyAgent, RolloutConfig, rollout, score
 from plumbing.sampling import episode_seed
 from user_sim import ScriptedUser, UserError

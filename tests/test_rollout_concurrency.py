@@ -16,7 +16,7 @@ from engine import Batcher
 from plumbing import chat_client
 from plumbing.hf_engine import HFEngine
 from plumbing.sampling import Sample
-from plumbing.tiny_model import build_tiny
+from demo.tiny_model import build_tiny
 from rollout import PolicyAgent, RolloutConfig, rollout, score
 from user_sim import ScriptedUser, UserError
 
@@ -39,6 +39,7 @@ class LateUser(ScriptedUser):
     workers = 16
 
     def __init__(self, delay):
+        super().__init__()  # (the scripts of every world registered now)
         self.delay = delay
 
     def reply(self, task, history, phone=None, seed=None):

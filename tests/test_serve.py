@@ -189,7 +189,7 @@ def test_one_line_errors(standin, tmp_path):
 @pytest.mark.vllm
 def test_real_vllm_server_serves_a_tiny_customer(tmp_path):
     pytest.importorskip("vllm")
-    from plumbing.tiny_model import build_tiny
+    from demo.tiny_model import build_tiny
     from user_sim import make_user, simulator_messages
 
     build_tiny(tmp_path / "m", hidden=128, layers=1, heads=2, kv_heads=1, intermediate=256)  # head_dim 64

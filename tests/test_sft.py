@@ -8,9 +8,10 @@ import torch
 
 import chat
 import sft
-from domains import load_world, store
+from demo.worlds import store
+from domains import load_world
 from demo.drills import copy_examples
-from plumbing.tiny_model import build_tiny
+from demo.tiny_model import build_tiny
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +104,7 @@ def lookup(run, model, examples, epochs, **train):
 def _store_run(tmp_path, lookup_draws=3):
     from types import SimpleNamespace
 
-    from domains import store
+    from demo.worlds import store
 
     world = store.build_world(seed=0, n_orders=300, n_test_orders=100, n_train=200, n_test=20)
     cfg = SimpleNamespace(lookup_draws=lookup_draws, sft_batch=8, sft_lr=2e-3, tools_in_prompt=False)
@@ -270,7 +271,7 @@ def test_no_store_no_lookup_stage(tmp_path, monkeypatch):
 def test_the_lookup_probe_scores_the_answer_the_model_prefers(tmp_path):
     # a model that prefers the token "yes" wherever it is: it is right exactly on the cases whose answer is yes
     from demo import drills
-    from domains import store
+    from demo.worlds import store
 
     run = _store_run(tmp_path)
     cases = store.lookup_cases(run.train_tasks, n=24)["answer"]

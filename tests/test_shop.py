@@ -1,10 +1,11 @@
-"""The shop world (domains/shop.py): tools, tasks, the careless annotator, the scripted customer, rollouts."""
+"""The shop world (demo/worlds/shop.py): tools, tasks, the careless annotator, the scripted customer, rollouts."""
 
 import json
 
 import pytest
 
-from domains import load_world, shop
+from demo.worlds import shop
+from domains import load_world
 from user_sim import ScriptedUser
 
 
@@ -129,7 +130,7 @@ def test_deterministic():
 
 def test_expert_through_the_token_pipeline(world):
     from evaluation.agents import ExpertEngine
-    from plumbing.tiny_model import build_tiny
+    from demo.tiny_model import build_tiny
     from rollout import PolicyAgent, RolloutConfig, rollout, score
 
     import tempfile

@@ -1,4 +1,4 @@
-"""The store (domains/store.py): the customer's behaviours, the cautious annotator, the fidelity check; and the
+"""The store (demo/worlds/store.py): the customer's behaviours, the cautious annotator, the fidelity check; and the
 customer model's data (customer.py) is exactly what LLMUser sends."""
 
 import random
@@ -6,7 +6,7 @@ import random
 import pytest
 
 from demo import customer
-from domains import store
+from demo.worlds import store
 from user_sim import STOP, LLMUser, ScriptedUser, simulator_messages
 
 
@@ -212,7 +212,7 @@ def test_customer_model_trains_on_the_servers_rendering(world, tmp_path):
     # vLLM's server renders each request with the chat template (add_generation_prompt); the customer model must be
     # trained on exactly that: every request is a token prefix of the rendered conversation, and the trained tokens
     # are the customer's turns with their end-of-turn token, nothing else.
-    from plumbing.tiny_model import build_tiny
+    from demo.tiny_model import build_tiny
 
     convs = customer.customer_conversations(world.tasks("train")[:6], per_task=1, seed=1)
     _, tok = build_tiny(tmp_path, texts=[m["content"] for c in convs for m in c["messages"]], vocab_size=300,
@@ -278,7 +278,8 @@ def test_a_runs_world_asks_more_of_the_reading():
     # imitated falls with them (seed 0: 62.6 -> 53.4 %), and the refusals' mix is untouched
     from demo.baselines import annotator_right, imitated
     from demo.train import parse
-    from domains import load_worlds, shop
+    from demo.worlds import shop
+    from domains import load_worlds
 
     cfg = parse([])  # the demo's run (python -m demo): its preset's world, seed 0
     assert (cfg.domains, cfg.synthetic_seed) == ("store", 0)

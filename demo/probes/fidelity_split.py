@@ -29,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from domains import shop, store  # noqa: E402
+from demo.worlds import shop, store  # noqa: E402
 
 
 FIXED = {store.ASK_ID, shop.ASK_REASON, shop.ASK_REFUND, store.REFUSE_AGAIN}  # the policy's lines without blanks

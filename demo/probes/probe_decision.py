@@ -33,7 +33,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from chat import assistant_ids, encode, render  # noqa: E402
-from domains import shop, store  # noqa: E402
+from demo.worlds import shop, store  # noqa: E402
 from plumbing.models import load_policy  # noqa: E402
 
 

@@ -1,8 +1,8 @@
 """How strongly does a CPU-demo policy read what the customer says? Probabilities where a choice depends on it alone.
 
 The cold start imitates an annotator that writes the customer's option for half of those who want the non-default
-one, and holds a refusal against an insisting customer one time in five (domains/store.py, make_task). So in its data
-p(other option | the customer said it) = 0.5 and p(refuse again | the customer insists) = 0.2; GRPO has to move both
+one, and holds a refusal against an insisting customer one time in five (demo/worlds/store.py, make_task). So in its
+data p(other option | the customer said it) = 0.5 and p(refuse again | the customer insists) = 0.2; GRPO has to move both
 to 1 (and the second without touching p(transfer | the customer asks for a human) = 1). This prints what a saved
 model gives each, teacher-forced on training conversations (store.option_cases; the annotator's refusals), the two
 continuations compared at the decision (their log-probabilities differ only there):
@@ -37,7 +37,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 from demo.baselines import world_of  # noqa: E402
 from demo.drills import _logp, holds_refusal  # noqa: E402
-from domains import store  # noqa: E402
+from demo.worlds import store  # noqa: E402
 
 
 def p_first(model, tok, system: str, before: list[dict], first: dict, second: dict) -> float:

@@ -1,7 +1,7 @@
 """The CPU demo's agent: a tiny Qwen3-shaped model + tokenizer built from nothing (the demo's kit,
 not the core).
 
-MUA-RL starts from Qwen3 (8B/14B/32B, non-thinking; models.py loads those). Without a model hub,
+MUA-RL starts from Qwen3 (8B/14B/32B, non-thinking; plumbing/models.py loads those). Without a model hub,
 `build_tiny` makes one locally with everything the pipeline touches (`--model tiny`: built from the
 training tasks' text):
 
@@ -204,11 +204,14 @@ def build_tiny(out_dir: str | Path, seed: int = 0, texts: list[str] | None = Non
 
 
 if __name__ == "__main__":
+    # python -m demo.tiny_model [FOLDER]: a tiny model built into FOLDER (else a temporary one), then one rendered
+    # conversation; the folder is what the core modules' own demos take (python sft.py FOLDER).
+    import sys
     import tempfile
 
     from tools import calculate, function_schema
 
-    d = tempfile.mkdtemp(prefix="muarl-tiny-")
+    d = sys.argv[1] if len(sys.argv) > 1 else tempfile.mkdtemp(prefix="muarl-tiny-")
     model, tok = build_tiny(d)
     cfg = model.config
     print(f"tiny Qwen3 in {d}: V={cfg.vocab_size} D={cfg.hidden_size} L={cfg.num_hidden_layers} "

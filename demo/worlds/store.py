@@ -20,7 +20,7 @@ The same tools as the shop, plus the two generic tools the paper watched RL prun
 and scores 0 (tau2's transfer writes nothing; this is the store's way to make a needless hand-off cost something the
 reward can see). The cold-start annotator is *cautious*: it calls `think` needlessly before the lookup (4 in 10),
 transfers a customer who insists (8 in 10), writes the default option when the customer wants the other (half the
-time: shop's laziness; 55 % in a run's world, domains/__init__.py), and follows the first option a customer names
+time: shop's laziness; 55 % in a run's world, demo/worlds/__init__.py), and follows the first option a customer names
 even when it changes its mind (6 in 10). The last three cost the reward, and RL against it unlearns them (README);
 `think` costs nothing here. After every lookup it thinks usefully, always: the policy's rule worked out as a lookup
 a 2-layer model can copy (make_task says why)
@@ -46,7 +46,7 @@ import json
 import random
 import re
 
-from domains import shop
+from demo.worlds import shop
 from domains.base import Store, Task, World, content_key
 from tools import think
 
