@@ -280,11 +280,15 @@ def prompt_warning(tok, worlds: dict, max_context: int, max_new_tokens: int, too
 
 
 if __name__ == "__main__":
-    import tempfile
+    # python chat.py MODEL_FOLDER: a conversation's token stream and its mask, trained tokens in [[...]]
+    import sys
 
-    from plumbing.tiny_model import build_tiny
+    from plumbing.models import load_tokenizer
 
-    _, tok = build_tiny(tempfile.mkdtemp())
+    if len(sys.argv) != 2:
+        sys.exit("usage: python chat.py MODEL_FOLDER (a small chat model; to build one: "
+                 "python -m demo.tiny_model /tmp/tiny)")
+    tok = load_tokenizer(sys.argv[1])
     call = {"type": "function", "function": {"name": "get_order_details", "arguments": {"order_id": "#W1"}}}
     msgs = [{"role": "user", "content": "Cancel order #W1, please."},
             {"role": "assistant", "content": "Checking.", "tool_calls": [call]},

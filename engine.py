@@ -32,8 +32,8 @@ Departures from the paper's setup (verl + vLLM):
    tensor-parallel engine groups generating in lockstep, which this file does not do (README "On
    GPUs"; models.py plans both).
 
-    python engine.py          # ReferenceEngine against HFEngine, token for token, on the tiny model
-    python engine.py vllm     # and VLLMEngine's samples beside them
+    python engine.py MODEL_FOLDER        # ReferenceEngine against HFEngine, token for token (any small model)
+    python engine.py MODEL_FOLDER vllm   # and VLLMEngine's samples beside them
 """
 
 from __future__ import annotations
@@ -435,16 +435,18 @@ def rollout_engine(kind: str, policy, tokenizer, model_path: str, cfg, device: s
 
 
 # --------------------------------------------------------------------------------------------------
-# Demo: python engine.py [vllm] -- the reference loop and HFEngine sample the same tokens
+# Demo: python engine.py MODEL_FOLDER [vllm] -- the reference loop and HFEngine sample the same tokens
 
 if __name__ == "__main__":
     import sys
-    import tempfile
 
-    from plumbing.tiny_model import build_tiny
+    from plumbing.models import load_policy
 
-    d = tempfile.mkdtemp(prefix="muarl-tiny-")
-    model, tok = build_tiny(d)
+    if len(sys.argv) not in (2, 3) or sys.argv[2:] not in ([], ["vllm"]):
+        sys.exit("usage: python engine.py MODEL_FOLDER [vllm] (a small chat model; to build one: "
+                 "python -m demo.tiny_model /tmp/tiny)")
+    d = sys.argv[1]
+    model, tok = load_policy(d)
     chat = tok.encode(tok.apply_chat_template([{"role": "user", "content": "Cancel order #W1234567, please."}],
                                               tokenize=False, add_generation_prompt=True, enable_thinking=False))
     # different lengths: HFEngine pads them in one batch
@@ -460,6 +462,6 @@ if __name__ == "__main__":
         gap = max(abs(p - q) for x, y in zip(a, b) for p, q in zip(x.logprobs, y.logprobs))
         print(f"T={temperature} top_p={top_p} seed={seed}: same token ids: {same}; largest log-prob gap {gap:.1e}")
         print(f"    {a[0].token_ids} {tok.decode(a[0].token_ids)!r}")
-    if sys.argv[1:] == ["vllm"]:  # vLLM's own sampler: the same seeds, other draws (greedy agrees)
+    if sys.argv[2:] == ["vllm"]:  # vLLM's own sampler: the same seeds, other draws (greedy agrees)
         for s in make_engine("vllm", model_path=d).generate(prompts, 12, temperature=1.0, seed=0):
             print(f"[vllm] {s.finish_reason:6s} {s.token_ids} {[round(x, 2) for x in s.logprobs]}")

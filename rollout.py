@@ -437,20 +437,24 @@ class TrajectoryLog:
 
 
 if __name__ == "__main__":
-    # A tiny untrained policy, the scripted customer, two shop tasks x G = 2: the token stream, its
-    # spans and its mask (rewards are chance)
-    import tempfile
+    # python rollout.py MODEL_FOLDER: a small untrained policy, the scripted customer, two tasks of the
+    # synthetic shop x G = 2: the token stream, its spans and its mask (rewards are chance)
+    import sys
 
     from domains import load_world
     from plumbing.hf_engine import HFEngine
-    from plumbing.tiny_model import build_tiny
-    from user_sim import ScriptedUser
+    from plumbing.models import load_policy
+    from user_sim import make_user
 
-    world = load_world("shop", seed=0, n_train=20, n_test=20)
+    if len(sys.argv) != 2:
+        sys.exit("usage: python rollout.py MODEL_FOLDER (a small chat model; to build one: "
+                 "python -m demo.tiny_model /tmp/tiny)")
+    world = load_world("synthetic", seed=0)
     tasks = world.tasks("test")[:2]
-    model, tok = build_tiny(tempfile.mkdtemp(), texts=[world.rules] + [json.dumps(t.expert) for t in tasks])
-    agent, cfg = PolicyAgent(HFEngine(model, tok), tok), RolloutConfig(6, 1024, 32, tools_in_prompt=False, seed=0)
-    for e in score(rollout(tasks, 2, {"shop": world}, agent, ScriptedUser(), cfg), {"shop": world}):
+    model, tok = load_policy(sys.argv[1])
+    agent, cfg = PolicyAgent(HFEngine(model, tok), tok), RolloutConfig(6, 4096, 32, tools_in_prompt=False, seed=0)
+    worlds = {world.name: world}
+    for e in score(rollout(tasks, 2, worlds, agent, make_user("scripted"), cfg), worlds):
         print(f"{e.task.id}: reward {e.reward} stop {e.stop_reason} turns {e.turns} calls {e.tool_calls} "
               f"tokens {len(e.ids)} (trained {sum(e.mask)}) spans {[s['who'] for s in e.spans]}")
     eps = [e]

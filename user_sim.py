@@ -341,16 +341,18 @@ class FixedUser(User):
 # The table of customers: --user NAME picks a row; validation, eval.py and muarl.py read it
 
 
-def _llm(model: str | None = None, mixin: type | None = None, **kw) -> User:
+def _llm(model: str | None = None, **kw) -> User:
     """An LLM customer at an endpoint: model, base_url, api_key from kw, else $MUARL_USER_MODEL.
-    `mixin`: a benchmark's own customer (its Bench row's `customer`), a class whose methods come
-    before LLMUser's: it builds its own requests, and calls LLMUser's for the rest."""
+    A world whose DOMAINS row names its own `customer` (ACEBench's prompt) has it mixed in: a class
+    whose methods come before LLMUser's, that plays the tasks carrying its prompt and calls LLMUser's
+    for every other task. So training and evaluation alike play each task with its world's customer."""
     model = model or os.environ.get("MUARL_USER_MODEL")
     if not model:
         raise ValueError("the customer is a language model: give it an endpoint (--user_model NAME, "
                          "and --user_base_url URL/v1 unless it is OpenAI's) or serve a local model "
                          "on this machine (--user_serve FOLDER)")
-    user = LLMUser if mixin is None else type(mixin.__name__, (mixin, LLMUser), {})
+    mixins = tuple(dict.fromkeys(d.customer for d in DOMAINS.values() if d.customer is not None))
+    user = type("LLMUser", (*mixins, LLMUser), {}) if mixins else LLMUser
     return user(model, **kw)
 
 

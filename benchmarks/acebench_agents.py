@@ -27,7 +27,6 @@ from concurrent.futures import ThreadPoolExecutor
 import chat
 from tools import as_text
 from benchmarks.acebench import EXECUTE, FINISH, AceWorld, build_world as _build, routes_to_execution
-from benchmarks.acebench_customer import AceCustomer
 from benchmarks.bench import Bench
 
 _MEETING = "Hey Frank, don't forget about our meeting on 2024-06-11 at 4 PM in Conference Room 1."
@@ -204,8 +203,7 @@ def summarize(episodes) -> tuple[dict, str]:
     return m, text
 
 
-BENCH = Bench(domain="acebench_agent", summary=summarize, agent=make_agent,  # eval.py --bench acebench_agent
-              customer=AceCustomer)
+BENCH = Bench(domain="acebench_agent", summary=summarize, agent=make_agent)  # eval.py --bench acebench_agent
 
 
 if __name__ == "__main__":

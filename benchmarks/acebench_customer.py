@@ -8,10 +8,11 @@ question and is never asked again (every agent message there goes to the executo
 
     python eval.py --bench acebench_agent --agent openai --agent_model gpt-4o --user llm --user_model gpt-4o
 
-plays it: the benchmark's row (acebench_agents.BENCH) names it as its `customer`, and evaluation/flags.py asks for the
-LLM customer with it mixed in (user_sim.make_user("llm", mixin=AceCustomer, ...): a class whose methods come before
-LLMUser's). It is a mixin, not a subclass, because this file cannot import user_sim: user_sim imports domains, whose
-table lists this benchmark. tests/test_acebench_parity.py replays ACEBench's recorded requests to it byte for byte.
+plays it, and so does a training run on ACEBench's tasks: the world's row in domains.DOMAINS names it as its
+`customer`, and every LLM customer (user_sim.make_user("llm", ...)) has it mixed in, a class whose methods come before
+LLMUser's; a task without ACEBench's prompt is played by LLMUser's own. It is a mixin, not a subclass, because this
+file cannot import user_sim: user_sim imports domains, whose table lists this benchmark.
+tests/test_acebench_parity.py replays ACEBench's recorded requests to it byte for byte.
 
 Departures from ACEBench: none in what the customer is sent; its replies come through LLMUser's client (retries, a
 deadline), and a request that fails for good aborts the episode rather than the evaluation.

@@ -23,7 +23,6 @@ class Bench:
     oracle: Callable | None = None  # task -> act(messages, tools): the gold replay (agents.MessageAgent)
     rollout: dict = field(default_factory=dict)  # RolloutConfig fields the benchmark fixes (e.g. all_calls)
     agent: Callable | None = None  # its own agent protocol (ACEBench): (kind, **settings) -> a rollout Agent
-    customer: type | None = None  # its own LLM customer (ACEBench's), for --user llm: a mixin over user_sim.LLMUser
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import random
 
-from benchmarks import acebench, acebench_agents, bfcl
+from benchmarks import acebench, acebench_agents, acebench_customer, bfcl
 from benchmarks.bench import Bench
 from domains import airline, retail, synthetic, telecom, telecom_user
 from domains.base import Domain, Env, Task, World
@@ -41,7 +41,8 @@ DOMAINS: dict[str, Domain] = {
     "synthetic": Domain(synthetic.build_world, lambda c: dict(
         seed=c.synthetic_seed, n_train=c.synthetic_train, n_test=c.synthetic_test, n_users=c.synthetic_users,
         n_test_users=c.synthetic_test_users), script=synthetic, generator=True),
-    "acebench_agent": Domain(acebench_agents.build_world, script=acebench),  # ACEBench Agent (benchmarks/)
+    # ACEBench Agent (benchmarks/): its tasks carry their own customer prompt, which its customer sends
+    "acebench_agent": Domain(acebench_agents.build_world, script=acebench, customer=acebench_customer.AceCustomer),
     bfcl.NAME: Domain(bfcl.build_world, script=bfcl),  # BFCL-v3 multi-turn; its customer is a script (benchmarks/)
 }
 

@@ -207,6 +207,9 @@ class Domain:
     # scripted_reply(task, history, phone) (user_sim.Phone; domains/telecom_user.py)
     script: Any = None
     generator: bool = False  # --tasks synthetic can generate tasks over this world (domains/synthetic.py)
+    # the world's own LLM customer (ACEBench's prompt, benchmarks/acebench_customer.py), or None: a mixin over
+    # user_sim.LLMUser that plays the tasks carrying its prompt and hands every other task to LLMUser
+    customer: Any = None
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -389,7 +392,7 @@ class World:
 
     def customer_mistakes(self, task: Task, messages: list[dict]) -> list[str] | None:
         """What the simulated customer said against its instructions ([] = faithful), or None when the domain cannot
-        tell (only worlds whose tasks carry a structured spec can: domains/store.py)."""
+        tell (only worlds whose tasks carry a structured spec can: the demo's store, demo/worlds/store.py)."""
         return None
 
     def user_tool_schemas(self) -> list[dict]:

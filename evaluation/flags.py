@@ -140,13 +140,9 @@ def start_customer(a, tasks, worlds, bench):
     if USERS.get(a.user) is None:
         raise ConfigError(f"--user must be one of {', '.join(USERS)}, got {a.user!r}")
 
-    def make(kind, **kw):  # a benchmark's own LLM customer (ACEBench's prompt), mixed into LLMUser
-        own = {"mixin": bench.customer} if kind == "llm" and bench is not None and bench.customer else {}
-        return make_user(kind, **kw, **own)
-
     # the oracle talks to a fixed line, or to its benchmark's own scripted customer (BFCL's turns)
     user = (ScriptedUser() if bench and bench.oracle else FixedUser()) if a.agent == "oracle" else \
-        customer_for(a, make, os.path.dirname(a.out) or ".")
+        customer_for(a, make_user, os.path.dirname(a.out) or ".")
     try:
         user.check(tasks, worlds)
         user.start(tasks)

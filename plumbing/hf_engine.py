@@ -338,14 +338,17 @@ class HFEngine:
 
 
 # --------------------------------------------------------------------------------------------------
-# Demo: python hf_engine.py — a second turn reuses the first one's keys/values
+# Demo: python -m plumbing.hf_engine MODEL_FOLDER — a second turn reuses the first one's keys/values
 
 if __name__ == "__main__":
-    import tempfile
+    import sys
 
-    from plumbing.tiny_model import build_tiny
+    from plumbing.models import load_policy
 
-    model, tok = build_tiny(tempfile.mkdtemp(prefix="muarl-tiny-"))
+    if len(sys.argv) != 2:
+        sys.exit("usage: python -m plumbing.hf_engine MODEL_FOLDER (a small chat model; to build one: "
+                 "python -m demo.tiny_model /tmp/tiny)")
+    model, tok = load_policy(sys.argv[1])
     hf = HFEngine(model, tok)
     turn = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"  # a user turn in Qwen's chat markup
     prompts = [tok.encode(turn.format(text)) for text in ("Cancel order #W1234567, please.", "Hello")]

@@ -97,7 +97,7 @@ def test_the_router_and_hostile_messages_never_crash(world, tmp_path):
 
 @needs_data
 def test_the_customer_is_an_llm_told_acebench_s_prompt(world):
-    from benchmarks.acebench_customer import AceCustomer, simulator_messages
+    from benchmarks.acebench_customer import simulator_messages
     from user_sim import make_user
 
     task = world.tasks()[0]
@@ -108,8 +108,37 @@ def test_the_customer_is_an_llm_told_acebench_s_prompt(world):
                     {"role": "user", "content": "Is there anything you need help with today?"},
                     {"role": "system", "content": "Hi"}, {"role": "user", "content": "Which message?"}]
     step = next(t for t in world.tasks() if t.raw["category"] == "multi_step")  # its question, no model call
-    user = make_user("llm", model="m", base_url="http://127.0.0.1/v1", client=object(), mixin=AceCustomer)
+    user = make_user("llm", model="m", base_url="http://127.0.0.1/v1", client=object())
     assert user.first_message(step) == step.instructions
+
+
+def test_every_llm_customer_plays_an_acebench_task_with_its_prompt_and_any_other_task_with_muarls():
+    # (training with --domains acebench_agent and evaluating with --bench alike: the world's row names its customer)
+    from domains import load_world
+    from user_sim import LLMUser, make_user, simulator_messages as muarls
+
+    sent = []
+
+    class Client:  # records what the customer sends; answers one line
+        class chat:
+            class completions:
+                @staticmethod
+                def create(**kw):
+                    sent.append(kw["messages"])
+                    msg = SimpleNamespace(content="Hello.", reasoning_content=None, tool_calls=None)
+                    return SimpleNamespace(choices=[SimpleNamespace(message=msg, finish_reason="stop")])
+
+    user = make_user("llm", model="m", base_url="http://127.0.0.1/v1", client=Client())
+    assert isinstance(user, LLMUser)
+    sim = {"system": "You are a user who wants to message Frank.", "greeting": "Anything you need?",
+           "own_role": "system", "strip": ["agent:"]}
+    ace = SimpleNamespace(id="ace/0", domain="acebench_agent", spec={"world": "acebench_agent", "simulator": sim},
+                          instructions="-")
+    user.reply(ace, [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "agent:To whom?"}])
+    assert sent[-1][:2] == [{"role": "system", "content": sim["system"]}, {"role": "user", "content": sim["greeting"]}]
+    other = load_world("synthetic", seed=0).tasks("test")[0]
+    user.reply(other, [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "How can I help?"}])
+    assert sent[-1][0] == muarls(other.instructions, [])[0]  # muarl's own customer prompt
 
 
 def test_acebench_summary_is_acebench_arithmetic():

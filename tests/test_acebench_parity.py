@@ -97,7 +97,6 @@ class _StubUser:
 @pytest.mark.parametrize("rec", RECORDS, ids=[r["seq_id"] for r in RECORDS])
 def test_the_conversation_replays_through_rollout(world, rec):
     from rollout import RolloutConfig, rollout, score
-    from benchmarks.acebench_customer import AceCustomer
     from user_sim import make_user
 
     prompts = []
@@ -109,7 +108,7 @@ def test_the_conversation_replays_through_rollout(world, rec):
 
     lines = [rec["user_first_message"]] + [s["user_reply"] for s in rec["steps"] if "user_reply" in s]
     stub = _StubUser(lines if rec["category"] == "multi_turn" else [])
-    user = make_user("llm", model="acebench-user", base_url="http://127.0.0.1/v1", client=stub, mixin=AceCustomer)
+    user = make_user("llm", model="acebench-user", base_url="http://127.0.0.1/v1", client=stub)
     task = _task(world, rec)
     ep = rollout([task], 1, {"acebench_agent": world}, acebench_agents.AceAgent(scripted), user,
                  RolloutConfig(max_turns=100))[0]

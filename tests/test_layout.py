@@ -21,10 +21,6 @@ sys.path.insert(0, str(REPO))
 TOP = {p.stem for p in REPO.glob("*.py")} | {p.name for p in REPO.iterdir() if (p / "__init__.py").is_file()
                                                and p.name not in ("plumbing", "tests")}
 
-# The core: every file but the demo's and the tests' (bench/ and scripts/ are tools around it, and may use the demo).
-CORE = ["*.py", "plumbing/*.py", "domains/*.py", "benchmarks/*.py", "evaluation/*.py"]
-
-
 def _top_level_imports(path: Path) -> set[str]:
     """The top-level modules and packages `path` imports, anywhere in the file."""
     found = set()
@@ -44,16 +40,6 @@ def test_plumbing_imports_nothing_from_the_top_level():
     for path in sorted((REPO / "plumbing").glob("*.py")):
         extra = _top_level_imports(path)
         assert not extra, f"plumbing/{path.name} imports {sorted(extra)} from the top level"
-
-
-def test_the_core_imports_nothing_from_the_demo():
-    # The demo is a user of muarl: it registers its worlds (demo/worlds/) and builds its tiny model
-    # (demo/tiny_model.py) itself, and the core runs without the folder.
-    assert "demo" in TOP
-    files = sorted({p for pattern in CORE for p in REPO.glob(pattern)})
-    assert len(files) > 30 and REPO / "muarl.py" in files and REPO / "domains" / "__init__.py" in files
-    for path in files:
-        assert "demo" not in _top_level_imports(path), f"{path.relative_to(REPO)} imports the demo"
 
 
 def test_the_layout_check_sees_an_import_inside_a_function(tmp_path):
