@@ -1,8 +1,8 @@
-"""What the folders promise a reader: plumbing/ imports nothing from the top level, the core imports nothing from the
-demo (a user of muarl), and one GRPO step runs in the files the README's "One GRPO step" table lists, no more and no
-fewer.
+"""What the folders promise a reader: plumbing/ imports nothing from the top level, and one GRPO step runs in the
+files the README's "One GRPO step" table lists, no more and no fewer. (That the core imports nothing from the demo,
+at any depth, is tests/test_design.py's.)
 
-The first two tests read the files with `ast` (imports at the top, inside functions and in the `__main__` demo
+The first tests read the files with `ast` (imports at the top, inside functions and in the `__main__` demo
 alike). The last runs one real GRPO step of a tiny run (the shop world, the scripted customer,
 a tiny model built here) and records, with a profiler hook on every thread, each project file whose code runs
 from the step's rollout to the end of the loop; setup before it and the run's record after it are not traced.
@@ -20,6 +20,7 @@ sys.path.insert(0, str(REPO))
 # The top level: its modules and its packages (plumbing/ itself and tests/ aside).
 TOP = {p.stem for p in REPO.glob("*.py")} | {p.name for p in REPO.iterdir() if (p / "__init__.py").is_file()
                                                and p.name not in ("plumbing", "tests")}
+
 
 def _top_level_imports(path: Path) -> set[str]:
     """The top-level modules and packages `path` imports, anywhere in the file."""
