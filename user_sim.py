@@ -365,9 +365,9 @@ class UserKind:
 
 USERS = {
     "llm": UserKind(_llm, endpoint=True),
-    "scripted": UserKind(lambda **kw: ScriptedUser(domain_scripts()), scripted=True),
-    "sampled": UserKind(lambda **kw: SampledScriptUser(domain_scripts()), scripted=True),
-    "fixed": UserKind(lambda **kw: FixedUser(domain_scripts())),
+    "scripted": UserKind(lambda **kw: ScriptedUser(), scripted=True),
+    "sampled": UserKind(lambda **kw: SampledScriptUser(), scripted=True),
+    "fixed": UserKind(lambda **kw: FixedUser()),
 }
 
 

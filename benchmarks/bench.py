@@ -1,9 +1,9 @@
 """A benchmark's row: what `eval.py --bench NAME` needs to know about an evaluation-only benchmark.
 
-A benchmark runs on a world of domains.DOMAINS (its tasks, its tools, its scorer) and adds what the world alone does
-not say: the conversation rules it fixes, the figures it reports, the gold replay that checks the harness, and, for
-ACEBench, its own agent protocol and its own customer. domains.BENCHES is the table of these rows; eval.py reads it
-and names none.
+A benchmark runs on a world of domains.DOMAINS (its tasks, its tools, its scorer, and, for ACEBench, its customer)
+and adds what the world alone does not say: the conversation rules it fixes, the figures it reports, the gold replay
+that checks the harness, and, for ACEBench, its own agent protocol. domains.BENCHES is the table of these rows;
+eval.py reads it and names none.
 """
 
 from __future__ import annotations
