@@ -60,20 +60,50 @@ from engine import check_vllm_model, make_engine, rollout_engine
 from eval import HeldOut, format_table
 from grpo import (ADVANTAGES, REWARDS, grpo_loss, pack_sequences, tis_weights, token_advantages,
                   token_logprobs)
-from plumbing import startup, view
+from plumbing import startup
 from plumbing.flags import public
 from plumbing.fsdp import (all_gather_episodes, all_sum, bf16_compute, compute_device, dist_setup,
                            dist_teardown, even_rows, full_tensors, is_sharded, place, reduce_stats, reshard,
                            sharded_call)
 from plumbing.models import build_or_load_model, load_policy, reference_for
 from plumbing.preflight import RunStopped
-from plumbing.runlog import RunLog, step_stats, write_sample
+from plumbing.runlog import RunLog, page_groups, record_tokens, step_stats, write_sample
 from plumbing.sampling import episode_seed
 from plumbing.serve import customer_for
-from plumbing.checkpoint import TaskSampler, rng_state, set_rng_state
+from plumbing.checkpoint import rng_state, set_rng_state
 from plumbing.validate import row_note
 from rollout import PolicyAgent, RolloutConfig, TrajectoryLog, rollout, score
 from user_sim import make_user
+
+
+# --------------------------------------------------------------------------------------------------
+# 1. The task order: epochs of seeded shuffles, resumable (plumbing/checkpoint.py saves its place)
+
+
+class TaskSampler:
+    """Tasks in epochs, each a shuffle seeded by (seed, epoch), so (epoch, pos) alone is where a run
+    is in them; plus `again`, the ids of tasks handed back (their group aborted: not consumed),
+    drawn first."""
+
+    def __init__(self, tasks: list, seed: int):
+        self.tasks, self.seed, self.epoch, self.pos, self.again = tasks, seed, 0, 0, []
+        self.by_id = {getattr(t, "id", t): t for t in tasks}
+
+    def put_back(self, ids: list) -> None:
+        self.again += ids
+
+    def next(self, n: int) -> list:
+        out = [self.by_id[i] for i in self.again[:n]]
+        self.again = self.again[n:]
+        while len(out) < n:  # a draw that runs past the end of an epoch goes on into the next one
+            order = list(range(len(self.tasks)))
+            random.Random(self.seed * 100003 + self.epoch).shuffle(order)  # its own generator: global ones untouched
+            take = order[self.pos : self.pos + n - len(out)]
+            out += [self.tasks[i] for i in take]
+            self.pos += len(take)
+            if self.pos >= len(order):
+                self.epoch, self.pos = self.epoch + 1, 0
+        return out
 
 
 # --------------------------------------------------------------------------------------------------
@@ -303,7 +333,7 @@ def train(cfg: Config) -> dict:
         # 4 + 5. Loss, backward and the optimizer step. Every rank takes the same branch, because the
         # update is collective.
         policy.train()
-        keep = view.pick(kept, adv, cfg.group_size) if rank == 0 else []  # the groups the run's page shows
+        keep = page_groups(kept, adv, cfg.group_size) if rank == 0 else []  # the groups the run's page shows
         if all_sum(float(sum(sum(e.mask) for e in kept)), world_size) > 0:
             torch.set_num_threads(cfg.train_threads or cfg.threads)  # (the customer is idle now)
             upd = update(policy, reference, kept, adv, opt, cfg, world_size=world_size, keep=keep)
@@ -322,7 +352,7 @@ def train(cfg: Config) -> dict:
         # 7. Log the step's numbers; every 10 steps one whole episode with its mask, and at every step
         # one or two groups token by token, as the loss saw them (view.html).
         if rank == 0:
-            view.record(out, step, kept, adv, keep, upd.pop("seen", {}), tok, cfg.group_size, cfg.tis_cap)
+            record_tokens(out, step, kept, adv, keep, upd.pop("seen", {}), tok, cfg.group_size, cfg.tis_cap)
         st = step_stats(episodes, len(kept) // cfg.group_size, cfg.group_size, world_size)
         log({"phase": "grpo", "step": step, **st, **upd, "rollout_s": t1 - t0, "update_s": t2 - t1,
              "sync_s": t3 - t2, "tokens_per_s": st["tokens"] / max(1e-9, t3 - t0),

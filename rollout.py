@@ -52,8 +52,8 @@ from pathlib import Path
 from typing import Protocol
 
 import chat
-from domains.base import Env, Task, World
-from domains.dual_control import Phone, customer_only, too_many_errors
+from domains.base import Env, Task, World, customer_only
+from domains.dual_control import Phone, too_many_errors
 from engine import Batcher
 from plumbing import chat_client
 from plumbing.chat_client import concurrently

@@ -36,7 +36,8 @@ from pathlib import Path
 from typing import Callable
 
 from domains import DOMAINS
-from domains.dual_control import Phone, customer_only, own_call_view
+from domains.base import customer_only
+from domains.dual_control import Phone, own_call_view
 from domains.tau2_data import LOADED as TAU2_LOADED, user_guidelines
 from plumbing.chat_client import (ChatClient, UserError, concurrently, reply_text, reply_turn,  # noqa: F401
                                    thinking_switch)

@@ -226,7 +226,7 @@ def one_pass(c: dict, folder: Path, out: Path, a, offload: bool, rows: list) -> 
     say(f"{tag}: weight sync of {n / 1e6:,.1f}M entries in {ph.s:.2f} s")
     free_memory()
     before = fingerprint(policy, opt)
-    sampler = ckpt.TaskSampler(list(range(8)), seed=0)
+    sampler = muarl.TaskSampler(list(range(8)), seed=0)
     with Phase() as ph:
         ckpt.save_checkpoint(out, 3, policy, opt, sampler, {"check": "gpu_check"}, world_size=1, rank=0)
     size = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())

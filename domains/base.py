@@ -328,6 +328,15 @@ class Env:
         self.con.close()
 
 
+# Where the customer has tools of its own (domains/dual_control.py), its calls and their results are kept among
+# the episode's readable messages with requestor "user"; rollout.py keeps them out of the agent's view.
+def customer_only(m: dict) -> bool:
+    """A message only the customer saw: its own tool call (a "user" message with tool_calls) or that
+    call's result (a "tool" message with requestor "user"). Never shown to the agent, never in its
+    token stream."""
+    return m.get("requestor") == "user" and (m.get("role") == "tool" or bool(m.get("tool_calls")))
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # World: a domain
 

@@ -7,11 +7,11 @@ the SIM, run a speed test...), and the task is solved only when the agent talks 
 acting. Both sides act on ONE environment; a user tool call goes to the env and its result back to
 the customer only, an agent call back to the agent only, and neither side sees the other's calls,
 only the other's text. This file is the runtime half of that contract (domains/base.py has the
-other: `Env.call(name, arguments, requestor=)`, `World.user_tools`):
+other: `Env.call(name, arguments, requestor=)`, `World.user_tools`, and `customer_only`, which every
+episode asks of its messages):
 
     Phone            one customer turn's access to its tools: runs each call on the episode's env as requestor
                      "user", logs call and result in the episode's readable messages, stops at a cap
-    customer_only    which readable messages only the customer saw (rollout keeps them out of the agent's view)
     too_many_errors  tau2's rule: 10 failed tool calls in all, from either side, end the episode (never reset)
 
 The customer model (user_sim.LLMUser) and the scripted customer (domains/telecom_user.py) both act
@@ -33,13 +33,6 @@ from __future__ import annotations
 import json
 
 MAX_ERRORS = 10  # tau2's too-many-errors limit (orchestrator max_errors): tool errors in all, both sides
-
-
-def customer_only(m: dict) -> bool:
-    """A message only the customer saw: its own tool call (a "user" message with tool_calls) or that
-    call's result (a "tool" message with requestor "user"). Never shown to the agent, never in its
-    token stream."""
-    return m.get("requestor") == "user" and (m.get("role") == "tool" or bool(m.get("tool_calls")))
 
 
 def own_call_view(m: dict, ids: list[str], n: int) -> dict:
@@ -112,7 +105,7 @@ if __name__ == "__main__":
     # logged, two count as errors.
     import json
 
-    from domains.base import World, content_key
+    from domains.base import World, content_key, customer_only
 
     def lamp_state(db) -> str:
         """Read the lamp's state (the agent's one tool)."""

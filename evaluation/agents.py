@@ -23,9 +23,10 @@ import json
 import threading
 
 import chat
+from domains.base import customer_only
+from domains.dual_control import gold_requestors
 from plumbing.sampling import Sample
 from tools import ParsedTurn, as_text, check_call, clean
-from domains.dual_control import customer_only, gold_requestors
 
 # --------------------------------------------------------------------------------------------------
 # Message-level agents

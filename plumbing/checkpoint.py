@@ -1,4 +1,4 @@
-"""Resumable state: the order tasks are drawn in (TaskSampler) and atomic checkpoints.
+"""Resumable state: atomic checkpoints of the weights, AdamW, the task order's place and the random generators.
 
 Why atomic: a run can die at any instant (SIGKILL, a preempted node), leaving a file written in
 place truncated yet named by latest.json. A rename (os.replace) is atomic: a reader finds the old
@@ -39,39 +39,9 @@ import torch
 from plumbing.fsdp import barrier, decide_on_rank0, full_state_dict, is_sharded
 
 # --------------------------------------------------------------------------------------------------
-# Tasks: a seeded, resumable order over the training tasks (epochs of shuffled passes)
-
-
-class TaskSampler:
-    """Tasks in epochs, each a shuffle seeded by (seed, epoch), so (epoch, pos) alone is where a run
-    is in them; plus `again`, the ids of tasks handed back (their group aborted: not consumed),
-    drawn first."""
-
-    def __init__(self, tasks: list, seed: int):
-        self.tasks, self.seed, self.epoch, self.pos, self.again = tasks, seed, 0, 0, []
-        self.by_id = {getattr(t, "id", t): t for t in tasks}
-
-    def put_back(self, ids: list) -> None:
-        self.again += ids
-
-    def next(self, n: int) -> list:
-        out = [self.by_id[i] for i in self.again[:n]]
-        self.again = self.again[n:]
-        while len(out) < n:  # a draw that runs past the end of an epoch goes on into the next one
-            order = list(range(len(self.tasks)))
-            random.Random(self.seed * 100003 + self.epoch).shuffle(order)  # its own generator: global ones untouched
-            take = order[self.pos : self.pos + n - len(out)]
-            out += [self.tasks[i] for i in take]
-            self.pos += len(take)
-            if self.pos >= len(order):
-                self.epoch, self.pos = self.epoch + 1, 0
-        return out
-
-
-# --------------------------------------------------------------------------------------------------
 # Trust: the manifest's checksums, the newest checkpoint that matches them, an old run set aside
 
-# with episodes-rank*.jsonl: the logs a resume cuts back to its step (view-tokens: the page's, plumbing/view.py)
+# with episodes-rank*.jsonl: the logs a resume cuts back to its step (view-tokens: the page's token record, written by plumbing/runlog.py)
 RUN_LOGS = ("log.jsonl", "samples.txt", "view-tokens.jsonl")
 CHECKPOINT_FILES = ("model.pt", "optim.pt", "state.json")  # what a checkpoint folder holds, beside its manifest
 RUN_FILES = RUN_LOGS + ("latest.json", "checkpoints", "config.json", "results.md", "cold-start", "final",
@@ -239,7 +209,7 @@ def set_rng_state(rng: dict) -> None:
     torch.set_rng_state(torch.tensor(rng["torch"], dtype=torch.uint8))
 
 
-def save_checkpoint(out: Path, step: int, policy, opt, sampler: TaskSampler, extra: dict, world_size: int, rank: int):
+def save_checkpoint(out: Path, step: int, policy, opt, sampler, extra: dict, world_size: int, rank: int):
     """Weights, AdamW's moments, the sampler and the generators at `step`. Under FSDP2 every rank
     calls it (the gathers are collectives) and only rank 0 keeps the whole, in host memory, one
     tensor gathered at a time: no GPU ever holds a whole copy."""
@@ -308,7 +278,7 @@ def save_pretrained(policy, tokenizer, path: Path, world_size: int, rank: int) -
     barrier(world_size)  # no rank goes on (e.g. to load the folder) before it is written
 
 
-def load_checkpoint(out: Path, policy, opt, sampler: TaskSampler, world_size: int,
+def load_checkpoint(out: Path, policy, opt, sampler, world_size: int,
                     path: Path | None = None) -> tuple[int, dict]:
     """(step, state) of the newest usable checkpoint (or `path`), or (0, {}), after restoring what a
     run needs to go on as if never stopped: weights, AdamW's moments (zero ones would jolt the
@@ -352,22 +322,23 @@ def load_checkpoint(out: Path, policy, opt, sampler: TaskSampler, world_size: in
 
 
 # --------------------------------------------------------------------------------------------------
-# Demo: python checkpoint.py — a run saved at step 2 and resumed draws the same tasks and holds the same weights
+# Demo: python -m plumbing.checkpoint — a run saved at step 2 and resumed holds the same weights and the same place in its tasks
 
 if __name__ == "__main__":
     import tempfile
+    from types import SimpleNamespace
 
     out = Path(tempfile.mkdtemp(prefix="muarl-ckpt-"))
     model = torch.nn.Linear(4, 2)
     opt = torch.optim.AdamW(model.parameters(), lr=0.1)
-    sampler = TaskSampler([f"task-{i}" for i in range(5)], seed=0)
-    print("steps 0 and 1 draw", sampler.next(3), sampler.next(3), "(5 tasks: step 1 crosses into epoch 1)")
+    # muarl.TaskSampler's place in the task order: epoch 1, position 1, one task handed back
+    sampler = SimpleNamespace(epoch=1, pos=1, again=["task-3"])
     model(torch.randn(8, 4)).pow(2).mean().backward()
     opt.step()  # now AdamW holds moments worth saving
     save_checkpoint(out, 2, model, opt, sampler, {"note": "demo"}, world_size=1, rank=0)
     print("saved", (out / "latest.json").read_text(), sorted(os.listdir(out / "checkpoints" / "step-000002")))
-    model2, sampler2 = torch.nn.Linear(4, 2), TaskSampler(sampler.tasks, seed=0)  # a fresh process: all new
+    model2, sampler2 = torch.nn.Linear(4, 2), SimpleNamespace(epoch=0, pos=0, again=[])  # a fresh process: all new
     opt2 = torch.optim.AdamW(model2.parameters(), lr=0.1)
     step, state = load_checkpoint(out, model2, opt2, sampler2, world_size=1)
-    print(f"resumed at step {step} ({state['note']}): step 2 draws {sampler2.next(3)}, uninterrupted "
-          f"{sampler.next(3)}; same weights: {all(map(torch.equal, model.parameters(), model2.parameters()))}")
+    print(f"resumed at step {step} ({state['note']}): the task order's place {vars(sampler2)}; same weights: "
+          f"{all(map(torch.equal, model.parameters(), model2.parameters()))}")

@@ -12,7 +12,7 @@ its log, with the held-out evaluations marked:
     turns                               tool executions + customer replies per episode
     customer_fidelity                   share of episodes whose customer kept to its instructions (store world)
 
-    python curves.py runs/muarl          # redraws runs/muarl/curves.png from runs/muarl/log.jsonl
+    python -m plumbing.curves runs/muarl      # redraws runs/muarl/curves.png from runs/muarl/log.jsonl
 
 matplotlib is an optional extra (`pip install matplotlib`): without it, `draw` says so in one line
 and returns None; a run never fails for want of a picture.
@@ -95,6 +95,6 @@ def _eval_step(record: dict) -> int:
 
 if __name__ == "__main__":
     if len(sys.argv) != 2 or not (Path(sys.argv[1]) / "log.jsonl").is_file():
-        sys.exit("usage: python -m demo.curves RUN_DIR   (a folder holding log.jsonl, e.g. runs/muarl)")
+        sys.exit("usage: python -m plumbing.curves RUN_DIR   (a folder holding log.jsonl, e.g. runs/muarl)")
     path = draw(sys.argv[1])
     print(f"wrote {path}" if path else "nothing written")

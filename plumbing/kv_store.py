@@ -7,7 +7,7 @@ message).
     weights_version  changes whenever the weights do (hf_engine.HFEngine then empties the store: it is stale)
     BufferLayer      one layer's keys/values during one generate() call, in a buffer written in place
 
-    python kv_store.py      # a store of three conversations, looked up by prefix
+    python -m plumbing.kv_store   # a store of three conversations, looked up by prefix
 """
 
 from __future__ import annotations
@@ -133,7 +133,7 @@ class BufferLayer(DynamicLayer):
 
 
 # --------------------------------------------------------------------------------------------------
-# Demo: python kv_store.py
+# Demo: python -m plumbing.kv_store
 
 if __name__ == "__main__":
     def seq(tokens, H=2, D=4):  # fake keys/values: one layer, token t's key = t

@@ -170,7 +170,7 @@ def check_endpoint(role: str, model: str, messages: list[dict], max_tokens: int,
 
 
 # --------------------------------------------------------------------------------------------------
-# Demo: python preflight.py [BASE_URL MODEL] - by default, an endpoint that is not there
+# Demo: python -m plumbing.preflight [BASE_URL MODEL] - by default, an endpoint that is not there
 
 if __name__ == "__main__":
     import sys

@@ -20,7 +20,7 @@ Departures from the paper's setup (verl + vLLM sample with vLLM's own sampler):
    "shop/3", 1, 0) are unrelated streams, where a sum like seed + j would make neighbouring runs
    replay each other's episodes.
 
-    python sampling.py      # sample_step on a toy logit row; episode_seed of a few parts
+    python -m plumbing.sampling   # sample_step on a toy logit row; episode_seed of a few parts
 """
 
 from __future__ import annotations
@@ -109,7 +109,7 @@ def prompt_seeds(seed: int | list[int] | None, n: int) -> list[int]:
 
 
 # --------------------------------------------------------------------------------------------------
-# Demo: python sampling.py
+# Demo: python -m plumbing.sampling
 
 if __name__ == "__main__":
     logits = torch.tensor([[2.0, 1.0, 0.5, -1.0, -3.0]])  # (1, V = 5): one row of a toy vocabulary

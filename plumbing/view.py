@@ -13,7 +13,7 @@ What it holds, read from the run's files (each may be missing or cut short: the 
     episodes-rank0.jsonl every evaluation episode's messages and reward; a one-line summary of
                          every training episode (reward, stop reason, tool errors)
     view-tokens.jsonl    the token-level record of a fixed sample of training groups, 1-2 a step,
-                         appended by `record()` as the step is trained: the exact ids the loss saw,
+                         appended by runlog.record_tokens as the step is trained: the exact ids the loss saw,
                          their mask, the sampler's and the trainer's log-probs of the trained tokens,
                          each piece's author (the episode's spans), its advantage
 
@@ -39,87 +39,12 @@ import sys
 import time
 from pathlib import Path
 
-TOKENS = "view-tokens.jsonl"  # the token records, one line per sampled group (a run log: cut back on resume)
+from plumbing.runlog import TOKENS, json_safe
+
 PAGE = "view.html"
 TEMPLATE = Path(__file__).with_name("view.html")
 TOKEN_BUDGET = 2_000_000  # characters of token records a page holds at most (about 2 MB)
 EVAL_BUDGET = 4_000_000  # characters of evaluation messages, past which middle evaluations lose theirs
-GROUPS_A_STEP = 2  # sampled groups a step: the first, and the first that teaches if the first does not
-
-
-# --------------------------------------------------------------------------------------------------
-# Recording: called from the training loop (rank 0), cheap, never fatal
-
-
-def pick(episodes, adv, G: int) -> list[int]:
-    """Indices (into `episodes`, G consecutive per group; `adv` theirs) of the groups to record this
-    step: the first group, and the first with an advantage not 0 (one that teaches) if the first
-    does not teach."""
-    groups = [list(range(g, min(g + G, len(episodes)))) for g in range(0, len(episodes), G)]
-    teaching = [g for g in groups if any(any(adv[i]) if isinstance(adv[i], list) else adv[i] for i in g)]
-    chosen = groups[:1] + [g for g in teaching[:1] if g != groups[0]]
-    return [i for g in chosen[:GROUPS_A_STEP] for i in g]
-
-
-def _num(x: float, places: int = 3):
-    # JSON has no NaN or Infinity: a log-prob outside the trainer's nucleus is -inf, written as null
-    return round(float(x), places) if math.isfinite(x) else None
-
-
-def _clean(v):
-    """`v` with every NaN or infinity (in nested dicts and lists too) as None: JSON has neither, and
-    a browser's JSON.parse refuses them."""
-    if isinstance(v, float):
-        return v if math.isfinite(v) else None
-    if isinstance(v, dict):
-        return {k: _clean(x) for k, x in v.items()}
-    return [_clean(x) for x in v] if isinstance(v, list) else v
-
-
-def _retokenises(tok, ids: list[int]) -> int:
-    """The first index where encode(decode(ids)) differs from ids, or -1 if it gives them back."""
-    again = tok(tok.decode(ids, skip_special_tokens=False), add_special_tokens=False)["input_ids"]
-    return next((i for i, (a, b) in enumerate(zip(ids, again)) if a != b), -1 if len(again) == len(ids)
-                else min(len(ids), len(again)))
-
-
-def episode_record(e, adv, trainer_logp: list[float] | None, tok, tis_cap: float = 0.0) -> dict:
-    """One episode as the page draws it: ids, mask (a string of 0/1), log-probs at the trained
-    positions only (elsewhere they are 0 by construction), spans as [who, start, end]; with the
-    loss's sampler correction (`tis_cap` > 0), each trained token's weight min(pi_trainer / pi_sampler,
-    C) as grpo.tis_weights computes it."""
-    on = [i for i, m in enumerate(e.mask) if m]
-    per_token = isinstance(adv, list)
-    iw = None if not tis_cap or trainer_logp is None else [
-        _num(min(math.exp(max(-20.0, min(20.0, trainer_logp[i] - e.logprobs[i]))), tis_cap)) for i in on]
-    return {"seed": str(e.seed), "task": e.task.id, "reward": e.reward, "stop": e.stop_reason,
-            "info": e.info, "tool_calls": e.tool_calls, "turns": e.turns, "ids": e.ids,
-            "mask": "".join("1" if m else "0" for m in e.mask), "trained": len(on),
-            "lp": [_num(e.logprobs[i]) for i in on],
-            "tlp": None if trainer_logp is None else [_num(trainer_logp[i]) for i in on],
-            "adv": [_num(adv[i]) for i in on] if per_token else _num(adv),
-            "spans": [[s["who"], s["start"], s["end"]] for s in e.spans],
-            "retok": _retokenises(tok, e.ids) if e.ids else -1, **({"iw": iw} if iw is not None else {})}
-
-
-def record(out: Path, step: int, episodes, adv, keep: list[int], trainer_logp: dict, tok, G: int,
-           tis_cap: float = 0.0) -> None:
-    """Append the groups `keep` of this step's kept episodes to out/view-tokens.jsonl, one line a
-    group, with the vocabulary pieces their ids use. A failure prints one line: the run goes on."""
-    try:
-        lines = []
-        for g in sorted({i // G for i in keep}):
-            idx = [i for i in keep if i // G == g]
-            eps = [episode_record(episodes[i], adv[i], trainer_logp.get(i), tok, tis_cap) for i in idx]
-            used = sorted({t for e in eps for t in e["ids"]})
-            vocab = dict(zip(used, tok.batch_decode([[t] for t in used], skip_special_tokens=False)))
-            first = episodes[idx[0]]  # (group: the task's place in the step's batch, as the episode log has it)
-            lines.append({"step": step, "group": first.group, "task": first.task.id, "world": first.task.domain,
-                          "vocab": vocab, "episodes": eps})
-        with open(Path(out) / TOKENS, "a") as f:
-            f.writelines(json.dumps(_clean(r), allow_nan=False) + "\n" for r in lines)
-    except Exception as err:  # noqa: BLE001 - the viewer must never cost the run
-        print(f"view: step {step}'s token record not written ({type(err).__name__}: {err})", flush=True)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -272,7 +197,7 @@ def collect(run_dir: Path, episodes_path: Path | None = None) -> dict:
 
 def render(data: dict) -> str:
     """The template with the data embedded as JSON ("</" escaped: the data cannot close the script)."""
-    blob = json.dumps(_clean(data), allow_nan=False, separators=(",", ":")).replace("</", "<\\/")
+    blob = json.dumps(json_safe(data), allow_nan=False, separators=(",", ":")).replace("</", "<\\/")
     page = TEMPLATE.read_text()
     return page.replace("__TITLE__", html.escape(f"muarl run: {data.get('run', '')}")).replace("__DATA__", blob)
 

@@ -13,8 +13,9 @@ import pytest
 import torch
 
 from demo import train as demo_train
-from plumbing.checkpoint import (TaskSampler, damage, load_checkpoint, newest_checkpoint, read_latest, resume_point,
-                                 save_checkpoint, set_aside, undo_start)
+from muarl import TaskSampler
+from plumbing.checkpoint import (damage, load_checkpoint, newest_checkpoint, read_latest, resume_point, save_checkpoint,
+                                 set_aside, undo_start)
 from test_muarl import TINY, grpo_records, new_run, run_demo, tiny_init  # noqa: F401 (a fixture)
 
 

@@ -24,7 +24,8 @@ from evaluation.agents import MessageAgent, OracleAgent
 from user_sim import FixedUser
 from domains import DOMAINS, Domain, telecom_user
 from domains.base import Task, World, content_key
-from domains.dual_control import MAX_ERRORS, Phone, customer_only
+from domains.base import customer_only
+from domains.dual_control import MAX_ERRORS, Phone
 from engine import Sample
 from demo.tiny_model import build_tiny
 from rollout import PolicyAgent, RolloutConfig, rollout, score

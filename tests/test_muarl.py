@@ -41,7 +41,7 @@ from config import Config
 from conftest import WITH_DEMO_WORLDS
 from demo import SHIPPED, train as demo_train
 from plumbing import fsdp
-from plumbing.checkpoint import TaskSampler, load_checkpoint, save_checkpoint
+from plumbing.checkpoint import load_checkpoint, save_checkpoint
 from plumbing.flags import ConfigError, parse_config
 from plumbing.runlog import step_stats
 from config import validate
@@ -607,7 +607,7 @@ def test_checkpoint_interrupted_at_any_file_operation_leaves_a_loadable_latest(t
                 p.fill_(float(step))
         return m
 
-    sampler = TaskSampler(list(range(10)), seed=0)
+    sampler = muarl.TaskSampler(list(range(10)), seed=0)
     for k in range(40):
         out = tmp_path / f"crash-{k}"
         m1 = model_at(1)

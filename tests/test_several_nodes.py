@@ -53,7 +53,8 @@ TWO_NODES = textwrap.dedent('''
     from torch.distributed.fsdp import fully_shard
     out = Path("run")
     mine = torch.nn.Linear(4, 4)
-    sampler = ckpt.TaskSampler(list(range(10)), 0)
+    from muarl import TaskSampler
+    sampler = TaskSampler(list(range(10)), 0)
     ckpt.save_checkpoint(out, 2 - r, mine, torch.optim.AdamW(mine.parameters()), sampler, {}, 1, 0)
     policy = fully_shard(torch.nn.Linear(4, 4))
     opt = torch.optim.AdamW(policy.parameters())

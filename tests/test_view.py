@@ -27,7 +27,7 @@ import torch
 
 from conftest import needs_tau2
 from demo import train as demo_train
-from plumbing import view
+from plumbing import runlog, view
 
 # 2 GRPO steps of 2 tasks x 2 episodes, an evaluation after each, no cold start: a few seconds on a CPU
 TINY = ["--model", "tiny", "--domains", "shop", "--tiny_hidden", "64", "--tiny_layers", "2", "--threads", "1",
@@ -239,10 +239,10 @@ def test_the_page_keeps_to_its_size_bound(run, tmp_path, monkeypatch):
 def test_the_sample_is_the_first_group_and_the_first_that_teaches():
     eps = list(range(8))  # (pick reads only the advantages)
     flat, teaches, per_token = [0.0, 0.0], [0.7, -0.7], [[0.0, 0.25, 0.0], [0.0, 0.0, 0.0]]
-    assert view.pick(eps, flat + flat + teaches + teaches, 2) == [0, 1, 4, 5]
-    assert view.pick(eps, teaches + teaches + flat + flat, 2) == [0, 1]  # the first teaches: one group
-    assert view.pick(eps, flat + per_token + flat + flat, 2) == [0, 1, 2, 3]  # a per-turn bonus teaches too
-    assert view.pick(eps[:4], flat + flat, 2) == [0, 1]
+    assert runlog.page_groups(eps, flat + flat + teaches + teaches, 2) == [0, 1, 4, 5]
+    assert runlog.page_groups(eps, teaches + teaches + flat + flat, 2) == [0, 1]  # the first teaches: one group
+    assert runlog.page_groups(eps, flat + per_token + flat + flat, 2) == [0, 1, 2, 3]  # a per-turn bonus teaches too
+    assert runlog.page_groups(eps[:4], flat + flat, 2) == [0, 1]
 
 
 def test_the_page_is_rebuilt_from_the_command_line(run, tmp_path):
