@@ -107,23 +107,6 @@ def step_stats(episodes, kept_groups: int, group_size: int, world_size: int = 1)
     }
 
 
-def write_record(out: Path, label: str, steps: int, updates: int, data: list, table: str, trials: int,
-                 customer: str) -> None:
-    """What a finished run leaves beside its model (rank 0): final/muarl.json (what the model is:
-    `label`, the steps and updates, the data's provenance), results.md and the held-out table
-    printed (`table`: eval.format_table's, "" before any evaluation), curves.png (needs matplotlib; else
-    one line) and view.html, the run's page."""
-    from plumbing import curves, view
-
-    curves.draw(out)
-    view.write(out)  # (also written at every evaluation)
-    made = {"model": label, "grpo_steps": steps, "updates": updates, "data": data}
-    (out / "final" / "muarl.json").write_text(json.dumps(made))
-    if table:
-        (out / "results.md").write_text(table + "\n")
-        print(f"\nHeld-out success (greedy agent, customer: {customer}, {trials} trial(s) per task)\n{table}")
-
-
 def write_sample(out: Path, step: int, episode, shown: str) -> None:
     """One whole episode with its mask (`shown`: chat.show_mask's text, trained tokens in [[...]]),
     appended to out/samples.txt."""

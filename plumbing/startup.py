@@ -16,13 +16,13 @@ Nothing here imports the top level: what it needs is passed in.
 
 from __future__ import annotations
 
+import json
 from contextlib import contextmanager
 from pathlib import Path
 
 from plumbing import checkpoint as ckpt
 from plumbing.flags import save_config
 from plumbing.fsdp import barrier, decide_on_rank0
-from plumbing.runlog import write_record
 
 
 def resume_point(resume: bool, out: Path, rank: int, world_size: int) -> Path | None:
@@ -77,6 +77,23 @@ def save(out: Path, step: int, policy, opt, sampler, results: dict, updates: int
     """A checkpoint: weights, AdamW, the task order, the results, the updates made, the global step."""
     state = {"results": results, "updates": updates, "global_step": log.global_step}
     ckpt.save_checkpoint(out, step, policy, opt, sampler, state, world_size, rank)
+
+
+def write_record(out: Path, label: str, steps: int, updates: int, data: list, table: str, trials: int,
+                 customer: str) -> None:
+    """What a finished run leaves beside its model (rank 0): final/muarl.json (what the model is:
+    `label`, the steps and updates, the data's provenance), results.md and the held-out table
+    printed (`table`: eval.format_table's, "" before any evaluation), curves.png (needs matplotlib; else
+    one line) and view.html, the run's page."""
+    from plumbing import curves, view
+
+    curves.draw(out)
+    view.write(out)  # (also written at every evaluation)
+    made = {"model": label, "grpo_steps": steps, "updates": updates, "data": data}
+    (out / "final" / "muarl.json").write_text(json.dumps(made))
+    if table:
+        (out / "results.md").write_text(table + "\n")
+        print(f"\nHeld-out success (greedy agent, customer: {customer}, {trials} trial(s) per task)\n{table}")
 
 
 def finish(out: Path, label: str, steps: int, updates: int, policy, tok, sources: list[dict], table: str,
