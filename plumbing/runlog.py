@@ -30,16 +30,20 @@ GROUPS_A_STEP = 2  # sampled groups a step: the first, and the first that teache
 TRAINING = ("copy_warmup", "sft", "grpo")  # phases whose every record is one optimizer step
 
 
-def finite(record: dict) -> dict:
-    """The record with every non-finite float (in nested dicts and lists too) replaced by None; the
-    keys that held one are listed under "nonfinite"."""
-    def clean(v):
-        if isinstance(v, float):
-            return v if math.isfinite(v) else None
-        return {k: clean(x) for k, x in v.items()} if isinstance(v, dict) else [clean(x) for x in v] \
-            if isinstance(v, list) else v
+def json_safe(v):
+    """`v` with every NaN or infinity (in nested dicts and lists too) as None: JSON has neither, and
+    a browser's JSON.parse refuses them."""
+    if isinstance(v, float):
+        return v if math.isfinite(v) else None
+    if isinstance(v, dict):
+        return {k: json_safe(x) for k, x in v.items()}
+    return [json_safe(x) for x in v] if isinstance(v, list) else v
 
-    out = {k: clean(v) for k, v in record.items()}
+
+def finite(record: dict) -> dict:
+    """The record made JSON-safe (json_safe); the keys that held a non-finite float are listed under
+    "nonfinite"."""
+    out = {k: json_safe(v) for k, v in record.items()}
     bad = [k for k, v in record.items() if out[k] != v or isinstance(v, float) and not math.isfinite(v)]
     return {**out, "nonfinite": bad} if bad else out
 
@@ -132,16 +136,6 @@ def page_groups(episodes, adv, G: int) -> list[int]:
 def _num(x: float, places: int = 3):
     # JSON has no NaN or Infinity: a log-prob outside the trainer's nucleus is -inf, written as null
     return round(float(x), places) if math.isfinite(x) else None
-
-
-def json_safe(v):
-    """`v` with every NaN or infinity (in nested dicts and lists too) as None: JSON has neither, and
-    a browser's JSON.parse refuses them."""
-    if isinstance(v, float):
-        return v if math.isfinite(v) else None
-    if isinstance(v, dict):
-        return {k: json_safe(x) for k, x in v.items()}
-    return [json_safe(x) for x in v] if isinstance(v, list) else v
 
 
 def _retokenises(tok, ids: list[int]) -> int:
