@@ -56,10 +56,9 @@ from domains.base import Env, Task, World, customer_only
 from domains.dual_control import Phone, too_many_errors
 from engine import Batcher
 from plumbing import chat_client
-from plumbing.chat_client import concurrently
 from plumbing.sampling import episode_seed
 from tools import TRANSFER_TOOL, ParsedTurn, clean
-from user_sim import OUT_OF_SCOPE, STOP, TRANSFER, User, UserError, is_terminal
+from user_sim import OUT_OF_SCOPE, STOP, TRANSFER, User, UserError, concurrently, is_terminal
 
 AGENT, USER, DONE = "agent", "user", "done"  # whom an episode waits on
 ABORTED = ("user_error", "agent_error")  # stop reasons that say nothing about the agent: unscored

@@ -4,8 +4,9 @@ MUA-RL's one new idea (Zhao et al. 2025, "Method") is a *user* inside the RL loo
 plays a customer who knows the task's hidden instructions and reveals them only as the conversation
 asks, so requests are dynamic (it omits details, changes its mind, insists). The reward still comes
 from the database, but the agent must earn its information by asking. Here: the customer's prompt
-and its view of the conversation, the `User` protocol, `LLMUser` (any OpenAI-compatible endpoint:
-a hosted model, a vLLM server), scripted customers, and USERS, the table --user picks a row of.
+and its view of the conversation, many requests at once (`concurrently`), the `User` protocol,
+`LLMUser` (any OpenAI-compatible endpoint: a hosted model, a vLLM server), scripted customers, and
+USERS, the table --user picks a row of.
 
 Two views of one conversation. rollout.py keeps the *agent's*: its own turns are "assistant", the
 customer's "user". The customer model needs the reverse, so every request is rebuilt from the
@@ -31,6 +32,7 @@ import random
 import re
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -39,7 +41,8 @@ from domains import DOMAINS
 from domains.base import customer_only
 from domains.dual_control import Phone, own_call_view
 from domains.tau2_data import LOADED as TAU2_LOADED, user_guidelines
-from plumbing.chat_client import (ChatClient, UserError, concurrently, reply_text, reply_turn,  # noqa: F401
+from plumbing import chat_client
+from plumbing.chat_client import (ChatClient, UserError, reply_text, reply_turn,  # noqa: F401
                                    thinking_switch)
 from plumbing.preflight import RunStopped, check_endpoint, endpoint
 from plumbing.sampling import episode_seed
@@ -107,6 +110,39 @@ def simulator_messages(instructions: str, history: list[dict], tools: bool = Fal
         msgs.append({"role": "user", "content": NO_REPLY})  # would nudge; aborting hides the turn
     msgs = [{"role": "system", "content": system_prompt(instructions, tools, guidelines)}] + msgs
     return [{**m, "content": as_text(m["content"])} for m in msgs]  # look-alikes reach it as text
+
+
+# --------------------------------------------------------------------------------------------------
+# Many requests at once: the customers' openings (rollout.py) and a batch of replies (User.replies)
+
+
+def concurrently(fn, items: list, workers: int) -> list:
+    """[fn(x) for x in items] on up to `workers` threads, in order (the endpoint is the bottleneck, not
+    Python: threads are real concurrency). If the caller is interrupted while it waits, what is still
+    queued is cancelled and chat_client.STOP tells the requests in flight to give up, so the interrupt propagates
+    at once rather than after the slowest request's deadline and retries."""
+    chat_client.STOP.clear()
+    pool = ThreadPoolExecutor(max_workers=max(1, min(workers, len(items))))
+    try:
+        return [patient(f) for f in [pool.submit(fn, x) for x in items]]
+    except BaseException as e:
+        if not isinstance(e, Exception):  # Ctrl-C: the requests in flight give up too (a call's own
+            chat_client.STOP.set()  # error leaves them to finish, and later requests to be asked)
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    finally:
+        pool.shutdown(wait=False)  # (after a normal end every call is done: nothing to wait for)
+
+
+def patient(future):
+    """future.result(), waking every 0.2 s: a Ctrl-C that the OS delivered to another thread is raised
+    here within 0.2 s (a wait without a timeout would hold it until the future is done)."""
+    while True:
+        try:
+            return future.result(timeout=0.2)
+        except TimeoutError:
+            if future.done():  # (the call's own TimeoutError, not the wait's)
+                raise
 
 
 # --------------------------------------------------------------------------------------------------

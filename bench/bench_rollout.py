@@ -285,7 +285,7 @@ def git_state() -> str:
     repo = Path(__file__).resolve().parent.parent
     try:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=repo, capture_output=True, text=True).stdout.strip()
-        files = ["engine.py", "plumbing/hf_engine.py", "plumbing/kv_store.py", "rollout.py", "chat.py"]
+        files = ["engine.py", "plumbing/hf_engine.py", "rollout.py", "chat.py"]
         dirty = subprocess.run(["git", "status", "--porcelain", *files], cwd=repo,
                                capture_output=True, text=True).stdout.split()[1::2]
     except OSError:

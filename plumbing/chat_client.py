@@ -16,9 +16,9 @@ dead endpoint from costing a run:
     thinking_switch(url, on)      what every request adds so that a thinking model answers without its
                                   reasoning (chat_template_kwargs, where the endpoint takes them)
     take_stats()                  calls, retries, failures, deadlines and latency percentiles since last asked
-    concurrently(fn, items)       fn over items on threads, in order; Ctrl-C (or any error) cancels what is
-                                  queued and sets STOP, which every request in flight obeys within 0.1 s: no
-                                  run waits on a hung customer to stop, and no thread outlives it
+    STOP                          set on Ctrl-C (user_sim.concurrently, rollout.py): every request in flight
+                                  and every retry gives up within 0.1 s, so no run waits on a hung customer
+                                  to stop, and no thread outlives it
 
 Departure from the openai client's own retries: switched off (max_retries=0), or our counts would be
 a lie.
@@ -31,7 +31,6 @@ import random
 import re
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import urlparse
 
 
@@ -136,38 +135,9 @@ def transient(e: Exception) -> bool:
         e.status_code in (408, 429) or e.status_code >= 500)
 
 
-# Set when a batch of requests is abandoned (Ctrl-C, an error in the caller): every request in flight
-# and every retry then gives up at once (UserError), instead of holding the process for its deadline.
+# Set when a batch of requests is abandoned on Ctrl-C (user_sim.concurrently, rollout.py): every request in
+# flight and every retry then gives up at once (UserError), instead of holding the process for its deadline.
 STOP = threading.Event()
-
-
-def concurrently(fn, items: list, workers: int) -> list:
-    """[fn(x) for x in items] on up to `workers` threads, in order (the endpoint is the bottleneck, not
-    Python: threads are real concurrency). If the caller is interrupted while it waits, what is still
-    queued is cancelled and STOP tells the requests in flight to give up, so the interrupt propagates
-    at once rather than after the slowest request's deadline and retries."""
-    STOP.clear()
-    pool = ThreadPoolExecutor(max_workers=max(1, min(workers, len(items))))
-    try:
-        return [patient(f) for f in [pool.submit(fn, x) for x in items]]
-    except BaseException as e:
-        if not isinstance(e, Exception):  # Ctrl-C: the requests in flight give up too (a call's own
-            STOP.set()  # error leaves them to finish, and later requests to be asked)
-        pool.shutdown(wait=False, cancel_futures=True)
-        raise
-    finally:
-        pool.shutdown(wait=False)  # (after a normal end every call is done: nothing to wait for)
-
-
-def patient(future):
-    """future.result(), waking every 0.2 s: a Ctrl-C that the OS delivered to another thread is raised
-    here within 0.2 s (a wait without a timeout would hold it until the future is done)."""
-    while True:
-        try:
-            return future.result(timeout=0.2)
-        except TimeoutError:
-            if future.done():  # (the call's own TimeoutError, not the wait's)
-                raise
 
 
 class ChatClient:

@@ -140,7 +140,7 @@ def run_cli(entry, name: str) -> None:
     """A training entry point's exits: 0 done; 2 bad input, in one line (ConfigError,
     PreflightError, ServeError, a missing file: a ValueError or an OSError); 3 stopped on purpose,
     checkpoint saved (RunStopped); 130 Ctrl-C, in one line (the requests in flight were given up,
-    chat_client.concurrently; a served customer is stopped at exit)."""
+    chat_client.STOP; a served customer is stopped at exit)."""
     import os
 
     from plumbing.fsdp import exit_now

@@ -159,15 +159,3 @@ def test_step_statistics_count_scored_episodes_only():
     st = step_stats(eps, kept_groups=1, group_size=2)
     assert st["reward"] == pytest.approx(3 / 5) and st["aborted"] == 3 and st["episodes"] == 8
     assert st["all_correct_groups"] == 0.5 and st["all_wrong_groups"] == 0.5  # over the 2 groups with no abort
-
-
-def test_concurrently_passes_on_a_timeout_the_call_itself_raised():
-    from plumbing import chat_client
-
-    def slow_then_timeout(i):
-        time.sleep(0.3)
-        raise TimeoutError(f"socket {i}")
-
-    with pytest.raises(TimeoutError, match="socket 0"):
-        chat_client.concurrently(slow_then_timeout, [0, 1], 2)
-    assert not chat_client.STOP.is_set()  # not an interrupt: a request asked afterwards is asked

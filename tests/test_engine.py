@@ -12,7 +12,7 @@ import torch
 
 from engine import Engine, ReferenceEngine, check_vllm_model, make_engine
 from plumbing.hf_engine import HFEngine, common_prefix_len
-from plumbing.kv_store import weights_version
+from plumbing.hf_engine import weights_version
 from demo.tiny_model import build_tiny
 
 

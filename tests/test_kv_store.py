@@ -1,10 +1,10 @@
-"""plumbing/kv_store.py: KVStore's prefix lookup, supersession and LRU on dummy keys/values (no model). How HFEngine uses
+"""plumbing/hf_engine.py: KVStore's prefix lookup, supersession and LRU on dummy keys/values (no model). How HFEngine uses
 the store, against a full re-prefill: tests/test_engine.py."""
 
 import numpy as np
 import torch
 
-from plumbing.kv_store import CachedSeq, KVStore
+from plumbing.hf_engine import CachedSeq, KVStore
 
 
 def kv(tokens, width=1):

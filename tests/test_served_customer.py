@@ -32,6 +32,7 @@ import pytest
 import torch
 
 import muarl
+import user_sim
 from user_sim import make_user
 from config import GROUPS, Config
 from demo import SHIPPED, customer
@@ -336,7 +337,7 @@ def test_an_interrupt_gives_up_the_requests_in_flight_at_once():
     threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
     t0 = time.monotonic()
     with pytest.raises(KeyboardInterrupt):
-        chat_client.concurrently(lambda i: api.complete({"model": "m", "messages": []}), list(range(8)), 4)
+        user_sim.concurrently(lambda i: api.complete({"model": "m", "messages": []}), list(range(8)), 4)
     assert time.monotonic() - t0 < 2.0  # not the 20 s deadline, let alone its retries
     deadline = time.monotonic() + 2.0  # the pool's threads end within STOP's 0.1 s polls (the request's own
     while threading.active_count() > before + 4 and time.monotonic() < deadline:  # daemon threads may linger)
@@ -344,7 +345,7 @@ def test_an_interrupt_gives_up_the_requests_in_flight_at_once():
     pool_threads = [t for t in threading.enumerate() if t.name.startswith("ThreadPoolExecutor")]
     assert not pool_threads, pool_threads
     # the next batch starts afresh: STOP is cleared, its requests are asked
-    assert chat_client.concurrently(lambda i: i * 2, [1, 2, 3], 2) == [2, 4, 6] and not chat_client.STOP.is_set()
+    assert user_sim.concurrently(lambda i: i * 2, [1, 2, 3], 2) == [2, 4, 6] and not chat_client.STOP.is_set()
 
 
 @pytest.mark.slow

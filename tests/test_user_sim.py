@@ -539,3 +539,15 @@ def test_muarl_prompt_and_a_generated_worlds_task_under_auto_send_muarls_own(ser
         assert text.startswith("You are playing a customer who has contacted a company's customer service.")
         assert text.endswith(f"<situation>\n{task.instructions.strip()}\n</situation>")
         assert "<scenario>" not in text and "User Simulation Guidelines" not in text
+
+
+def test_concurrently_passes_on_a_timeout_the_call_itself_raised():
+    from plumbing import chat_client
+
+    def slow_then_timeout(i):
+        time.sleep(0.3)
+        raise TimeoutError(f"socket {i}")
+
+    with pytest.raises(TimeoutError, match="socket 0"):
+        user_sim.concurrently(slow_then_timeout, [0, 1], 2)
+    assert not chat_client.STOP.is_set()  # not an interrupt: a request asked afterwards is asked
