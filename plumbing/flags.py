@@ -140,7 +140,9 @@ def run_cli(entry, name: str) -> None:
     """A training entry point's exits: 0 done; 2 bad input, in one line (ConfigError,
     PreflightError, ServeError, a missing file: a ValueError or an OSError); 3 stopped on purpose,
     checkpoint saved (RunStopped); 130 Ctrl-C, in one line (the requests in flight were given up,
-    chat_client.STOP; a served customer is stopped at exit)."""
+    chat_client.STOP; a served customer is stopped at exit). Under torchrun every exit, a rank told
+    to stop quietly (SystemExit) included, leaves through fsdp.exit_now: gloo's exit-time abort
+    would turn it into a crash."""
     import os
 
     from plumbing.fsdp import exit_now
@@ -148,15 +150,21 @@ def run_cli(entry, name: str) -> None:
 
     try:
         entry()
-        # under torchrun: leave before gloo's exit-time abort
-        exit_now(int(os.environ.get("WORLD_SIZE", 1)))
+        code = 0
     except (ImportError, OSError, ValueError) as e:
         print(f"{name}: {'config error: ' if isinstance(e, ConfigError) else ''}{e}", file=sys.stderr)
-        sys.exit(2)
+        code = 2
     except RunStopped as e:
         print(f"{name}: {e}", file=sys.stderr)
-        sys.exit(3)
+        code = 3
     except KeyboardInterrupt:
         print(f"{name}: stopped (Ctrl-C); the checkpoints written so far are kept: --resume continues from the "
               "newest", file=sys.stderr)
-        sys.exit(130)
+        code = 130
+    except SystemExit as e:  # (--help, --plan, the ranks that stop quietly while rank 0 says why)
+        if "WORLD_SIZE" not in os.environ:
+            raise
+        if isinstance(e.code, str):  # sys.exit("why") prints its text and exits 1
+            print(e.code, file=sys.stderr)
+        code = e.code if isinstance(e.code, int) else 1 if e.code else 0
+    exit_now(int(os.environ.get("WORLD_SIZE", 1)), code)

@@ -37,7 +37,9 @@ TWO_NODES = textwrap.dedent('''
     from pathlib import Path
     import torch, torch.distributed as dist
     from config import Config
+    import muarl  # (all that a muarl.py rank imports: its exits are muarl's)
     from plumbing import checkpoint as ckpt, fsdp, models
+    from plumbing.flags import run_cli
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
@@ -53,8 +55,7 @@ TWO_NODES = textwrap.dedent('''
     from torch.distributed.fsdp import fully_shard
     out = Path("run")
     mine = torch.nn.Linear(4, 4)
-    from muarl import TaskSampler
-    sampler = TaskSampler(list(range(10)), 0)
+    sampler = muarl.TaskSampler(list(range(10)), 0)
     ckpt.save_checkpoint(out, 2 - r, mine, torch.optim.AdamW(mine.parameters()), sampler, {}, 1, 0)
     policy = fully_shard(torch.nn.Linear(4, 4))
     opt = torch.optim.AdamW(policy.parameters())
@@ -80,11 +81,7 @@ TWO_NODES = textwrap.dedent('''
     torch.cuda.current_device = lambda: 0
     torch.cuda.get_device_properties = lambda d=None: types.SimpleNamespace(total_memory=80 * 2**30)
     fsdp.host_memory = lambda: 2**41
-    try:
-        fsdp.place(Config(model="Qwen/Qwen3-32B"), r, 2)
-    except ValueError as e:
-        print(f"rank {r} plan: {e}", flush=True)
-        sys.exit(2)
+    run_cli(lambda: fsdp.place(Config(model="Qwen/Qwen3-32B"), r, 2), f"rank {r} plan")  # muarl.py's exits
 ''')
 
 
