@@ -1,4 +1,5 @@
-"""python -m demo.eval [eval.py's flags]: eval.py, with the demo's worlds registered.
+"""python -m demo.eval [eval.py's flags]: eval.py, with the demo's worlds registered and a demo run's customer
+served again.
 
 eval.py plays the worlds of domains.DOMAINS. The demo's shop and store join that table when the demo is imported
 (demo/worlds/), as a forker's own world joins it when the forker's code is, so a demo run, whose config.json says
@@ -6,15 +7,57 @@ eval.py plays the worlds of domains.DOMAINS. The demo's shop and store join that
 
     python -m demo.eval --model runs/muarl/final      # the run's last figures again, with its own settings
 
+eval.py takes a run's settings from its config.json, the customer's included. A demo run's customer was the
+endpoint the demo served for it (RUN/config.json: --user_base_url http://127.0.0.1:PORT/v1), gone when the run
+ended; the model folder it served is in the demo's own settings (RUN/demo/config.json: --user_serve). So when the
+command line names no customer, that folder is served again, as the run served it.
+
 Every flag is eval.py's (python -m demo.eval --help), and so is every line it prints.
 """
 
+import json
 import runpy
 import sys
 from pathlib import Path
 
 import demo  # noqa: F401  (registers the shop and the store)
 
+CUSTOMER_FLAGS = ("--user", "--user_model", "--user_base_url", "--user_api_key", "--user_serve")
+
+
+def _flag(argv: list[str], name: str) -> str | None:
+    """The value of `--name VALUE` or `--name=VALUE` in argv (the last one given), or None."""
+    value = None
+    for i, a in enumerate(argv):
+        if a == name and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif a.startswith(name + "="):
+            value = a.split("=", 1)[1]
+    return value
+
+
+def served_again(argv: list[str]) -> list[str]:
+    """The flags that serve a demo run's customer model again (['--user_serve', FOLDER, '--user_base_url', '']),
+    or [] when the command line names a customer itself, or --model is not a demo run's model folder, or that
+    run's customer was not a served model. A folder that is gone is one line and exit 2."""
+    model = _flag(argv, "--model")
+    if not model or any(a.split("=", 1)[0] in CUSTOMER_FLAGS for a in argv):
+        return []
+    saved = Path(model).expanduser().parent / "demo" / "config.json"  # (RUN/final -> RUN/demo/config.json)
+    try:
+        folder = json.loads(saved.read_text()).get("user_serve", "") if saved.is_file() else ""
+    except (OSError, ValueError, AttributeError):
+        return []
+    if not folder:
+        return []
+    if not (Path(folder) / "config.json").is_file():
+        print(f"demo.eval: the run's customer model {folder} (in {saved}) is gone: pass --user_serve FOLDER "
+              f"(the shipped one: {demo.SHIPPED})", file=sys.stderr)
+        sys.exit(2)
+    return ["--user_serve", folder, "--user_base_url", ""]
+
+
 if __name__ == "__main__":
-    sys.argv[0] = "eval.py"
+    argv = sys.argv[1:]
+    sys.argv = ["eval.py", *argv, *served_again(argv)]
     runpy.run_path(str(Path(__file__).resolve().parents[1] / "eval.py"), run_name="__main__")
