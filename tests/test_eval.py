@@ -251,27 +251,27 @@ def test_real_vllm_server_as_the_agent(tmp_path):
 
 def test_demo_eval_serves_a_demo_runs_customer_model_again(tmp_path, capsys):
     # A demo run's config.json names the endpoint the demo served for it (gone with the run); the demo's own
-    # settings name the model folder, which `python -m demo.eval --model RUN/final` serves again.
+    # settings name the model folder, which `python -m demo.eval --model RUN/final` serves again (the whole path:
+    # tests/test_demo_repro.py).
     from demo import SHIPPED
-    from demo.eval import served_again
+    from demo.eval import run_customer
 
     run = tmp_path / "run"
     (run / "demo").mkdir(parents=True)
     (run / "config.json").write_text(json.dumps({"user_base_url": "http://127.0.0.1:9/v1", "max_context": 1024}))
     (run / "demo" / "config.json").write_text(json.dumps({"user_serve": str(SHIPPED)}))
     model = str(run / "final")
-    assert served_again(["--model", model]) == ["--user_serve", str(SHIPPED), "--user_base_url", ""]
-    assert served_again([f"--model={model}", "--eval_tasks", "5"]) == ["--user_serve", str(SHIPPED),
-                                                                       "--user_base_url", ""]
+    assert run_customer(["--model", model]) == SHIPPED
+    assert run_customer([f"--model={model}", "--eval_tasks", "5"]) == SHIPPED
     # a customer named on the command line is the one played; so is any customer of a run the demo did not serve
-    assert served_again(["--model", model, "--user", "scripted"]) == []
-    assert served_again(["--model", model, "--user_base_url=http://127.0.0.1:8000/v1"]) == []
+    assert run_customer(["--model", model, "--user", "scripted"]) is None
+    assert run_customer(["--model", model, "--user_base_url=http://127.0.0.1:8000/v1"]) is None
     (run / "demo" / "config.json").write_text(json.dumps({"user_serve": ""}))
-    assert served_again(["--model", model]) == []
-    assert served_again(["--model", str(tmp_path / "elsewhere" / "final")]) == []  # not a demo run
+    assert run_customer(["--model", model]) is None
+    assert run_customer(["--model", str(tmp_path / "elsewhere" / "final")]) is None  # not a demo run
     # the folder it served is gone: one line, exit 2
     (run / "demo" / "config.json").write_text(json.dumps({"user_serve": str(tmp_path / "gone")}))
     with pytest.raises(SystemExit) as e:
-        served_again(["--model", model])
+        run_customer(["--model", model])
     err = capsys.readouterr().err
     assert e.value.code == 2 and err.count("\n") == 1 and "is gone: pass --user_serve FOLDER" in err
